@@ -1,0 +1,37 @@
+# The course's two commands: `make lab` opens it, `make test` checks everything.
+# Both set up .venv on first use and take seconds when nothing changed.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# Extra JupyterLab arguments, e.g. make lab LAB_ARGS="--port 8890 --no-browser"
+LAB_ARGS ?=
+# Extra pytest arguments, e.g. make test PYTEST_ARGS="-k budget"
+PYTEST_ARGS ?=
+# JupyterLab refuses to run as root unless told it may.
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
+.PHONY: lab test course venv clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	@echo "Starting JupyterLab on course/ (the URL with its token follows; Ctrl-C stops it)"
+	$(BIN)/jupyter lab --notebook-dir=course $(ROOT_FLAG) $(LAB_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Rebuild student and solution notebooks from course/source (LESSONS="00 01" for some).
+course: $(STAMP)
+	$(BIN)/python tools/build_course.py $(LESSONS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,10 @@
+"""Exercise checks for the course notebooks, one module per lesson.
+
+Every check cell in a notebook calls one function from here, so the same
+check runs in the notebook, in `pytest --nbval` and in the test suite (which
+also feeds it typical wrong answers and reads the hint it gives).
+"""
+from ._core import ExerciseError, attempt, passed, close, save_piece, load_piece, pieces_report
+
+__all__ = ["ExerciseError", "attempt", "passed", "close", "save_piece", "load_piece",
+           "pieces_report"]
