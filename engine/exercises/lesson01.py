@@ -1,0 +1,233 @@
+"""Checks for lesson 01, two layers by hand.
+
+The network of the lesson, one input and two layers with a squared loss:
+
+    z1 = w1 * x          a1 = relu(z1)          z2 = w2 * a1          L = (z2 - y)^2
+
+At x=2, w1=0.5, w2=3, y=1 the forward values are z1=1, a1=1, z2=3, L=4 and the
+backward values dL/dz2=4, dL/dw2=4, dL/da1=12, dL/dz1=12, dL/dw1=24.
+
+Every check runs the learner's function at that point and at two more points
+chosen so that each typical mistake shows: at the lesson's point a1 = 1, so a
+forgotten factor a1 would go unseen there; at the second point the ReLU is
+off, so a ReLU that lets the gradient through shows.
+"""
+from __future__ import annotations
+
+import math
+
+from ._core import ExerciseError, attempt, passed
+
+EX_FORWARD = "01.1 (forward pass)"
+EX_LAYER2 = "01.2 (loss and layer 2 backward)"
+EX_LAYER1 = "01.3 (layer 1 backward)"
+EX_CACHE = "01.4 (what backward reads)"
+
+# (x, w1, w2, y): the lesson's point, a point where the ReLU is off, and a
+# point where no forward value equals 1.
+POINTS = [(2.0, 0.5, 3.0, 1.0), (2.0, -0.5, 3.0, 1.0), (3.0, 0.5, 2.0, 1.0)]
+FORWARD_NAMES = ("x", "w1", "w2", "y", "z1", "a1", "z2", "L")
+GRADIENT_NAMES = ("dL_dz2", "dL_dw2", "dL_da1", "dL_dz1", "dL_dw1")
+
+
+def reference_forward(x, w1, w2, y):
+    """Every forward value of the network, by name."""
+    z1 = w1 * x
+    a1 = max(z1, 0.0)
+    z2 = w2 * a1
+    L = (z2 - y) ** 2
+    return {"x": x, "w1": w1, "w2": w2, "y": y, "z1": z1, "a1": a1, "z2": z2, "L": L}
+
+
+def reference_backward(v):
+    """Every gradient of the network, from the forward values `v`."""
+    dL_dz2 = 2.0 * (v["z2"] - v["y"])
+    dL_dw2 = dL_dz2 * v["a1"]
+    dL_da1 = dL_dz2 * v["w2"]
+    dL_dz1 = dL_da1 * (1.0 if v["z1"] > 0 else 0.0)
+    dL_dw1 = dL_dz1 * v["x"]
+    return {"dL_dz2": dL_dz2, "dL_dw2": dL_dw2, "dL_da1": dL_da1,
+            "dL_dz1": dL_dz1, "dL_dw1": dL_dw1}
+
+
+def _number(exercise: str, what: str, value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ExerciseError(exercise, f"{what} should be a number, but it is {value!r} "
+                                      f"(type {type(value).__name__}).") from None
+
+
+def _same(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _point(p) -> str:
+    x, w1, w2, y = p
+    return f"x={x:g}, w1={w1:g}, w2={w2:g}, y={y:g}"
+
+
+def _judge(exercise, what, got, want, point, wrong_answers):
+    """Raise with the hint of the first wrong answer `got` matches, else a plain miss."""
+    if _same(got, want):
+        return
+    for value, hint in wrong_answers:
+        if _same(got, value):
+            raise ExerciseError(exercise, f"at {_point(point)} your {what} is {got:g}, "
+                                          f"expected {want:g}. Hint: {hint}")
+    raise ExerciseError(exercise, f"at {_point(point)} your {what} is {got:g}, expected "
+                                  f"{want:g}. Hint: redo this step with the numbers of "
+                                  f"that point, one operation at a time.")
+
+
+# ---------------------------------------------------------------- 01.1
+def check_forward(forward) -> None:
+    """`forward(x, w1, w2, y)` returns `(L, cache)`, the cache holding every forward value."""
+    for p in POINTS:
+        out = attempt(EX_FORWARD, forward, *p)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)):
+            raise ExerciseError(EX_FORWARD, f"forward should return the pair (L, cache) with "
+                                            f"cache a dict, but it returned {out!r}.")
+        L, cache = out
+        want = reference_forward(*p)
+        missing = [k for k in FORWARD_NAMES if k not in cache]
+        if missing:
+            raise ExerciseError(EX_FORWARD, f"the cache has no {', '.join(missing)}. Keep the "
+                                            f"return line of the exercise as it is.")
+        x, w1, w2, y = p
+        no_relu_L = (w2 * w1 * x - y) ** 2
+        for name, wrongs in (
+                ("z1", [(w1 + x, "layer 1 multiplies: z1 = w1 * x.")]),
+                ("a1", [(want["z1"], "a1 = relu(z1) = max(z1, 0): a negative z1 becomes 0."),
+                        (abs(want["z1"]), "relu(z1) is max(z1, 0), not the absolute value.")]),
+                ("z2", [(w2 * want["z1"], "layer 2 multiplies w2 by a1 (after the ReLU), "
+                                          "not by z1.")]),
+                ("L", [(want["z2"] - y, "the loss squares the error: L = (z2 - y)^2."),
+                       (0.5 * want["L"], "this lesson's loss has no 1/2 in front: "
+                                         "L = (z2 - y)^2."),
+                       (no_relu_L, "the loss should use z2 = w2 * relu(z1).")])):
+            got = _number(EX_FORWARD, f"cache[{name!r}]", cache[name])
+            _judge(EX_FORWARD, name, got, want[name], p, wrongs)
+        got_L = _number(EX_FORWARD, "L", L)
+        _judge(EX_FORWARD, "returned L", got_L, want["L"], p,
+               [(cache["L"], "return the loss as the first element of the pair.")])
+        for name in ("x", "w1", "w2", "y"):
+            _judge(EX_FORWARD, f"cache[{name!r}]", _number(EX_FORWARD, name, cache[name]),
+                   want[name], p, [])
+    passed(EX_FORWARD, "z1=1, a1=1, z2=3, L=4.")
+
+
+# ---------------------------------------------------------------- 01.2
+def check_layer2_backward(loss_backward, layer2_backward) -> None:
+    """`loss_backward(cache) -> dL_dz2`; `layer2_backward(dL_dz2, cache) -> (dL_dw2, dL_da1)`."""
+    for p in POINTS:
+        v = reference_forward(*p)
+        g = reference_backward(v)
+        got = _number(EX_LAYER2, "loss_backward(cache)", attempt(EX_LAYER2, loss_backward, dict(v)))
+        err = v["z2"] - v["y"]
+        _judge(EX_LAYER2, "dL/dz2", got, g["dL_dz2"], p, [
+            (err, "the derivative of (z2 - y)^2 is 2 * (z2 - y): the factor 2 is missing."),
+            (-g["dL_dz2"], "the sign is flipped: it is 2 * (z2 - y), the prediction minus "
+                           "the target."),
+            (err ** 2, "that is the loss itself; its derivative is 2 * (z2 - y)."),
+            (2.0 * v["z2"], "the target y belongs in the derivative: 2 * (z2 - y).")])
+    for p in POINTS:
+        v = reference_forward(*p)
+        g = reference_backward(v)
+        out = attempt(EX_LAYER2, layer2_backward, g["dL_dz2"], dict(v))
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ExerciseError(EX_LAYER2, f"layer2_backward should return the pair "
+                                           f"(dL_dw2, dL_da1), but it returned {out!r}.")
+        dw2 = _number(EX_LAYER2, "dL_dw2", out[0])
+        da1 = _number(EX_LAYER2, "dL_da1", out[1])
+        if _same(dw2, g["dL_da1"]) and _same(da1, g["dL_dw2"]) and not _same(dw2, da1):
+            raise ExerciseError(EX_LAYER2, f"at {_point(p)} dL_dw2 and dL_da1 are swapped "
+                                           f"({dw2:g} and {da1:g}). Hint: the gradient for "
+                                           f"w2 needs the other factor, a1; the gradient for "
+                                           f"a1 needs w2.")
+        _judge(EX_LAYER2, "dL_dw2", dw2, g["dL_dw2"], p, [
+            (g["dL_dz2"], "z2 = w2 * a1, so dL/dw2 = dL/dz2 * a1: the factor a1 is missing."),
+            (v["a1"], "multiply by the upstream gradient: dL/dw2 = dL/dz2 * a1."),
+            (g["dL_dz2"] * v["w2"], "dz2/dw2 is a1 (the other factor), not w2.")])
+        _judge(EX_LAYER2, "dL_da1", da1, g["dL_da1"], p, [
+            (g["dL_dz2"], "z2 = w2 * a1, so dL/da1 = dL/dz2 * w2: the factor w2 is missing."),
+            (v["w2"], "multiply by the upstream gradient: dL/da1 = dL/dz2 * w2."),
+            (g["dL_dz2"] * v["a1"], "dz2/da1 is w2 (the other factor), not a1.")])
+    passed(EX_LAYER2, "dL/dz2=4, dL/dw2=4, dL/da1=12.")
+
+
+# ---------------------------------------------------------------- 01.3
+def check_layer1_backward(layer1_backward) -> None:
+    """`layer1_backward(dL_da1, cache) -> (dL_dw1, dL_dz1)`."""
+    for p in POINTS:
+        v = reference_forward(*p)
+        g = reference_backward(v)
+        out = attempt(EX_LAYER1, layer1_backward, g["dL_da1"], dict(v))
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ExerciseError(EX_LAYER1, f"layer1_backward should return the pair "
+                                           f"(dL_dw1, dL_dz1), but it returned {out!r}.")
+        dw1 = _number(EX_LAYER1, "dL_dw1", out[0])
+        dz1 = _number(EX_LAYER1, "dL_dz1", out[1])
+        relu_off = v["z1"] <= 0
+        through = g["dL_da1"]  # what a ReLU that never blocks would pass on
+        _judge(EX_LAYER1, "dL_dz1", dz1, g["dL_dz1"], p, [
+            (through, "z1 is negative here, so the ReLU was off in the forward pass and "
+                      "passes no gradient back: dL/dz1 = dL/da1 * (1 if z1 > 0 else 0).")
+            if relu_off else (0.0, "z1 > 0, so the ReLU passes the gradient unchanged: "
+                                   "dL/dz1 = dL/da1."),
+            (through * v["z1"], "relu'(z1) is 1 or 0 (a gate), not z1 itself."),
+            (through * v["x"], "that is dL/dw1; dL/dz1 is dL/da1 times relu'(z1).")])
+        _judge(EX_LAYER1, "dL_dw1", dw1, g["dL_dw1"], p, [
+            (g["dL_dz1"], "z1 = w1 * x, so dL/dw1 = dL/dz1 * x: the factor x is missing."),
+            (through * v["x"], "the ReLU was off at this point (z1 <= 0), so its gate is 0 "
+                               "and dL/dw1 is 0: go through dL/dz1, not straight from dL/da1."),
+            (g["dL_dz1"] * v["w1"], "dz1/dw1 is x (the other factor), not w1."),
+            (v["x"], "multiply by the upstream gradient: dL/dw1 = dL/dz1 * x.")])
+    passed(EX_LAYER1, "dL/dz1=12, dL/dw1=24.")
+
+
+# ---------------------------------------------------------------- 01.4
+READS = {"dL_dz2": {"z2", "y"}, "dL_dw2": {"a1"}, "dL_da1": {"w2"},
+         "dL_dz1": {"z1"}, "dL_dw1": {"x"}}
+WHY = {"dL_dz2": "dL/dz2 = 2 * (z2 - y) needs the prediction z2 and the target y",
+       "dL_dw2": "dL/dw2 = dL/dz2 * a1 needs a1",
+       "dL_da1": "dL/da1 = dL/dz2 * w2 needs w2",
+       "dL_dz1": "dL/dz1 = dL/da1 * relu'(z1) needs the sign of z1 (a1 > 0 tells the same)",
+       "dL_dw1": "dL/dw1 = dL/dz1 * x needs x"}
+
+
+def check_saved_for_backward(saved_for_backward) -> None:
+    """`saved_for_backward()` maps each gradient's name to the forward values it reads."""
+    got = attempt(EX_CACHE, saved_for_backward)
+    if not isinstance(got, dict):
+        raise ExerciseError(EX_CACHE, f"saved_for_backward() should return a dict from "
+                                      f"gradient names to sets of names, got {got!r}.")
+    missing = [k for k in GRADIENT_NAMES if k not in got]
+    if missing:
+        raise ExerciseError(EX_CACHE, f"the dict has no entry for {', '.join(missing)}; "
+                                      f"give one for each of {', '.join(GRADIENT_NAMES)}.")
+    for name in GRADIENT_NAMES:
+        entry = got[name]
+        names = {entry} if isinstance(entry, str) else set(entry)
+        unknown = names - set(FORWARD_NAMES)
+        if unknown:
+            raise ExerciseError(EX_CACHE, f"{name}: {sorted(unknown)} is not a forward "
+                                          f"value; use names from {', '.join(FORWARD_NAMES)}.")
+        want = READS[name]
+        ok = names == want or (name == "dL_dz1" and names in ({"a1"}, {"z1", "a1"}))
+        if ok:
+            continue
+        if "w1" in names:
+            raise ExerciseError(EX_CACHE, f"{name}: you listed w1, but no local gradient "
+                                          f"reads w1 (dL/dw1 needs x, not w1). Hint: {WHY[name]}.")
+        if "L" in names:
+            raise ExerciseError(EX_CACHE, f"{name}: you listed L, but backward starts from "
+                                          f"dL/dL = 1 and never reads the loss value. "
+                                          f"Hint: {WHY[name]}.")
+        lacking = sorted(want - names)
+        extra = sorted(names - want)
+        detail = (f"it also reads {', '.join(lacking)}" if lacking
+                  else f"it does not read {', '.join(extra)}")
+        raise ExerciseError(EX_CACHE, f"{name}: you said {sorted(names)}, but {detail}. "
+                                      f"Hint: {WHY[name]}.")
+    passed(EX_CACHE, "backward reads x, z1 (its sign), a1, w2, z2 and y; never w1 or L.")

@@ -1,0 +1,327 @@
+"""Drawing expression graphs of scalar values, before and after backward.
+
+* `draw_graph(root)` returns a matplotlib figure of the graph that produced
+  `root`: one box per value (its name, its value, its gradient) and one circle
+  per operation, inputs on the left, the output on the right. Pure matplotlib:
+  no graphviz binary is needed.
+* `GraphView(root)` is an ipywidgets view of the same picture with a slider
+  over the backward pass: step 0 is the graph before backward, each further
+  step visits one node in reverse topological order, the last step is the
+  graph after backward.
+
+Both work on any node that looks like `engine.scalar.Value`: a number in
+`.data`, a gradient in `.grad`, its inputs in `._prev` (or `.parents`) and
+the name of the operation that made it in `._op` (or `.op`). The scalar engine
+a learner writes in lesson 02 follows the same shape, so its graphs draw too.
+
+The widget computes no gradients itself: it calls the node's own backward
+(`root.backward()` unless told otherwise) and only reads the recorded values.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
+
+PARENT_ATTRIBUTES = ("_prev", "parents", "_parents", "_children", "inputs")
+OP_ATTRIBUTES = ("_op", "op")
+OP_SYMBOLS = {"*": "×", "+": "+", "-": "−", "/": "÷", "neg": "−x", "**2": "x²",
+              "square": "x²", "^2": "x²", "relu": "relu", "tanh": "tanh", "exp": "exp",
+              "log": "log"}
+
+BOX_W, BOX_H, OP_R = 1.55, 0.62, 0.24
+XSTEP = 2.7  # distance between a value column and the next one
+COLOR_BOX, COLOR_OP, COLOR_NOW, COLOR_DONE = "#e8f0fb", "#fdf1d8", "#ffd166", "#d7f2dd"
+
+
+# ---------------------------------------------------------------- reading a graph
+def parents_of(node) -> tuple:
+    """The inputs of `node`, in a stable order (empty for a leaf)."""
+    for attr in PARENT_ATTRIBUTES:
+        if hasattr(node, attr):
+            value = getattr(node, attr)
+            if value is None:
+                return ()
+            items = list(value)
+            if isinstance(value, (set, frozenset)):
+                items.sort(key=_creation_key)  # sets have no order; keep drawings stable
+            return tuple(items)
+    raise TypeError(
+        f"draw_graph cannot find the inputs of {type(node).__name__}: it looks for one of "
+        f"the attributes {', '.join(PARENT_ATTRIBUTES)}. Give your node class one of them "
+        f"(a tuple of the nodes it was computed from).")
+
+
+def _creation_key(node):
+    return getattr(node, "_id", None) or getattr(node, "id", None) or id(node)
+
+
+def op_of(node) -> str:
+    """The name of the operation that produced `node` ('' for a leaf)."""
+    for attr in OP_ATTRIBUTES:
+        if hasattr(node, attr):
+            return str(getattr(node, attr) or "")
+    return ""
+
+
+def topological_order(root) -> list:
+    """Every node `root` depends on, each after all of its inputs, `root` last."""
+    order, seen = [], set()
+    stack = [(root, False)]
+    while stack:  # iterative depth-first search: deep graphs do not hit the recursion limit
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for p in reversed(parents_of(node)):
+            if id(p) not in seen:
+                stack.append((p, False))
+    return order
+
+
+def _value(node) -> float:
+    return float(getattr(node, "data"))
+
+
+def _grad(node):
+    g = getattr(node, "grad", None)
+    return None if g is None else float(g)
+
+
+def fmt(v) -> str:
+    """A short, stable rendering of a number for a box."""
+    if v is None:
+        return "–"
+    if v == 0:
+        return "0"
+    if abs(v) >= 1e5 or abs(v) < 1e-3:
+        return f"{v:.3g}"
+    return f"{v:.4g}"
+
+
+# ---------------------------------------------------------------- layout
+@dataclass
+class Layout:
+    """Where each value box and each operation circle goes."""
+    nodes: list                       # topological order
+    boxes: dict = field(default_factory=dict)   # id(node) -> (x, y) of its value box
+    ops: dict = field(default_factory=dict)     # id(node) -> (x, y) of the op that made it
+    width: float = 1.0
+    height: float = 1.0
+
+
+def layout(root) -> Layout:
+    """Columns by depth (inputs left, output right), rows by the parents' mean height."""
+    nodes = topological_order(root)
+    depth: dict[int, int] = {}
+    for n in nodes:
+        ps = parents_of(n)
+        depth[id(n)] = 1 + max(depth[id(p)] for p in ps) if ps else 0
+    # a leaf sits just left of its first consumer, not far away at the left edge
+    consumers: dict[int, list] = {}
+    for n in nodes:
+        for p in parents_of(n):
+            consumers.setdefault(id(p), []).append(n)
+    for n in nodes:
+        if not parents_of(n) and id(n) in consumers:
+            depth[id(n)] = min(depth[id(c)] for c in consumers[id(n)]) - 1
+    columns: dict[int, list] = {}
+    for n in nodes:
+        columns.setdefault(depth[id(n)], []).append(n)
+    out = Layout(nodes=nodes)
+    row: dict[int, float] = {}
+    for d in sorted(columns):
+        col = columns[d]
+        if d > min(columns):
+            col.sort(key=lambda n: _mean_row(n, row))
+        for i, n in enumerate(col):
+            row[id(n)] = i - (len(col) - 1) / 2
+    xstep = XSTEP
+    for n in nodes:
+        x = depth[id(n)] * xstep
+        out.boxes[id(n)] = (x, -row[id(n)] * 1.25)
+        if parents_of(n):
+            out.ops[id(n)] = (x - xstep / 2, -row[id(n)] * 1.25)
+    xs = [p[0] for p in out.boxes.values()] + [p[0] for p in out.ops.values()]
+    ys = [p[1] for p in out.boxes.values()]
+    out.width = max(xs) - min(xs) + BOX_W + 0.4
+    out.height = max(ys) - min(ys) + BOX_H + 0.6
+    return out
+
+
+def _mean_row(n, row) -> float:
+    rows = [row[id(p)] for p in parents_of(n) if id(p) in row]
+    return sum(rows) / len(rows) if rows else 0.0
+
+
+# ---------------------------------------------------------------- drawing
+def draw_graph(root, names=None, grads=None, highlight=None, title=None, ax=None,
+               show_grad=True):
+    """Draw the expression graph that produced `root`; return the matplotlib figure.
+
+    names:     {"w": w, ...} labels for some nodes (the others show only numbers).
+    grads:     {id(node): value or None} to show instead of each node's `.grad`
+               (None shows a dash: "not computed yet"). GraphView uses it.
+    highlight: nodes drawn in a warm colour (the node being visited).
+    show_grad: False draws values only.
+    """
+    lay = layout(root)
+    label = {id(node): name for name, node in (names or {}).items()}
+    marked = {id(n) for n in (highlight or ())}
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(min(2.0 + 1.1 * lay.width, 16),
+                                        min(1.0 + 0.9 * lay.height, 10)))
+    else:
+        fig = ax.figure
+
+    def box_text(n):
+        head = label.get(id(n))
+        value = f"{head} = {fmt(_value(n))}" if head else fmt(_value(n))
+        if not show_grad:
+            return value
+        g = grads.get(id(n)) if grads is not None else _grad(n)
+        return f"{value}\ngrad {fmt(g)}"
+
+    for n in lay.nodes:  # edges first, so the shapes sit on top of them
+        bx, by = lay.boxes[id(n)]
+        if id(n) in lay.ops:
+            ox, oy = lay.ops[id(n)]
+            _arrow(ax, (ox + OP_R, oy), (bx - BOX_W / 2, by))
+            ps = parents_of(n)
+            for i, p in enumerate(ps):
+                px, py = lay.boxes[id(p)]
+                twins = [q for q in ps if q is p]
+                rad = 0.0
+                if len(twins) > 1:  # x * x: one arrow per use, bent apart
+                    rad = 0.35 if ps.index(p) == i else -0.35
+                elif ox - px > XSTEP and abs(oy - py) < BOX_H:  # would cross other shapes
+                    rad = -0.4
+                _arrow(ax, (px + BOX_W / 2, py), (ox - OP_R, oy), rad)
+    for n in lay.nodes:
+        bx, by = lay.boxes[id(n)]
+        face = COLOR_NOW if id(n) in marked else COLOR_BOX
+        ax.add_patch(FancyBboxPatch((bx - BOX_W / 2, by - BOX_H / 2), BOX_W, BOX_H,
+                                    boxstyle="round,pad=0.02,rounding_size=0.08",
+                                    fc=face, ec="#33518a", lw=1.2, zorder=3))
+        ax.text(bx, by, box_text(n), ha="center", va="center", fontsize=9, zorder=4,
+                family="monospace")
+        if id(n) in lay.ops:
+            ox, oy = lay.ops[id(n)]
+            ax.add_patch(Circle((ox, oy), OP_R, fc=COLOR_OP, ec="#a0741b", lw=1.2, zorder=3))
+            symbol = OP_SYMBOLS.get(op_of(n), op_of(n) or "?")
+            ax.text(ox, oy, symbol, ha="center", va="center", zorder=4,
+                    fontsize=10 if len(symbol) <= 2 else 7)
+    xs = [p[0] for p in lay.boxes.values()]
+    ys = [p[1] for p in lay.boxes.values()]
+    ax.set_xlim(min(xs) - BOX_W / 2 - 0.2, max(xs) + BOX_W / 2 + 0.2)
+    ax.set_ylim(min(ys) - BOX_H / 2 - 0.7, max(ys) + BOX_H / 2 + 0.7)  # room for bent arrows
+    ax.set_aspect("equal")
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig
+
+
+def _arrow(ax, start, end, rad=0.0):
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=10,
+                                 color="#7a7a7a", lw=1.0, zorder=1, shrinkA=0, shrinkB=0,
+                                 connectionstyle=f"arc3,rad={rad}"))
+
+
+# ---------------------------------------------------------------- the widget
+class GraphView:
+    """The graph of `root` with a slider over its backward pass.
+
+    Step 0 shows the graph before backward; step k shows it after the first k
+    nodes of the reverse topological order have been visited (a visited node's
+    gradient is complete: everything downstream of it has sent its share);
+    the last step shows the graph after backward. `backward(root)` defaults to
+    `root.backward()` and runs once, when the view is made. Build the view from
+    a graph whose backward has not run yet, or the "before" picture shows the
+    gradients of the earlier run.
+    """
+
+    def __init__(self, root, names=None, backward=None, title="backward pass"):
+        import ipywidgets as w
+
+        self.root, self.names, self.title = root, dict(names or {}), title
+        self.order = list(reversed(topological_order(root)))  # the visiting order
+        self.before = {id(n): _grad(n) for n in self.order}
+        (backward or (lambda r: r.backward()))(root)
+        self.after = {id(n): _grad(n) for n in self.order}
+        self._name = {id(node): name for name, node in self.names.items()}
+
+        self.step = w.IntSlider(value=0, min=0, max=len(self.order), step=1,
+                                description="step", continuous_update=True)
+        self.before_button = w.Button(description="before backward")
+        self.after_button = w.Button(description="after backward")
+        self.label = w.Label()
+        self.plot = w.Output()
+        self.fig = None
+        self.step.observe(self._update, names="value")
+        self.before_button.on_click(lambda _: setattr(self.step, "value", 0))
+        self.after_button.on_click(lambda _: setattr(self.step, "value", self.step.max))
+        self._update()
+        self.ui = w.VBox([w.HBox([self.before_button, self.step, self.after_button]),
+                          self.label, self.plot])
+
+    def _ipython_display_(self):
+        from IPython.display import display
+        display(self.ui)
+
+    # what each step shows ------------------------------------------------
+    def grads_at(self, k: int) -> dict:
+        """{id(node): gradient shown} after the first k nodes were visited."""
+        if k == 0:
+            return dict(self.before)
+        visited = {id(n) for n in self.order[:k]}
+        return {i: (self.after[i] if i in visited else None) for i in self.after}
+
+    def describe(self, k: int) -> str:
+        if k == 0:
+            return (f"Before backward: the forward pass is done, every grad is still "
+                    f"{fmt(self.before[id(self.root)])}. {len(self.order)} nodes to visit.")
+        node = self.order[k - 1]
+        name = self._display_name(node)
+        g = fmt(self.after[id(node)])
+        if k == 1:
+            text = f"Step 1 of {len(self.order)}: the seed, d{name}/d{name} = {g}."
+        else:
+            text = f"Step {k} of {len(self.order)}: {name} has its complete gradient {g}."
+        ps = parents_of(node)
+        if ps:
+            shown = ", ".join(self._display_name(p) for p in ps)
+            op = OP_SYMBOLS.get(op_of(node), op_of(node))
+            text += f" It sends grad × the local derivative of '{op}' to {shown}."
+        else:
+            text += " A leaf: nothing to pass on."
+        if k == len(self.order):
+            text += " Backward is done."
+        return text
+
+    def _display_name(self, node) -> str:
+        if id(node) in self._name:
+            return self._name[id(node)]
+        op = OP_SYMBOLS.get(op_of(node), op_of(node))
+        return f"({op} = {fmt(_value(node))})" if op else f"({fmt(_value(node))})"
+
+    def make_figure(self):
+        k = self.step.value
+        now = [self.order[k - 1]] if k else []
+        return draw_graph(self.root, names=self.names, grads=self.grads_at(k),
+                          highlight=now, title=f"{self.title}: step {k} of {len(self.order)}")
+
+    def _update(self, change=None):
+        self.label.value = self.describe(self.step.value)
+        if self.fig is not None:
+            plt.close(self.fig)
+        self.fig = self.make_figure()
+        self.plot.outputs = ()
+        self.plot.append_display_data(self.fig)
+        plt.close(self.fig)  # the Output keeps the rendered picture; avoid a second copy
