@@ -26,8 +26,10 @@ lab: $(STAMP)
 	@echo "Starting JupyterLab on course/ (the URL with its token follows; Ctrl-C stops it)"
 	$(BIN)/jupyter lab --notebook-dir=course $(ROOT_FLAG) $(LAB_ARGS)
 
+# Every test: engine, widgets, the browser test, and nbval over every solution
+# notebook (two workers; a notebook's cells stay together on one worker).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile tests course/solutions --nbval $(PYTEST_ARGS)
 
 # Rebuild student and solution notebooks from course/source (LESSONS="00 01" for some).
 course: $(STAMP)
