@@ -600,6 +600,32 @@ def crossover_batch(cfg: BudgetConfig, max_batch: int = 1 << 20) -> int | None:
     return hi
 
 
+def batch_sweep(cfg: BudgetConfig, batches) -> dict[str, list[int]]:
+    """Memory against B x N: for each micro-batch B (at this N) the tokens
+    B*N, the fixed bytes (flat) and the activation peak (growing)."""
+    fixed = budget(cfg).fixed_total
+    rows = {"micro_batch": [], "tokens": [], "fixed": [], "activations": [], "peak": []}
+    for b in batches:
+        acts = activations(cfg.with_(micro_batch=int(b))).peak
+        rows["micro_batch"].append(int(b))
+        rows["tokens"].append(int(b) * cfg.seq_len)
+        rows["fixed"].append(fixed)
+        rows["activations"].append(acts)
+        rows["peak"].append(fixed + acts)
+    return rows
+
+
+def recompute_tradeoff(cfg: BudgetConfig) -> dict[str, int]:
+    """What `cfg.recompute` buys against no recompute: activation-peak bytes
+    saved and FLOPs per step added."""
+    base = budget(cfg.with_(recompute="none"))
+    this = budget(cfg)
+    return {"bytes_saved": base.activations.peak - this.activations.peak,
+            "flops_added": this.flops["per_step"]["total"] - base.flops["per_step"]["total"],
+            "base_activation_peak": base.activations.peak,
+            "base_flops_per_step": base.flops["per_step"]["total"]}
+
+
 # ------------------------------------------------------------ human output
 _BYTE_UNITS = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 _FLOP_UNITS = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))

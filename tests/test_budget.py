@@ -1,0 +1,201 @@
+"""engine.budget: the source texts' worked numbers, the published activation
+formula, the engine's own measurement, and the command line."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engine import budget as B
+from engine.gpt_config import GPTConfig, num_params
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine.budget", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def line_value(text: str, label: str) -> str:
+    """The size printed after `label` in the human-readable report."""
+    m = re.search(rf"^\s*{re.escape(label)}\s+(\S+ \S+)", text, re.M)
+    assert m, f"no line {label!r} in:\n{text}"
+    return m.group(1)
+
+
+# ------------------------------------------------- the source texts' numbers
+def test_cli_reproduces_the_7b_example():
+    run = cli("--preset", "7b-example")
+    assert run.returncode == 0, run.stderr
+    assert line_value(run.stdout, "one B x N x d tensor") == "134 MB"
+    assert line_value(run.stdout, "activations (saved)") == "17.2 GB"  # "17 GB"
+    assert line_value(run.stdout, "weights") == "14 GB"  # 7B params in 16-bit
+    data = json.loads(cli("--preset", "7b-example", "--json").stdout)
+    one = 8 * 2048 * 4096 * 2
+    assert data["one_tensor_bytes"] == one == 134_217_728
+    assert data["memory"]["activations"] == 32 * 4 * one
+
+
+def test_cli_reproduces_the_24_layer_example():
+    run = cli("--preset", "24-layer-example")
+    assert run.returncode == 0, run.stderr
+    assert line_value(run.stdout, "activations (saved)") == "12.9 GB"
+    data = json.loads(cli("--preset", "24-layer-example", "--json").stdout)
+    assert data["memory"]["activations"] == 8 * 2048 * 1024 * 24 * 16 * 2
+
+
+def test_cli_knobs_override_the_preset():
+    data = json.loads(cli("--preset", "7b-example", "--seq", "4096", "--json").stdout)
+    assert data["memory"]["activations"] == 2 * 32 * 4 * 134_217_728  # double N, double it
+
+
+def test_mixed_precision_adamw_is_16_bytes_per_parameter():
+    for precision in ("bf16", "fp16"):
+        assert sum(B.bytes_per_parameter(precision, "adamw").values()) == 16
+    assert B.bytes_per_parameter("bf16", "adamw") == {
+        "weights": 2, "master weights": 4, "gradients": 2, "optimizer state": 8}
+    assert sum(B.bytes_per_parameter("fp32", "sgd").values()) == 8
+    assert sum(B.bytes_per_parameter("fp32", "momentum").values()) == 12
+    assert sum(B.bytes_per_parameter("bf16", "sgd").values()) == 8
+
+
+# ------------------------------------------------------------ parameters
+def test_gpt2_small_has_its_known_parameter_count():
+    assert B.parameter_count(B.preset("gpt2-small")) == 124_439_808
+
+
+@settings(max_examples=40, deadline=None)
+@given(L=st.integers(1, 6), heads=st.integers(1, 4), head_size=st.integers(1, 16),
+       V=st.integers(2, 300), T=st.integers(1, 64))
+def test_parameter_formula_matches_the_shared_gpt_config(L, heads, head_size, V, T):
+    d = heads * head_size
+    cfg = B.BudgetConfig(n_layer=L, d_model=d, n_head=heads, vocab_size=V, block_size=T,
+                         seq_len=T)
+    assert B.parameter_count(cfg) == num_params(GPTConfig(V, T, L, heads, d))
+
+
+def test_untied_head_adds_one_vocabulary_matrix():
+    tied = B.preset("gpt2-small")
+    untied = tied.with_(tied_embedding=False)
+    assert B.parameter_count(untied) - B.parameter_count(tied) == 768 * 50257
+
+
+# ------------------------------------------------------------------ FLOPs
+@settings(max_examples=30, deadline=None)
+@given(L=st.integers(1, 8), heads=st.integers(1, 8), head_size=st.integers(1, 32),
+       b=st.integers(1, 8), n=st.integers(1, 256), k=st.integers(1, 4))
+def test_flop_accounting(L, heads, head_size, b, n, k):
+    cfg = B.BudgetConfig(n_layer=L, d_model=heads * head_size, n_head=heads, vocab_size=97,
+                         micro_batch=b, seq_len=n, accumulation=k)
+    f = B.flops(cfg)
+    tok = f["per_token"]
+    assert tok["backward"] == 2 * tok["forward"] and tok["recompute"] == 0
+    assert f["per_micro_batch"]["total"] == b * n * tok["total"]
+    assert f["per_step"]["total"] == k * f["per_micro_batch"]["total"]
+    full = B.flops(cfg.with_(recompute="full"))["per_token"]
+    assert full["total"] == 4 * tok["forward"]  # one more forward: 3x becomes 4x
+    selective = B.flops(cfg.with_(recompute="selective"))["per_token"]
+    assert selective["recompute"] == B.attention_flops_per_token(cfg) == 4 * L * n * cfg.d_model
+
+
+def test_six_flops_per_parameter_per_token_when_attention_is_small():
+    cfg = B.preset("7b-example", seq_len=16, micro_batch=1)
+    tok = B.flops(cfg)["per_token"]
+    assert tok["forward"] + tok["backward"] == pytest.approx(6 * 7e9, rel=1e-3)
+
+
+# ------------------------------------------------------------ activations
+@settings(max_examples=60, deadline=None)
+@given(s=st.integers(1, 512), b=st.integers(1, 16), heads=st.integers(1, 16),
+       head_size=st.integers(1, 64), L=st.integers(1, 4))
+def test_per_op_transformer_count_equals_korthikanti(s, b, heads, head_size, L):
+    h = heads * head_size
+    cfg = B.BudgetConfig(n_layer=L, d_model=h, n_head=heads, micro_batch=b, seq_len=s,
+                         precision="bf16", dropout=True)
+    layer = sum(x.bytes for x in B.transformer_layer_ops(cfg))
+    assert layer == B.korthikanti_layer_bytes(s, b, h, heads, "none")
+    # the published form sbh(34 + 5as/h), in exact arithmetic
+    assert layer * h == s * b * h * (34 * h + 5 * heads * s)
+    outside = sum(x.bytes for x in B.transformer_outside_ops(cfg))
+    for mode in ("none", "selective", "full"):
+        acts = B.activations(cfg.with_(recompute=mode))
+        assert acts.saved == L * B.korthikanti_layer_bytes(s, b, h, heads, mode) + outside
+
+
+def test_transformer_count_without_dropout_and_in_fp32():
+    s, b, h, a = 64, 2, 32, 4
+    cfg = B.BudgetConfig(n_layer=1, d_model=h, n_head=a, micro_batch=b, seq_len=s)
+    layer = sum(x.bytes for x in B.transformer_layer_ops(cfg))
+    # 16 tensors of s*b*h and the softmax output, 4 bytes each, no masks
+    assert layer == 4 * (16 * s * b * h + a * s * s * b)
+
+
+def test_recompute_keeps_less_and_rebuilds_one_block():
+    cfg = B.preset("gpt2-small")
+    none = B.activations(cfg)
+    full = B.activations(cfg.with_(recompute="full"))
+    assert full.saved < none.saved and full.transient > 0
+    assert full.peak < none.peak
+
+
+def test_rule_of_thumb_grows_linearly_in_batch_and_sequence():
+    cfg = B.preset("24-layer-example")
+    base = B.activations(cfg).saved
+    assert B.activations(cfg.with_(micro_batch=16)).saved == 2 * base
+    assert B.activations(cfg.with_(seq_len=4096)).saved == 2 * base
+    assert B.budget(cfg.with_(micro_batch=16)).fixed == B.budget(cfg).fixed
+
+
+def test_crossover_batch_is_where_activations_overtake_fixed_memory():
+    for name in ("gpt2-small", "24-layer-example", "7b-class"):
+        cfg = B.preset(name)
+        cross = B.crossover_batch(cfg)
+        fixed = B.budget(cfg).fixed_total
+        assert cross is not None
+        assert B.activations(cfg.with_(micro_batch=cross)).peak > fixed
+        if cross > 1:
+            assert B.activations(cfg.with_(micro_batch=cross - 1)).peak <= fixed
+
+
+def test_peak_is_fixed_plus_activation_peak():
+    b = B.budget(B.preset("gpt2-small", recompute="full"))
+    assert b.peak == sum(b.fixed.values()) + b.activations.saved + b.activations.transient
+
+
+# ------------------------------------------------------ human-readable units
+@pytest.mark.parametrize("n, text", [(134_217_728, "134 MB"), (17_179_869_184, "17.2 GB"),
+                                     (999, "999 B"), (1_000, "1 kB"), (999_700_000, "1000 MB"),
+                                     (0, "0 B")])
+def test_human_bytes(n, text):
+    assert B.human_bytes(n) == text
+
+
+# ----------------------------------------------------------- command line
+def test_cli_help_and_json():
+    run = cli("--help")
+    assert run.returncode == 0 and "--preset" in run.stdout and "--json" in run.stdout
+    data = json.loads(cli("--preset", "gpt2-small", "--json").stdout)
+    assert data["parameters"] == 124_439_808
+    assert data["memory"]["peak"] == B.budget(B.preset("gpt2-small")).peak
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--preset", "gpt2-small", "--heads", "5"), ["--heads 5", "does not divide", "[1, 2, 3, 4, 6"]),
+    (("--preset", "gpt2-small", "--batch", "0"), ["--batch 0", "positive whole number"]),
+    (("--preset", "gpt2-small", "--layers", "-2"), ["--layers -2", "positive whole number"]),
+    (("--preset", "nano"), ["unknown preset 'nano'", "gpt2-small", "tiny"]),
+    (("--preset", "gpt2-small", "--precision", "fp8"), ["fp8", "fp32, bf16, fp16"]),
+    (("--preset", "7b-example", "--recompute", "selective"), ["selective", "transformer"]),
+    (("--preset", "gpt2-small", "--seq", "4096"), ["--seq 4096", "--positions 1024"]),
+])
+def test_cli_rejects_impossible_input(args, says):
+    run = cli(*args)
+    assert run.returncode != 0
+    assert "Traceback" not in run.stderr
+    for fragment in says:
+        assert fragment in run.stderr, (fragment, run.stderr)
