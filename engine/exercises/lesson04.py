@@ -1,0 +1,355 @@
+"""Checks for lesson 04, "Gradient checking".
+
+The four exercises build a gradient checker from parts:
+04.1 the central difference of one element, 04.2 the relative and absolute
+error with a floor, 04.3 spot checks on random indices, 04.4 the step eps
+where truncation and rounding error balance. Each check feeds the learner's
+function cases where a typical wrong answer gives itself away (a forward
+difference, a missing floor, relative error alone) and names it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._core import ExerciseError, attempt, passed, save_piece
+
+EX_PARTIAL = "04.1 (numerical_partial)"
+EX_ERRORS = "04.2 (gradient_errors)"
+EX_SPOT = "04.3 (spot_check)"
+EX_STEP = "04.4 (best_step)"
+
+_W = np.array([[0.3, -1.2, 0.8, 2.0], [-0.5, 1.1, 0.05, -0.7], [1.4, 0.2, -0.9, 0.6]])
+
+
+def _smooth(x):
+    """A smooth function of a 3x4 array with curvature in every direction."""
+    return float(np.sum(np.sin(x) * x ** 2 * _W) + 0.25 * np.sum(x * _W) ** 2)
+
+
+def _smooth_grad(x):
+    return (np.cos(x) * x ** 2 + 2 * x * np.sin(x)) * _W + 0.5 * np.sum(x * _W) * _W
+
+
+def _x0():
+    return np.array([[0.7, -0.4, 1.3, 0.2], [-2.1, 0.9, 0.0, 0.5], [1.7, -1.1, 0.35, -0.6]])
+
+
+def _central(f, x, index, eps):
+    xp, xm = x.copy(), x.copy()
+    xp[index] += eps
+    xm[index] -= eps
+    return (f(xp) - f(xm)) / (2 * eps)
+
+
+def _forward(f, x, index, eps):
+    xp = x.copy()
+    xp[index] += eps
+    return (f(xp) - f(x)) / eps
+
+
+def _backward(f, x, index, eps):
+    xm = x.copy()
+    xm[index] -= eps
+    return (f(x) - f(xm)) / eps
+
+
+def _as_float(exercise, value, what):
+    try:
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise ExerciseError(exercise, f"{what} should be a number, got {value!r}.") from None
+    if arr.size != 1:
+        raise ExerciseError(exercise, f"{what} should be one number, got an array of shape "
+                                      f"{arr.shape}. Perturb a single element and return the "
+                                      f"single slope.")
+    return float(arr.reshape(()))
+
+
+# ------------------------------------------------------------------ 04.1
+def check_numerical_partial(numerical_partial) -> None:
+    """Central difference of one element: both sides, divided by 2*eps,
+    only x[index] moved, x left as found, the eps argument honoured."""
+    x = _x0()
+    for eps in (1e-3, 1e-2):
+        for index in [(0, 0), (1, 3), (2, 1), (1, 2)]:
+            probe = x.copy()
+            got = _as_float(EX_PARTIAL, attempt(EX_PARTIAL, numerical_partial,
+                                                _smooth, probe, index, eps),
+                            f"numerical_partial(f, x, {index}, eps={eps})")
+            if not np.array_equal(probe, x):
+                raise ExerciseError(EX_PARTIAL, f"x was changed by your function (index {index}). "
+                                                f"Perturb a copy, or put x[index] back before "
+                                                f"returning: the caller still needs x.")
+            want = _central(_smooth, x, index, eps)
+            if np.isclose(got, want, rtol=1e-9, atol=1e-12):
+                continue
+            true = _smooth_grad(x)[index]
+            if np.isclose(got, _forward(_smooth, x, index, eps), rtol=1e-9, atol=1e-12) or \
+                    np.isclose(got, _backward(_smooth, x, index, eps), rtol=1e-9, atol=1e-12):
+                hint = ("this is a one-sided (forward or backward) difference: its error shrinks "
+                        "only like eps. Evaluate f at x[index]+eps and at x[index]-eps and divide "
+                        "the difference by 2*eps.")
+            elif np.isclose(got, 2 * want, rtol=1e-9):
+                hint = "it is twice the central difference: divide by 2*eps, not by eps."
+            elif np.isclose(got, 0.5 * want, rtol=1e-9):
+                hint = ("it is half the central difference: the two points are 2*eps apart, "
+                        "so divide by 2*eps (not 4*eps).")
+            elif np.isclose(got, -want, rtol=1e-9):
+                hint = "the sign is flipped: compute f(x + eps) - f(x - eps), in that order."
+            elif np.isclose(got, true, rtol=1e-5):
+                hint = ("it is close to the true slope but not the central difference with the "
+                        "eps you were given ({eps:g}): use the eps argument, do not fix your own.")
+            else:
+                moved_all = (_smooth(x + eps) - _smooth(x - eps)) / (2 * eps)
+                if np.isclose(got, moved_all, rtol=1e-9):
+                    hint = ("you moved every element of x at once; that is the slope along "
+                            "(1, 1, ..., 1). Move only x[index].")
+                else:
+                    hint = ("perturb only x[index], evaluate f on both sides, "
+                            "(f(x+) - f(x-)) / (2*eps).")
+            raise ExerciseError(EX_PARTIAL, f"numerical_partial(f, x, {index}, eps={eps}) "
+                                            f"returned {got:.10g}; the central difference is "
+                                            f"{want:.10g}. Hint: {hint}")
+    save_piece("numerical_partial", numerical_partial, EX_PARTIAL)
+    passed(EX_PARTIAL, "central difference, x left unchanged, eps honoured.")
+
+
+# ------------------------------------------------------------------ 04.2
+_A = np.array([3.0, -2.0, 0.0, 1e-14, 1e3, -5e-7, 0.0])
+_N = np.array([3.0000003, -1.0, 0.0, 0.0, 1e3 + 1e-5, -5.2e-7, 2e-13])
+
+
+def _errors(a, n, floor):
+    abs_err = np.abs(a - n)
+    return abs_err / np.maximum(np.maximum(np.abs(a), np.abs(n)), floor), abs_err
+
+
+def check_gradient_errors(gradient_errors) -> None:
+    """rel = |a - n| / max(|a|, |n|, floor) and abs = |a - n|, element-wise."""
+    floor = 1e-10
+    out = attempt(EX_ERRORS, gradient_errors, _A.copy(), _N.copy(), floor)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise ExerciseError(EX_ERRORS, f"return the pair (relative, absolute), got {type(out).__name__}"
+                                       f"{'' if not hasattr(out, '__len__') else f' of length {len(out)}'}.")
+    with np.errstate(all="ignore"):
+        rel, ab = (np.asarray(v, dtype=float) for v in out)
+    want_rel, want_abs = _errors(_A, _N, floor)
+    for name, got in (("relative", rel), ("absolute", ab)):
+        if got.shape != _A.shape:
+            raise ExerciseError(EX_ERRORS, f"the {name} error has shape {got.shape}; expected one "
+                                           f"value per element, shape {_A.shape}.")
+    if np.any(rel < 0) or np.any(ab < 0):
+        raise ExerciseError(EX_ERRORS, "an error came out negative: take the absolute value "
+                                       "|a - n| (np.abs) before dividing.")
+    if not np.allclose(ab, want_abs, rtol=1e-12, atol=0):
+        raise ExerciseError(EX_ERRORS, f"absolute error {ab} should be |a - n| = {want_abs}.")
+    if not np.all(np.isfinite(rel)):
+        bad = int(np.flatnonzero(~np.isfinite(rel))[0])
+        raise ExerciseError(
+            EX_ERRORS, f"relative error is {rel[bad]} where the analytic gradient is {_A[bad]} and "
+                       f"the numerical one {_N[bad]}: 0/0 with no floor. Hint: divide by "
+                       f"max(|a|, |n|, floor), so near-zero gradients give a finite number.")
+    if np.allclose(rel, want_rel, rtol=1e-9, atol=0):
+        save_piece("gradient_errors", gradient_errors, EX_ERRORS)
+        passed(EX_ERRORS, f"relative error with floor {floor:g}, absolute error alongside.")
+        return
+    with np.errstate(all="ignore"):
+        no_floor = want_abs / np.maximum(np.abs(_A), np.abs(_N))
+        sum_den = want_abs / np.maximum(np.abs(_A) + np.abs(_N), floor)
+        a_only = want_abs / np.maximum(np.abs(_A), floor)
+        n_only = want_abs / np.maximum(np.abs(_N), floor)
+    k = int(np.argmax(np.abs(rel - want_rel)))
+    if np.isclose(rel[3], 1.0) or np.allclose(rel, np.nan_to_num(no_floor, nan=0.0)):
+        hint = (f"the gradients {_A[3]:g} (analytic) and {_N[3]:g} (numerical) differ by only "
+                f"{want_abs[3]:g} but your relative error is {rel[3]:.3g}: there is no floor. "
+                f"Divide by max(|a|, |n|, floor).")
+    elif np.allclose(rel, sum_den, rtol=1e-9):
+        hint = "you divide by |a| + |n|; use the larger of the two: max(|a|, |n|, floor)."
+    elif np.allclose(rel, a_only, rtol=1e-9) or np.allclose(rel, n_only, rtol=1e-9):
+        hint = ("you divide by one gradient only; use the larger of the two, max(|a|, |n|, "
+                "floor), so the error does not depend on which one you call the reference.")
+    else:
+        hint = "rel = |a - n| / max(|a|, |n|, floor), element by element (np.maximum)."
+    raise ExerciseError(EX_ERRORS, f"relative error at element {k} (analytic {_A[k]:g}, numerical "
+                                   f"{_N[k]:g}) is {rel[k]:.6g}, expected {want_rel[k]:.6g}. "
+                                   f"Hint: {hint}")
+
+
+# ------------------------------------------------------------------ 04.3
+def _cube(x):
+    return float(np.sum(x ** 3) + 0.5 * np.sum(np.sin(x)))
+
+
+def _cube_grad(x):
+    return 3 * x ** 2 + 0.5 * np.cos(x)
+
+
+def _cube_x():
+    return np.array([[0.4, -1.3, 0.9], [1.1, -0.2, 0.6]])
+
+
+_TINY = np.array([[1.0, 1e-9, 0.7, 3e-10], [2e-9, -0.8, 1.3, 1e-10]])
+
+
+def _tiny_x():
+    return np.array([[0.0, 1.5, -0.5, 0.9], [0.8, 0.1, -1.2, 0.3]])
+
+
+def _tiny(x):
+    """Four elements with ordinary gradients and four with gradients near 1e-10,
+    below the rounding noise u*|f|/eps ~ 1e-10 of a central difference."""
+    return float(np.sum(_TINY * np.sin(x)) + 2.0)
+
+
+def _tiny_grad(x):
+    return _TINY * np.cos(x)
+
+
+def _rows(exercise, out, x):
+    """Read the learner's report as a list of (index, analytic, numeric, rel, abs, ok)."""
+    if out is None or isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
+        raise ExerciseError(exercise, f"return a list with one row per checked element "
+                                      f"(a Spot(index, analytic, numeric, rel_err, abs_err, ok)), "
+                                      f"got {type(out).__name__}.")
+    rows = []
+    for r in out:
+        try:
+            if hasattr(r, "_fields") or not isinstance(r, (tuple, list)):
+                vals = (r.index, r.analytic, r.numeric, r.rel_err, r.abs_err, r.ok)
+            else:
+                vals = tuple(r)
+                if len(vals) != 6:
+                    raise ValueError
+        except (AttributeError, TypeError, ValueError):
+            raise ExerciseError(exercise, f"each row should be Spot(index, analytic, numeric, "
+                                          f"rel_err, abs_err, ok); got {r!r}.") from None
+        index = vals[0]
+        index = tuple(int(i) for i in np.atleast_1d(index))
+        if len(index) != x.ndim or any(not 0 <= i < n for i, n in zip(index, x.shape)):
+            raise ExerciseError(exercise, f"index {vals[0]!r} is not an element of an array of "
+                                          f"shape {x.shape}; use a tuple like np.unravel_index "
+                                          f"gives.")
+        rows.append((index,) + tuple(float(v) for v in vals[1:5]) + (bool(vals[5]),))
+    return rows
+
+
+def check_spot_check(spot_check) -> None:
+    """Random distinct indices from the seed; central differences; an element
+    passes when its absolute error is below atol OR its relative error below rtol."""
+    eps, rtol, atol = 1e-6, 1e-6, 1e-8
+    x = _cube_x()
+    g = _cube_grad(x)
+
+    # 1. a correct gradient, 4 elements of 6
+    probe = x.copy()
+    rows = _rows(EX_SPOT, attempt(EX_SPOT, spot_check, _cube, probe, g.copy(), 4, eps,
+                                  rtol, atol, 0), x)
+    if not np.array_equal(probe, x):
+        raise ExerciseError(EX_SPOT, "x was changed by spot_check; perturb copies and leave x "
+                                     "as you found it.")
+    if len(rows) != 4:
+        raise ExerciseError(EX_SPOT, f"asked for n_checks=4 elements, got {len(rows)} rows.")
+    idx = [r[0] for r in rows]
+    if len(set(idx)) != len(idx):
+        raise ExerciseError(EX_SPOT, f"the indices {idx} repeat an element; draw without "
+                                     f"replacement: rng.choice(x.size, n, replace=False).")
+    for index, a, n, rel, ab, ok in rows:
+        if not np.isclose(a, g[index], rtol=1e-12):
+            raise ExerciseError(EX_SPOT, f"at {index} the analytic value is {a:.10g}, but "
+                                         f"analytic_grad{list(index)} is {g[index]:.10g}.")
+        want = _central(_cube, x, index, eps)
+        if not np.isclose(n, want, rtol=1e-7, atol=1e-9):
+            fwd = _forward(_cube, x, index, eps)
+            hint = ("that is a forward difference; use the central one (your numerical_partial "
+                    "from 04.1)." if np.isclose(n, fwd, rtol=1e-9) else
+                    "compute it with numerical_partial(f, x, index, eps) from 04.1.")
+            raise ExerciseError(EX_SPOT, f"at {index} the numerical value is {n:.10g}, the "
+                                         f"central difference with eps={eps:g} is {want:.10g}. "
+                                         f"Hint: {hint}")
+        want_rel, want_abs = _errors(np.array(a), np.array(n), 1e-10)
+        if not (np.isclose(rel, want_rel, rtol=1e-6, atol=1e-15)
+                and np.isclose(ab, want_abs, rtol=1e-6, atol=1e-15)):
+            raise ExerciseError(EX_SPOT, f"at {index} rel_err={rel:.3g}, abs_err={ab:.3g}; from "
+                                         f"the two values they are {float(want_rel):.3g} and "
+                                         f"{float(want_abs):.3g}. Use gradient_errors from 04.2.")
+        if not ok:
+            raise ExerciseError(EX_SPOT, f"at {index} the gradient is right (relative error "
+                                         f"{rel:.1e} <= rtol {rtol:g}) but ok is False.")
+
+    # 2. the seed decides, and it does decide
+    again = _rows(EX_SPOT, attempt(EX_SPOT, spot_check, _cube, x.copy(), g.copy(), 4, eps,
+                                   rtol, atol, 0), x)
+    if [r[0] for r in again] != idx:
+        raise ExerciseError(EX_SPOT, f"the same seed gave different indices ({idx} then "
+                                     f"{[r[0] for r in again]}). Draw them with "
+                                     f"np.random.default_rng(seed), not the global generator.")
+    draws = {tuple(r[0] for r in _rows(EX_SPOT, attempt(EX_SPOT, spot_check, _cube, x.copy(),
+                                                        g.copy(), 2, eps, rtol, atol, s), x))
+             for s in range(6)}
+    if len(draws) == 1:
+        raise ExerciseError(EX_SPOT, f"six different seeds all checked the same elements "
+                                     f"{next(iter(draws))}: draw the indices at random from the "
+                                     f"seed, so repeated checks cover different elements.")
+
+    # 3. near-zero gradients: relative error alone rejects a correct gradient
+    xz = _tiny_x()
+    gz = _tiny_grad(xz)
+    rows = _rows(EX_SPOT, attempt(EX_SPOT, spot_check, _tiny, xz.copy(), gz, xz.size, eps,
+                                  rtol, atol, 1), xz)
+    if sorted(r[0] for r in rows) != sorted(np.ndindex(xz.shape)):
+        raise ExerciseError(EX_SPOT, f"with n_checks equal to x.size ({xz.size}) every element "
+                                     f"should be checked once; got {len(rows)} rows covering "
+                                     f"{len(set(r[0] for r in rows))} elements.")
+    for index, a, n, rel, ab, ok in rows:
+        if not ok:
+            if abs(a) < 1e-8:
+                raise ExerciseError(
+                    EX_SPOT, f"at {index} the analytic gradient is {a:.2e} and the numerical "
+                             f"one {n:.2e}: the absolute error {ab:.1e} is below atol={atol:g}, "
+                             f"yet ok is False (relative error {rel:.1e}). Near zero the "
+                             f"rounding noise of the difference quotient, about u*|f|/eps = "
+                             f"1e-10, is as large as the gradient itself, so relative error "
+                             f"alone cannot judge it. Hint: an element passes when "
+                             f"abs_err <= atol OR rel_err <= rtol.")
+            raise ExerciseError(EX_SPOT, f"at {index} the gradient is right but ok is False "
+                                         f"(rel {rel:.1e}, abs {ab:.1e}).")
+
+    # 4. a wrong gradient at one element is flagged, and only there
+    bad = (1, 2)
+    wrong = gz.copy()
+    wrong[bad] += 0.05
+    rows = _rows(EX_SPOT, attempt(EX_SPOT, spot_check, _tiny, xz.copy(), wrong, xz.size, eps,
+                                  rtol, atol, 2), xz)
+    flagged = sorted(r[0] for r in rows if not r[5])
+    if flagged != [bad]:
+        raise ExerciseError(EX_SPOT, f"the analytic gradient was made wrong by 0.05 at {bad} only; "
+                                     f"your check flags {flagged or 'nothing'}. An element fails "
+                                     f"when abs_err > atol AND rel_err > rtol.")
+    save_piece("spot_check", spot_check, EX_SPOT)
+    passed(EX_SPOT, "seeded distinct indices, central differences, abs OR rel tolerance.")
+
+
+# ------------------------------------------------------------------ 04.4
+def check_best_step(best_step) -> None:
+    """Minimise eps**2/6 + u/eps: eps* = (3u)**(1/3)."""
+    for u in (2.0 ** -53, 2.0 ** -24, 1e-4):
+        got = _as_float(EX_STEP, attempt(EX_STEP, best_step, u), f"best_step({u:g})")
+        want = (3 * u) ** (1 / 3)
+        if np.isclose(got, want, rtol=1e-6):
+            continue
+        if np.isclose(got, np.sqrt(u), rtol=1e-6) or np.isclose(got, 2 * np.sqrt(u), rtol=1e-6):
+            hint = ("sqrt(u) balances a truncation error ~ eps (the forward difference). The "
+                    "central difference's truncation error is ~ eps**2/6.")
+        elif np.isclose(got, u ** (1 / 3), rtol=1e-6) or np.isclose(got, (6 * u) ** (1 / 3),
+                                                                     rtol=1e-6):
+            hint = ("right power, wrong constant: set the derivative of eps**2/6 + u/eps to zero: "
+                    "eps/3 - u/eps**2 = 0.")
+        elif np.isclose(got, u, rtol=1e-6):
+            hint = ("a step of u itself is the worst choice: the rounding error u/eps is then 1. "
+                    "Balance it against the truncation error eps**2/6.")
+        else:
+            hint = "minimise E(eps) = eps**2/6 + u/eps: set dE/deps = 0 and solve for eps."
+        raise ExerciseError(EX_STEP, f"best_step({u:g}) returned {got:.6g}, expected {want:.6g}. "
+                                     f"Hint: {hint}")
+    e64, e32 = (3 * 2.0 ** -53) ** (1 / 3), (3 * 2.0 ** -24) ** (1 / 3)
+    passed(EX_STEP, f"float64: eps* = {e64:.1e}, float32: eps* = {e32:.1e}.")
