@@ -8,7 +8,8 @@ that shows it replays cleanly under nbval.
 What it shows:
   * the readout (DOM class `budget-readout`): peak, parameters, fixed and
     activation bytes; the peak in exact bytes sits in a span of class
-    `budget-peak-bytes` for tests that read the page;
+    `budget-peak-bytes` for tests that read the page (each control carries
+    the class `budget-knob-<field>`, e.g. `budget-knob-micro-batch`);
   * FLOPs per token, per micro-batch and per optimizer step;
   * what the recompute setting saves (activation bytes) and adds (FLOPs);
   * a stacked bar of the memory categories;
@@ -87,6 +88,8 @@ class BudgetWidget:
             "recompute": w.ToggleButtons(options=list(B.RECOMPUTE), description="recompute",
                                          style={"button_width": "80px", **wide}),
         }
+        for name, control in self.controls.items():  # stable handles for browser tests
+            control.add_class(f"budget-knob-{name.replace('_', '-')}")
         self.readout = w.HTML()
         self.readout.add_class("budget-readout")
         self.message = w.HTML()

@@ -1,0 +1,145 @@
+"""The budget widget in a real browser.
+
+Starts JupyterLab on 127.0.0.1 (random free port, random token) over a
+temporary folder holding a two-cell notebook that shows `BudgetWidget`,
+opens it in headless Debian Chromium through Playwright, runs all cells,
+moves the micro-batch slider with the keyboard and checks that the readout
+shows exactly the peak `engine.budget` computes for the new batch size.
+
+Needs /usr/bin/chromium (`apt-get install -y chromium`; `.ci/run` installs
+it) and the `playwright` package; without them the test is skipped and says
+why. Playwright's own browser downloads are never used.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from engine import budget as B
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-dev-shm-usage"]
+PRESET = "gpt2-small"
+NOTEBOOK_CELLS = [
+    "from widgets.budget import BudgetWidget",
+    f"widget = BudgetWidget(preset={PRESET!r})\nwidget.ui",
+]
+
+
+def _why_not_runnable() -> str | None:
+    if not os.path.exists(CHROMIUM):
+        return (f"{CHROMIUM} is missing: install Debian's Chromium "
+                f"(`apt-get install -y chromium`) to run the real-browser test")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (`pip install -e '.[test]'`)"
+    return None
+
+
+REASON = _why_not_runnable()
+if REASON:
+    print(f"test_browser skipped: {REASON}", file=sys.stderr)
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until_serving(url: str, server: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited with code {server.returncode} before serving")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"JupyterLab did not answer {url} within {timeout:.0f} s")
+
+
+@pytest.fixture
+def lab():
+    """A JupyterLab serving a folder with budget.ipynb; yields (base URL, token)."""
+    folder = Path(tempfile.mkdtemp(prefix="budget-lab-"))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, folder / "budget.ipynb")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / ".runtime"),
+           "JUPYTER_CONFIG_DIR": str(folder / ".config"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    log = open(folder / "lab.log", "w")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("jupyter")), "lab", "--allow-root", "--no-browser",
+         "--ip=127.0.0.1", f"--port={port}", f"--ServerApp.token={token}",
+         "--LabApp.expose_app_in_browser=True", f"--notebook-dir={folder}"],
+        cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_serving(f"{base}/api/status?token={token}", server)
+        yield base, token
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)  # the session we started: server + kernel
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_slider_move_shows_the_engine_budget(lab):
+    from playwright.sync_api import expect, sync_playwright
+    base, token = lab
+    start = B.preset(PRESET)
+    moved = start.with_(micro_batch=start.micro_batch + 2)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page.goto(f"{base}/lab/tree/budget.ipynb?token={token}&reset")
+            page.locator(".jp-NotebookPanel").first.wait_for(timeout=120_000)
+            page.locator("#jp-main-statusbar >> text=Idle").first.wait_for(timeout=120_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+            peak = page.locator(".budget-readout .budget-peak-bytes")
+            expect(peak).to_have_text(f"{B.budget(start).peak:,}", timeout=120_000)
+
+            slider = page.locator(".budget-knob-micro-batch")
+            handle = slider.locator(".noUi-handle").first
+            handle.focus()
+            page.keyboard.press("ArrowRight")
+            page.keyboard.press("ArrowRight")
+            expect(slider.locator(".widget-readout")).to_have_text(str(moved.micro_batch),
+                                                                   timeout=30_000)
+            expect(peak).to_have_text(f"{B.budget(moved).peak:,}", timeout=60_000)
+            assert B.budget(moved).peak != B.budget(start).peak
+            readout = page.locator(".budget-readout").inner_text()
+            assert B.human_bytes(B.budget(moved).peak) in readout
+        finally:
+            browser.close()
