@@ -1,0 +1,124 @@
+"""Hot kernels, in two versions: numpy (`reference`, the oracle) and numba (`fast`).
+
+The rules in `engine.rules` call the functions of this module; each one
+picks a version:
+
+* mode "numpy": always the numpy oracle;
+* mode "numba": always the numba kernel (compiled on first use, then cached);
+* mode "auto" (default): numba when the array is big enough for threads to
+  pay for themselves (`MIN_ELEMENTS`), numpy otherwise. Small lesson-sized
+  tensors therefore never wait for a compile.
+
+Switch with `engine.kernels.use("numpy")` (a context manager, or a plain call)
+or the environment variable ENGINE_KERNELS=numpy|numba|auto. numba is only
+imported when a fast kernel is first needed, so `import engine` stays quick.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import numpy as np
+
+from . import reference
+
+MODES = ("auto", "numpy", "numba")
+# Below this many elements, thread start-up costs more than the work (measured
+# on a 2-core machine; see the benchmark in engine/kernels/bench.py).
+MIN_ELEMENTS = 16_384
+
+_mode = os.environ.get("ENGINE_KERNELS", "auto")
+if _mode not in MODES:
+    raise ValueError(f"ENGINE_KERNELS={_mode!r} is not one of {MODES}")
+
+
+def mode() -> str:
+    return _mode
+
+
+class use:
+    """Choose the kernel version: `kernels.use("numpy")` or `with kernels.use("numba"): ...`."""
+
+    def __init__(self, new_mode: str):
+        global _mode
+        if new_mode not in MODES:
+            raise ValueError(f"kernels.use({new_mode!r}): choose one of {MODES}")
+        self.previous, _mode = _mode, new_mode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        global _mode
+        _mode = self.previous
+
+
+def _fast_module():
+    from . import fast  # imports numba; done once, on first need
+    return fast
+
+
+def _pick(name: str, size: int):
+    if _mode == "numba" or (_mode == "auto" and size >= MIN_ELEMENTS):
+        return getattr(_fast_module(), name)
+    return getattr(reference, name)
+
+
+def _c(a):
+    return np.ascontiguousarray(a)
+
+
+# Each wrapper below only chooses a version and makes the arrays contiguous;
+# the maths lives in reference.py and fast.py.
+def layer_norm_forward(x, w, b, eps):
+    return _pick("layer_norm_forward", x.size)(_c(x), _c(w), _c(b), float(eps))
+
+
+def layer_norm_backward(g, xhat, rstd, w):
+    return _pick("layer_norm_backward", g.size)(_c(g), _c(xhat), _c(rstd), _c(w))
+
+
+def softmax_forward(x):
+    return _pick("softmax_forward", x.size)(_c(x))
+
+
+def softmax_backward(g, y):
+    return _pick("softmax_backward", g.size)(_c(g), _c(y))
+
+
+def log_softmax_forward(x):
+    return _pick("log_softmax_forward", x.size)(_c(x))
+
+
+def log_softmax_backward(g, y):
+    return _pick("log_softmax_backward", g.size)(_c(g), _c(y))
+
+
+def cross_entropy_forward(logits, targets):
+    return _pick("cross_entropy_forward", logits.size)(_c(logits), _c(targets))
+
+
+def cross_entropy_backward(probs, targets, scale):
+    return _pick("cross_entropy_backward", probs.size)(_c(probs), _c(targets), float(scale))
+
+
+def gelu_forward(x):
+    return _pick("gelu_forward", x.size)(_c(x))
+
+
+def gelu_backward(g, x):
+    return _pick("gelu_backward", g.size)(_c(g), _c(x))
+
+
+def attention_forward(q, k, v, scale):
+    # The numba kernel skips the masked half, so it pays off earlier.
+    return _pick("attention_forward", q.size * 4)(_c(q), _c(k), _c(v), float(scale))
+
+
+def attention_backward(g, q, k, v, att, scale):
+    return _pick("attention_backward", g.size * 4)(_c(g), _c(q), _c(k), _c(v), _c(att),
+                                                   float(scale))
+
+
+def embedding_backward(ids, g, vocab_size):
+    return _pick("embedding_backward", g.size)(_c(ids), _c(g), int(vocab_size))

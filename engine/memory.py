@@ -1,0 +1,188 @@
+"""Measure what the tape keeps for backward: per op, in total, and over time.
+
+    with engine.memory.record() as mem:
+        loss = model(ids, targets)
+        loss.backward()
+    print(mem.table())          # one line per saved tensor
+    mem.saved_bytes, mem.peak_bytes, mem.timeline
+
+Nothing here is estimated: the recorder watches the tape. When an op is
+recorded it lists the arrays the op saved for its VJP (see the `save` calls
+in engine/rules.py); when backward has run a node's VJP and freed its saved
+arrays, the recorder frees them too.
+
+How bytes are counted, so the numbers mean memory:
+
+* An array is counted by the memory that owns it (numpy's base array), and
+  each such buffer only once: when relu saves its output and the next
+  matmul saves the same array, that is one buffer. A view (a slice, a
+  reshape, a transpose) counts as the whole buffer it keeps alive.
+* Saved buffers that belong to parameters (leaf tensors with
+  requires_grad=True, such as a weight the matmul keeps for dx) are listed
+  with kind "parameter" but are not activation memory: they exist anyway.
+  `saved_bytes` and `peak_bytes` count activations only (inputs and
+  intermediate results, integer ids and targets included).
+* A buffer is live from the op that first saved it until backward has run
+  every node that saved it. `timeline` holds the live activation bytes
+  after each recorded op (forward) and after each node's VJP (backward).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import tensor as _tensor
+from .tensor import Tensor, _root
+
+
+@dataclass
+class SavedTensor:
+    """One array an op saved for its backward."""
+    node: int            # the node's number on the tape (in recording order)
+    op: str              # the op's name, e.g. "matmul"
+    scope: str           # the name_scope it ran in, e.g. "h0.attn" ("" if none)
+    slot: str            # the name the rule saved it under, e.g. "xhat"
+    tensor: str          # the tensor's name when it is a named tensor (a parameter), else ""
+    shape: tuple
+    dtype: str
+    nbytes: int          # bytes of this array (a view's own size)
+    counted_bytes: int   # bytes added to the total: the owning buffer, or 0 if already counted
+    kind: str            # "activation" or "parameter"
+
+    @property
+    def where(self) -> str:
+        return f"{self.scope}/{self.op}" if self.scope else self.op
+
+
+@dataclass
+class TimelinePoint:
+    phase: str           # "forward" or "backward"
+    node: int
+    label: str           # scope/op
+    live_bytes: int      # activation bytes held by the tape after this step
+
+
+class MemoryRecorder:
+    """Context manager that records the tape's saved tensors. Use `record()`."""
+
+    def __init__(self):
+        self.saved: list[SavedTensor] = []
+        self.timeline: list[TimelinePoint] = [TimelinePoint("start", 0, "", 0)]
+        self._live: dict[int, list] = {}      # buffer id -> [buffer, users, kind]
+        self._param_buffers: dict[int, np.ndarray] = {}
+        self._node_buffers: dict[int, list[int]] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+
+    # ------------------------------------------------------------ recording
+    def __enter__(self):
+        _tensor._observers.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _tensor._observers.remove(self)
+
+    def on_forward(self, op, inputs, result) -> None:
+        for x in inputs:
+            if isinstance(x, Tensor) and x.requires_grad and x.is_leaf:
+                buf = _root(x.data)
+                self._param_buffers[id(buf)] = buf
+        names = {}
+        for x in inputs:
+            if isinstance(x, Tensor) and x.name:
+                names[id(x.data)] = x.name
+        buffers = []
+        for slot in op.saved_names:
+            value = getattr(op, slot)
+            if not isinstance(value, np.ndarray):
+                continue
+            buf = _root(value)
+            key = id(buf)
+            kind = "parameter" if key in self._param_buffers else "activation"
+            if key in self._live:
+                self._live[key][1] += 1
+                counted = 0
+            else:
+                self._live[key] = [buf, 1, kind]
+                counted = buf.nbytes
+                if kind == "activation":
+                    self.live_bytes += counted
+            buffers.append(key)
+            self.saved.append(SavedTensor(
+                node=op.node_id, op=op.name, scope=op.scope, slot=slot,
+                tensor=names.get(id(value), ""), shape=tuple(value.shape),
+                dtype=str(value.dtype), nbytes=int(value.nbytes), counted_bytes=int(counted),
+                kind=kind))
+        self._node_buffers[id(op)] = buffers
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.timeline.append(TimelinePoint("forward", op.node_id, _where(op), self.live_bytes))
+
+    def on_backward(self, op, released: bool) -> None:
+        if id(op) not in self._node_buffers:
+            return  # recorded before this recorder started
+        if released:
+            for key in self._node_buffers.pop(id(op)):
+                entry = self._live[key]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    if entry[2] == "activation":
+                        self.live_bytes -= entry[0].nbytes
+                    del self._live[key]
+        self.timeline.append(TimelinePoint("backward", op.node_id, _where(op), self.live_bytes))
+
+    # -------------------------------------------------------------- results
+    @property
+    def saved_bytes(self) -> int:
+        """Activation bytes the forward saved (each buffer once)."""
+        return sum(s.counted_bytes for s in self.saved if s.kind == "activation")
+
+    @property
+    def parameter_bytes(self) -> int:
+        """Bytes of parameter buffers the tape referenced (not activation memory)."""
+        return sum(s.counted_bytes for s in self.saved if s.kind == "parameter")
+
+    def by_op(self) -> list[dict]:
+        """One row per recorded node that saved something: where, what, counted bytes."""
+        rows: dict[int, dict] = {}
+        for s in self.saved:
+            row = rows.setdefault(s.node, {"node": s.node, "op": s.where, "saved": [],
+                                           "activation_bytes": 0, "parameter_bytes": 0})
+            row["saved"].append(s.slot)
+            row[f"{s.kind}_bytes"] += s.counted_bytes
+        return list(rows.values())
+
+    def table(self) -> str:
+        """A readable listing: every saved tensor, then the totals."""
+        lines = [f"{'node':>4}  {'op':<28} {'saved':<8} {'shape':<18} {'dtype':<8} "
+                 f"{'bytes':>12}  note"]
+        for s in self.saved:
+            if s.kind == "parameter":
+                note = f"parameter {s.tensor}".rstrip() + " (a weight, not counted)"
+            elif s.counted_bytes == 0:
+                note = "same buffer as an earlier entry"
+            elif s.counted_bytes != s.nbytes:
+                note = f"view of a {s.counted_bytes:,}-byte buffer"
+            else:
+                note = ""
+            bytes_shown = s.counted_bytes if s.kind == "activation" else 0
+            lines.append(f"{s.node:>4}  {s.where:<28} {s.slot:<8} {str(s.shape):<18} "
+                         f"{s.dtype:<8} {bytes_shown:>12,}  {note}".rstrip())
+        lines.append(f"activation bytes saved: {self.saved_bytes:,}   peak live: "
+                     f"{self.peak_bytes:,}   parameters referenced: {self.parameter_bytes:,}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"saved": [asdict(s) | {"shape": list(s.shape)} for s in self.saved],
+                "timeline": [asdict(p) for p in self.timeline],
+                "saved_bytes": self.saved_bytes, "peak_bytes": self.peak_bytes,
+                "parameter_bytes": self.parameter_bytes}
+
+
+def _where(op) -> str:
+    return f"{op.scope}/{op.name}" if getattr(op, "scope", "") else op.name
+
+
+def record() -> MemoryRecorder:
+    """A recorder to use as `with engine.memory.record() as mem: ...`."""
+    return MemoryRecorder()

@@ -1,0 +1,771 @@
+"""Every differentiable operation of the engine, forward and backward side by side.
+
+An op is a small class with three methods that all work on plain ndarrays:
+
+    forward(*inputs, **options) -> output   computes the value and calls
+                                            self.save(...) for what the
+                                            backward will need;
+    vjp(g) -> one gradient per input        the vector-Jacobian product: given
+                                            g = dL/d(output), return dL/d(input)
+                                            (None for inputs that need none);
+    jvp(*tangents) -> output tangent        forward mode: given the inputs'
+                                            tangents (None = zero), return the
+                                            output's.
+
+`self.needs[i]` says whether input i needs a gradient (or carries a tangent),
+so an op saves only what it will use. Everything passed to `self.save` is
+what the tape keeps alive until the backward reaches the op: that is exactly
+what `engine.memory` measures, so the save calls below are the activation
+memory of the engine.
+
+Conventions: broadcasting in the forward is a sum in the backward
+(`unbroadcast`); dtypes follow the inputs (float32 in, float32 out); the hot
+ops (layer norm, softmax, cross-entropy, GELU, attention, the embedding
+gradient) call `engine.kernels`, which runs numba or the numpy oracle.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import kernels
+
+
+class ShapeError(ValueError):
+    """Shapes that do not fit an op. The message names the op and the shapes."""
+
+
+class Op:
+    """Base class of a recorded operation (one node of the tape)."""
+
+    name = "op"
+
+    def __init__(self, needs: tuple[bool, ...]):
+        self.needs = needs
+        self.saved_names: list[str] = []
+        self.is_view = False  # True when the output shares memory with input 0
+
+    def save(self, **values) -> None:
+        """Keep values for the backward; they become attributes (self.x, ...)."""
+        for key, value in values.items():
+            setattr(self, key, value)
+            if key not in self.saved_names:
+                self.saved_names.append(key)
+
+    def forward(self, *inputs, **options):
+        raise NotImplementedError
+
+    def vjp(self, g):
+        raise NotImplementedError
+
+    def jvp(self, *tangents):
+        raise NotImplementedError(
+            f"forward mode (jvp) is not implemented for the op '{self.name}'")
+
+
+# ------------------------------------------------------------------ helpers
+def unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum g over the axes that broadcasting added or stretched, giving `shape`.
+
+    Forward, an input of shape (C,) is reused for every row of a (B, C)
+    result; backward, every row's gradient flows into that one input, so the
+    rows are summed. The same holds for size-1 axes that were stretched."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    if stretched:
+        g = g.sum(axis=stretched, keepdims=True)
+    return g
+
+
+def _shape(x) -> tuple[int, ...]:
+    return np.shape(x)
+
+
+def _check_broadcast(op: str, a, b) -> None:
+    try:
+        np.broadcast_shapes(_shape(a), _shape(b))
+    except ValueError:
+        raise ShapeError(
+            f"{op}: shapes {_shape(a)} and {_shape(b)} do not broadcast. Trailing axes must "
+            f"be equal or 1 (numpy rules); reshape one operand, e.g. add a size-1 axis with "
+            f".reshape(...)") from None
+
+
+def _sum_terms(*terms):
+    """Add the terms that are not None (a missing tangent is a zero)."""
+    present = [t for t in terms if t is not None]
+    if not present:
+        return None
+    total = present[0]
+    for t in present[1:]:
+        total = total + t
+    return total
+
+
+def _normalize_axes(axis, ndim: int, op: str) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if np.isscalar(axis) else tuple(axis)
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -ndim <= a < max(ndim, 1):
+            raise ShapeError(f"{op}: axis {a} is out of range for a tensor with {ndim} axes")
+        out.append(a % ndim if ndim else 0)
+    return tuple(sorted(set(out)))
+
+
+def _float_dtype(*arrays):
+    return np.result_type(*[a for a in arrays if isinstance(a, np.ndarray)] or [np.float64])
+
+
+# ============================================================ arithmetic
+class Add(Op):
+    """z = a + b.  dz/da = dz/db = 1: the gradient passes through, summed over
+    broadcast axes."""
+    name = "add"
+
+    def forward(self, a, b):
+        _check_broadcast(self.name, a, b)
+        self.shapes = _shape(a), _shape(b)
+        return np.add(a, b)
+
+    def vjp(self, g):
+        return (unbroadcast(g, self.shapes[0]) if self.needs[0] else None,
+                unbroadcast(g, self.shapes[1]) if self.needs[1] else None)
+
+    def jvp(self, ta, tb):
+        return _sum_terms(ta, tb)
+
+
+class Sub(Op):
+    """z = a - b.  dz/da = 1, dz/db = -1."""
+    name = "sub"
+
+    def forward(self, a, b):
+        _check_broadcast(self.name, a, b)
+        self.shapes = _shape(a), _shape(b)
+        return np.subtract(a, b)
+
+    def vjp(self, g):
+        return (unbroadcast(g, self.shapes[0]) if self.needs[0] else None,
+                unbroadcast(-g, self.shapes[1]) if self.needs[1] else None)
+
+    def jvp(self, ta, tb):
+        return _sum_terms(ta, None if tb is None else -tb)
+
+
+class Mul(Op):
+    """z = a * b.  dz/da = b, dz/db = a: each input's gradient needs the *other*
+    input, so that is what we save."""
+    name = "mul"
+
+    def forward(self, a, b):
+        _check_broadcast(self.name, a, b)
+        self.shapes = _shape(a), _shape(b)
+        if self.needs[0]:
+            self.save(b=b)
+        if self.needs[1]:
+            self.save(a=a)
+        return np.multiply(a, b)
+
+    def vjp(self, g):
+        return (unbroadcast(g * self.b, self.shapes[0]) if self.needs[0] else None,
+                unbroadcast(g * self.a, self.shapes[1]) if self.needs[1] else None)
+
+    def jvp(self, ta, tb):
+        return _sum_terms(None if ta is None else ta * self.b,
+                          None if tb is None else self.a * tb)
+
+
+class Div(Op):
+    """z = a / b.  dz/da = 1/b, dz/db = -a/b^2."""
+    name = "div"
+
+    def forward(self, a, b):
+        _check_broadcast(self.name, a, b)
+        self.shapes = _shape(a), _shape(b)
+        self.save(b=b)
+        if self.needs[1]:
+            self.save(a=a)
+        return np.divide(a, b)
+
+    def vjp(self, g):
+        return (unbroadcast(g / self.b, self.shapes[0]) if self.needs[0] else None,
+                unbroadcast(-g * self.a / (self.b * self.b), self.shapes[1])
+                if self.needs[1] else None)
+
+    def jvp(self, ta, tb):
+        return _sum_terms(None if ta is None else ta / self.b,
+                          None if tb is None else -tb * self.a / (self.b * self.b))
+
+
+class Neg(Op):
+    """z = -a.  dz/da = -1."""
+    name = "neg"
+
+    def forward(self, a):
+        return np.negative(a)
+
+    def vjp(self, g):
+        return (-g,)
+
+    def jvp(self, ta):
+        return -ta
+
+
+class Pow(Op):
+    """z = a ** p for a constant number p.  dz/da = p a^(p-1)."""
+    name = "pow"
+
+    def forward(self, a, p):
+        self.p = p
+        self.save(a=a)
+        return np.power(a, p)
+
+    def vjp(self, g):
+        return (g * (self.p * np.power(self.a, self.p - 1)),)
+
+    def jvp(self, ta):
+        return ta * (self.p * np.power(self.a, self.p - 1))
+
+
+# ======================================================= elementwise maths
+class Exp(Op):
+    """z = e^a.  dz/da = e^a = z: the backward reuses the saved output."""
+    name = "exp"
+
+    def forward(self, a):
+        out = np.exp(a)
+        self.save(out=out)
+        return out
+
+    def vjp(self, g):
+        return (g * self.out,)
+
+    def jvp(self, ta):
+        return ta * self.out
+
+
+class Log(Op):
+    """z = ln a.  dz/da = 1/a."""
+    name = "log"
+
+    def forward(self, a):
+        self.save(a=a)
+        return np.log(a)
+
+    def vjp(self, g):
+        return (g / self.a,)
+
+    def jvp(self, ta):
+        return ta / self.a
+
+
+class Tanh(Op):
+    """z = tanh a.  dz/da = 1 - z^2: again the output is enough."""
+    name = "tanh"
+
+    def forward(self, a):
+        out = np.tanh(a)
+        self.save(out=out)
+        return out
+
+    def vjp(self, g):
+        return (g * (1.0 - self.out * self.out),)
+
+    def jvp(self, ta):
+        return ta * (1.0 - self.out * self.out)
+
+
+class Relu(Op):
+    """z = max(a, 0).  dz/da = 1 where a > 0, else 0.
+
+    At a = 0 the function has a kink; we use the subgradient 0 there (as
+    PyTorch does). A finite-difference check exactly at 0 sees slope 1/2, so
+    gradient checks keep their points away from the kink."""
+    name = "relu"
+
+    def forward(self, a):
+        out = np.maximum(a, 0)
+        self.save(out=out)
+        return out
+
+    def vjp(self, g):
+        return (g * (self.out > 0),)
+
+    def jvp(self, ta):
+        return ta * (self.out > 0)
+
+
+class Gelu(Op):
+    """GELU, tanh form: z = 0.5 a (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))).
+    The backward needs the input a (the pre-activation)."""
+    name = "gelu"
+
+    def forward(self, a):
+        self.save(a=a)
+        return kernels.gelu_forward(a)
+
+    def vjp(self, g):
+        return (kernels.gelu_backward(g, self.a),)
+
+    def jvp(self, ta):
+        return kernels.gelu_backward(ta, self.a)  # elementwise: J is diagonal
+
+
+class Cast(Op):
+    """z = a converted to another float dtype. The gradient converts back."""
+    name = "cast"
+
+    def forward(self, a, dtype):
+        self.in_dtype, self.out_dtype = a.dtype, np.dtype(dtype)
+        return a.astype(dtype)
+
+    def vjp(self, g):
+        return (g.astype(self.in_dtype),)
+
+    def jvp(self, ta):
+        return ta.astype(self.out_dtype)
+
+
+# ============================================================== reductions
+class Sum(Op):
+    """z = sum of a over `axis`.  Every summed element gets the same gradient:
+    the backward broadcasts g back to a's shape."""
+    name = "sum"
+
+    def forward(self, a, axis=None, keepdims=False):
+        self.in_shape = a.shape
+        self.axes = _normalize_axes(axis, a.ndim, self.name)
+        self.keepdims = keepdims
+        return np.sum(a, axis=self.axes, keepdims=keepdims)
+
+    def _expand(self, g):
+        if not self.keepdims:
+            g = np.expand_dims(g, self.axes)
+        return np.broadcast_to(g, self.in_shape)
+
+    def vjp(self, g):
+        return (self._expand(g),)
+
+    def jvp(self, ta):
+        return np.sum(ta, axis=self.axes, keepdims=self.keepdims)
+
+
+class Mean(Sum):
+    """z = mean of a over `axis` = sum / n.  dz/da = 1/n for every element."""
+    name = "mean"
+
+    def forward(self, a, axis=None, keepdims=False):
+        total = super().forward(a, axis, keepdims)
+        self.count = int(np.prod([a.shape[i] for i in self.axes]))
+        if self.count == 0:
+            raise ShapeError(f"mean: the axes {self.axes} of shape {a.shape} hold no "
+                             f"elements, so the mean is undefined; use sum() instead")
+        return total / self.count
+
+    def vjp(self, g):
+        return (self._expand(g / self.count),)
+
+    def jvp(self, ta):
+        return np.sum(ta, axis=self.axes, keepdims=self.keepdims) / self.count
+
+
+# ===================================================== shapes and indexing
+class Reshape(Op):
+    """Same numbers, new shape: the gradient is reshaped back. Nothing saved."""
+    name = "reshape"
+
+    def forward(self, a, shape):
+        self.in_shape = a.shape
+        try:
+            out = a.reshape(shape)
+        except ValueError:
+            raise ShapeError(f"reshape: cannot reshape {a.shape} ({a.size} elements) into "
+                             f"{tuple(shape)}; the number of elements must stay the same") \
+                from None
+        self.out_shape = out.shape
+        self.is_view = np.may_share_memory(out, a)
+        return out
+
+    def vjp(self, g):
+        return (g.reshape(self.in_shape),)
+
+    def jvp(self, ta):
+        return ta.reshape(self.out_shape)
+
+
+class Transpose(Op):
+    """Permute axes: the gradient is permuted back with the inverse permutation."""
+    name = "transpose"
+
+    def forward(self, a, axes):
+        if sorted(axes) != list(range(a.ndim)):
+            raise ShapeError(f"transpose: {tuple(axes)} is not a permutation of the "
+                             f"{a.ndim} axes of a tensor of shape {a.shape}")
+        self.axes = tuple(axes)
+        self.inverse = tuple(np.argsort(axes))
+        self.is_view = True
+        return np.transpose(a, self.axes)
+
+    def vjp(self, g):
+        return (np.transpose(g, self.inverse),)
+
+    def jvp(self, ta):
+        return np.transpose(ta, self.axes)
+
+
+def _is_advanced(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, (list, np.ndarray)) for p in parts)
+
+
+class GetItem(Op):
+    """z = a[index] (slices, integers, integer or boolean arrays).
+
+    Backward: a zero array of a's shape receives g at the indexed places.
+    Integer-array indices may repeat a position, so those use np.add.at,
+    which adds the repeats instead of keeping only one."""
+    name = "getitem"
+
+    def forward(self, a, index):
+        self.in_shape, self.index = a.shape, index
+        self.advanced = _is_advanced(index)
+        try:
+            out = a[index]
+        except IndexError as exc:
+            raise IndexError(f"getitem: index {index!r} does not fit a tensor of shape "
+                             f"{a.shape}: {exc}") from None
+        self.is_view = not self.advanced
+        return out
+
+    def vjp(self, g):
+        grad = np.zeros(self.in_shape, dtype=g.dtype)
+        if self.advanced:
+            np.add.at(grad, self.index, g)
+        else:
+            grad[self.index] = g
+        return (grad,)
+
+    def jvp(self, ta):
+        return ta[self.index]
+
+
+# ================================================================= matmul
+class MatMul(Op):
+    """z = a @ b, with numpy's rules: batched over leading axes, broadcast.
+
+    dz/da: g @ b^T;  dz/db: a^T @ g  (two matmuls, each the size of the
+    forward one; the shapes check themselves). Batch axes that were
+    broadcast are summed, like any broadcast."""
+    name = "matmul"
+
+    def forward(self, a, b):
+        if a.ndim == 0 or b.ndim == 0:
+            raise ShapeError(f"matmul: needs tensors with at least one axis, got shapes "
+                             f"{a.shape} and {b.shape}; use * for a scalar product")
+        k_a, k_b = a.shape[-1], b.shape[0] if b.ndim == 1 else b.shape[-2]
+        if k_a != k_b:
+            raise ShapeError(
+                f"matmul: shapes {a.shape} and {b.shape} do not fit: the last axis of the "
+                f"first ({k_a}) must equal the {'only' if b.ndim == 1 else 'second-to-last'} "
+                f"axis of the second ({k_b}). Check which operand needs a transpose (.T)")
+        self.shapes = a.shape, b.shape
+        if self.needs[0]:
+            self.save(b=b)
+        if self.needs[1]:
+            self.save(a=a)
+        if b.ndim == 2 and a.ndim > 2:
+            # (…, K) @ (K, N): one big 2-D product instead of a loop over batches.
+            return (a.reshape(-1, k_a) @ b).reshape(a.shape[:-1] + (b.shape[1],))
+        return np.matmul(a, b)
+
+    def vjp(self, g):
+        (sa, sb), ga, gb = self.shapes, None, None
+        if self.needs[0]:
+            b = self.b
+            if len(sb) == 1:                      # a @ v: z[..., i] = sum_k a[..., i, k] v[k]
+                ga = g[..., None] * b
+            elif len(sa) == 1:                    # v @ B: treat v as a row
+                ga = np.matmul(g[..., None, :], np.swapaxes(b, -1, -2))[..., 0, :]
+            else:
+                ga = np.matmul(g, np.swapaxes(b, -1, -2))
+            ga = unbroadcast(ga, sa)
+        if self.needs[1]:
+            a = self.a
+            if len(sb) == 2 and len(sa) >= 2:     # weights of a linear layer: one 2-D product
+                gb = a.reshape(-1, sa[-1]).T @ g.reshape(-1, sb[-1])
+            elif len(sb) == 1:
+                gb = unbroadcast(np.matmul(np.swapaxes(a, -1, -2), g[..., None])[..., 0], sb) \
+                    if len(sa) > 1 else g * a
+            elif len(sa) == 1:
+                gb = unbroadcast(a[:, None] * g[..., None, :], sb)
+            else:
+                gb = unbroadcast(np.matmul(np.swapaxes(a, -1, -2), g), sb)
+        return ga, gb
+
+    def jvp(self, ta, tb):
+        return _sum_terms(None if ta is None else np.matmul(ta, self.b),
+                          None if tb is None else np.matmul(self.a, tb))
+
+
+# ============================================================ softmax & loss
+def _rows(a, axis):
+    """View `a` with `axis` moved last and flattened to 2-D rows (for kernels)."""
+    moved = np.moveaxis(a, axis, -1)
+    return moved.reshape(-1, moved.shape[-1]), moved.shape
+
+
+def _unrows(a2, moved_shape, axis):
+    return np.moveaxis(a2.reshape(moved_shape), -1, axis)
+
+
+class Softmax(Op):
+    """y = exp(x) / sum(exp(x)) along `axis`.  VJP: y * (g - sum(g * y)).
+    Saves its output y."""
+    name = "softmax"
+
+    def forward(self, x, axis=-1):
+        self.axis = axis
+        x2, self.moved = _rows(x, axis)
+        out = _unrows(kernels.softmax_forward(x2), self.moved, axis)
+        self.save(out=out)
+        return out
+
+    def vjp(self, g):
+        g2, _ = _rows(g, self.axis)
+        y2, _ = _rows(self.out, self.axis)
+        return (_unrows(kernels.softmax_backward(g2, y2), self.moved, self.axis),)
+
+    def jvp(self, t):  # the softmax Jacobian is symmetric, so J t = J^T t
+        return self.vjp(t)[0]
+
+
+class LogSoftmax(Op):
+    """y = x - log(sum(exp(x))) along `axis`.  VJP: g - exp(y) * sum(g)."""
+    name = "log_softmax"
+
+    def forward(self, x, axis=-1):
+        self.axis = axis
+        x2, self.moved = _rows(x, axis)
+        out = _unrows(kernels.log_softmax_forward(x2), self.moved, axis)
+        self.save(out=out)
+        return out
+
+    def vjp(self, g):
+        g2, _ = _rows(g, self.axis)
+        y2, _ = _rows(self.out, self.axis)
+        return (_unrows(kernels.log_softmax_backward(g2, y2), self.moved, self.axis),)
+
+    def jvp(self, t):  # J t = t - sum(softmax * t)
+        p = np.exp(self.out)
+        return t - (p * t).sum(axis=self.axis, keepdims=True)
+
+
+def _as_index_array(op: str, what: str, values, size: int | None = None) -> np.ndarray:
+    """Integer ids or targets as a fresh int64 array, with errors a person can act on.
+
+    A copy, so a later change to the caller's array cannot change the graph."""
+    arr = np.asarray(values)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(
+            f"{op}: {what} must be integers (class or token indices), got dtype {arr.dtype}"
+            f" with shape {arr.shape}. Convert them with .astype(np.int64)"
+            + (" (and check you did not pass the probabilities or one-hot rows)"
+               if np.issubdtype(arr.dtype, np.floating) else ""))
+    arr = np.array(arr, dtype=np.int64, copy=True)
+    if size is not None and arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= size:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"{op}: {what} contain {bad}, outside the valid range "
+                             f"0..{size - 1} (there are {size} rows/classes)")
+    return arr
+
+
+class CrossEntropy(Op):
+    """loss = mean over tokens of -log softmax(logits)[target].
+
+    logits (..., V) and integer targets (...). Computed through the
+    log-sum-exp with the row max subtracted, so large logits do not overflow.
+    Saves the probabilities and the targets; the VJP is
+    (probs - onehot(targets)) * g / N."""
+    name = "cross_entropy"
+
+    def forward(self, logits, targets):
+        if logits.ndim < 1:
+            raise ShapeError("cross_entropy: logits need a class axis, got a scalar")
+        V = logits.shape[-1]
+        targets = _as_index_array(self.name, "targets", targets, V)
+        if targets.shape != logits.shape[:-1]:
+            raise ShapeError(
+                f"cross_entropy: logits of shape {logits.shape} need targets of shape "
+                f"{logits.shape[:-1]} (one class index per row), got {targets.shape}")
+        self.in_shape = logits.shape
+        self.count = targets.size
+        if self.count == 0:
+            raise ShapeError(f"cross_entropy: no targets (logits of shape {logits.shape})")
+        losses, probs = kernels.cross_entropy_forward(logits.reshape(-1, V), targets.reshape(-1))
+        self.save(probs=probs, targets=targets.reshape(-1))
+        return np.asarray(losses.mean(), dtype=logits.dtype)
+
+    def vjp(self, g):
+        d = kernels.cross_entropy_backward(self.probs, self.targets, float(g) / self.count)
+        return (d.reshape(self.in_shape), None)
+
+    def jvp(self, t, _):
+        t2 = t.reshape(self.probs.shape)
+        picked = t2[np.arange(self.count), self.targets]
+        return np.asarray(((self.probs * t2).sum(axis=1) - picked).mean(), dtype=t.dtype)
+
+
+# ============================================================== layer norm
+class LayerNorm(Op):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias over the last axis.
+
+    Saves xhat (the normalised x, x's shape), rstd = 1/sqrt(var + eps) (one
+    number per row) and, when x needs a gradient, a reference to weight.
+    VJP: dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)),
+    dweight = sum of g * xhat, dbias = sum of g (over all rows)."""
+    name = "layer_norm"
+
+    def forward(self, x, weight, bias, eps=1e-5):
+        C = x.shape[-1] if x.ndim else 0
+        for what, p in (("weight", weight), ("bias", bias)):
+            if p is not None and _shape(p) != (C,):
+                raise ShapeError(f"layer_norm: {what} has shape {_shape(p)} but x has shape "
+                                 f"{x.shape}; {what} must have shape ({C},), one value per "
+                                 f"feature of the last axis")
+        self.has_weight, self.has_bias = weight is not None, bias is not None
+        w = weight if weight is not None else np.ones(C, dtype=x.dtype)
+        b = bias if bias is not None else np.zeros(C, dtype=x.dtype)
+        out, xhat, rstd = kernels.layer_norm_forward(x.reshape(-1, C), w, b, eps)
+        self.save(xhat=xhat.reshape(x.shape), rstd=rstd.reshape(x.shape[:-1]))
+        if self.needs[0]:
+            self.save(weight=w if weight is None else weight)
+        return out.reshape(x.shape)
+
+    def vjp(self, g):
+        C = g.shape[-1]
+        w = self.weight if self.needs[0] else np.ones(C, dtype=g.dtype)
+        dx, dw, db = kernels.layer_norm_backward(g.reshape(-1, C), self.xhat.reshape(-1, C),
+                                                 self.rstd.reshape(-1), w)
+        return (dx.reshape(g.shape) if self.needs[0] else None,
+                dw if self.needs[1] else None,
+                db if self.needs[2] else None)
+
+    def jvp(self, tx, tw, tb):
+        xhat, rstd = self.xhat, self.rstd[..., None]
+        out = None
+        if tx is not None:
+            dxhat = rstd * (tx - tx.mean(axis=-1, keepdims=True)
+                            - xhat * (tx * xhat).mean(axis=-1, keepdims=True))
+            out = dxhat * self.weight
+        return _sum_terms(out, None if tw is None else xhat * tw, tb)
+
+
+# =============================================================== embedding
+class Embedding(Op):
+    """out[..., :] = table[ids[...], :] (a gather).
+
+    Backward is the transpose of a gather, a scatter-add: row v of the
+    table's gradient is the sum of g over the positions whose id is v, added
+    in position order, so the result is bitwise the same every run and for
+    any number of threads. Rows no id touched get exactly zero.
+    Saves the ids (a private int64 copy)."""
+    name = "embedding"
+
+    def forward(self, ids, table):
+        if table.ndim != 2:
+            raise ShapeError(f"embedding: the table must be 2-D (vocab, dim), got shape "
+                             f"{table.shape}")
+        ids = _as_index_array(self.name, "ids", ids, table.shape[0])
+        self.table_shape = table.shape
+        self.save(ids=ids)
+        return table[ids]
+
+    def vjp(self, g):
+        V, C = self.table_shape
+        return (None, kernels.embedding_backward(self.ids.reshape(-1), g.reshape(-1, C), V))
+
+    def jvp(self, _, ttable):
+        return ttable[self.ids]
+
+
+# ======================================================== causal attention
+class CausalAttention(Op):
+    """out = softmax(q k^T / sqrt(D), future masked) v, for every head.
+
+    q, k, v: (..., T, D), e.g. (B, H, T, D); every leading axis (batch,
+    heads) is independent. Position t attends to positions 0..t only.
+    Saves q, k, v (the inputs, as given) and the attention probabilities
+    att (..., T, T): the T x T term of activation memory.
+    VJP: dv = att^T g; datt = g v^T; ds = att * (datt - rowsum(datt * att));
+    dq = ds k / sqrt(D); dk = ds^T q / sqrt(D)."""
+    name = "causal_attention"
+
+    def forward(self, q, k, v):
+        if not (q.shape == k.shape == v.shape) or q.ndim < 2:
+            raise ShapeError(
+                f"causal_attention: q, k and v must have the same shape (..., T, D), e.g. "
+                f"(batch, heads, T, head_size); got q {q.shape}, k {k.shape}, v {v.shape}")
+        self.shape = q.shape
+        T, D = q.shape[-2:]
+        self.scale = 1.0 / np.sqrt(D)
+        flat = (-1, T, D)
+        out, att = kernels.attention_forward(q.reshape(flat), k.reshape(flat),
+                                             v.reshape(flat), self.scale)
+        self.save(q=q, k=k, v=v, att=att.reshape(q.shape[:-1] + (T,)))
+        return out.reshape(q.shape)
+
+    def vjp(self, g):
+        T, D = self.shape[-2:]
+        flat = (-1, T, D)
+        dq, dk, dv = kernels.attention_backward(
+            g.reshape(flat), self.q.reshape(flat), self.k.reshape(flat),
+            self.v.reshape(flat), self.att.reshape(-1, T, T), self.scale)
+        return tuple(d.reshape(self.shape) if need else None
+                     for d, need in zip((dq, dk, dv), self.needs))
+
+    def jvp(self, tq, tk, tv):
+        att, sc = self.att, self.scale
+        kT = np.swapaxes(self.k, -1, -2)
+        ds = _sum_terms(None if tq is None else np.matmul(tq, kT) * sc,
+                        None if tk is None else np.matmul(self.q, np.swapaxes(tk, -1, -2)) * sc)
+        out = None
+        if ds is not None:
+            datt = att * (ds - (ds * att).sum(axis=-1, keepdims=True))  # masked: att = 0
+            out = np.matmul(datt, self.v)
+        return _sum_terms(out, None if tv is None else np.matmul(att, tv))
+
+
+# ================================================================= dropout
+class Dropout(Op):
+    """out = x * mask / (1 - p), mask[i] = 1 with probability 1 - p.
+
+    The mask comes from numpy's generator seeded with `seed`, so the same
+    seed gives the same mask: gradient checks and reruns are deterministic.
+    Saves the boolean mask (1 byte per element)."""
+    name = "dropout"
+
+    def forward(self, x, p, seed):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout: p={p} must be in [0, 1) (the probability of "
+                             f"zeroing an element)")
+        if seed is None or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"dropout: seed must be an integer (got {seed!r}); a fixed "
+                            f"seed makes the mask, and so the gradient, reproducible")
+        self.keep_scale = 1.0 / (1.0 - p)
+        mask = np.random.default_rng(int(seed)).random(x.shape) >= p
+        self.save(mask=mask)
+        return x * mask * np.asarray(self.keep_scale, dtype=x.dtype)
+
+    def vjp(self, g):
+        return (g * self.mask * np.asarray(self.keep_scale, dtype=g.dtype),)
+
+    def jvp(self, t):
+        return t * self.mask * np.asarray(self.keep_scale, dtype=t.dtype)
