@@ -10,9 +10,10 @@
   graph after backward.
 
 Both work on any node that looks like `engine.scalar.Value`: a number in
-`.data`, a gradient in `.grad`, its inputs in `._prev` (or `.parents`) and
-the name of the operation that made it in `._op` (or `.op`). The scalar engine
-a learner writes in lesson 02 follows the same shape, so its graphs draw too.
+`.data`, a gradient in `.grad`, its inputs in `.inputs` (or `.parents`), the
+name of the operation that made it in `.op`, and optionally a `.label`. The
+scalar engine a learner writes in lesson 02 has the same shape (with
+`.parents`), so its graphs draw too.
 
 The widget computes no gradients itself: it calls the node's own backward
 (`root.backward()` unless told otherwise) and only reads the recorded values.
@@ -25,11 +26,10 @@ from dataclasses import dataclass, field
 import matplotlib.pyplot as plt
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
 
-PARENT_ATTRIBUTES = ("_prev", "parents", "_parents", "_children", "inputs")
-OP_ATTRIBUTES = ("_op", "op")
-OP_SYMBOLS = {"*": "×", "+": "+", "-": "−", "/": "÷", "neg": "−x", "**2": "x²",
-              "square": "x²", "^2": "x²", "relu": "relu", "tanh": "tanh", "exp": "exp",
-              "log": "log"}
+PARENT_ATTRIBUTES = ("inputs", "parents", "_prev")
+OP_ATTRIBUTES = ("op", "_op")
+OP_SYMBOLS = {"*": "×", "+": "+", "-": "−", "/": "÷", "neg": "−x", "**": "x^p",
+              "square": "x²", "relu": "relu", "tanh": "tanh", "exp": "exp", "log": "log"}
 
 BOX_W, BOX_H, OP_R = 1.55, 0.62, 0.24
 XSTEP = 2.7  # distance between a value column and the next one
@@ -64,6 +64,15 @@ def op_of(node) -> str:
         if hasattr(node, attr):
             return str(getattr(node, attr) or "")
     return ""
+
+
+def symbol_of(node) -> str:
+    """What the circle of the operation that made `node` shows."""
+    op = op_of(node)
+    exponent = getattr(node, "exponent", None)
+    if op == "**" and exponent is not None:
+        return "x²" if exponent == 2 else f"x^{exponent:g}"
+    return OP_SYMBOLS.get(op, op or "?")
 
 
 def topological_order(root) -> list:
@@ -172,7 +181,8 @@ def draw_graph(root, names=None, grads=None, highlight=None, title=None, ax=None
     show_grad: False draws values only.
     """
     lay = layout(root)
-    label = {id(node): name for name, node in (names or {}).items()}
+    label = {id(n): n.label for n in lay.nodes if getattr(n, "label", "")}
+    label.update({id(node): name for name, node in (names or {}).items()})
     marked = {id(n) for n in (highlight or ())}
     if ax is None:
         fig, ax = plt.subplots(figsize=(min(2.0 + 1.1 * lay.width, 16),
@@ -214,7 +224,7 @@ def draw_graph(root, names=None, grads=None, highlight=None, title=None, ax=None
         if id(n) in lay.ops:
             ox, oy = lay.ops[id(n)]
             ax.add_patch(Circle((ox, oy), OP_R, fc=COLOR_OP, ec="#a0741b", lw=1.2, zorder=3))
-            symbol = OP_SYMBOLS.get(op_of(n), op_of(n) or "?")
+            symbol = symbol_of(n)
             ax.text(ox, oy, symbol, ha="center", va="center", zorder=4,
                     fontsize=10 if len(symbol) <= 2 else 7)
     xs = [p[0] for p in lay.boxes.values()]
@@ -255,7 +265,8 @@ class GraphView:
         self.before = {id(n): _grad(n) for n in self.order}
         (backward or (lambda r: r.backward()))(root)
         self.after = {id(n): _grad(n) for n in self.order}
-        self._name = {id(node): name for name, node in self.names.items()}
+        self._name = {id(n): n.label for n in self.order if getattr(n, "label", "")}
+        self._name.update({id(node): name for name, node in self.names.items()})
 
         self.step = w.IntSlider(value=0, min=0, max=len(self.order), step=1,
                                 description="step", continuous_update=True)
@@ -297,8 +308,7 @@ class GraphView:
         ps = parents_of(node)
         if ps:
             shown = ", ".join(self._display_name(p) for p in ps)
-            op = OP_SYMBOLS.get(op_of(node), op_of(node))
-            text += f" It sends grad × the local derivative of '{op}' to {shown}."
+            text += f" It sends grad × the local derivative of '{symbol_of(node)}' to {shown}."
         else:
             text += " A leaf: nothing to pass on."
         if k == len(self.order):
@@ -308,7 +318,7 @@ class GraphView:
     def _display_name(self, node) -> str:
         if id(node) in self._name:
             return self._name[id(node)]
-        op = OP_SYMBOLS.get(op_of(node), op_of(node))
+        op = symbol_of(node) if op_of(node) else ""
         return f"({op} = {fmt(_value(node))})" if op else f"({fmt(_value(node))})"
 
     def make_figure(self):

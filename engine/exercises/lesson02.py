@@ -7,9 +7,10 @@ writes
 
 * 02.1 the local backward rules `rule(grad_out, *inputs) -> input gradients`
   of add, mul, square and relu;
-* 02.2 `topological_order(root)` and `backward(root, rules)`: seed 1, visit
-  the nodes in reverse topological order, add each local gradient into the
-  input's `.grad`;
+* 02.2 `topological_order(root)` and `backward(root, rules)`: zero the
+  intermediate nodes, seed 1, visit the nodes in reverse topological order,
+  add each local gradient into the input's `.grad` (so leaves accumulate
+  across passes, as in `engine.scalar.Value`);
 * 02.3 a gradient-descent loop that zeroes the gradient every step.
 
 The checks build their own small graphs with the learner's `Node` class and
@@ -98,9 +99,10 @@ def check_local_rules(add_backward, mul_backward, square_backward, relu_backward
                     "input), and for b it is grad_out * a.")
         elif _same(got[0], -3.0) and _same(got[1], 2.0):
             hint = "multiply the local derivatives by grad_out, the upstream gradient."
-        elif _same(got[0], g * 2.0) and _same(got[1], g * -3.0):
-            hint = ("d(a*b)/da is b, not a: each input's gradient uses the other input's "
-                    "forward value (that is why mul must keep both).")
+        elif _same(got[0], g) and _same(got[1], g):
+            hint = ("that is the rule of add. d(a*b)/da is b and d(a*b)/db is a: each "
+                    "input's gradient uses the other input's forward value (that is why mul "
+                    "keeps both).")
         else:
             hint = "d(a*b)/da = b and d(a*b)/db = a; multiply each by grad_out."
         raise ExerciseError(ex, f"mul_backward(1.5, 2, -3) gave {got}, expected {want}. "
@@ -309,7 +311,33 @@ def check_backward(topological_order, backward, Node) -> None:
             hint = ("seed root.grad = 1.0, then for each node in reversed(topological_order("
                     "root)) add each of local_gradients(node, rules) to its parent's .grad.")
         raise ExerciseError(ex, f"on {title}: {names}. Hint: {hint}")
+    _check_second_backward(backward, Node)
     passed(ex, "the -4 example gives w.grad = -4; u = w^2 + w at w = 3 gives 6 + 1 = 7.")
+
+
+def _check_second_backward(backward, Node) -> None:
+    """Backward twice on one graph: leaves add up both passes, intermediates do not."""
+    ex = EX_WALK
+    L, named = _minus_four(Node)
+    attempt(ex, backward, L, REFERENCE_RULES)
+    attempt(ex, backward, L, REFERENCE_RULES)
+    w, u = named["w"], named["u"]
+    if _same(w.grad, -8.0) and _same(u.grad, -2.0):
+        return
+    if not _same(u.grad, -2.0) and not _same(w.grad, -4.0):
+        hint = ("the intermediate nodes kept the gradient of the first pass, so the second "
+                "pass sent it on twice. At the start of the walk set .grad = 0.0 on every node "
+                "that has parents; only the leaves keep adding across passes.")
+    elif _same(w.grad, -4.0):
+        hint = ("the leaves were reset too. Reset only the nodes that have parents: a leaf "
+                "(an input or a weight) adds each pass's gradient to what it holds.")
+    else:
+        hint = ("zero the intermediate nodes, seed root.grad = 1.0, then walk; leaves add "
+                "each pass's gradient to what they hold.")
+    raise ExerciseError(ex, f"on the -4 example, backward run twice on the same graph gave "
+                            f"w.grad = {float(w.grad):g} and u.grad = {float(u.grad):g}; "
+                            f"expected -8 (both passes add up at the leaf w) and -2 (u's "
+                            f"gradient is that of one pass). Hint: {hint}")
 
 
 # ---------------------------------------------------------------- 02.3

@@ -1,0 +1,266 @@
+"""Checks for lesson 03, VJPs and tensors.
+
+* 03.1 `matmul_vjp(a, b, grad_out) -> (grad_a, grad_b)`: two matmuls.
+* 03.2 `unbroadcast(grad, shape)`: sum a gradient back to an input's shape.
+* 03.3 `jacobian(f, x, mode)`: the full Jacobian from n forward-mode passes
+  (JVPs, one column each) or m reverse-mode passes (VJPs, one row each).
+* 03.4 `residual_vjp(grad_out, branch_vjp)`: the VJP of y = x + F(x).
+
+Each check compares with the exact answer on small float64 arrays whose
+shapes are all different (so a misplaced transpose shows as a shape error),
+then on square ones (where a misplaced transpose has the right shape and only
+the values give it away), and plugs the learner's function into the engine
+as an op so `engine.gradcheck` compares it with central differences.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._core import ExerciseError, attempt, passed, save_piece
+
+EX_MATMUL = "03.1 (matmul VJP)"
+EX_UNBROADCAST = "03.2 (broadcasting backward)"
+EX_JACOBIAN = "03.3 (the Jacobian, column by column or row by row)"
+EX_RESIDUAL = "03.4 (residual VJP)"
+
+
+def _call(exercise, what, fn, *args, hint=""):
+    """attempt(), and also turn any other error into the exercise's message."""
+    try:
+        return attempt(exercise, fn, *args)
+    except ExerciseError:
+        raise
+    except Exception as err:  # a learner's code may fail in any way; say where
+        raise ExerciseError(exercise, f"{what} raised {type(err).__name__}: {err}. "
+                                      f"{hint}".rstrip()) from None
+
+
+def _array(exercise, what, value):
+    if value is None:
+        raise ExerciseError(exercise, f"{what} is None; return an array.")
+    data = getattr(value, "data", value)  # accept an engine Tensor too
+    try:
+        return np.asarray(data, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ExerciseError(exercise, f"{what} should be an array, got {value!r}.") from None
+
+
+def _close(a, b) -> bool:
+    return a.shape == b.shape and np.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------- 03.1
+def _matmul_wrong_a(a, b, g):
+    """Typical wrong formulas for dL/da of z = a @ b, each with its hint."""
+    return [
+        (lambda: b @ g.T, "that is the right answer transposed: dL/da = grad_out @ b.T (the "
+                          "transpose sits on b, on the right)."),
+        (lambda: g @ b, "b needs a transpose: dL/da = grad_out @ b.T."),
+        (lambda: b.T @ g, "the transpose is on the wrong side: dL/da = grad_out @ b.T, "
+                          "grad_out first."),
+        (lambda: g.T @ b.T, "grad_out needs no transpose for dL/da: grad_out @ b.T."),
+        (lambda: a.T @ g, "a.T @ grad_out is the gradient of b, not of a."),
+    ]
+
+
+def _matmul_wrong_b(a, b, g):
+    """Typical wrong formulas for dL/db of z = a @ b, each with its hint."""
+    return [
+        (lambda: g.T @ a, "that is the right answer transposed: dL/db = a.T @ grad_out (the "
+                          "transpose sits on a, on the left)."),
+        (lambda: a @ g, "a needs a transpose: dL/db = a.T @ grad_out."),
+        (lambda: g @ a.T, "the transpose is on the wrong side: dL/db = a.T @ grad_out, "
+                          "a first."),
+        (lambda: a.T @ g.T, "grad_out needs no transpose for dL/db: a.T @ grad_out."),
+        (lambda: g @ b.T, "grad_out @ b.T is the gradient of a, not of b."),
+    ]
+
+
+def _matches(got, formula) -> bool:
+    try:
+        value = formula()
+    except ValueError:  # shapes do not fit: this mistake is impossible for these shapes
+        return False
+    return _close(got, value)
+
+
+def _matmul_cases():
+    rng = np.random.default_rng(3)
+    cases = []
+    for m, k, n in ((3, 4, 5), (4, 4, 4), (1, 6, 2)):
+        a = rng.normal(size=(m, k))
+        b = rng.normal(size=(k, n))
+        g = rng.normal(size=(m, n))
+        cases.append((a, b, g))
+    return cases
+
+
+def check_matmul_vjp(matmul_vjp) -> None:
+    """`matmul_vjp(a, b, grad_out)` for z = a @ b with a (m, k), b (k, n)."""
+    ex = EX_MATMUL
+    for a, b, g in _matmul_cases():
+        shapes = f"a {a.shape}, b {b.shape}, grad_out {g.shape}"
+        out = _call(ex, f"matmul_vjp with {shapes}", matmul_vjp, a.copy(), b.copy(), g.copy(),
+                    hint="Hint: a gradient has its input's shape; (m, n) @ (n, k) gives (m, k), "
+                         "so dL/da = grad_out @ b.T and dL/db = a.T @ grad_out.")
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise ExerciseError(ex, f"matmul_vjp should return the pair (grad_a, grad_b), "
+                                    f"got {type(out).__name__}.")
+        ga = _array(ex, "grad_a", out[0])
+        gb = _array(ex, "grad_b", out[1])
+        for what, got, want, wrongs, inp in (
+                ("grad_a", ga, g @ b.T, _matmul_wrong_a(a, b, g), "a"),
+                ("grad_b", gb, a.T @ g, _matmul_wrong_b(a, b, g), "b")):
+            if got.shape != want.shape:
+                raise ExerciseError(
+                    ex, f"with {shapes}, {what} has shape {got.shape}, but {inp} has shape "
+                        f"{want.shape} and a gradient always has the shape of its input. "
+                        f"Hint: find the product of grad_out {g.shape} with "
+                        f"{'b or b.T' if inp == 'a' else 'a or a.T'} that gives {want.shape}.")
+            if _close(got, want):
+                continue
+            for formula, hint in wrongs:
+                if _matches(got, formula):
+                    raise ExerciseError(ex, f"with {shapes}, {what} has the right shape but "
+                                            f"wrong values. Hint: {hint}")
+            raise ExerciseError(ex, f"with {shapes}, {what} has the right shape but wrong "
+                                    f"values. Hint: dL/da = grad_out @ b.T and "
+                                    f"dL/db = a.T @ grad_out.")
+    _gradcheck_matmul(matmul_vjp)
+    save_piece("matmul_vjp", matmul_vjp, ex)
+    passed(ex, "shapes and values right, gradcheck agrees; saved as the piece 'matmul_vjp'.")
+
+
+def _gradcheck_matmul(matmul_vjp) -> None:
+    from engine import gradcheck
+    from engine.rules import Op
+    from engine.tensor import Tensor, apply
+
+    class LearnerMatMul(Op):
+        name = "matmul (yours)"
+
+        def forward(self, a, b):
+            self.save(a=a, b=b)
+            return a @ b
+
+        def vjp(self, g):
+            return matmul_vjp(self.a, self.b, g)
+
+    rng = np.random.default_rng(7)
+    a = Tensor(rng.normal(size=(3, 5)), requires_grad=True)
+    b = Tensor(rng.normal(size=(5, 2)), requires_grad=True)
+    report = gradcheck(lambda a, b: apply(LearnerMatMul, a, b), [a, b], raise_on_failure=False)
+    if not report.ok:
+        raise ExerciseError(EX_MATMUL, f"engine.gradcheck disagrees with your VJP: {report}. "
+                                       f"Hint: dL/da = grad_out @ b.T, dL/db = a.T @ grad_out.")
+
+
+# ---------------------------------------------------------------- 03.2
+UNBROADCAST_CASES = [((4, 3), (3,)), ((4, 3), (1, 3)), ((4, 3), (4, 1)), ((2, 4, 3), (4, 1)),
+                     ((2, 4, 3), ()), ((4, 3), (4, 3)), ((2, 1, 3), (1, 3)), ((5,), (1,))]
+
+
+def reference_unbroadcast(grad, shape):
+    """Sum grad over the axes broadcasting added (leading) or stretched (size 1)."""
+    lead = grad.ndim - len(shape)
+    g = grad.sum(axis=tuple(range(lead))) if lead else grad
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=stretched, keepdims=True) if stretched else g
+
+
+def check_unbroadcast(unbroadcast) -> None:
+    """`unbroadcast(grad, shape)` returns grad summed back to `shape`."""
+    ex = EX_UNBROADCAST
+    rng = np.random.default_rng(11)
+    for big, small in UNBROADCAST_CASES:
+        grad = rng.normal(size=big)
+        want = reference_unbroadcast(grad, small)
+        got = _array(ex, f"unbroadcast(grad of shape {big}, {small})",
+                     _call(ex, f"unbroadcast(grad of shape {big}, {small})", unbroadcast,
+                           grad.copy(), small))
+        where = f"an input of shape {small} broadcast to {big}"
+        if got.shape != want.shape:
+            if got.size == want.size and _close(got.reshape(want.shape), want):
+                hint = (f"the values are right but the shape is {got.shape}: keep the "
+                        f"stretched size-1 axes (sum with keepdims=True), drop only the "
+                        f"leading axes broadcasting added.")
+            elif got.shape == big:
+                hint = ("nothing was summed: every copy of the input made by broadcasting "
+                        "sends its gradient back to the one original, so the copies add up.")
+            else:
+                hint = ("first sum over the leading axes broadcasting added (the gradient has "
+                        "more axes than the input), then over each axis where the input has "
+                        "size 1 but the gradient does not, with keepdims=True.")
+            raise ExerciseError(ex, f"for {where} your gradient has shape {got.shape}, "
+                                    f"expected {want.shape}. Hint: {hint}")
+        if _close(got, want):
+            continue
+        n_copies = int(np.prod(big)) // max(int(np.prod(small)), 1)
+        if _close(got * n_copies, want):
+            hint = ("that is the mean over the copies; each copy contributes its full "
+                    "gradient, so sum them.")
+        else:
+            hint = "sum (not average, not pick one) over the broadcast axes."
+        raise ExerciseError(ex, f"for {where} the shape is right but the values are not. "
+                                f"Hint: {hint}")
+    _gradcheck_unbroadcast(unbroadcast)
+    save_piece("unbroadcast", unbroadcast, ex)
+    passed(ex, "every broadcast case sums back to the input's shape, gradcheck agrees; saved "
+               "as the piece 'unbroadcast'.")
+
+
+def _gradcheck_unbroadcast(unbroadcast) -> None:
+    from engine import gradcheck
+    from engine.rules import Op
+    from engine.tensor import Tensor, apply
+
+    class LearnerBroadcastAdd(Op):
+        name = "add (your unbroadcast)"
+
+        def forward(self, a, b):
+            self.shapes = a.shape, b.shape
+            return a + b
+
+        def vjp(self, g):
+            return unbroadcast(g, self.shapes[0]), unbroadcast(g, self.shapes[1])
+
+    rng = np.random.default_rng(5)
+    for sa, sb in (((4, 3), (3,)), ((2, 4, 3), (4, 1))):
+        a = Tensor(rng.normal(size=sa), requires_grad=True)
+        b = Tensor(rng.normal(size=sb), requires_grad=True)
+        report = gradcheck(lambda a, b: apply(LearnerBroadcastAdd, a, b) ** 2, [a, b],
+                           raise_on_failure=False)
+        if not report.ok:
+            raise ExerciseError(EX_UNBROADCAST, f"engine.gradcheck disagrees on {sa} + {sb}: "
+                                                f"{report}.")
+
+
+# ---------------------------------------------------------------- 03.4
+def check_residual_vjp(residual_vjp) -> None:
+    """`residual_vjp(grad_out, branch_vjp)` for y = x + F(x), branch_vjp(g) = J_F^T g."""
+    ex = EX_RESIDUAL
+    rng = np.random.default_rng(2)
+    J = rng.normal(size=(4, 4)) * 0.3
+    g = rng.normal(size=4)
+    branch = lambda v: J.T @ v  # noqa: E731
+    got = _array(ex, "residual_vjp(grad_out, branch_vjp)",
+                 _call(ex, "residual_vjp", residual_vjp, g.copy(), branch))
+    want = g + J.T @ g
+    if got.shape != want.shape:
+        raise ExerciseError(ex, f"the gradient has shape {got.shape}, expected {want.shape} "
+                                f"(the shape of x).")
+    if _close(got, want):
+        passed(ex, "grad_out + branch_vjp(grad_out): the shortcut adds the identity.")
+        return
+    if _close(got, J.T @ g):
+        hint = ("you return only the branch: the shortcut x -> y is a second path whose "
+                "local derivative is the identity I, so grad_out itself is added.")
+    elif _close(got, g):
+        hint = "you return only the shortcut; the branch F sends branch_vjp(grad_out) too."
+    elif _close(got, g * (J.T @ g)):
+        hint = "the two paths add (a fan-out), they do not multiply."
+    elif _close(got, J @ g + g):
+        hint = "call branch_vjp(grad_out); do not apply the Jacobian yourself."
+    else:
+        hint = "y = x + F(x), so dL/dx = grad_out + J_F^T grad_out."
+    raise ExerciseError(ex, f"the gradient is wrong. Hint: {hint}")

@@ -1,0 +1,433 @@
+"""The exercise checks of lessons 01-03: right answers pass, stubs and typical
+wrong answers fail with the exercise's own message and a specific hint."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.exercises import ExerciseError, lesson01, lesson02, lesson03
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+def fails_with(check, *args, words=()):
+    """Run a check that must fail; return its message after testing the words in it."""
+    with pytest.raises(ExerciseError) as info:
+        check(*args)
+    message = str(info.value)
+    for word in words:
+        assert word in message, f"expected {word!r} in: {message}"
+    return message
+
+
+# ====================================================================== lesson 01
+def forward(x, w1, w2, y):
+    z1 = w1 * x
+    a1 = max(z1, 0.0)
+    z2 = w2 * a1
+    L = (z2 - y) ** 2
+    return L, {"x": x, "w1": w1, "w2": w2, "y": y, "z1": z1, "a1": a1, "z2": z2, "L": L}
+
+
+def loss_backward(cache):
+    return 2 * (cache["z2"] - cache["y"])
+
+
+def layer2_backward(dL_dz2, cache):
+    return dL_dz2 * cache["a1"], dL_dz2 * cache["w2"]
+
+
+def layer1_backward(dL_da1, cache):
+    dL_dz1 = dL_da1 * (1.0 if cache["z1"] > 0 else 0.0)
+    return dL_dz1 * cache["x"], dL_dz1
+
+
+def test_lesson01_right_answers_pass(capsys):
+    lesson01.check_forward(forward)
+    lesson01.check_layer2_backward(loss_backward, layer2_backward)
+    lesson01.check_layer1_backward(layer1_backward)
+    lesson01.check_saved_for_backward(lambda: {k: set(v) for k, v in lesson01.READS.items()})
+    out = capsys.readouterr().out
+    assert "Exercise 01.1 (forward pass) passed. z1=1, a1=1, z2=3, L=4." in out
+    assert "dL/dz1=12, dL/dw1=24" in out
+
+
+def test_lesson01_worked_numbers_are_the_source_texts():
+    v = lesson01.reference_forward(2.0, 0.5, 3.0, 1.0)
+    assert (v["z1"], v["a1"], v["z2"], v["L"]) == (1.0, 1.0, 3.0, 4.0)
+    g = lesson01.reference_backward(v)
+    assert g == {"dL_dz2": 4.0, "dL_dw2": 4.0, "dL_da1": 12.0, "dL_dz1": 12.0, "dL_dw1": 24.0}
+
+
+def test_lesson01_stubs_name_their_exercise():
+    fails_with(lesson01.check_forward, stub, words=["Exercise 01.1", "not done yet"])
+    fails_with(lesson01.check_layer2_backward, stub, stub, words=["Exercise 01.2"])
+    fails_with(lesson01.check_layer1_backward, stub, words=["Exercise 01.3"])
+    fails_with(lesson01.check_saved_for_backward, stub, words=["Exercise 01.4"])
+
+
+def test_lesson01_forward_without_relu():
+    def no_relu(x, w1, w2, y):
+        z1 = w1 * x
+        L, cache = forward(x, w1, w2, y)
+        cache.update(a1=z1, z2=w2 * z1, L=(w2 * z1 - y) ** 2)
+        return cache["L"], cache
+    fails_with(lesson01.check_forward, no_relu, words=["a1 = relu(z1) = max(z1, 0)"])
+
+
+def test_lesson01_forward_half_squared_loss():
+    def half(x, w1, w2, y):
+        L, cache = forward(x, w1, w2, y)
+        cache["L"] = L / 2
+        return L / 2, cache
+    fails_with(lesson01.check_forward, half, words=["no 1/2"])
+
+
+def test_lesson01_loss_backward_missing_factor_two():
+    fails_with(lesson01.check_layer2_backward, lambda c: c["z2"] - c["y"], layer2_backward,
+               words=["Exercise 01.2", "is 2, expected 4", "factor 2 is missing"])
+
+
+def test_lesson01_layer2_missing_factor_a1_is_caught_where_a1_is_not_1():
+    # at the lesson's own point a1 = 1 hides this mistake; the other points show it
+    msg = fails_with(lesson01.check_layer2_backward, loss_backward,
+                     lambda g, c: (g, g * c["w2"]), words=["the factor a1 is missing"])
+    assert "x=2, w1=0.5," not in msg
+
+
+def test_lesson01_layer2_missing_factor_w2():
+    fails_with(lesson01.check_layer2_backward, loss_backward,
+               lambda g, c: (g * c["a1"], g), words=["dL_da1 is 4, expected 12",
+                                                     "the factor w2 is missing"])
+
+
+def test_lesson01_layer2_swapped():
+    fails_with(lesson01.check_layer2_backward, loss_backward,
+               lambda g, c: (g * c["w2"], g * c["a1"]), words=["swapped"])
+
+
+def test_lesson01_layer1_missing_factor_x():
+    def no_x(g, c):
+        dL_dz1 = g * (1.0 if c["z1"] > 0 else 0.0)
+        return dL_dz1, dL_dz1
+    fails_with(lesson01.check_layer1_backward, no_x,
+               words=["dL_dw1 is 12, expected 24", "the factor x is missing"])
+
+
+def test_lesson01_layer1_relu_that_never_blocks():
+    fails_with(lesson01.check_layer1_backward, lambda g, c: (g * c["x"], g),
+               words=["w1=-0.5", "ReLU was off", "passes no gradient"])
+
+
+def test_lesson01_layer1_gate_multiplied_by_z1():
+    fails_with(lesson01.check_layer1_backward,
+               lambda g, c: (g * c["z1"] * c["x"], g * c["z1"]), words=["not z1 itself"])
+
+
+def test_lesson01_saved_for_backward_hints():
+    right = {k: set(v) for k, v in lesson01.READS.items()}
+    with_w1 = dict(right, dL_dw1={"x", "w1"})
+    fails_with(lesson01.check_saved_for_backward, lambda: with_w1,
+               words=["you listed w1", "no local gradient reads w1"])
+    without_y = dict(right, dL_dz2={"z2"})
+    fails_with(lesson01.check_saved_for_backward, lambda: without_y,
+               words=["it also reads y"])
+    with_loss = dict(right, dL_dz2={"z2", "y", "L"})
+    fails_with(lesson01.check_saved_for_backward, lambda: with_loss, words=["never reads the loss"])
+    # the ReLU's gate can be read from its output as well
+    lesson01.check_saved_for_backward(lambda: dict(right, dL_dz1={"a1"}))
+
+
+# ====================================================================== lesson 02
+class Node:
+    """The notebook's Node, as the checks receive it."""
+
+    def __init__(self, data, parents=(), op=""):
+        self.data, self.grad, self.parents, self.op = float(data), 0.0, tuple(parents), op
+
+    def __add__(self, o):
+        o = o if isinstance(o, Node) else Node(o)
+        return Node(self.data + o.data, (self, o), "+")
+
+    def __sub__(self, o):
+        o = o if isinstance(o, Node) else Node(o)
+        return Node(self.data - o.data, (self, o), "-")
+
+    def __mul__(self, o):
+        o = o if isinstance(o, Node) else Node(o)
+        return Node(self.data * o.data, (self, o), "*")
+
+    __radd__, __rmul__ = __add__, __mul__
+
+    def square(self):
+        return Node(self.data ** 2, (self,), "square")
+
+    def relu(self):
+        return Node(max(self.data, 0.0), (self,), "relu")
+
+
+def local_gradients(node, rules):
+    if not node.parents:
+        return ()
+    out = rules[node.op](node.grad, *(p.data for p in node.parents))
+    return out if isinstance(out, tuple) else (out,)
+
+
+def topological_order(root):
+    order, seen = [], set()
+
+    def visit(n):
+        if n not in seen:
+            seen.add(n)
+            for p in n.parents:
+                visit(p)
+            order.append(n)
+    visit(root)
+    return order
+
+
+def make_backward(order_fn=topological_order, seed=True, accumulate=True, reverse=True,
+                  reset="intermediate"):
+    def backward(root, rules):
+        order = order_fn(root)
+        for node in order:
+            if reset == "all" or (reset == "intermediate" and node.parents):
+                node.grad = 0.0
+        if seed:
+            root.grad = 1.0
+        for node in (reversed(order) if reverse else order):
+            for p, g in zip(node.parents, local_gradients(node, rules)):
+                p.grad = p.grad + g if accumulate else g
+    return backward
+
+
+RULES = dict(add=lambda g, a, b: (g, g), mul=lambda g, a, b: (g * b, g * a),
+             square=lambda g, a: 2 * a * g, relu=lambda g, a: g if a > 0 else 0.0)
+
+
+def rules_with(**changed):
+    r = dict(RULES, **changed)
+    return r["add"], r["mul"], r["square"], r["relu"]
+
+
+def test_lesson02_right_answers_pass(capsys):
+    lesson02.check_local_rules(*rules_with())
+    lesson02.check_backward(topological_order, make_backward(), Node)
+
+    def descent(w, x, y, lr, steps):
+        losses = []
+        for _ in range(steps):
+            w.grad = 0.0
+            L = 0.5 * (w * x - y).square()
+            make_backward()(L, lesson02.REFERENCE_RULES)
+            losses.append(L.data)
+            w.data -= lr * w.grad
+        return losses
+    lesson02.check_gradient_descent(descent, Node)
+    out = capsys.readouterr().out
+    assert "Exercise 02.2 (topological order and the backward walk) passed." in out
+    assert "w.grad = -4" in out
+
+
+def test_lesson02_reference_walk_gives_the_source_texts_numbers():
+    L, named = lesson02._minus_four(Node)
+    grads = lesson02.reference_grads(L)
+    assert [grads[id(named[k])] for k in ("w", "x", "y", "u", "e")] == [-4, -4, 2, -2, -2]
+    u, named = lesson02._two_paths(Node)
+    assert lesson02.reference_grads(u)[id(named["w"])] == 7.0  # 2w + 1 at w = 3
+
+
+def test_lesson02_stubs_name_their_exercise():
+    fails_with(lesson02.check_local_rules, stub, stub, stub, stub, words=["Exercise 02.1"])
+    fails_with(lesson02.check_backward, stub, stub, Node, words=["Exercise 02.2", "not done"])
+    fails_with(lesson02.check_backward, topological_order, stub, Node, words=["Exercise 02.2"])
+    fails_with(lesson02.check_gradient_descent, stub, Node, words=["Exercise 02.3"])
+
+
+def test_lesson02_relu_passing_gradient_for_negative_inputs():
+    fails_with(lesson02.check_local_rules, *rules_with(relu=lambda g, a: g),
+               words=["relu_backward(1.5, -1)", "passes the gradient for a negative input"])
+
+
+def test_lesson02_relu_subgradient_at_zero():
+    fails_with(lesson02.check_local_rules, *rules_with(relu=lambda g, a: g if a >= 0 else 0.0),
+               words=["at a = 0", "test a > 0"])
+
+
+def test_lesson02_mul_swapped_and_add_split():
+    fails_with(lesson02.check_local_rules, *rules_with(mul=lambda g, a, b: (g * a, g * b)),
+               words=["swapped", "the *other* input"])
+    fails_with(lesson02.check_local_rules, *rules_with(mul=lambda g, a, b: (g, g)),
+               words=["the rule of add"])
+    fails_with(lesson02.check_local_rules, *rules_with(add=lambda g, a, b: (g / 2, g / 2)),
+               words=["split the gradient"])
+
+
+def test_lesson02_square_missing_factor_two():
+    fails_with(lesson02.check_local_rules, *rules_with(square=lambda g, a: a * g),
+               words=["factor 2 is missing"])
+
+
+def test_lesson02_overwrite_instead_of_sum_at_fan_out():
+    fails_with(lesson02.check_backward, topological_order, make_backward(accumulate=False),
+               Node, words=["w.grad", "(`parent.grad += g`)", "fan-out"])
+
+
+def test_lesson02_missing_seed():
+    fails_with(lesson02.check_backward, topological_order, make_backward(seed=False), Node,
+               words=["root.grad = 1.0"])
+
+
+def test_lesson02_walk_in_forward_order():
+    fails_with(lesson02.check_backward, topological_order, make_backward(reverse=False), Node,
+               words=["from the inputs to the output", "reversed("])
+
+
+def test_lesson02_order_without_visited_set():
+    def no_visited(root):
+        order = []
+
+        def visit(n):
+            for p in n.parents:
+                visit(p)
+            order.append(n)
+        visit(root)
+        return order
+    fails_with(lesson02.check_backward, no_visited, make_backward(no_visited), Node,
+               words=["more than once", "visited"])
+
+
+def test_lesson02_preorder_is_not_topological():
+    def preorder(root):
+        order, seen = [], set()
+
+        def visit(n):
+            if n not in seen:
+                seen.add(n)
+                order.append(n)
+                for p in n.parents:
+                    visit(p)
+        visit(root)
+        return order
+    fails_with(lesson02.check_backward, preorder, make_backward(preorder), Node,
+               words=["before one of its inputs", "post-order"])
+
+
+def test_lesson02_second_backward_without_resetting_intermediates():
+    fails_with(lesson02.check_backward, topological_order, make_backward(reset="none"), Node,
+               words=["backward run twice", "w.grad = -20", "has parents"])
+
+
+def test_lesson02_second_backward_resetting_leaves_too():
+    fails_with(lesson02.check_backward, topological_order, make_backward(reset="all"), Node,
+               words=["w.grad = -4", "the leaves were reset too"])
+
+
+def test_lesson02_gradient_descent_without_zeroing():
+    def stale(w, x, y, lr, steps):
+        losses = []
+        for _ in range(steps):
+            L = 0.5 * (w * x - y).square()
+            make_backward()(L, lesson02.REFERENCE_RULES)
+            losses.append(L.data)
+            w.data -= lr * w.grad
+        return losses
+    fails_with(lesson02.check_gradient_descent, stale, Node,
+               words=["backward adds to .grad", "w.grad = 0.0"])
+
+
+def test_lesson02_gradient_ascent():
+    def ascent(w, x, y, lr, steps):
+        losses = []
+        for _ in range(steps):
+            w.grad = 0.0
+            L = 0.5 * (w * x - y).square()
+            make_backward()(L, lesson02.REFERENCE_RULES)
+            losses.append(L.data)
+            w.data += lr * w.grad
+        return losses
+    fails_with(lesson02.check_gradient_descent, ascent, Node, words=["w.data -= lr * w.grad"])
+
+
+# ====================================================================== lesson 03
+def matmul_vjp(a, b, g):
+    return g @ b.T, a.T @ g
+
+
+def test_lesson03_matmul_right_answer_passes_and_is_saved(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
+    lesson03.check_matmul_vjp(matmul_vjp)
+    assert "Exercise 03.1 (matmul VJP) passed." in capsys.readouterr().out
+    assert (tmp_path / "matmul_vjp.py").exists()
+
+
+def test_lesson03_matmul_stub():
+    fails_with(lesson03.check_matmul_vjp, stub, words=["Exercise 03.1", "not done yet"])
+
+
+def test_lesson03_matmul_transpose_on_the_wrong_side_fails_on_shapes_first():
+    # with non-square shapes the wrong formula cannot even run: the check says why
+    fails_with(lesson03.check_matmul_vjp, lambda a, b, g: (b.T @ g, a.T @ g),
+               words=["Exercise 03.1", "raised ValueError", "dL/da = grad_out @ b.T"])
+
+
+def test_lesson03_matmul_transposed_result_is_caught_by_values():
+    # returns grad_a transposed: for the (3, 4, 5) case the shape is wrong ...
+    msg = fails_with(lesson03.check_matmul_vjp, lambda a, b, g: ((g @ b.T).T, a.T @ g),
+                     words=["grad_a has shape (4, 3)", "a gradient always has the shape"])
+    # ... and a version that fixes the shape only in the square case is caught by values
+    def square_only(a, b, g):
+        ga = g @ b.T
+        return (b @ g.T if ga.shape[0] == ga.shape[1] else ga), a.T @ g
+    fails_with(lesson03.check_matmul_vjp, square_only,
+               words=["right shape but wrong values", "right answer transposed"])
+    assert msg
+
+
+def test_lesson03_matmul_grad_b_transpose_misplaced():
+    def wrong_b(a, b, g):
+        gb = g.T @ a
+        return g @ b.T, (gb.T if gb.shape != b.shape else gb)
+    fails_with(lesson03.check_matmul_vjp, wrong_b, words=["grad_b", "transposed"])
+
+
+def unbroadcast(grad, shape):
+    return lesson03.reference_unbroadcast(grad, shape)
+
+
+def test_lesson03_unbroadcast_right_answer_passes(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
+    lesson03.check_unbroadcast(unbroadcast)
+    assert "Exercise 03.2 (broadcasting backward) passed." in capsys.readouterr().out
+    assert (tmp_path / "unbroadcast.py").exists()
+
+
+def test_lesson03_unbroadcast_mean_instead_of_sum():
+    def mean(grad, shape):
+        s = lesson03.reference_unbroadcast(grad, shape)
+        return s * (np.prod(shape) / grad.size)
+    fails_with(lesson03.check_unbroadcast, mean, words=["mean over the copies"])
+
+
+def test_lesson03_unbroadcast_only_leading_axes():
+    def leading_only(grad, shape):
+        lead = grad.ndim - len(shape)
+        return grad.sum(axis=tuple(range(lead))) if lead else grad
+    fails_with(lesson03.check_unbroadcast, leading_only,
+               words=["(4, 3), expected (1, 3)", "nothing was summed"])
+
+
+def test_lesson03_unbroadcast_drops_size_one_axes():
+    def squeezed(grad, shape):
+        return np.squeeze(lesson03.reference_unbroadcast(grad, shape))
+    fails_with(lesson03.check_unbroadcast, squeezed, words=["keepdims=True"])
+
+
+def test_lesson03_residual_vjp():
+    lesson03.check_residual_vjp(lambda g, vjp: g + vjp(g))
+    fails_with(lesson03.check_residual_vjp, stub, words=["Exercise 03.4", "not done yet"])
+    fails_with(lesson03.check_residual_vjp, lambda g, vjp: vjp(g),
+               words=["only the branch", "identity"])
+    fails_with(lesson03.check_residual_vjp, lambda g, vjp: g * vjp(g), words=["add"])
