@@ -20,7 +20,7 @@ The widget computes no gradients itself: it calls the node's own backward
 """
 from __future__ import annotations
 
-import math
+import io
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
@@ -333,5 +333,15 @@ class GraphView:
             plt.close(self.fig)
         self.fig = self.make_figure()
         self.plot.outputs = ()
-        self.plot.append_display_data(self.fig)
-        plt.close(self.fig)  # the Output keeps the rendered picture; avoid a second copy
+        # Render the PNG here rather than leave it to the notebook's display hooks, so the
+        # picture is the same in a kernel, in a test and in a script.
+        self.plot.append_display_data(png_image(self.fig))
+        plt.close(self.fig)  # the Output keeps the picture; no second copy at cell end
+
+
+def png_image(fig):
+    """The figure as an IPython Image (PNG bytes)."""
+    from IPython.display import Image
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    return Image(data=buffer.getvalue(), format="png")
