@@ -514,17 +514,153 @@ def activations(cfg: BudgetConfig) -> Activations:
 
 
 # ----------------------------------------------------- "this engine" model
-def engine_activations(cfg: BudgetConfig) -> Activations:
-    """Exactly the tensors our tape engine saves for `engine.nn.GPT`; see
-    `engine_saved_tensors`. Float tensors count at the policy's bytes per
-    element (fp32: 4, as the engine runs), integer ids at 8."""
-    items = tuple(engine_saved_tensors(cfg))
-    saved = sum(x.bytes for x in items)
-    return Activations("engine", saved, 0, items)
+INDEX_BYTES = 8  # the engine keeps token ids and targets as int64
+
+
+def engine_block_saved(cfg: BudgetConfig) -> list[Saved]:
+    """What one block of `engine.nn.GPT` saves (the list in engine/nn.py's
+    docstring), per block, with f bytes per float element:
+
+        ln1 layer_norm        xhat (B,T,C), rstd (B,T)
+        attn qkv matmul       its input ln1(x) (B,T,C)
+             causal_attention q, k, v: views of one (B,T,3C) buffer, att (B,H,T,T)
+             proj matmul      the merged heads (B,T,C)
+        ln2 layer_norm        xhat (B,T,C), rstd (B,T)
+        mlp fc matmul         its input ln2(x) (B,T,C)
+             gelu             its input (B,T,4C)
+             fcproj matmul    gelu's output (B,T,4C)
+
+    = f * (16*B*T*C + 2*B*T + B*H*T*T). The weights the matmuls keep for dx
+    are parameters, not activations; bias and residual adds save nothing.
+    """
+    B_, T, C, H = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.n_head
+    f = activation_bytes_per_element(cfg)
+    btc, bt = B_ * T * C, B_ * T
+    return [
+        Saved("ln1 layer_norm", "xhat", btc, f), Saved("ln1 layer_norm", "rstd", bt, f),
+        Saved("attn qkv matmul", "input ln1(x)", btc, f),
+        Saved("attn causal_attention", "q, k, v (one buffer)", 3 * btc, f),
+        Saved("attn causal_attention", "att", B_ * H * T * T, f),
+        Saved("attn proj matmul", "merged heads", btc, f),
+        Saved("ln2 layer_norm", "xhat", btc, f), Saved("ln2 layer_norm", "rstd", bt, f),
+        Saved("mlp fc matmul", "input ln2(x)", btc, f),
+        Saved("mlp gelu", "input", 4 * btc, f),
+        Saved("mlp fcproj matmul", "gelu output", 4 * btc, f),
+    ]
+
+
+def engine_outside_saved(cfg: BudgetConfig) -> list[Saved]:
+    """What `engine.nn.GPT` saves outside its blocks: the token ids, the final
+    layer norm, the tied head's input, the loss's probabilities and targets."""
+    B_, T, C, V = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
+    f = activation_bytes_per_element(cfg)
+    return [
+        Saved("embed embedding", "ids", B_ * T, INDEX_BYTES),
+        Saved("lnf layer_norm", "xhat", B_ * T * C, f),
+        Saved("lnf layer_norm", "rstd", B_ * T, f),
+        Saved("head matmul", "input lnf(x)", B_ * T * C, f),
+        Saved("loss cross_entropy", "probs", B_ * T * V, f),
+        Saved("loss cross_entropy", "targets", B_ * T, INDEX_BYTES),
+    ]
 
 
 def engine_saved_tensors(cfg: BudgetConfig) -> list[Saved]:
-    raise NotImplementedError("the engine's saved-tensor count follows engine.nn")
+    """Every tensor `engine.nn.GPT` keeps for its backward, one entry per kind
+    (`count` = number of blocks). With recompute='full' each block keeps only
+    its input (B,T,C), and its insides are rebuilt during the backward."""
+    block = engine_block_saved(cfg)
+    if cfg.recompute == "full":
+        f = activation_bytes_per_element(cfg)
+        kept = [Saved("block", "input (checkpoint)", cfg.micro_batch * cfg.seq_len
+                      * cfg.d_model, f, cfg.n_layer)]
+    else:
+        kept = [replace(x, count=cfg.n_layer) for x in block]
+    return kept + engine_outside_saved(cfg)
+
+
+def engine_activations(cfg: BudgetConfig) -> Activations:
+    """Exactly the bytes our tape engine saves for `engine.nn.GPT` (float
+    tensors at the policy's bytes per element: fp32 = 4, as the engine runs;
+    ids and targets at 8). `engine.memory` measures the same number."""
+    items = tuple(engine_saved_tensors(cfg))
+    transient = sum(x.bytes for x in engine_block_saved(cfg)) if cfg.recompute == "full" else 0
+    return Activations("engine", sum(x.bytes for x in items), transient, items)
+
+
+# Largest run `measure` starts: a few seconds of numpy on a laptop.
+MEASURE_MAX_ACTIVATION_BYTES = 1_500_000_000
+MEASURE_MAX_FLOPS = 3e11
+
+
+def measurable(cfg: BudgetConfig) -> BudgetConfig:
+    """The configuration `measure` runs: `cfg` as our engine runs it (fp32,
+    the engine activation model), or BudgetError saying what to change."""
+    cfg.validate()
+    if cfg.dropout or not cfg.tied_embedding or (cfg.d_ff and cfg.d_ff != 4 * cfg.d_model):
+        raise BudgetError(
+            "our engine's GPT has no dropout, a tied head and an MLP of width 4d; turn "
+            "dropout off, tie the head and set the MLP width to 0 (4d) to measure.")
+    if cfg.recompute != "none":
+        raise BudgetError(f"measuring with recompute={cfg.recompute!r} is not available; "
+                          f"set recompute 'none' to measure.")
+    run = cfg.with_(activation_model="engine", precision="fp32", n_params=0)
+    acts = engine_activations(run).peak
+    work = flops(run)["per_micro_batch"]["forward"] * 3
+    if acts > MEASURE_MAX_ACTIVATION_BYTES or work > MEASURE_MAX_FLOPS:
+        raise BudgetError(
+            f"this shape is too large to measure here ({human_bytes(acts)} of activations, "
+            f"{human_flops(work)} per step; the limits are "
+            f"{human_bytes(MEASURE_MAX_ACTIVATION_BYTES)} and {human_flops(MEASURE_MAX_FLOPS)}). "
+            f"Reduce B, N, L or d, e.g. the 'tiny' preset.")
+    return run
+
+
+def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
+    """Run one forward and backward of `engine.nn.GPT` at this shape under
+    `engine.memory` and return measured bytes beside the engine model's
+    prediction: activations saved and their peak (from the tape), weights
+    and gradients (the nbytes of the real arrays), the timeline of live
+    activation bytes, and the training-step peak without optimizer state
+    (weights + gradients + activation peak; the engine has no optimizer
+    state to measure, so that part of `budget(...).peak` is left out)."""
+    import numpy as np
+
+    from . import memory
+    from .gpt_config import GPTConfig, init_params
+    from .nn import GPT
+
+    run = measurable(cfg)
+    gcfg = GPTConfig(vocab_size=run.vocab_size, block_size=run.positions,
+                     n_layer=run.n_layer, n_head=run.n_head, n_embd=run.d_model)
+    model = GPT(gcfg, init_params(gcfg, seed=seed, dtype=np.float32))
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
+    targets = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
+    with memory.record() as mem:
+        loss = model(ids, targets)
+        loss.backward()
+    weights = sum(p.data.nbytes for p in model.parameters().values())
+    grads = sum(p.grad.nbytes for p in model.parameters().values() if p.grad is not None)
+    predicted = budget(run)
+    return {
+        "shape": (f"L={run.n_layer} d={run.d_model} H={run.n_head} V={run.vocab_size} "
+                  f"B={run.micro_batch} N={run.seq_len}, fp32"),
+        "config": run,
+        "predicted_saved": predicted.activations.saved,
+        "measured_saved": mem.saved_bytes,
+        "predicted_peak": predicted.activations.peak,
+        "measured_peak": mem.peak_bytes,
+        "predicted_weights": predicted.fixed["weights"],
+        "measured_weights": weights,
+        "predicted_gradients": predicted.fixed["gradients"],
+        "measured_gradients": grads,
+        "predicted_step_peak": (predicted.fixed["weights"] + predicted.fixed["gradients"]
+                                + predicted.activations.peak),
+        "measured_step_peak": weights + grads + mem.peak_bytes,
+        "timeline": [(p.phase, p.label, p.live_bytes) for p in mem.timeline],
+        "by_op": mem.by_op(),
+        "loss": float(loss.data),
+    }
 
 
 # --------------------------------------------------------------- the budget

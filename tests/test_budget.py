@@ -199,3 +199,62 @@ def test_cli_rejects_impossible_input(args, says):
     assert "Traceback" not in run.stderr
     for fragment in says:
         assert fragment in run.stderr, (fragment, run.stderr)
+
+
+# ------------------------------------------- "this engine" against engine.memory
+SMALL_CONFIGS = [  # (L, d, H, V, B, N): shapes chosen to differ in every factor
+    (1, 16, 2, 11, 2, 8),
+    (2, 24, 3, 29, 3, 16),
+    (3, 32, 4, 64, 1, 32),
+    (2, 48, 6, 17, 4, 12),
+    (4, 32, 1, 50, 2, 24),
+    (1, 64, 8, 97, 5, 7),
+]
+
+
+@pytest.mark.parametrize("L, d, H, V, b, n", SMALL_CONFIGS)
+def test_engine_model_equals_the_measurement(L, d, H, V, b, n):
+    cfg = B.BudgetConfig(n_layer=L, d_model=d, n_head=H, vocab_size=V, micro_batch=b,
+                         seq_len=n, activation_model="engine")
+    m = B.measure(cfg, seed=L + n)
+    assert m["measured_saved"] == m["predicted_saved"] == B.activations(cfg).saved
+    assert m["measured_peak"] == pytest.approx(m["predicted_peak"], rel=0.01)
+    assert m["measured_weights"] == m["predicted_weights"]
+    assert m["measured_gradients"] == m["predicted_gradients"]
+    assert m["measured_step_peak"] == pytest.approx(m["predicted_step_peak"], rel=0.01)
+    # the timeline rises through the forward and is back to zero after the backward
+    live = [bytes_ for _, _, bytes_ in m["timeline"]]
+    assert max(live) == m["measured_peak"] and live[-1] == 0
+
+
+def test_engine_model_agrees_with_the_engines_own_closed_form():
+    from engine.gpt_config import GPTConfig
+    from engine.nn import gpt_saved_bytes
+    for L, d, H, V, b, n in SMALL_CONFIGS:
+        cfg = B.BudgetConfig(n_layer=L, d_model=d, n_head=H, vocab_size=V, micro_batch=b,
+                             seq_len=n, activation_model="engine")
+        assert B.activations(cfg).saved == gpt_saved_bytes(GPTConfig(V, n, L, H, d), b, n)
+
+
+def test_engine_model_has_the_sixteen_tensors_of_the_source_text():
+    cfg = B.BudgetConfig(n_layer=1, d_model=64, n_head=4, micro_batch=2, seq_len=32,
+                         activation_model="engine")
+    btc = 2 * 32 * 64
+    floats = sum(x.elements for x in B.engine_block_saved(cfg))
+    assert floats == 16 * btc + 2 * 2 * 32 + 4 * 2 * 32 * 32
+
+
+def test_measure_refuses_what_the_engine_cannot_run():
+    with pytest.raises(B.BudgetError, match="too large to measure"):
+        B.measure(B.preset("gpt2-small"))
+    with pytest.raises(B.BudgetError, match="no dropout"):
+        B.measure(B.preset("tiny", activation_model="transformer", dropout=True))
+
+
+def test_cli_tiny_preset_is_the_trainer_config():
+    from engine.gpt_config import num_params, tiny_config
+    data = json.loads(cli("--preset", "tiny", "--json").stdout)
+    cfg = data["config"]
+    assert (cfg["n_layer"], cfg["d_model"], cfg["n_head"], cfg["seq_len"],
+            cfg["micro_batch"]) == (4, 128, 4, 128, 16)
+    assert data["parameters"] == num_params(tiny_config(B.corpus_vocab_size()))

@@ -95,3 +95,19 @@ def test_measure_needs_valid_settings(widget):
     widget.controls["n_head"].value = 7
     widget.measure()
     assert "Fix the settings first" in widget.measure_result.value
+
+
+def test_measure_shows_engine_bytes_beside_the_prediction():
+    w = BudgetWidget(preset="tiny", plots=False, micro_batch=2, seq_len=32, n_layer=2)
+    w.measure()
+    m = w.measured
+    assert m["measured_saved"] == m["predicted_saved"] == w.result.activations.saved
+    assert f"{m['measured_saved']:,}" in w.measure_result.value
+    assert "+0.00%" in w.measure_result.value
+    w.controls["micro_batch"].value = 3   # a new shape clears the old measurement
+    assert w.measured is None and w.measure_result.value == ""
+
+
+def test_measure_of_a_huge_shape_says_why_not(widget):
+    widget.measure()
+    assert "too large to measure" in widget.measure_result.value
