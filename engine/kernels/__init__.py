@@ -5,9 +5,10 @@ picks a version:
 
 * mode "numpy": always the numpy oracle;
 * mode "numba": always the numba kernel (compiled on first use, then cached);
-* mode "auto" (default): numba when the array is big enough for threads to
-  pay for themselves (`MIN_ELEMENTS`), numpy otherwise. Small lesson-sized
-  tensors therefore never wait for a compile.
+* mode "auto" (default): numba for the kernels where it measured faster
+  (`AUTO_NUMBA`) once the array is big enough to pay for starting threads
+  (`MIN_ELEMENTS`), numpy otherwise. Small lesson-sized tensors therefore
+  never wait for a compile.
 
 Switch with `engine.kernels.use("numpy")` (a context manager, or a plain call)
 or the environment variable ENGINE_KERNELS=numpy|numba|auto. numba is only
@@ -23,9 +24,20 @@ import numpy as np
 from . import reference
 
 MODES = ("auto", "numpy", "numba")
-# Below this many elements, thread start-up costs more than the work (measured
-# on a 2-core machine; see the benchmark in engine/kernels/bench.py).
+# Below this many elements, starting threads costs more than the work.
 MIN_ELEMENTS = 16_384
+# The kernels "auto" runs in numba, from `python -m engine.kernels.bench` at the
+# trainer's shape (B=16 T=128 C=128 H=4, float32) on a 2-core x86 machine.
+# numba wins where numpy makes many temporaries or wastes work: layer norm
+# (3x), the GELU gradient (3x), attention (2x: it skips the masked half), the
+# embedding scatter-add (10x and more over np.add.at). numpy wins where the
+# work is one exp per element: its exp/tanh are SIMD, numba's (without Intel
+# SVML) are scalar, so softmax, log-softmax, the cross-entropy forward and the
+# GELU forward stay in numpy.
+AUTO_NUMBA = {
+    "layer_norm_forward", "layer_norm_backward", "gelu_backward", "attention_forward",
+    "attention_backward", "embedding_backward", "cross_entropy_backward",
+}
 
 _mode = os.environ.get("ENGINE_KERNELS", "auto")
 if _mode not in MODES:
@@ -59,7 +71,7 @@ def _fast_module():
 
 
 def _pick(name: str, size: int):
-    if _mode == "numba" or (_mode == "auto" and size >= MIN_ELEMENTS):
+    if _mode == "numba" or (_mode == "auto" and name in AUTO_NUMBA and size >= MIN_ELEMENTS):
         return getattr(_fast_module(), name)
     return getattr(reference, name)
 
@@ -111,12 +123,11 @@ def gelu_backward(g, x):
 
 
 def attention_forward(q, k, v, scale):
-    # The numba kernel skips the masked half, so it pays off earlier.
-    return _pick("attention_forward", q.size * 4)(_c(q), _c(k), _c(v), float(scale))
+    return _pick("attention_forward", q.size * q.shape[1])(_c(q), _c(k), _c(v), float(scale))
 
 
 def attention_backward(g, q, k, v, att, scale):
-    return _pick("attention_backward", g.size * 4)(_c(g), _c(q), _c(k), _c(v), _c(att),
+    return _pick("attention_backward", g.size * g.shape[1])(_c(g), _c(q), _c(k), _c(v), _c(att),
                                                    float(scale))
 
 
