@@ -220,3 +220,188 @@ def test_04_4_answer_agrees_with_the_measured_sweep():
     for name, u in (("float64", 2.0 ** -53), ("float32", 2.0 ** -24)):
         best = (3 * u) ** (1 / 3)
         assert best / 10 <= sweeps[name].best_eps <= best * 10
+
+
+# ================================================================ lesson 05
+import engine  # noqa: E402
+from engine import Tensor  # noqa: E402
+from engine.exercises import lesson05  # noqa: E402
+
+
+def find_broken_right(suspects, seed=0):
+    rng = np.random.default_rng(seed)
+    broken = []
+    for name, s in suspects.items():
+        inputs = [rng.normal(size=shape) for shape in s.shapes]
+        if not engine.gradcheck(s.fn, inputs, raise_on_failure=False).ok:
+            broken.append(name)
+    return broken
+
+
+def find_broken_positive_only(suspects, seed=0):
+    rng = np.random.default_rng(seed)
+    return [n for n, s in suspects.items()
+            if not engine.gradcheck(s.fn, [np.abs(rng.normal(size=sh)) + 0.1 for sh in s.shapes],
+                                    raise_on_failure=False).ok]
+
+
+def find_broken_first_input_only(suspects, seed=0):
+    rng = np.random.default_rng(seed)
+    broken = []
+    for name, s in suspects.items():
+        inputs = [rng.normal(size=s.shapes[0])] + [Tensor(rng.normal(size=sh))
+                                                   for sh in s.shapes[1:]]
+        if not engine.gradcheck(s.fn, inputs, raise_on_failure=False).ok:
+            broken.append(name)
+    return broken
+
+
+def find_broken_too_strict(suspects, seed=0):
+    rng = np.random.default_rng(seed)
+    return [n for n, s in suspects.items()
+            if not engine.gradcheck(s.fn, [rng.normal(size=sh) for sh in s.shapes],
+                                    rtol=1e-14, atol=0.0, raise_on_failure=False).ok]
+
+
+def find_broken_memorised(suspects, seed=0):
+    return ["square", "sigmoid", "leaky_relu", "x_exp", "add_bias"]
+
+
+def test_05_1_passes_a_real_search(capsys):
+    lesson05.check_find_broken(find_broken_right)
+    assert "Exercise 05.1 (find_broken) passed." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (stub, "not done yet"),
+    (find_broken_positive_only, "both signs"),
+    (find_broken_first_input_only, "check every input"),
+    (find_broken_too_strict, "is correct"),
+    (find_broken_memorised, "the lesson's answer for a different set"),
+    (lambda suspects: "square", "list (or set) of suspect names"),
+    (lambda suspects: ["relu"], "not one of the suspects"),
+])
+def test_05_1_names_the_mistake(answer, phrase):
+    with pytest.raises(ExerciseError, match="Exercise 05.1") as err:
+        lesson05.check_find_broken(answer)
+    assert phrase in str(err.value)
+
+
+def test_05_1_accepts_suspect_objects_as_well_as_names():
+    lesson05.check_find_broken(lambda s: [s[n] for n in find_broken_right(s)])
+
+
+RIGHT_VERDICTS = {"softplus": "ok", "square": "scale", "sigmoid": "sign",
+                  "leaky_relu": "branch", "x_exp": "formula", "logsumexp": "ok",
+                  "add_bias": "broadcast"}
+
+
+def test_05_2_passes_the_right_verdicts(capsys):
+    lesson05.check_verdicts(lambda: dict(RIGHT_VERDICTS))
+    assert "Exercise 05.2 (verdicts) passed." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, phrase", [
+    ({"square": "sign"}, "exactly half the numerical one"),
+    ({"leaky_relu": "formula"}, "agree for positive inputs"),
+    ({"add_bias": "scale"}, "the gradient of x is right"),
+    ({"softplus": "formula"}, "its check passes"),
+    ({"x_exp": "scale"}, "ratio changes from element to element"),
+    ({"square": "typo"}, "choose one of"),
+])
+def test_05_2_explains_a_wrong_verdict_with_the_evidence(change, phrase):
+    with pytest.raises(ExerciseError, match="Exercise 05.2") as err:
+        lesson05.check_verdicts(lambda: {**RIGHT_VERDICTS, **change})
+    assert phrase in str(err.value)
+
+
+def test_05_2_stub_and_missing_verdicts():
+    with pytest.raises(ExerciseError, match="not done yet"):
+        lesson05.check_verdicts(stub)
+    partial = {k: v for k, v in RIGHT_VERDICTS.items() if k != "sigmoid"}
+    with pytest.raises(ExerciseError, match="no verdict for \\['sigmoid'\\]"):
+        lesson05.check_verdicts(lambda: partial)
+
+
+def test_05_2_evidence_is_what_a_gradient_check_shows():
+    """The hints state facts about the lesson's suspects; measure each one."""
+    for name, s in lesson05.suspects().items():
+        (x, a, n), *rest = lesson05.numeric_and_analytic(s)
+        bug = lesson05.LESSON_BUGS[name]
+        if bug is None:
+            np.testing.assert_allclose(a, n, rtol=1e-6, atol=1e-9)
+        elif bug == "scale":
+            np.testing.assert_allclose(a, 0.5 * n, rtol=1e-6)
+        elif bug == "sign":
+            np.testing.assert_allclose(a, -n, rtol=1e-6)
+        elif bug == "branch":
+            np.testing.assert_allclose(a[x > 0], n[x > 0], rtol=1e-6)
+            assert np.all(np.abs(a[x < 0] - n[x < 0]) > 1e-3)
+        elif bug == "broadcast":
+            np.testing.assert_allclose(a, n, rtol=1e-6)          # x is right
+            xb, ab, nb = rest[0]
+            assert not np.allclose(ab, nb, rtol=1e-3)             # the bias is not
+        elif bug == "formula":
+            ratio = a / n
+            assert np.ptp(ratio) > 0.1 and not np.allclose(a, n, rtol=1e-3)
+
+
+def test_05_3_passes_the_right_triage(capsys):
+    lesson05.check_triage(lambda: {"A": 2, "B": 5, "C": 4, "D": 7, "E": 8})
+    assert "Exercise 05.3 (triage) passed." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answers, phrase", [
+    ({"A": 1}, "step 1 is on the list"),
+    ({"B": 9}, "comes last for a reason"),
+    ({"E": 3}, "diagnose('right shape, plausible direction, wrong size')"),
+    ({"C": "four"}, "not a step number"),
+])
+def test_05_3_names_the_mistake(answers, phrase):
+    right = {"A": 2, "B": 5, "C": 4, "D": 7, "E": 8}
+    with pytest.raises(ExerciseError, match="Exercise 05.3") as err:
+        lesson05.check_triage(lambda: {**right, **answers})
+    assert phrase in str(err.value)
+
+
+def test_05_3_stub_and_missing():
+    with pytest.raises(ExerciseError, match="not done yet"):
+        lesson05.check_triage(stub)
+    with pytest.raises(ExerciseError, match="no step for mystery D, E"):
+        lesson05.check_triage(lambda: {"A": 2, "B": 5, "C": 4})
+
+
+def test_diagnose_finds_a_row_by_a_word_and_lists_steps_in_order():
+    text = lesson05.diagnose("NaN")
+    assert text.startswith("symptom: grad contains NaN or Inf")
+    assert text.index("  5. ") < text.index("  6. ")
+    with pytest.raises(KeyError, match="matches 0 symptoms"):
+        lesson05.diagnose("segfault")
+    with pytest.raises(KeyError, match="matches 2 symptoms"):
+        lesson05.diagnose("eps")
+    for symptom, (causes, steps) in lesson05.SYMPTOMS.items():
+        assert set(steps) <= set(lesson05.STEPS), symptom
+    for case, (symptom, step, why) in lesson05.MYSTERIES.items():
+        assert symptom in lesson05.SYMPTOMS and step in lesson05.SYMPTOMS[symptom][1], case
+
+
+def test_lesson_05_claims_about_the_engine():
+    # the naive softmax overflows, and detect_anomaly blames exp in the forward
+    w = Tensor(np.array([[1.0, -2.0, 0.5], [0.3, 0.2, -0.1]]), requires_grad=True)
+    feats = Tensor(np.array([[1.0, 0.0], [0.0, 3000.0]]))
+    with np.errstate(all="ignore"):
+        with pytest.raises(engine.AnomalyError) as err:
+            with engine.detect_anomaly():
+                z = feats @ w
+                e = engine.F.exp(z)
+                (e / e.sum(axis=-1, keepdims=True)).sum().backward()
+    assert err.value.op == "exp" and err.value.phase == "forward"
+    # the square-batch broadcast bug passes gradcheck, yet its gradient differs
+    x4, s0 = np.arange(16.0).reshape(4, 4) / 8, np.array([1.0, 2.0, 3.0, 4.0])
+    right = engine.gradcheck(lambda x, s: ((x * s) ** 2).sum(), [x4, s0])
+    wrong = engine.gradcheck(lambda x, s: ((x * s.reshape(-1, 1)) ** 2).sum(), [x4, s0])
+    assert right.ok and wrong.ok
+    g_right, g_wrong = Tensor(s0, requires_grad=True), Tensor(s0, requires_grad=True)
+    ((Tensor(x4) * g_right) ** 2).sum().backward()
+    ((Tensor(x4) * g_wrong.reshape(-1, 1)) ** 2).sum().backward()
+    assert not np.allclose(g_right.grad, g_wrong.grad)
