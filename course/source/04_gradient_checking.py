@@ -120,7 +120,8 @@ def gradient_errors(analytic, numeric, floor=1e-10):
 lesson04.check_gradient_errors(gradient_errors)
 
 # %% [markdown]
-# The same absolute difference, at three scales of gradient:
+# The same absolute difference, 1e-5, at three scales of gradient, and an exact zero against
+# a rounding-sized 1e-13:
 
 # %%
 a = np.array([1e3, 1.0, 1e-6, 0.0])
@@ -130,7 +131,8 @@ for ai, ri, bi in zip(a, rel, ab):
     print(f"gradient {ai:8.0e}: absolute error {bi:.0e}, relative error {ri:.1e}")
 
 # %% [markdown]
-# The first is fine (rel 1e-8), the third is a real disagreement (the numerical gradient is
+# The first is fine (rel 1e-8), the second is borderline (rel 1e-5: fine for a float32
+# check, too loose for float64), the third is a real disagreement (the numerical gradient is
 # eleven times the analytic one), and the last is an exact zero against rounding noise: its
 # relative error, 1e-3 even with the floor, would fail any sensible `rtol`; its absolute
 # error, 1e-13, says "harmless".
@@ -178,9 +180,10 @@ lesson04.check_spot_check(spot_check)
 
 # %% [markdown]
 # A helper prints the rows (errors below 1e-7 are rounding noise, whose last digits differ
-from one CPU to another, so they print as `<1e-07`). Try it on a function of a 20 x 30 matrix whose gradient we know
-# by hand, `f(X) = Σ tanh(X ⊙ C)`, so `∂f/∂X = C ⊙ (1 - tanh²(X ⊙ C))`. Then plant a bug: a
-# "backward rule" that forgets the factor `C` in its last column only.
+# from one CPU to another, so they print as `<1e-07`). Try it on a function of a 20 x 30
+# matrix whose gradient we know by hand, `f(X) = Σ tanh(X ⊙ C)`, so
+# `∂f/∂X = C ⊙ (1 - tanh²(X ⊙ C))`. Then plant a bug: a "backward rule" that forgets the
+# factor `C` in its last column only.
 
 # %%
 def small(v, below=1e-7):
@@ -245,7 +248,9 @@ sweeps = sweep_both()
 fig, ax = plt.subplots(figsize=(7, 4))
 plot_sweeps(sweeps, ax=ax)
 for name, s in sweeps.items():
-    ax.axvline(predicted_best_eps(name), color="0.6", lw=0.8, ls=":")
+    ax.axvline(predicted_best_eps(name), color="0.5", lw=0.8, ls=":")
+ax.plot([], [], color="0.5", lw=0.8, ls=":", label="eps* from theory (below)")
+ax.legend(loc="lower left", fontsize=8)
 plt.show()
 
 # %%
