@@ -410,7 +410,7 @@ def _saved_versions(op, inputs, result):
             continue
         for i, x in enumerate(inputs):
             if isinstance(x, Tensor) and value is x.data:
-                label = x.name or f"input {i}"
+                label = f"'{x.name}'" if x.name else f"its input {i}"
                 links.append((key, x._version, x._version[0], label))
                 break
         else:
