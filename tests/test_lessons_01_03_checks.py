@@ -431,3 +431,58 @@ def test_lesson03_residual_vjp():
     fails_with(lesson03.check_residual_vjp, lambda g, vjp: vjp(g),
                words=["only the branch", "identity"])
     fails_with(lesson03.check_residual_vjp, lambda g, vjp: g * vjp(g), words=["add"])
+
+
+def make_jacobian(stack_forward=1, zero=True, retain=True):
+    from engine import Tensor, jvp
+
+    def jacobian(f, x, mode):
+        n = x.size
+        if mode == "forward":
+            columns = []
+            for j in range(n):
+                e = np.zeros(n)
+                e[j] = 1.0
+                columns.append(jvp(f, [x], [e])[1])
+            return np.stack(columns, axis=stack_forward)
+        xt = Tensor(x, requires_grad=True)
+        y = f(xt)
+        rows = []
+        for i in range(y.size):
+            e = np.zeros(y.shape)
+            e[i] = 1.0
+            if zero:
+                xt.zero_grad()
+            y.backward(e, retain_graph=retain)
+            rows.append(xt.grad.copy())
+        return np.stack(rows)
+    return jacobian
+
+
+def test_lesson03_jacobian_right_answer_passes(capsys):
+    lesson03.check_jacobian(make_jacobian())
+    assert "forward mode: 5 JVPs, one column each; reverse mode: 3 VJPs" in capsys.readouterr().out
+    fails_with(lesson03.check_jacobian, stub, words=["Exercise 03.3", "not done yet"])
+
+
+def test_lesson03_jacobian_forward_mode_stacked_as_rows():
+    fails_with(lesson03.check_jacobian, make_jacobian(stack_forward=0),
+               words=["in forward mode", "transposed", "axis=1"])
+
+
+def test_lesson03_jacobian_reverse_mode_without_zeroing():
+    fails_with(lesson03.check_jacobian, make_jacobian(zero=False),
+               words=["in reverse mode", "sum of rows 0..i", "zero_grad"])
+
+
+def test_lesson03_jacobian_reverse_mode_without_retain_graph():
+    fails_with(lesson03.check_jacobian, make_jacobian(retain=False),
+               words=["Exercise 03.3", "raised RuntimeError", "retain_graph=True"])
+
+
+def test_lesson03_jacobian_forward_mode_by_backward_is_not_forward_mode():
+    rev = make_jacobian()
+
+    def reverse_only(f, x, mode):
+        return rev(f, x, "reverse")
+    fails_with(lesson03.check_jacobian, reverse_only, words=["f ran only 1 time:"])

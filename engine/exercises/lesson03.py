@@ -235,6 +235,71 @@ def _gradcheck_unbroadcast(unbroadcast) -> None:
                                                 f"{report}.")
 
 
+# ---------------------------------------------------------------- 03.3
+def _jacobian_problem():
+    """f(x) = tanh(W x) from R^5 to R^3, its input and its exact Jacobian."""
+    rng = np.random.default_rng(4)
+    W = rng.normal(size=(3, 5)) * 0.5
+    x = rng.normal(size=5)
+    y = np.tanh(W @ x)
+    return W, x, (1.0 - y ** 2)[:, None] * W
+
+
+def check_jacobian(jacobian) -> None:
+    """`jacobian(f, x, mode)` with mode "forward" (n JVPs) or "reverse" (m VJPs)."""
+    from engine import functional as F
+
+    ex = EX_JACOBIAN
+    W, x, J = _jacobian_problem()
+    m, n = J.shape
+    for mode in ("forward", "reverse"):
+        calls = []
+
+        def f(t):
+            calls.append(1)
+            return F.tanh(W @ t)
+        got = _array(ex, f"jacobian(f, x, {mode!r})",
+                     _call(ex, f"jacobian(f, x, {mode!r})", jacobian, f, x.copy(), mode,
+                           hint="Hint: forward mode: for each input j, engine.jvp(f, [x], "
+                                "[e_j]) gives column j. Reverse mode: y = f(Tensor(x, "
+                                "requires_grad=True)); for each output i, zero the input's "
+                                "grad and y.backward(e_i, retain_graph=True) gives row i."))
+        what = f"in {mode} mode, for f from R^{n} to R^{m}"
+        if got.shape == (n, m) and _close(got.T, J):
+            side = ("each JVP gives a column (the change of every output along one input "
+                    "direction): stack them with axis=1." if mode == "forward" else
+                    "each VJP gives a row (the gradient of one output): stack them with "
+                    "axis=0.")
+            raise ExerciseError(ex, f"{what} your Jacobian is transposed: shape {got.shape}, "
+                                    f"expected ({m}, {n}), outputs by inputs. Hint: {side}")
+        if got.shape != (m, n):
+            raise ExerciseError(ex, f"{what} your Jacobian has shape {got.shape}, expected "
+                                    f"({m}, {n}): one row per output, one column per input.")
+        if _close(got, J):
+            if mode == "forward" and len(calls) < n:
+                raise ExerciseError(ex, f"{what} the values are right but f ran only "
+                                        f"{len(calls)} time{'s' if len(calls) != 1 else ''}: forward mode needs one JVP (one "
+                                        f"run of f) per input direction, {n} here. Did you "
+                                        f"use backward?")
+            continue
+        if mode == "reverse" and _close(got, np.cumsum(J, axis=0)):
+            hint = ("row i holds the sum of rows 0..i: backward adds into .grad, so zero the "
+                    "input's gradient (x.zero_grad()) before each row's backward (lesson 02's "
+                    "trap).")
+        elif mode == "reverse" and _close(got, np.repeat(J.sum(axis=0, keepdims=True), m, 0)):
+            hint = ("every row is the same sum: the rows share one gradient array that backward "
+                    "keeps adding into. Zero the gradient before each backward and store a copy "
+                    "(x.grad.copy()).")
+        else:
+            hint = ("forward mode: column j = engine.jvp(f, [x], [e_j])[1] with e_j the j-th "
+                    "unit vector; reverse mode: row i = the input's gradient after "
+                    "y.backward(e_i) with e_i the i-th unit vector of the output.")
+        raise ExerciseError(ex, f"{what} the Jacobian has the right shape but wrong values. "
+                                f"Hint: {hint}")
+    passed(ex, f"forward mode: {n} JVPs, one column each; reverse mode: {m} VJPs, one row "
+               f"each.")
+
+
 # ---------------------------------------------------------------- 03.4
 def check_residual_vjp(residual_vjp) -> None:
     """`residual_vjp(grad_out, branch_vjp)` for y = x + F(x), branch_vjp(g) = J_F^T g."""
