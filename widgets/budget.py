@@ -122,6 +122,17 @@ class BudgetWidget:
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
 
+    def summary(self) -> str:
+        """The readout as one line of plain text (or the message, if invalid)."""
+        if self.result is None:
+            return "invalid settings: " + html.unescape(
+                self.message.value.split("</b> ", 1)[-1])
+        b = self.result
+        return (f"peak {B.human_bytes(b.peak)} = fixed {B.human_bytes(b.fixed_total)} + "
+                f"activations {B.human_bytes(b.activations.peak)}; "
+                f"{B.human_flops(b.flops['per_step']['total'])} per step "
+                f"({B.tokens_per_step(b.config):,} tokens)")
+
     # ------------------------------------------------------------ state
     def config(self) -> B.BudgetConfig:
         """The configuration on screen (validated; raises BudgetError)."""
