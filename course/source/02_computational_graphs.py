@@ -254,7 +254,16 @@ view = GraphView(L, names=names, backward=backward, title="L = 0.5 * (w*x - y)^2
 view.ui
 
 # %% [markdown]
-# In words (and the same as the slider's last step):
+# The first and the last step side by side, as a picture that stays in the notebook file:
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(10, 5.6))
+draw_graph(L, names=names, grads=view.grads_at(0), ax=axes[0], title="before backward")
+draw_graph(L, names=names, ax=axes[1], title="after backward")
+plt.show()
+
+# %% [markdown]
+# In words:
 
 # %%
 for name in ["L", "e", "u", "w", "x", "y"]:
