@@ -1,0 +1,192 @@
+"""Activation checkpointing: remember a segment's input, recompute its insides.
+
+    from engine.checkpoint import checkpoint, checkpoint_sequential, checkpointed
+
+    y = checkpoint(block, x)                  # one segment
+    y = checkpoint_sequential(blocks, x, 2)   # segments of 2 blocks each
+    with checkpointed(model, "every"):        # a GPT whose blocks are checkpointed
+        loss = model(ids, targets)
+    loss.backward()
+
+How it works on the tape. `checkpoint(fn, *inputs)` records ONE node, a
+`Checkpoint` op, in place of everything `fn` does:
+
+* forward: run `fn` under `no_grad()`, so none of its ops is recorded and
+  nothing inside is saved; the node saves only the segment's inputs.
+* backward: when the walk reaches the node, run `fn` again on the saved
+  inputs with recording on (the recompute), call backward on its output
+  with the incoming gradient, hand the inputs' gradients on to the outer
+  tape and let the inner graph go. Parameters used inside `fn` are leaf
+  tensors, so the inner backward accumulates their gradients directly.
+
+`engine.memory` sees exactly this: the forward saves the inputs; during
+backward the recomputed insides of one segment appear, are consumed by
+their VJPs and are freed, before the next segment is recomputed.
+
+What the recompute must reproduce (or the gradient belongs to another
+function): the same inputs (an in-place change of a saved input is caught
+by the tape's version check), the same parameters, the same randomness
+(`F.dropout` takes an explicit seed, so a rerun draws the same mask) and no
+side effects inside `fn`.
+
+The cost: each checkpointed segment's forward runs twice, so a training step
+costs about 4 forward passes instead of 3 (+33%) when every block is
+checkpointed.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import numpy as np
+
+from .rules import Op
+from .tensor import Tensor, apply, enable_grad, name_scope, no_grad
+
+__all__ = ["Checkpoint", "checkpoint", "checkpoint_sequential", "segment_size",
+           "segments", "checkpointed", "CheckpointedSegment", "POLICIES"]
+
+POLICIES = ("none", "every", "sqrt")
+
+
+class Checkpoint(Op):
+    """The tape node of a checkpointed segment (see the module docstring)."""
+    name = "checkpoint"
+
+    def forward(self, *arrays, fn, label):
+        self.fn, self.label = fn, label
+        # Keep the inputs, by name, so engine.memory counts them and the
+        # tape's version check protects them from in-place changes.
+        self.save(**{f"input{i}": a for i, a in enumerate(arrays)})
+        with no_grad():
+            out = fn(*[Tensor._from_op(a, False) if isinstance(a, np.ndarray) else a
+                       for a in arrays])
+        if not isinstance(out, Tensor):
+            raise TypeError(f"checkpoint({label}): the function must return one Tensor, "
+                            f"got {type(out).__name__}; wrap several outputs in separate "
+                            f"checkpoints, or return a single tensor")
+        return out.data
+
+    def vjp(self, g):
+        arrays = [getattr(self, f"input{i}") for i in range(len(self.needs))]
+        inputs = []
+        for a, need in zip(arrays, self.needs):
+            if isinstance(a, np.ndarray) and need:
+                inputs.append(Tensor._from_op(a, True))   # a fresh leaf to catch dL/dinput
+            elif isinstance(a, np.ndarray):
+                inputs.append(Tensor._from_op(a, False))
+            else:
+                inputs.append(a)
+        with enable_grad(), name_scope(f"recompute {self.label}"):
+            out = self.fn(*inputs)         # the second forward: records the insides
+        if out.requires_grad:
+            out.backward(g)                # frees the insides as it goes
+        return tuple(x.grad if isinstance(x, Tensor) and need else None
+                     for x, need in zip(inputs, self.needs))
+
+
+def _label_of(fn) -> str:
+    return getattr(fn, "label", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def checkpoint(fn, *inputs, label: str | None = None) -> Tensor:
+    """fn(*inputs), recorded as one node that saves only `inputs`.
+
+    `fn` takes the inputs (Tensors, or constants such as integer arrays) and
+    returns one Tensor. It may use parameters (tensors with requires_grad)
+    from its closure: their gradients arrive during backward. At least one
+    input should require grad, or nothing before the segment needs its
+    gradient and the node is not recorded (then neither are its parameters'
+    gradients, as with PyTorch's reentrant checkpoint).
+    """
+    if not callable(fn):
+        raise TypeError(f"checkpoint: the first argument must be a function (the segment), "
+                        f"got {type(fn).__name__}")
+    return apply(Checkpoint, *inputs, fn=fn, label=label or _label_of(fn))
+
+
+# ------------------------------------------------------------ runs of blocks
+def segment_size(n_blocks: int, policy) -> int:
+    """Blocks per checkpointed segment for a policy.
+
+    "every" -> 1 (checkpoint each block), "sqrt" -> round(sqrt(n_blocks))
+    (about sqrt(L) segments of about sqrt(L) blocks), an integer k -> k,
+    "none" -> 0 (no checkpointing).
+    """
+    if n_blocks < 1:
+        raise ValueError(f"segment_size: n_blocks must be >= 1, got {n_blocks}")
+    if policy == "none" or policy is None:
+        return 0
+    if policy == "every":
+        return 1
+    if policy == "sqrt":
+        return max(1, round(math.sqrt(n_blocks)))
+    if isinstance(policy, (int, np.integer)) and not isinstance(policy, bool) and policy >= 1:
+        return int(policy)
+    raise ValueError(f"checkpoint policy {policy!r} is not one of {POLICIES} or a positive "
+                     f"integer k (checkpoint every k blocks)")
+
+
+def segments(n_blocks: int, policy) -> list[range]:
+    """The runs of block indices each checkpoint covers (empty list for "none")."""
+    k = segment_size(n_blocks, policy)
+    if k == 0:
+        return []
+    return [range(start, min(start + k, n_blocks)) for start in range(0, n_blocks, k)]
+
+
+class CheckpointedSegment:
+    """A callable that runs several blocks in a row as one checkpoint."""
+
+    def __init__(self, blocks):
+        self.blocks = list(blocks)
+        names = [getattr(b, "prefix", "").rstrip(".") or type(b).__name__ for b in self.blocks]
+        self.label = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+
+    def run(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+    def __call__(self, x):
+        return checkpoint(self.run, x, label=self.label)
+
+    def parameters(self) -> dict:
+        found = {}
+        for b in self.blocks:
+            found.update(b.parameters())
+        return found
+
+
+def checkpoint_sequential(blocks, x, policy="every"):
+    """Run x through `blocks` in order, checkpointing segments chosen by `policy`."""
+    blocks = list(blocks)
+    if segment_size(len(blocks), policy) == 0:
+        for block in blocks:
+            x = block(x)
+        return x
+    for seg in segments(len(blocks), policy):
+        x = CheckpointedSegment(blocks[i] for i in seg)(x)
+    return x
+
+
+@contextmanager
+def checkpointed(model, policy="every"):
+    """Inside the `with`, the model's forward checkpoints its blocks.
+
+    Works with any model that runs `for block in self.blocks: x = block(x)`,
+    as engine.nn.GPT does: the list is swapped for checkpointed segments and
+    restored on exit. Build the loss inside the `with`; backward may run
+    after it (the recompute uses the blocks themselves).
+    """
+    if not hasattr(model, "blocks"):
+        raise TypeError(f"checkpointed: {type(model).__name__} has no `blocks` list to "
+                        f"checkpoint; use checkpoint_sequential(blocks, x, policy) instead")
+    original = model.blocks
+    if segment_size(len(original), policy) > 0:
+        model.blocks = [CheckpointedSegment(original[i] for i in seg)
+                        for seg in segments(len(original), policy)]
+    try:
+        yield model
+    finally:
+        model.blocks = original
