@@ -9,8 +9,9 @@
 Each check compares with the exact answer on small float64 arrays whose
 shapes are all different (so a misplaced transpose shows as a shape error),
 then on square ones (where a misplaced transpose has the right shape and only
-the values give it away), and plugs the learner's function into the engine
-as an op so `engine.gradcheck` compares it with central differences.
+the values give it away). The checks of 03.1 and 03.2 also plug the learner's
+function into the engine as an op, so `engine.gradcheck` compares it with
+central differences, and save it as a piece for later lessons.
 """
 from __future__ import annotations
 
