@@ -76,13 +76,14 @@ def relative_error(analytic, numeric, floor: float = 1e-8):
 
 def gradcheck(fn, inputs, eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1e-10,
               floor: float = 1e-8, samples: int | None = None, seed: int = 0,
-              dtype=np.float64, raise_on_failure: bool = True) -> GradcheckReport:
+              dtype=np.float64, wrt=None, raise_on_failure: bool = True) -> GradcheckReport:
     """Check the gradients of fn(*inputs) against central differences.
 
     fn: takes Tensors (one per input), returns a Tensor.
-    inputs: arrays or Tensors. Floating inputs are copied to `dtype` and
-        checked (unless given as a Tensor with requires_grad=False); integer
+    inputs: arrays or Tensors. Floating inputs are copied to `dtype`; integer
         inputs (ids, targets) are passed through unchanged.
+    wrt: indices of the inputs to check (default: every floating input); the
+        others are held fixed.
     samples: None checks every element; k checks k random elements per input.
     raise_on_failure: raise GradcheckError (carrying the report) on failure;
         if False, return the report either way.
@@ -92,7 +93,7 @@ def gradcheck(fn, inputs, eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1
     for i, x in enumerate(inputs):
         data = x.data if isinstance(x, Tensor) else np.asarray(x)
         if np.issubdtype(data.dtype, np.floating):
-            wants = x.requires_grad if isinstance(x, Tensor) else True
+            wants = wrt is None or i in wrt
             name = (x.name if isinstance(x, Tensor) else None) or f"input {i}"
             t = Tensor(data, requires_grad=wants, dtype=dtype, name=name)
             args.append(t)

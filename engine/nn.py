@@ -75,6 +75,12 @@ class Module:
         return self.forward(*args, **kwargs)
 
 
+def _as_parameter(value, name: str) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    return Tensor(value, requires_grad=True, name=name)
+
+
 def _as_tensor(x) -> Tensor:
     return x if isinstance(x, Tensor) else Tensor(x)
 
@@ -208,7 +214,8 @@ class GPT(Module):
     model(ids, targets) -> mean cross-entropy loss (a scalar Tensor).
 
     model.params[name] are Tensors (requires_grad=True) holding copies of the
-    given arrays; after loss.backward() their .grad are the gradients."""
+    given arrays (a Tensor given in params is used as it is, not copied);
+    after loss.backward() their .grad are the gradients."""
 
     def __init__(self, cfg: GPTConfig, params: dict[str, np.ndarray]):
         from .gpt_config import param_shapes
@@ -222,8 +229,7 @@ class GPT(Module):
                 raise ValueError(f"GPT: params[{name!r}] has shape {np.shape(params[name])}, "
                                  f"the config needs {shape}")
         self.cfg = cfg
-        self.params = {name: Tensor(params[name], requires_grad=True, name=name)
-                       for name in expected}
+        self.params = {name: _as_parameter(params[name], name) for name in expected}
         self.blocks = [Block(cfg, self.params, i) for i in range(cfg.n_layer)]
 
     def parameters(self) -> dict[str, Tensor]:
