@@ -220,7 +220,7 @@ def topological_order(root):
 
 
 def backward(root, rules=RULES):
-    """Fill .grad of every node under root with d(root)/d(node)."""
+    """Give every intermediate node d(root)/d(node) in .grad; add it to each leaf's .grad."""
     ### BEGIN SOLUTION
     order = topological_order(root)
     for node in order:
