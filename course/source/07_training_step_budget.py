@@ -1,0 +1,308 @@
+# %% [markdown]
+# # 07 · The training-step budget
+#
+# **Goals.** By the end of this lesson you will be able to predict, before launching a run,
+# what one training step costs:
+# 1. in FLOPs: 2 per weight per token forward, twice that backward, so about **6 per
+#    parameter per token**, plus attention's term that has no weights;
+# 2. in fixed memory: weights, gradients and optimizer state, **16 bytes per parameter** for
+#    mixed-precision AdamW;
+# 3. in activation memory (lesson 06), and where it overtakes the fixed memory as B × N grows;
+# 4. with recompute: how much memory it saves and how many FLOPs it adds; with gradient
+#    accumulation: more tokens per step for no extra memory;
+# 5. and you will compare the prediction with what our engine measures.
+#
+# All numbers come from `engine.budget`. The same functions drive the calculator widget below
+# and the command line `python -m engine.budget`, so what you read here is what they show.
+
+# %%
+import subprocess
+import sys
+
+import numpy as np
+import matplotlib.pyplot as plt
+
+from engine import budget as B
+from engine.exercises import lesson07
+from widgets.budget import BudgetWidget
+
+# %% [markdown]
+# ## FLOPs: the 6N rule
+#
+# A linear layer `Y = X @ W` with `X` of shape (tokens, K) and `W` of shape (K, M) costs
+# 2·K·M FLOPs per token (a multiply and an add per weight). That is the "2 FLOPs per
+# parameter per token" of the forward pass. Its backward runs **two** matmuls of the same
+# size: `dX = dY @ W^T` (to keep the chain going) and `dW = X^T @ dY` (the weight's
+# gradient). So the backward costs 2x the forward, a step costs 3x the forward, and a model
+# with P weights costs about **6·P FLOPs per token** to train.
+#
+# Attention adds work with no weights: for each token, the scores `q @ K^T` against N keys
+# and the weighted sum `att @ V` cost 2·N·d each per layer (summed over the heads). Our
+# engine computes the full N×N matrix (the causal mask zeroes half of it afterwards), so the
+# forward term is 4·N·d per layer per token. `engine.budget` counts the matmul weights
+# (`B.matmul_weights`: the blocks' four matrices and the output head; biases, norms and the
+# embedding lookups do no matmul) and adds that term:
+
+# %%
+gpt2 = B.preset("gpt2-small")
+tok = B.flops(gpt2)["per_token"]
+print(f"GPT-2 small: {B.parameter_count(gpt2):,} parameters, "
+      f"{B.matmul_weights(gpt2):,} of them in matmuls")
+print(f"forward per token: 2 x {B.matmul_weights(gpt2):,} + attention "
+      f"{B.attention_flops_per_token(gpt2):,} = {tok['forward']:,} FLOPs")
+print(f"backward per token: {tok['backward']:,} FLOPs (2x)")
+print(f"step per token: {B.human_flops(tok['total'])}, vs 6 x parameters = "
+      f"{B.human_flops(6 * B.parameter_count(gpt2))}")
+
+# %% [markdown]
+# ## Exercise 07.1 · FLOPs per token of a training step
+#
+# Write `training_flops_per_token(matmul_weights, n_layer, seq_len, d_model)`: forward plus
+# backward FLOPs per token, with the attention term, no recompute. The check compares with
+# `engine.budget` on GPT-2 small, the 7B-class model, the tiny trainer config and one more.
+
+# %%
+def training_flops_per_token(matmul_weights, n_layer, seq_len, d_model):
+    """Forward (2 per matmul weight + attention) plus backward (2x forward), per token."""
+    ### BEGIN SOLUTION
+    forward = 2 * matmul_weights + n_layer * 2 * (2 * seq_len * d_model)
+    return 3 * forward
+    ### END SOLUTION
+
+# %%
+# CHECK 07.1
+from engine.exercises import lesson07
+lesson07.check_training_flops(training_flops_per_token)
+
+# %% [markdown]
+# How much does the attention term matter? It grows with N while the weight term does not:
+
+# %%
+print(f"{'model':<12} {'N':>6} {'6 x weights':>14} {'with attention':>15} {'attention share':>16}")
+for name in ("gpt2-small", "7b-class"):
+    for n in (128, 1024, 2048):
+        cfg = B.preset(name, seq_len=n, block_size=max(n, 1024))
+        total = B.flops(cfg)["per_token"]["total"]
+        six_p = 6 * B.matmul_weights(cfg)
+        print(f"{name:<12} {n:>6} {B.human_flops(six_p):>14} {B.human_flops(total):>15} "
+              f"{(total - six_p) / total:>15.1%}")
+
+# %% [markdown]
+# ## Fixed memory: weights, gradients, optimizer state
+#
+# Three buffers come with every parameter whatever the batch:
+#
+# * the **weights**, in the storage precision (4 bytes in fp32; 2 in bf16 or fp16);
+# * the **gradients**, the same size, summed into over the micro-batches of a step;
+# * the **optimizer state**: nothing for plain SGD, one buffer for momentum, two for AdamW
+#   (the running mean and the running mean square of the gradient), always fp32.
+#
+# Mixed precision adds a fourth: an **fp32 master copy** of the weights. The optimizer updates
+# the master copy, and the 16-bit weights are rounded from it; without it, an update smaller
+# than bf16's spacing near the weight would vanish (lesson 09 shows it happen).
+#
+# ## Exercise 07.2 · Bytes per parameter
+#
+# Write `fixed_bytes_per_parameter(precision, optimizer)` for `precision` in
+# `"fp32", "bf16", "fp16"` and `optimizer` in `"sgd", "momentum", "adamw"`.
+
+# %%
+def fixed_bytes_per_parameter(precision, optimizer):
+    """Weights + master weights + gradients + optimizer state, bytes per parameter."""
+    ### BEGIN SOLUTION
+    storage = 4 if precision == "fp32" else 2
+    master = 0 if precision == "fp32" else 4
+    state = {"sgd": 0, "momentum": 4, "adamw": 8}[optimizer]
+    return storage + master + storage + state
+    ### END SOLUTION
+
+# %%
+# CHECK 07.2
+lesson07.check_fixed_bytes_per_parameter(fixed_bytes_per_parameter)
+
+# %% [markdown]
+# Mixed-precision AdamW: 2 (bf16 weights) + 4 (fp32 master) + 2 (bf16 gradients) + 8 (two
+# fp32 moments) = 16 bytes per parameter, the same as fp32 AdamW (4 + 4 + 8). Mixed precision
+# does not shrink the fixed memory; it halves the *activations* and speeds up the matmuls on
+# hardware with fast 16-bit units. A 7B model needs 112 GB for this part alone.
+#
+# ## The calculator
+#
+# Every knob of the budget, with presets: the source texts' two examples, GPT-2 small, a
+# 7B-class model (the GPT-3 6.7B shape) and the trainer's tiny config. The bar stacks the
+# memory in the order it becomes resident; the curve on the right shows memory against the
+# tokens per micro-batch, with the batch where activations overtake the fixed memory marked.
+# "measure on our engine" runs the reference GPT at the shape on screen (when it is small
+# enough) and shows the measured bytes beside the prediction. Invalid settings (try 5 heads
+# on width 768) say what is wrong instead of failing.
+
+# %%
+# NBVAL_IGNORE_OUTPUT (a widget's text form embeds its plots)
+calculator = BudgetWidget(preset="gpt2-small")
+calculator.ui
+
+# %% [markdown]
+# The widget only writes into its controls and readouts, so code can drive it too. Here we
+# move the same knobs a learner would and read the readout back:
+
+# %%
+print(calculator.summary())
+calculator.controls["micro_batch"].value = 16
+print("B=16:        ", calculator.summary())
+calculator.controls["precision"].value = "bf16"
+print("bf16:        ", calculator.summary())
+calculator.controls["n_head"].value = 5
+print("5 heads:     ", calculator.summary())
+calculator.controls["n_head"].value = 12
+calculator.controls["micro_batch"].value = 8
+calculator.controls["precision"].value = "fp32"
+
+# %% [markdown]
+# ## Where activations overtake the fixed memory
+#
+# The fixed memory does not depend on the batch; the activations grow linearly with B (and
+# faster than linearly with N, through attention). Past some micro-batch the activations are
+# the larger part, and from there on the batch shape, not the model, decides whether a step
+# fits.
+#
+# ## Exercise 07.3 · Find the crossover batch
+#
+# Write `find_crossover_batch(cfg)`: the smallest micro-batch B at which the activation peak
+# of `cfg` (at its sequence length) is larger than the fixed memory. Use
+# `B.budget(cfg).fixed_total`, `B.activations(cfg.with_(micro_batch=b)).peak`, and search:
+# step through b = 1, 2, 3, ... or, faster, double b until it is over and then bisect. The
+# check tries five configurations, one of them with recompute.
+
+# %%
+def find_crossover_batch(cfg):
+    """Smallest micro-batch whose activation peak exceeds the fixed memory."""
+    ### BEGIN SOLUTION
+    fixed = B.budget(cfg).fixed_total
+
+    def over(b):
+        return B.activations(cfg.with_(micro_batch=b)).peak > fixed
+
+    hi = 1
+    while not over(hi):
+        hi *= 2
+    lo = hi // 2          # over(lo) is false (or lo == 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if over(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+    ### END SOLUTION
+
+# %%
+# CHECK 07.3
+lesson07.check_crossover_batch(find_crossover_batch)
+
+# %% [markdown]
+# The same question for each preset, at its own sequence length:
+
+# %%
+print(f"{'preset':<18} {'N':>5} {'fixed':>9} {'act. per sequence':>18} {'crossover B':>12}")
+for name in B.PRESET_NAMES:
+    cfg = B.preset(name)
+    one = B.activations(cfg.with_(micro_batch=1)).peak
+    print(f"{name:<18} {cfg.seq_len:>5} {B.human_bytes(B.budget(cfg).fixed_total):>9} "
+          f"{B.human_bytes(one):>18} {B.crossover_batch(cfg):>12}")
+
+# %%
+cfg = B.preset("gpt2-small", seq_len=512)
+sweep = B.batch_sweep(cfg, list(range(1, 25)))
+cross = B.crossover_batch(cfg)
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ax.plot(sweep["tokens"], [v / 1e9 for v in sweep["fixed"]], label="weights + grads + AdamW")
+ax.plot(sweep["tokens"], [v / 1e9 for v in sweep["activations"]], label="activations")
+ax.axvline(cross * cfg.seq_len, ls=":", color="k")
+ax.annotate(f"B = {cross}", (cross * cfg.seq_len, 0.2), xytext=(5, 0), textcoords="offset points")
+ax.set_xlabel("tokens per micro-batch B x N (GPT-2 small, N = 512, fp32)")
+ax.set_ylabel("GB")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## Recompute: memory for FLOPs
+#
+# Full recompute (activation checkpointing of every block) keeps only each block's input and
+# rebuilds the block's insides during the backward: one more forward pass, so a step costs 4
+# forwards instead of 3, **+33%** compute. Selective recompute (Korthikanti et al. 2022)
+# rebuilds only the attention core (softmax, its dropout and `att @ V`), whose T×T tensors
+# are most of the memory at long sequences but cheap to recompute.
+
+# %%
+base = B.preset("7b-class", seq_len=2048, micro_batch=1)
+print(f"{'recompute':<10} {'act. peak':>10} {'saved':>10} {'FLOPs/step':>11} {'added':>8}")
+for mode in B.RECOMPUTE:
+    cfg = base.with_(recompute=mode)
+    t = B.recompute_tradeoff(cfg)
+    b = B.budget(cfg)
+    print(f"{mode:<10} {B.human_bytes(b.activations.peak):>10} "
+          f"{B.human_bytes(t['bytes_saved']):>10} "
+          f"{B.human_flops(b.flops['per_step']['total']):>11} "
+          f"{t['flops_added'] / t['base_flops_per_step']:>8.1%}")
+
+# %% [markdown]
+# For the 7B-class model at N = 2048, selective recompute removes most of the activation
+# memory for a few percent more compute; full recompute removes nearly all of the rest for a
+# third more. On a CPU with plenty of RAM the trade usually goes the other way: keep the
+# activations and spend the compute on a bigger batch (source text 000).
+#
+# ## Accumulation: more tokens per step, same memory
+#
+# K micro-batches per optimizer step multiply the tokens (and FLOPs) per step by K. The
+# memory does not change: each micro-batch's activations are freed by its backward before the
+# next one starts, and the gradients are summed into the one gradient buffer.
+
+# %%
+for k in (1, 4, 16):
+    b = B.budget(B.preset("gpt2-small", accumulation=k))
+    print(f"K={k:>2}: {B.tokens_per_step(b.config):>7,} tokens per step, "
+          f"{B.human_flops(b.flops['per_step']['total']):>10} per step, peak {B.human_bytes(b.peak)}")
+
+# %% [markdown]
+# ## Predicted against measured
+#
+# The "engine" activation model of `engine.budget` lists exactly the tensors our reference GPT
+# saves; `B.measure` runs that GPT under `engine.memory` and compares. The weights and
+# gradients are the real arrays' sizes. (The engine has no optimizer state of its own to
+# measure, so the step peak here is weights + gradients + activation peak.)
+
+# %%
+print(f"{'shape':<44} {'predicted':>13} {'measured':>13} {'step peak pred.':>16} "
+      f"{'measured':>12}")
+for changes in ({}, {"micro_batch": 4}, {"seq_len": 64}, {"n_layer": 2, "n_head": 8}):
+    m = B.measure(B.preset("tiny", **changes))
+    print(f"{m['shape']:<44} {m['predicted_saved']:>13,} {m['measured_saved']:>13,} "
+          f"{m['predicted_step_peak']:>16,} {m['measured_step_peak']:>12,}")
+
+# %% [markdown]
+# Every row agrees to the byte: the model is not an approximation of the engine, it is a list
+# of what the engine keeps.
+#
+# ## The command line
+#
+# Practitioners do not need the notebook: `python -m engine.budget` has the same presets and
+# knobs (`--help` lists them) and `--json` for scripts.
+
+# %%
+report = subprocess.run([sys.executable, "-m", "engine.budget", "--preset", "7b-example"],
+                        capture_output=True, text=True, check=True)
+print(report.stdout)
+
+# %% [markdown]
+# ## What you built, and what it costs
+#
+# * A training step costs about **6 FLOPs per parameter per token** (2 forward, 4 backward)
+#   plus attention's 12·L·N·d, and recompute adds up to one more forward (+33%).
+# * The fixed memory is **16 bytes per parameter** for AdamW, mixed precision or not; it does
+#   not depend on the batch.
+# * The activations grow with B × N (and N² through attention). You found the batch where
+#   they overtake the fixed memory; past it, the batch shape decides whether a step fits.
+# * The engine's own activation model equals its measurement exactly; the rule of thumb and
+#   the per-op transformer count let you reason about models the engine cannot run here.
+# * Next, lesson 08 measures the two levers this budget exposes: gradient accumulation and
+#   activation checkpointing.

@@ -1,0 +1,156 @@
+"""Checks for lesson 07, "The training-step budget".
+
+07.1 the FLOPs of a training step per token, 07.2 the bytes per parameter
+of the fixed memory, 07.3 the micro-batch at which activations overtake
+the fixed memory. Each is checked against `engine.budget` (the numbers the
+widget and the command line show) on several configurations, and the usual
+slips (forward only, no attention term, no master weights, an off-by-one
+search) are named.
+"""
+from __future__ import annotations
+
+from ._core import ExerciseError, attempt, passed
+
+EX_FLOPS = "07.1 (training_flops_per_token)"
+EX_BYTES = "07.2 (fixed_bytes_per_parameter)"
+EX_CROSS = "07.3 (find_crossover_batch)"
+
+
+def _number(exercise: str, value, what: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ExerciseError(exercise, f"{what} should be a number, got {value!r}.") from None
+
+
+# ------------------------------------------------------------------ 07.1
+def _flops_cases():
+    from engine import budget as B
+    return [B.preset("gpt2-small"), B.preset("7b-class"), B.preset("tiny"),
+            B.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=256)]
+
+
+def check_training_flops(training_flops_per_token) -> None:
+    """training_flops_per_token(matmul_weights, n_layer, seq_len, d_model):
+    forward (2 per weight + attention) plus backward (2x forward)."""
+    from engine import budget as B
+    for cfg in _flops_cases():
+        P, L, N, d = B.matmul_weights(cfg), cfg.n_layer, cfg.seq_len, cfg.d_model
+        want = B.flops(cfg)["per_token"]["total"]
+        got = _number(EX_FLOPS, attempt(EX_FLOPS, training_flops_per_token, P, L, N, d),
+                      "training_flops_per_token(...)")
+        if abs(got - want) <= 1e-9 * want:
+            continue
+        fwd, att = 2 * P + 4 * L * N * d, 4 * L * N * d
+        known = {
+            fwd: "that is the forward pass only; the backward costs two more forwards.",
+            6 * P: "6 per weight is right for the matmuls, but attention's Q @ K^T and P @ V "
+                   "have no weights: add 2 x 2*N*d per layer to the forward, then x3.",
+            2 * fwd: "the backward is two matmuls per forward matmul (dX and dW): 2x the "
+                     "forward, so the step is 3x, not 2x.",
+            6 * P + att: "the attention term also has a backward (2x): multiply all of the "
+                         "forward by 3.",
+            4 * fwd: "that is a step with recompute (an extra forward); without recompute "
+                     "it is forward + 2 x forward.",
+            3 * (2 * P + 2 * L * N * d): "count both Q @ K^T and P @ V: 2*N*d each per layer.",
+        }
+        hint = next((h for v, h in known.items() if abs(got - v) <= 1e-9 * max(v, 1)),
+                    "forward = 2 x matmul_weights + 4 x n_layer x seq_len x d_model per "
+                    "token; backward = 2 x forward.")
+        raise ExerciseError(EX_FLOPS, f"for P={P:,}, L={L}, N={N}, d={d} you have "
+                                      f"{got:.6g} FLOPs per token, engine.budget says "
+                                      f"{want:.6g}. Hint: {hint}")
+    g = B.preset("gpt2-small")
+    passed(EX_FLOPS, f"GPT-2 small at N={g.seq_len}: "
+                     f"{B.human_flops(B.flops(g)['per_token']['total'])} per token.")
+
+
+# ------------------------------------------------------------------ 07.2
+def check_fixed_bytes_per_parameter(fixed_bytes_per_parameter) -> None:
+    """fixed_bytes_per_parameter(precision, optimizer) = weights + master
+    weights + gradients + optimizer state, in bytes per parameter."""
+    from engine import budget as B
+    for precision in B.PRECISIONS:
+        for optimizer in B.OPTIMIZERS:
+            parts = B.bytes_per_parameter(precision, optimizer)
+            want = sum(parts.values())
+            got = _number(EX_BYTES, attempt(EX_BYTES, fixed_bytes_per_parameter, precision,
+                                            optimizer), "fixed_bytes_per_parameter(...)")
+            if got == want:
+                continue
+            storage, buffers = B.STORAGE_BYTES[precision], B.OPTIMIZER_BUFFERS[optimizer]
+            known = {
+                want - parts["master weights"]:
+                    "16-bit training keeps an fp32 master copy of the weights (4 bytes): "
+                    "updates too small for bf16 would otherwise vanish.",
+                want - parts["gradients"]: "the gradients need a buffer too.",
+                2 * storage + 4 * (precision != "fp32") + buffers * storage:
+                    "optimizer state is kept in fp32 (4 bytes per buffer), whatever the "
+                    "storage precision.",
+                want - parts["weights"]: "count the weights themselves.",
+            }
+            hint = known.get(got, f"{precision} storage is {storage} bytes; {optimizer} keeps "
+                                  f"{buffers} fp32 buffer(s) per parameter.")
+            raise ExerciseError(EX_BYTES, f"{precision} + {optimizer}: you say {got:g} bytes "
+                                          f"per parameter, expected {want}. Hint: {hint}")
+    passed(EX_BYTES, "mixed-precision AdamW: 16 bytes per parameter "
+                     f"({' + '.join(str(v) for v in B.bytes_per_parameter('bf16', 'adamw').values())}).")
+
+
+# ------------------------------------------------------------------ 07.3
+def _first_exceeding(cfg, threshold: int, which: str, limit: int = 1 << 20):
+    """The first micro-batch whose activations (`which`: 'saved' or 'peak')
+    exceed `threshold`, by bisection; the answers of typical slips."""
+    from engine import budget as B
+
+    def over(b: int) -> bool:
+        return getattr(B.activations(cfg.with_(micro_batch=b)), which) > threshold
+
+    if not over(limit):
+        return None
+    lo, hi = 0, limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if over(mid) else (mid, hi)
+    return hi
+
+
+def _crossover_cases():
+    from engine import budget as B
+    return [B.preset("gpt2-small", seq_len=128), B.preset("gpt2-small", recompute="full"),
+            B.preset("24-layer-example", seq_len=256), B.preset("7b-class", seq_len=512),
+            B.preset("tiny", micro_batch=1)]
+
+
+def check_crossover_batch(find_crossover_batch) -> None:
+    """find_crossover_batch(cfg) = the smallest micro-batch B whose
+    activation peak exceeds weights + master + gradients + optimizer state."""
+    from engine import budget as B
+    for cfg in _crossover_cases():
+        want = B.crossover_batch(cfg)
+        got = attempt(EX_CROSS, find_crossover_batch, cfg)
+        if got is not None:
+            got = int(_number(EX_CROSS, got, "find_crossover_batch(cfg)"))
+        if got == want:
+            continue
+        b = B.budget(cfg)
+        fixed = b.fixed_total
+        if want is not None and got == want - 1:
+            hint = (f"B={got} is the last batch where the activations still fit under the "
+                    f"fixed memory; the question is the first one that exceeds it.")
+        elif got == _first_exceeding(cfg, b.fixed["weights"], "peak"):
+            hint = ("you compared with the weights alone; the fixed memory is weights + "
+                    "master weights + gradients + optimizer state (Budget.fixed_total).")
+        elif got == _first_exceeding(cfg, fixed, "saved"):
+            hint = ("compare the activation *peak* (saved + what recompute rebuilds for one "
+                    "block), not only what is saved.")
+        else:
+            hint = ("for B = 1, 2, 3, ... (or by bisection) compute "
+                    "engine.budget.activations(cfg.with_(micro_batch=B)).peak and stop at the "
+                    "first B where it is larger than budget(cfg).fixed_total.")
+        raise ExerciseError(EX_CROSS, f"for {cfg.name} (N={cfg.seq_len}, recompute "
+                                      f"{cfg.recompute}) you say B={got}, expected B={want} "
+                                      f"(fixed memory {B.human_bytes(fixed)}). Hint: {hint}")
+    first = _crossover_cases()[0]
+    passed(EX_CROSS, f"GPT-2 small at N={first.seq_len}: activations overtake the fixed memory "
+                     f"at B={B.crossover_batch(first)}.")
