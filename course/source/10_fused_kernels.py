@@ -1,0 +1,672 @@
+# %% [markdown]
+# # 10 · Fused kernels
+#
+# **Goals.** By the end of this lesson you will have
+# 1. measured how many bytes per second this machine can move and how many FLOPs per second
+#    it can multiply, and drawn the *roofline* those two numbers make;
+# 2. counted the bytes an unfused bias + GELU moves against a fused one, and measured what
+#    that costs in time and in GB/s;
+# 3. written a fused bias + GELU kernel in numba (exercise 10.1), checked and timed against
+#    the unfused version;
+# 4. decided, with numbers, whether GELU's backward should *save* its tanh or *recompute* it;
+# 5. seen layer-norm backward done in one pass over memory instead of a dozen;
+# 6. written the fused softmax + cross-entropy whose gradient overwrites the logits
+#    (exercise 10.2), and measured the memory that saves.
+#
+# The backward pass costs about twice the forward in FLOPs, but many of its kernels do very
+# few FLOPs per byte they touch. For those, the number of *passes over memory* decides the
+# time, and fusion is how a trainer cuts them.
+
+# %%
+import os
+# numba's threads wait for work *passively* (asleep, not spinning). On a machine shared with
+# other programs, spinning threads steal the very cores the other threads need, and a small
+# parallel kernel can take a scheduler time slice (milliseconds) instead of microseconds.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import math
+import time
+import tracemalloc
+
+import numpy as np
+import matplotlib.pyplot as plt
+import numba
+from numba import njit, prange
+
+from engine.kernels import reference
+
+np.set_printoptions(precision=4, suppress=True)
+
+
+def run_times(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def median_seconds(fn, repeats=7):
+    """Median wall time of several calls: what a kernel typically costs, robust to the odd
+    slow run on a shared machine."""
+    return float(np.median(run_times(fn, repeats)))
+
+
+def best_seconds(fn, repeats=7):
+    """Fastest of several calls: what the machine *can* do, for measuring its limits."""
+    return float(np.min(run_times(fn, repeats)))
+
+# %% [markdown]
+# ## Two numbers that bound every kernel
+#
+# A kernel needs its bytes brought from memory and its arithmetic done. Whichever takes
+# longer sets its time. So measure both limits on this machine:
+#
+# - **memory bandwidth**: copy an array far larger than any CPU cache, and count the bytes
+#   read plus the bytes written. We try numpy's copy and a two-thread numba copy and keep the
+#   faster;
+# - **peak arithmetic**: a float32 matrix product (sgemm), the most FLOP-dense thing a CPU
+#   does, counting 2·n³ FLOPs for two n × n matrices.
+#
+# Timings on a shared machine are noisy. The machine's limits are the *best* of several runs
+# (what it can do); a kernel's time is the *median* of several runs (what it typically
+# costs); and the lesson's claims are ratios measured in the same cell.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+@njit(parallel=True)
+def parallel_copy(src, dst):
+    for i in prange(src.size):
+        dst[i] = src[i]
+
+
+big_src = np.ones(1 << 25, dtype=np.float32)   # 32 M floats = 134 MB
+big_dst = np.empty_like(big_src)
+parallel_copy(big_src, big_dst)                  # compile before timing
+t_numpy_copy = best_seconds(lambda: np.copyto(big_dst, big_src))
+t_numba_copy = best_seconds(lambda: parallel_copy(big_src, big_dst))
+moved = 2 * big_src.nbytes                      # every byte is read once and written once
+BANDWIDTH = moved / min(t_numpy_copy, t_numba_copy)
+del big_src, big_dst
+
+n = 1024
+a_mat = np.random.default_rng(0).normal(size=(n, n)).astype(np.float32)
+a_mat @ a_mat
+t_gemm = best_seconds(lambda: a_mat @ a_mat)
+PEAK_FLOPS = 2 * n**3 / t_gemm
+
+print(f"numba threads: {numba.get_num_threads()}")
+print(f"copy, numpy: {moved / t_numpy_copy / 1e9:6.1f} GB/s ({t_numpy_copy*1e3:.1f} ms [timed])")
+print(f"copy, numba: {moved / t_numba_copy / 1e9:6.1f} GB/s ({t_numba_copy*1e3:.1f} ms [timed])")
+print(f"memory bandwidth used below: {BANDWIDTH / 1e9:.1f} GB/s")
+print(f"sgemm {n}x{n}: {PEAK_FLOPS / 1e9:.1f} GFLOP/s ({t_gemm*1e3:.1f} ms [timed])")
+print(f"ridge point: {PEAK_FLOPS / BANDWIDTH:.1f} FLOP per byte")
+
+# %% [markdown]
+# The last line is the **ridge point**: a kernel that does fewer FLOPs per byte than that
+# cannot keep the arithmetic units busy, however well it is written; memory is its limit.
+# FLOPs per byte moved is the kernel's **arithmetic intensity**, and the *roofline* says
+#
+# $$\text{attainable FLOP/s} = \min(\text{peak FLOP/s},\ \text{bandwidth} \times \text{intensity}).$$
+#
+# A matmul of two n × n float32 matrices does 2n³ FLOPs on 3 · 4n² bytes: an intensity of
+# n/6, about 170 FLOP/byte at n = 1024, far right of the ridge. An elementwise op like
+# "add a bias" does one FLOP per element on 8 bytes (read 4, write 4): 0.125 FLOP/byte.
+#
+# ## Bias + GELU, counted
+#
+# After the MLP's first matmul comes `u = x + b`, then GELU (the tanh form of lessons 03-04):
+#
+# $$\mathrm{GELU}(u) = \tfrac12 u\,\bigl(1 + \tanh(k(u + a u^3))\bigr),\quad k = \sqrt{2/\pi},\ a = 0.044715.$$
+#
+# Counting exp as one operation (it is really a dozen or more), and writing
+# tanh(z) = 1 - 2/(exp(2z) + 1), that is 14 arithmetic operations per element. How many bytes
+# it moves depends entirely on how it is written. Three ways:
+#
+# 1. **numpy, one operation per line**: every line is a pass that reads its inputs from
+#    memory and writes its output back;
+# 2. **two kernels**: one loop adds the bias and writes `u`, a second loop reads `u` and
+#    writes GELU(u);
+# 3. **fused**: one loop reads `x`, keeps `u` in a register, writes GELU(u). 8 bytes per
+#    element in float32, the least any version can move.
+
+# %%
+GELU_K, GELU_A = math.sqrt(2.0 / math.pi), 0.044715
+FLOPS_PER_ELEMENT = 14
+
+
+def bias_gelu_numpy(x, b):
+    """Unfused: each line is one pass over an array of x's size (bytes per element, fp32)."""
+    u = x + b                    # read x,        write u     :  8
+    y = u * u                    # read u,        write y     :  8
+    y *= u                       # read y, u,     write y     : 12
+    y *= GELU_A                  # read y,        write y     :  8
+    y += u                       # read y, u,     write y     : 12
+    y *= GELU_K                  # read y,        write y     :  8
+    np.tanh(y, out=y)            # read y,        write y     :  8
+    y += 1.0                     # read y,        write y     :  8
+    y *= u                       # read y, u,     write y     : 12
+    y *= 0.5                     # read y,        write y     :  8
+    return y
+
+
+BYTES_PER_ELEMENT = {"numpy, 10 passes": 92, "two kernels": 16, "fused": 8}
+
+
+@njit(parallel=True)
+def bias_add(x, b, out):
+    rows, cols = x.shape
+    for i in prange(rows):
+        for j in range(cols):
+            out[i, j] = x[i, j] + b[j]
+    return out
+
+
+@njit(parallel=True)
+def gelu_kernel(u, out):
+    k, a = 0.7978845608028654, 0.044715
+    rows, cols = u.shape
+    for i in prange(rows):
+        for j in range(cols):
+            v = u[i, j]
+            t = 1.0 - 2.0 / (np.exp(2.0 * k * (v + a * v * v * v)) + 1.0)
+            out[i, j] = 0.5 * v * (1.0 + t)
+    return out
+
+
+rng = np.random.default_rng(0)
+x_small = rng.normal(size=(4, 6)).astype(np.float32)
+b_small = rng.normal(size=6).astype(np.float32)
+two_kernels = gelu_kernel(bias_add(x_small, b_small, np.empty_like(x_small)),
+                          np.empty_like(x_small))
+print("numpy version equals the engine's reference GELU:",
+      np.allclose(bias_gelu_numpy(x_small, b_small), reference.gelu_forward(x_small + b_small),
+                  rtol=1e-6, atol=1e-6))
+print("two-kernel version equals it too:",
+      np.allclose(two_kernels, bias_gelu_numpy(x_small, b_small), rtol=1e-6, atol=1e-6))
+for name, nbytes in BYTES_PER_ELEMENT.items():
+    print(f"{name:>17}: {nbytes:3d} bytes per element, intensity "
+          f"{FLOPS_PER_ELEMENT / nbytes:.3f} FLOP/byte")
+
+# %% [markdown]
+# The numpy version moves 92 bytes per element for a result that needs 8: more than eleven
+# times the traffic. Dropout after the GELU would add a third pass (read the activations and
+# a one-byte mask, write the output: 9 more bytes in and 4 out), and a fused kernel would
+# absorb that too.
+#
+# ## Exercise 10.1 · A fused bias + GELU kernel
+#
+# Write `bias_gelu_fused(x, b, out)` with numba: for every row `i` (in `prange`, so rows are
+# shared between threads) and column `j`, compute `u = x[i, j] + b[j]` and write GELU(u) into
+# `out[i, j]`, then `return out`. Use the constants `k` and `a` defined inside the function
+# (a kernel that reads notebook globals could not be reused by the trainer in lesson 13), and
+# write tanh with exp: `tanh(z) = 1 - 2 / (exp(2 z) + 1)`, which is also safe when exp
+# overflows to infinity.
+#
+# The check compares your kernel with the numpy reference in float64 and float32, then times
+# it against the unfused numpy version at two sizes, the trainer's (B·T, 4C) = (2048, 512)
+# and a 16 times larger one, and prints the speedups. Passing saves it as your piece
+# `bias_gelu_forward`.
+
+# %%
+@njit(parallel=True)
+def bias_gelu_fused(x, b, out):
+    """out[i, j] = GELU(x[i, j] + b[j]) (tanh form) in one pass over memory; returns out."""
+    k, a = 0.7978845608028654, 0.044715   # sqrt(2/pi) and the cubic coefficient
+    ### BEGIN SOLUTION
+    rows, cols = x.shape
+    for i in prange(rows):
+        for j in range(cols):
+            u = x[i, j] + b[j]
+            z = k * (u + a * u * u * u)
+            t = 1.0 - 2.0 / (np.exp(2.0 * z) + 1.0)
+            out[i, j] = 0.5 * u * (1.0 + t)
+    return out
+    ### END SOLUTION
+
+# %%
+# CHECK 10.1
+# NBVAL_IGNORE_OUTPUT
+from engine.exercises import lesson10
+lesson10.check_bias_gelu(bias_gelu_fused)
+
+# %% [markdown]
+# ## A third limit: exp
+#
+# Your kernel calls `np.exp` once per element. numba turns that into a call to the C
+# library's scalar `exp`: one element at a time, some tens of cycles each. numpy's own `exp`
+# and `tanh` use SIMD instructions, 8 or 16 floats per instruction. So the fused loop saves
+# memory passes but may spend longer on arithmetic than numpy does.
+#
+# The cure is an `exp` written only with multiplies and adds, which the compiler can turn
+# into SIMD instructions. One simple way is *scaling and squaring*:
+#
+# $$e^{w} = igl(e^{w/256}igr)^{256},$$
+#
+# where `w/256` is so small (|w| is clamped to 40, so |w/256| < 0.16) that six terms of the
+# Taylor series give `e^{w/256}` to about 5e-10, and eight squarings raise it to the 256th
+# power. Squaring multiplies the relative error by 256, so the result is good to about 1e-7:
+# float32 precision, which is what the trainer stores. (Production kernels use cleverer
+# range reductions; the idea is the same.) `fastmath=True` lets the compiler reorder the
+# arithmetic so the loop vectorises.
+
+# %%
+@njit(parallel=True, fastmath=True)
+def bias_gelu_fused_simd(x, b, out):
+    """bias + GELU in one pass, with an exp made of multiplies and adds only."""
+    k, a = 0.7978845608028654, 0.044715
+    rows, cols = x.shape
+    for i in prange(rows):
+        x_row, out_row = x[i], out[i]
+        for j in range(cols):
+            u = x_row[j] + b[j]
+            w = min(max(2.0 * k * (u + a * u * u * u), -40.0), 40.0) / 256.0
+            e = 1.0 + w * (1.0 + w * (1 / 2 + w * (1 / 6 + w * (1 / 24 + w * (1 / 120
+                                                                                + w / 720)))))
+            for _ in range(8):          # (e^(w/256))^256 = e^(2z)
+                e = e * e
+            out_row[j] = 0.5 * u * (2.0 - 2.0 / (e + 1.0))    # 1 + tanh(z)
+    return out
+
+
+x_check = (rng.normal(size=(256, 512)) * 3).astype(np.float32)
+b_check = rng.normal(size=512).astype(np.float32)
+exact = bias_gelu_fused(x_check, b_check, np.empty_like(x_check))
+simd = bias_gelu_fused_simd(x_check, b_check, np.empty_like(x_check))
+print("SIMD-exp kernel agrees with the exact one to 1e-6:",
+      np.allclose(simd, exact, rtol=1e-6, atol=1e-6))
+
+# %% [markdown]
+# ## Measured: time, GB/s and the roofline
+#
+# Now the four versions at two sizes. The trainer's own shape, (B·T, 4C) = (2048, 512), is
+# 4 MB per float32 array: it fits in this CPU's caches, so a pass is cheap. 32 768 rows of 512
+# is 64 MB per array, larger than the caches: every pass goes to main memory. For each
+# version, the effective bandwidth is the bytes it must move (the table above) over its time,
+# and its FLOP rate is 14 FLOPs per element over its time.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+def measure_bias_gelu(rows, cols=512, repeats=5):
+    x = rng.normal(size=(rows, cols)).astype(np.float32)
+    b = rng.normal(size=cols).astype(np.float32)
+    u, y = np.empty_like(x), np.empty_like(x)
+    versions = {
+        "numpy, 10 passes": lambda: bias_gelu_numpy(x, b),
+        "two kernels": lambda: gelu_kernel(bias_add(x, b, u), y),
+        "fused": lambda: bias_gelu_fused(x, b, y),
+        "fused, SIMD exp": lambda: bias_gelu_fused_simd(x, b, y),
+        "bias add alone": lambda: bias_add(x, b, u),
+    }
+    traffic = {**BYTES_PER_ELEMENT, "fused, SIMD exp": 8, "bias add alone": 8}
+    flops = {**{name: FLOPS_PER_ELEMENT for name in traffic}, "bias add alone": 1}
+    result = {}
+    for name, fn in versions.items():
+        fn()                                             # compiled and warm before timing
+        seconds = median_seconds(fn, repeats)
+        result[name] = dict(seconds=seconds, gbs=traffic[name] * x.size / seconds / 1e9,
+                            gflops=flops[name] * x.size / seconds / 1e9,
+                            intensity=flops[name] / traffic[name])
+    return result
+
+
+measured = {"trainer shape (2048, 512), 4 MB": measure_bias_gelu(2048),
+            "(32768, 512), 64 MB": measure_bias_gelu(32768)}
+for shape, table in measured.items():
+    numpy_s = table["numpy, 10 passes"]["seconds"]
+    print(shape)
+    print(f"{'version':>17} {'time':>18} {'GB/s':>7} {'GFLOP/s':>8}  speedup over numpy")
+    for name, m in table.items():
+        print(f"{name:>17} {m['seconds']*1e3:11.2f} ms [timed] {m['gbs']:7.1f} {m['gflops']:8.2f}"
+              f"  {numpy_s / m['seconds']:5.1f}x")
+    print()
+print(f"memory bandwidth of this machine: {BANDWIDTH / 1e9:.1f} GB/s")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4.5))
+ai = np.logspace(-2, 3, 200)
+ax.loglog(ai, np.minimum(PEAK_FLOPS, BANDWIDTH * ai) / 1e9, "k-", lw=2,
+          label="roofline: min(peak, bandwidth × intensity)")
+markers = {"numpy, 10 passes": "o", "two kernels": "s", "fused": "D", "fused, SIMD exp": "P",
+           "bias add alone": "^"}
+for (shape, table), fill in zip(measured.items(), ["none", "full"]):
+    for k, (name, m) in enumerate(table.items()):
+        ax.loglog(m["intensity"], m["gflops"], markers[name], ms=9, fillstyle=fill,
+                  color=f"C{k}", label=f"{name}, {shape.split(', ')[-1]}")
+gemm_ai = 2 * n**3 / (3 * 4 * n * n)
+ax.loglog(gemm_ai, PEAK_FLOPS / 1e9, "*", ms=14, color="C5", label=f"sgemm {n}×{n}")
+ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+ax.set_ylabel("GFLOP/s")
+ax.set_title("Bias + GELU on this machine's roofline (hollow: fits in cache)")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend(fontsize=7, loc="lower right", ncol=2)
+plt.show()
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for name, m in measured["(32768, 512), 64 MB"].items():
+    roof = min(PEAK_FLOPS, BANDWIDTH * m["intensity"]) / 1e9
+    print(f"64 MB, {name:>17}: {m['gflops']:6.2f} GFLOP/s = {m['gflops'] / roof:4.0%} of its roof")
+
+# %% [markdown]
+# How to read the plot and the tables (your numbers are in the cells above; on a machine
+# shared with other work they wobble, so compare ratios within one table). All bias + GELU
+# versions are credited with the same 14 useful FLOPs per element, so their GFLOP/s compare
+# work done per second.
+#
+# - **bias add alone** does one FLOP per 8 bytes. Beyond the caches it runs close to the copy
+#   bandwidth, on the sloped part of the roof: only fewer bytes could make it faster.
+# - **numpy, 10 passes** sits far to the left, at 14/92 FLOP per byte. At 64 MB each of its
+#   ten passes goes to main memory, and its time is roughly that of ten copies.
+# - **fused** (your kernel) moves the fewest bytes, yet sits far *below* its roof. The
+#   roofline is an upper bound from two resources; a kernel below both is limited by a
+#   third, here the scalar `exp`. In cache (the 4 MB shape, the one the trainer runs) a
+#   pass costs little, and numpy's ten SIMD passes can keep up with it or beat it.
+# - **fused, SIMD exp** removes that third limit: the same single pass, with arithmetic the
+#   compiler vectorises. It is the fastest version at both sizes, and beyond the caches it
+#   comes closest to the memory roof.
+# - **two kernels** pays one extra round trip of `u` (8 more bytes per element) against the
+#   fused kernel; it costs most where memory is the limit.
+#
+# On a GPU this chain is firmly memory-bound at every size that matters, and fusion wins by
+# about the number of passes removed. On a CPU, cache lines stand in for a GPU's global
+# memory: fusion removes passes over whichever level the data lives in, and once the data
+# fits in cache, the arithmetic has to be vectorised too. Count the passes first; then
+# measure, because the measurements say when the arithmetic has become the wall.
+#
+# ## Save or recompute: GELU's backward
+#
+# The backward of `y = GELU(u)` needs the local derivative at `u`:
+#
+# $$\mathrm{GELU}'(u) = \tfrac12(1 + t) + \tfrac12 u (1 - t^2)\,k(1 + 3au^2),\qquad t = \tanh(k(u + au^3)).$$
+#
+# The forward pass computed `t` already. Keep it (one more saved tensor of B·T·4C per layer,
+# and the backward reads two arrays), or keep only `u` and compute `t` again (one more exp per
+# element in the backward)? Both kernels below; the timing tells which is cheaper in time, and
+# the byte count what the saved `t` costs in memory.
+
+# %%
+@njit(parallel=True)
+def gelu_backward_saved(g, u, t, dx):
+    k, a = 0.7978845608028654, 0.044715
+    rows, cols = g.shape
+    for i in prange(rows):
+        for j in range(cols):
+            v, tv = u[i, j], t[i, j]
+            dx[i, j] = g[i, j] * (0.5 * (1.0 + tv)
+                                  + 0.5 * v * (1.0 - tv * tv) * k * (1.0 + 3.0 * a * v * v))
+    return dx
+
+
+@njit(parallel=True)
+def gelu_backward_recompute(g, u, dx):
+    k, a = 0.7978845608028654, 0.044715
+    rows, cols = g.shape
+    for i in prange(rows):
+        for j in range(cols):
+            v = u[i, j]
+            tv = 1.0 - 2.0 / (np.exp(2.0 * k * (v + a * v * v * v)) + 1.0)   # recomputed
+            dx[i, j] = g[i, j] * (0.5 * (1.0 + tv)
+                                  + 0.5 * v * (1.0 - tv * tv) * k * (1.0 + 3.0 * a * v * v))
+    return dx
+
+
+u_small = rng.normal(size=(3, 5))
+g_small = rng.normal(size=(3, 5))
+t_small = np.tanh(GELU_K * (u_small + GELU_A * u_small**3))
+want = reference.gelu_backward(g_small, u_small)
+print("saved-t backward equals the reference:",
+      np.allclose(gelu_backward_saved(g_small, u_small, t_small, np.empty_like(g_small)), want,
+                  rtol=1e-12))
+print("recomputing backward equals the reference:",
+      np.allclose(gelu_backward_recompute(g_small, u_small, np.empty_like(g_small)), want,
+                  rtol=1e-12))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+u_big = rng.normal(size=(32768, 512)).astype(np.float32)      # 64 MB, beyond the caches
+g_big = rng.normal(size=u_big.shape).astype(np.float32)
+t_saved = np.tanh(GELU_K * (u_big + GELU_A * u_big * u_big * u_big)).astype(np.float32)
+dx_big = np.empty_like(g_big)
+gelu_backward_saved(g_big, u_big, t_saved, dx_big)
+gelu_backward_recompute(g_big, u_big, dx_big)
+t_save = median_seconds(lambda: gelu_backward_saved(g_big, u_big, t_saved, dx_big), repeats=5)
+t_recompute = median_seconds(lambda: gelu_backward_recompute(g_big, u_big, dx_big), repeats=5)
+print(f"backward reading saved t: {t_save*1e3:.1f} ms [timed] (reads g, u, t; writes dx)")
+print(f"backward recomputing t:   {t_recompute*1e3:.1f} ms [timed] (reads g, u; writes dx)")
+print(f"recompute / save time: {t_recompute / t_save:.2f}")
+
+# %%
+def saved_tanh_bytes(tokens, width, layers, bytes_per_value):
+    """Activation memory of keeping GELU's tanh for the backward: one value per MLP unit."""
+    return tokens * width * layers * bytes_per_value
+
+
+print(f"tiny trainer (B*T = 16*128, 4C = 512, L = 4, fp32): "
+      f"{saved_tanh_bytes(16 * 128, 512, 4, 4) / 1e6:.1f} MB")
+print(f"7B-class model (B*N = 8*2048, 4d = 16384, L = 32, bf16): "
+      f"{saved_tanh_bytes(8 * 2048, 16384, 32, 2) / 1e9:.1f} GB")
+
+# %% [markdown]
+# This is the save-vs-recompute decision every fused backward makes. On a GPU, where the
+# exp is nearly free and memory is the scarce resource, recomputing `t` is an easy win:
+# 17 GB of activations gone for a few FLOPs. On this CPU, where `exp` is the expensive part,
+# recomputing costs real time (the ratio above), and the 17 MB it saves for the tiny trainer
+# hardly matter in system RAM. The right answer depends on which resource is scarce, and the
+# way to know is to measure both.
+#
+# ## Layer-norm backward in one pass
+#
+# Layer norm normalises each row, `xhat = (x - mean) * rstd`, then scales and shifts:
+# `y = xhat * w + b`. Its backward, for one row of C values with `gw = g * w`, is
+#
+# $$dx = \mathrm{rstd}\,\Bigl(gw - \overline{gw} - \hat x\,\overline{gw\,\hat x}\Bigr), \qquad dw = \sum_{\text{rows}} g\,\hat x, \qquad db = \sum_{\text{rows}} g,$$
+#
+# with the bars meaning a mean over the row. The numpy reference in `engine.kernels.reference`
+# writes it in six lines; each line is one or more full passes over (N, C) arrays, about
+# 22 array reads and writes in all. A fused kernel handles one row at a time: one loop
+# accumulates both row means (and the row's share of dw and db), a second loop writes dx.
+# The row is 128 floats, 512 bytes: after the first loop it is in the L1 cache, so the second
+# loop costs no memory traffic. From memory's point of view that is **one pass**: read g and
+# xhat once, write dx once.
+#
+# The column sums dw and db add a contribution from every row. Letting threads add into one
+# shared dw would race (lesson 11 shows what that does); instead the rows are cut into a
+# fixed number of chunks, each chunk sums into its own row of partial sums, and the partials
+# are added in chunk order. The result does not depend on the number of threads.
+
+# %%
+@njit(parallel=True)
+def layer_norm_backward_one_pass(g, xhat, rstd, w, n_chunks=16):
+    n, c = g.shape
+    dx = np.empty_like(g)
+    dw_part = np.zeros((n_chunks, c))
+    db_part = np.zeros((n_chunks, c))
+    rows_per_chunk = (n + n_chunks - 1) // n_chunks
+    for chunk in prange(n_chunks):
+        for i in range(chunk * rows_per_chunk, min(n, (chunk + 1) * rows_per_chunk)):
+            mean_gw = 0.0
+            mean_gwx = 0.0
+            for j in range(c):              # loop 1: row statistics and dw, db shares
+                gw = g[i, j] * w[j]
+                mean_gw += gw
+                mean_gwx += gw * xhat[i, j]
+                dw_part[chunk, j] += g[i, j] * xhat[i, j]
+                db_part[chunk, j] += g[i, j]
+            mean_gw /= c
+            mean_gwx /= c
+            for j in range(c):              # loop 2: the row is in L1 cache now
+                dx[i, j] = rstd[i] * (g[i, j] * w[j] - mean_gw - xhat[i, j] * mean_gwx)
+    dw = np.zeros(c)
+    db = np.zeros(c)
+    for chunk in range(n_chunks):           # fixed order: deterministic
+        dw += dw_part[chunk]
+        db += db_part[chunk]
+    return dx, dw.astype(g.dtype), db.astype(g.dtype)
+
+
+x_ln = rng.normal(size=(64, 128))
+w_ln, b_ln = rng.normal(size=128), rng.normal(size=128)
+_, xhat_ln, rstd_ln = reference.layer_norm_forward(x_ln, w_ln, b_ln, 1e-5)
+g_ln = rng.normal(size=x_ln.shape)
+ours = layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln)
+theirs = reference.layer_norm_backward(g_ln, xhat_ln, rstd_ln, w_ln)
+for name, a_, b_ in zip(["dx", "dw", "db"], ours, theirs):
+    print(f"{name}: equals the reference to 1e-12: {np.allclose(a_, b_, rtol=1e-12, atol=1e-12)}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+rows_ln = 65536                              # 65536 x 128 float32 = 34 MB per array
+x_ln = rng.normal(size=(rows_ln, 128)).astype(np.float32)
+w_ln = rng.normal(size=128).astype(np.float32)
+b_ln = np.zeros(128, np.float32)
+_, xhat_ln, rstd_ln = reference.layer_norm_forward(x_ln, w_ln, b_ln, 1e-5)
+xhat_ln, rstd_ln = xhat_ln.astype(np.float32), rstd_ln.astype(np.float32)
+g_ln = rng.normal(size=x_ln.shape).astype(np.float32)
+layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln)
+t_ref = median_seconds(lambda: reference.layer_norm_backward(g_ln, xhat_ln, rstd_ln, w_ln), 5)
+t_one = median_seconds(lambda: layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln), 5)
+array_bytes = x_ln.nbytes
+print(f"numpy reference: {t_ref*1e3:.1f} ms [timed], about 22 array passes "
+      f"= {22 * array_bytes / t_ref / 1e9:.1f} GB/s")
+print(f"one pass:        {t_one*1e3:.1f} ms [timed], 3 array passes "
+      f"= {3 * array_bytes / t_one / 1e9:.1f} GB/s")
+print(f"speedup {t_ref / t_one:.1f}x; bandwidth of this machine {BANDWIDTH / 1e9:.1f} GB/s")
+
+# %% [markdown]
+# ## Fused softmax + cross-entropy
+#
+# The language-model head turns each of the N = B·T positions into V logits, and the loss is
+# the cross-entropy of their softmax. The logits are the **largest tensor in the model**:
+# B·T·V values. Written op by op, the forward keeps the probabilities (N × V), and the
+# backward makes the gradient `(softmax - onehot) / N` as another (N × V) array, while the
+# logits themselves are still alive: three copies of the biggest tensor.
+#
+# A fused kernel goes row by row. It finds the row maximum m, turns each logit into
+# `exp(l - m)` *in place* while summing them, computes the row's loss
+# `log(sum) + m - l_target`, then scales the row into the gradient of the mean loss, still in
+# place. When it returns, the logits' buffer holds their gradient, and no other (N × V) array
+# was ever made. The exp of each logit is stored once and reused, not recomputed: within a
+# row that is cheap, because the row is still in cache.
+#
+# ## Exercise 10.2 · Softmax + cross-entropy that overwrites its logits
+#
+# Write `softmax_cross_entropy_fused(logits, targets)`: `logits` is (N, V), `targets` holds N
+# integer class ids. Return the **mean** loss over the rows, and leave in `logits` the
+# gradient of that mean:
+#
+# $$\frac{\partial\,\overline{L}}{\partial l_{ij}} = \frac{\mathrm{softmax}(l_i)_j - [j = t_i]}{N}.$$
+#
+# Per row: the maximum; then `exp(l - m)` written back into the row and summed; the loss
+# (read `l_target` *before* you overwrite it); then scale the row by `1 / (sum · N)` and
+# subtract `1/N` at the target. Keep the per-row losses in `losses` and return their mean.
+
+# %%
+@njit(parallel=True)
+def softmax_cross_entropy_fused(logits, targets):
+    """Mean cross-entropy of the rows; `logits` is overwritten with its gradient."""
+    n, v = logits.shape
+    losses = np.empty(n)
+    ### BEGIN SOLUTION
+    for i in prange(n):
+        m = logits[i, 0]
+        for j in range(1, v):
+            m = max(m, logits[i, j])
+        target_logit = logits[i, targets[i]]
+        total = 0.0
+        for j in range(v):
+            e = np.exp(logits[i, j] - m)
+            logits[i, j] = e
+            total += e
+        losses[i] = np.log(total) + m - target_logit
+        scale = 1.0 / (total * n)
+        for j in range(v):
+            logits[i, j] *= scale
+        logits[i, targets[i]] -= 1.0 / n
+    return losses.mean()
+    ### END SOLUTION
+
+# %%
+# CHECK 10.2
+lesson10.check_softmax_cross_entropy(softmax_cross_entropy_fused)
+
+# %% [markdown]
+# Now the memory, measured. `tracemalloc` sees every array numpy allocates, so it can report
+# the peak of new bytes during the unfused version (the engine's reference kernels: forward,
+# then backward). numba's allocations are not visible to `tracemalloc`, so for the fused
+# kernel we count them from its code: the `losses` array, N float64 values.
+
+# %%
+N_ROWS, VOCAB = 2048, 8192                  # B*T = 16*128 rows, a mid-sized vocabulary
+logits = rng.normal(size=(N_ROWS, VOCAB)).astype(np.float32)
+targets = rng.integers(0, VOCAB, size=N_ROWS)
+
+
+def unfused_loss_and_grad(logits, targets):
+    losses, probs = reference.cross_entropy_forward(logits, targets)
+    grad = reference.cross_entropy_backward(probs, targets, 1.0 / len(targets))
+    return float(losses.mean()), grad
+
+
+tracemalloc.start()
+loss_unfused, grad_unfused = unfused_loss_and_grad(logits, targets)
+_, peak_unfused = tracemalloc.get_traced_memory()
+tracemalloc.stop()
+
+buffer = logits.copy()
+loss_fused = softmax_cross_entropy_fused(buffer, targets)
+fused_extra = N_ROWS * 8
+print(f"logits: {logits.nbytes / 1e6:.1f} MB")
+print(f"unfused: peak of new allocations {peak_unfused / 1e6:.1f} MB "
+      f"= {peak_unfused / logits.nbytes:.1f} x the logits")
+print(f"fused:   new allocations {fused_extra / 1e3:.1f} kB (the per-row losses)")
+print(f"same loss: {math.isclose(loss_unfused, float(loss_fused), rel_tol=1e-5)}; "
+      f"same gradient: {np.allclose(grad_unfused, buffer, rtol=1e-4, atol=1e-10)}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+t_unfused = median_seconds(lambda: unfused_loss_and_grad(logits, targets), repeats=5)
+t_fused = median_seconds(lambda: softmax_cross_entropy_fused(logits.copy(), targets), repeats=5)
+t_copy = median_seconds(lambda: logits.copy(), repeats=5)
+print(f"unfused (numpy): {t_unfused*1e3:.1f} ms [timed]")
+print(f"fused (numba):   {t_fused*1e3:.1f} ms [timed] (including a {t_copy*1e3:.1f} ms [timed] "
+      f"copy that the trainer does not need)")
+print(f"speedup: {t_unfused / t_fused:.1f}x")
+
+# %% [markdown]
+# The fused kernel's time runs into the same scalar `exp` as exercise 10.1, while numpy's
+# `exp` is SIMD: on this CPU it may not be faster, even though it moves a third of the
+# bytes. Its point is memory, and at real sizes that is the difference between fitting and
+# not fitting. Take a batch of B·T = 16 384 tokens and vocabularies from 32 000 to 256 000
+# (GPT-2's is 50 257):
+
+# %%
+for vocab in (32_000, 50_257, 128_000, 256_000):
+    one = 16_384 * vocab * 4
+    print(f"V = {vocab:>7,}: logits {one / 1e9:5.1f} GB; unfused keeps about 3 copies "
+          f"({3 * one / 1e9:5.1f} GB), fused 1 ({one / 1e9:5.1f} GB)")
+
+# %% [markdown]
+# ## What you built, and what it costs
+#
+# - **Two limits, measured**: this machine's memory bandwidth (a large copy) and its matmul
+#   rate (sgemm). Their ratio, the ridge point, says how many FLOPs a kernel must do per byte
+#   before memory stops being its limit. Elementwise ops and normalisations are far below it.
+# - **A fused bias + GELU kernel** (your piece `bias_gelu_forward`): 8 bytes per element
+#   instead of 92, one pass instead of ten. On this CPU it then runs into the cost of a
+#   scalar `exp`, a limit the roofline does not draw; an `exp` built from multiplies and adds
+#   lets the compiler vectorise the loop and removes it. On a GPU the kernel would run into
+#   the memory roof instead.
+# - **Save vs recompute** for GELU's backward: keeping `t` costs one activation tensor per
+#   layer (17 GB for a 7B-class model in bf16), recomputing costs an exp per element. Which
+#   is cheaper depends on what the machine is short of; measure it.
+# - **Layer-norm backward in one pass**: row statistics and dx from a row held in cache,
+#   deterministic column sums from fixed chunks.
+# - **Fused softmax + cross-entropy** (your piece `softmax_cross_entropy`): the loss comes
+#   out, the gradient overwrites the logits, and the largest tensor of the model exists
+#   once instead of three times.
+#
+# The rule behind all of them: for memory-bound kernels, count passes over memory, not
+# FLOPs. Lesson 11 turns to a kernel whose problem is not bandwidth but *order*: the
+# embedding's scatter-add, where threads that add into the same row must not race.

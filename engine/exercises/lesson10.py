@@ -1,0 +1,263 @@
+"""Checks for lesson 10, "Fused kernels".
+
+10.1 a fused bias + GELU forward kernel in numba: one pass, reading x and
+     the bias and writing the output once. The check compares it with the
+     unfused numpy composition in float64 and float32, recognises the usual
+     slips (bias forgotten or added after the GELU, the erf or sigmoid form
+     of GELU, the output array never written), then times it against the
+     unfused numpy version at the trainer's shape and reports the speedup.
+10.2 fused softmax + cross-entropy: the mean loss is returned and the
+     logits' buffer is overwritten with the gradient of that mean, so the
+     probabilities and the gradient never exist as separate (N, V) arrays.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ._core import ExerciseError, attempt, passed, save_piece
+
+EX_GELU = "10.1 (bias_gelu_fused)"
+EX_XENT = "10.2 (softmax_cross_entropy_fused)"
+
+GELU_K = math.sqrt(2.0 / math.pi)
+GELU_A = 0.044715
+
+
+# ------------------------------------------------------------- references
+def gelu(u):
+    """GELU, tanh form, in numpy: 0.5 u (1 + tanh(K (u + A u^3)))."""
+    return 0.5 * u * (1.0 + np.tanh(GELU_K * (u + GELU_A * u * u * u)))
+
+
+def bias_gelu_unfused(x, b):
+    """The unfused reference: each numpy operation is its own pass over memory."""
+    u = x + b
+    return gelu(u)
+
+
+def softmax_cross_entropy_reference(logits, targets):
+    """(mean loss, gradient of the mean loss) in numpy, leaving `logits` alone."""
+    n = logits.shape[0]
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(shifted)
+    total = e.sum(axis=1, keepdims=True)
+    rows = np.arange(n)
+    loss = float(np.mean(np.log(total[:, 0]) - shifted[rows, targets]))
+    grad = e / total
+    grad[rows, targets] -= 1.0
+    return loss, grad / n
+
+
+def median_seconds(fn, repeats: int = 7) -> float:
+    """The median wall time of `repeats` calls (the first call is not special)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _is_compiled(fn) -> bool:
+    return hasattr(fn, "py_func") and hasattr(fn, "signatures")
+
+
+def _fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms [timed]"
+
+
+# --------------------------------------------------------------- 10.1
+def _gelu_diagnosis(x, b, got):
+    """Name the usual wrong answers of a bias + GELU kernel, or return None."""
+    candidates = [
+        (gelu(x), "this is GELU of x alone: the bias was never added. Compute "
+                  "u = x[i, j] + b[j] first, then GELU(u)."),
+        (gelu(x) + b, "this is GELU(x) + b: the bias goes in before the GELU, "
+                      "u = x[i, j] + b[j], then GELU(u)."),
+        (0.5 * (x + b) * (1.0 + np.vectorize(math.erf)((x + b) / math.sqrt(2.0))),
+         "this is the exact (erf) GELU; the course and GPT-2 use the tanh form "
+         "0.5 u (1 + tanh(k (u + a u^3))) with the constants k and a given in the cell."),
+        ((x + b) / (1.0 + np.exp(-1.702 * (x + b))),
+         "this is the sigmoid approximation u * sigmoid(1.702 u); use the tanh form "
+         "0.5 u (1 + tanh(k (u + a u^3)))."),
+        (np.maximum(x + b, 0.0), "this is ReLU(x + b), not GELU."),
+        (x + b, "this is only the bias add: apply GELU to u = x + b as well."),
+        (0.5 * (x + b) * (1.0 - np.tanh(GELU_K * ((x + b) + GELU_A * (x + b) ** 3))),
+         "the sign of the tanh term is flipped: GELU(u) = 0.5 u (1 + tanh(...)). "
+         "With exp, tanh(z) = 1 - 2 / (exp(2 z) + 1)."),
+    ]
+    for want, hint in candidates:
+        if got.shape == want.shape and np.allclose(got, want, rtol=1e-6, atol=1e-9):
+            return hint
+    return None
+
+
+def check_bias_gelu(bias_gelu_fused, repeats: int = 7) -> None:
+    """Correct in float64 and float32, writes into `out`, returns it, is compiled
+    with numba; then timed against the unfused numpy version."""
+    rng = np.random.default_rng(10)
+    x = rng.normal(0.0, 2.0, size=(5, 7))
+    x[0, :3] = [-30.0, 0.0, 30.0]  # far tails: exp(2z) overflows or vanishes there
+    b = rng.normal(0.0, 0.5, size=7)
+    out = np.full_like(x, np.nan)
+    got = attempt(EX_GELU, bias_gelu_fused, x, b, out)
+    want = bias_gelu_unfused(x, b)
+    if got is None and np.all(np.isnan(out)):
+        raise ExerciseError(EX_GELU, "the function returned None and left `out` unwritten. "
+                                     "Write GELU(x[i, j] + b[j]) into out[i, j] and end "
+                                     "with `return out`.")
+    if got is None:
+        raise ExerciseError(EX_GELU, "the function returned None. End it with `return out`, "
+                                     "so it can be used in an expression like the reference.")
+    got = np.asarray(got)
+    if got is not out:
+        if np.all(np.isnan(out)):
+            raise ExerciseError(EX_GELU, "`out` was never written: the result came back in a "
+                                         "new array. A fused kernel writes into the buffer it "
+                                         "is given (out[i, j] = ...), so a training step "
+                                         "allocates nothing, and returns `out`.")
+        raise ExerciseError(EX_GELU, "return the `out` array you were given (`return out`), "
+                                     "not a new one.")
+    if got.shape != want.shape:
+        raise ExerciseError(EX_GELU, f"the output has shape {got.shape}, the input "
+                                     f"{want.shape}; GELU is elementwise.")
+    if not np.all(np.isfinite(got)):
+        i = np.unravel_index(int(np.argmax(~np.isfinite(got))), got.shape)
+        raise ExerciseError(EX_GELU, f"out{tuple(int(k) for k in i)} is {got[i]} for "
+                                     f"x + b = {x[i] + b[i[1]]:.4g}. For large |z|, exp(2 z) "
+                                     f"overflows: write tanh(z) = 1 - 2 / (exp(2 z) + 1), which "
+                                     f"gives 1 when exp is inf and -1 when it is 0.")
+    if not np.allclose(got, want, rtol=1e-6, atol=1e-9):
+        hint = _gelu_diagnosis(x, b, got)
+        if hint is None:
+            err = np.abs(got - want)
+            i = np.unravel_index(int(np.argmax(err)), err.shape)
+            hint = (f"at index {tuple(int(k) for k in i)} (x = {x[i]:.4g}, b = {b[i[1]]:.4g}) "
+                    f"you have {got[i]:.6g}, the reference {want[i]:.6g}. Compute u = x + b, "
+                    f"z = k (u + a u^3), tanh(z) = 1 - 2 / (exp(2 z) + 1), "
+                    f"then 0.5 u (1 + tanh(z)).")
+        raise ExerciseError(EX_GELU, f"float64 result differs from the reference; {hint}")
+    # float32, a non-square shape, rows handed out to threads
+    x32 = rng.normal(0.0, 1.5, size=(64, 96)).astype(np.float32)
+    b32 = rng.normal(0.0, 0.5, size=96).astype(np.float32)
+    out32 = np.empty_like(x32)
+    got32 = np.asarray(attempt(EX_GELU, bias_gelu_fused, x32, b32, out32))
+    if got32.dtype != np.float32:
+        raise ExerciseError(EX_GELU, f"float32 input gave a {got32.dtype} result; write into "
+                                     f"the float32 `out` you were given and return it.")
+    want32 = bias_gelu_unfused(x32.astype(np.float64), b32.astype(np.float64))
+    if not np.allclose(got32, want32, rtol=2e-6, atol=2e-6):
+        err = np.abs(got32 - want32)
+        i = np.unravel_index(int(np.argmax(err)), err.shape)
+        raise ExerciseError(EX_GELU, f"float32 (64, 96): at index {tuple(int(k) for k in i)} "
+                                     f"you have {got32[i]:.6g}, the reference {want32[i]:.6g}. "
+                                     f"Loop over every row i and column j of x.shape.")
+    if not _is_compiled(bias_gelu_fused):
+        raise ExerciseError(EX_GELU, "the values are right, but this is a plain Python function: "
+                                     "a Python loop over 2048 x 512 elements takes seconds. "
+                                     "Put @njit(parallel=True) above `def` and use prange for "
+                                     "the loop over rows.")
+    # speed: the trainer's shape (B*T, 4C) = (16*128, 4*128), 4 MB, fits in cache;
+    # 16 times more rows, 64 MB, does not
+    timings = []
+    for rows in (2048, 32768):
+        xt = rng.normal(size=(rows, 512)).astype(np.float32)
+        bt = rng.normal(size=512).astype(np.float32)
+        outt = np.empty_like(xt)
+        bias_gelu_fused(xt, bt, outt)  # compiled and warm before timing
+        t_fused = median_seconds(lambda: bias_gelu_fused(xt, bt, outt), repeats)
+        t_numpy = median_seconds(lambda: bias_gelu_unfused(xt, bt), repeats)
+        timings.append(f"({rows}, 512): fused {_fmt_ms(t_fused)}, unfused numpy "
+                       f"{_fmt_ms(t_numpy)}, speedup {t_numpy / t_fused:.1f}x")
+    save_piece("bias_gelu_forward", bias_gelu_fused, EX_GELU)
+    passed(EX_GELU, "matches the reference in float64 and float32. Float32 timings:\n  "
+                    + "\n  ".join(timings))
+
+
+# --------------------------------------------------------------- 10.2
+def _xent_case(exercise, fn, logits, targets):
+    buf = logits.copy()
+    loss = attempt(exercise, fn, buf, targets)
+    return loss, buf
+
+
+def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
+    """The mean loss is returned; the buffer ends up holding (softmax - onehot) / N."""
+    rng = np.random.default_rng(102)
+    n, v = 6, 11
+    logits = rng.normal(0.0, 2.0, size=(n, v))
+    targets = rng.integers(0, v, size=n).astype(np.int64)
+    want_loss, want_grad = softmax_cross_entropy_reference(logits, targets)
+    loss, buf = _xent_case(EX_XENT, softmax_cross_entropy_fused, logits, targets)
+    if loss is None:
+        raise ExerciseError(EX_XENT, "the function returned None; return the mean loss "
+                                     "over the rows (a float).")
+    try:
+        loss = float(loss)
+    except (TypeError, ValueError):
+        raise ExerciseError(EX_XENT, f"return the mean loss as one number, got "
+                                     f"{type(loss).__name__}.") from None
+    if not math.isclose(loss, want_loss, rel_tol=1e-9):
+        if math.isclose(loss, want_loss * n, rel_tol=1e-9):
+            hint = "this is the sum of the row losses; return their mean (divide by N)."
+        elif math.isclose(loss, -want_loss, rel_tol=1e-9):
+            hint = "the sign is flipped: the loss is log(sum exp) + max - logits[target]."
+        else:
+            hint = ("per row, loss = log(sum_j exp(l_j - m)) + m - l_target with m the row "
+                    "max; read l_target before you overwrite the row.")
+        raise ExerciseError(EX_XENT, f"the loss is {loss:.8g}, expected {want_loss:.8g}; {hint}")
+    if np.allclose(buf, logits):
+        raise ExerciseError(EX_XENT, "the loss is right but `logits` still holds the logits. "
+                                     "The fused kernel overwrites them with the gradient "
+                                     "(softmax - onehot) / N, so no second (N, V) array exists.")
+    if not np.allclose(buf, want_grad, rtol=1e-9, atol=1e-12):
+        probs = want_grad * n
+        onehot = np.zeros_like(probs)
+        onehot[np.arange(n), targets] = 1.0
+        probs += onehot
+        if np.allclose(buf, want_grad * n, rtol=1e-9, atol=1e-12):
+            hint = ("this is the gradient of the summed loss: divide every entry by N, the "
+                    "number of rows, because the loss you return is the mean.")
+        elif np.allclose(buf, probs / n, rtol=1e-9, atol=1e-12):
+            hint = "subtract 1/N at each row's target: the gradient is (softmax - onehot) / N."
+        elif np.allclose(buf, probs, rtol=1e-9, atol=1e-12):
+            hint = ("the buffer holds the probabilities: subtract the one-hot target and "
+                    "divide by N to turn them into the gradient.")
+        elif np.allclose(buf, -want_grad, rtol=1e-9, atol=1e-12):
+            hint = "the sign is flipped: the gradient is (softmax - onehot) / N."
+        else:
+            err = np.abs(buf - want_grad)
+            i = np.unravel_index(int(np.argmax(err)), err.shape)
+            hint = (f"at {tuple(int(k) for k in i)} you have {buf[i]:.6g}, expected "
+                    f"{want_grad[i]:.6g}. Every entry is exp(l - m) / sum / N, minus 1/N "
+                    f"at the target.")
+        raise ExerciseError(EX_XENT, f"the gradient left in `logits` is wrong; {hint}")
+    # numerical stability: logits of a thousand overflow exp in float64
+    big = logits * 50.0 + 1000.0
+    want_loss, want_grad = softmax_cross_entropy_reference(big, targets)
+    loss, buf = _xent_case(EX_XENT, softmax_cross_entropy_fused, big, targets)
+    if not (np.isfinite(float(loss)) and np.all(np.isfinite(buf))):
+        raise ExerciseError(EX_XENT, "with logits near 1000, exp overflows and the result is "
+                                     "inf or nan. Subtract each row's maximum before exp: "
+                                     "softmax does not change, and every exp is at most 1.")
+    if not (math.isclose(float(loss), want_loss, rel_tol=1e-9)
+            and np.allclose(buf, want_grad, rtol=1e-9, atol=1e-12)):
+        raise ExerciseError(EX_XENT, "with logits near 1000 the result drifts from the "
+                                     "reference; subtract the row maximum m before exp and add "
+                                     "it back in the loss: log(sum exp(l - m)) + m - l_target.")
+    # float32 buffer, more rows than threads, int32 targets
+    l32 = rng.normal(0.0, 3.0, size=(32, 50)).astype(np.float32)
+    t32 = rng.integers(0, 50, size=32).astype(np.int32)
+    want_loss, want_grad = softmax_cross_entropy_reference(l32.astype(np.float64), t32)
+    loss, buf = _xent_case(EX_XENT, softmax_cross_entropy_fused, l32, t32)
+    if buf.dtype != np.float32 or not np.allclose(buf, want_grad, rtol=1e-4, atol=1e-6) \
+            or not math.isclose(float(loss), want_loss, rel_tol=1e-5):
+        raise ExerciseError(EX_XENT, "float32 logits (32, 50) with int32 targets: the loss or "
+                                     "the gradient is off. Loop over every row; accumulate the "
+                                     "sum of exps in a float64 local variable.")
+    save_piece("softmax_cross_entropy", softmax_cross_entropy_fused, EX_XENT)
+    passed(EX_XENT, "loss and in-place gradient match the reference, also for logits near "
+                    "1000 and in float32.")
