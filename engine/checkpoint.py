@@ -19,6 +19,9 @@ How it works on the tape. `checkpoint(fn, *inputs)` records ONE node, a
   tape and let the inner graph go. Parameters used inside `fn` are leaf
   tensors, so the inner backward accumulates their gradients directly.
 
+`replay` is that backward for a one-input segment, written out in six lines;
+lesson 08 has you write it, and `replay_fn=` runs your version instead.
+
 `engine.memory` sees exactly this: the forward saves the inputs; during
 backward the recomputed insides of one segment appear, are consumed by
 their VJPs and are freed, before the next segment is recomputed.
@@ -43,24 +46,44 @@ import numpy as np
 from .rules import Op
 from .tensor import Tensor, apply, enable_grad, name_scope, no_grad
 
-__all__ = ["Checkpoint", "checkpoint", "checkpoint_sequential", "segment_size",
+__all__ = ["Checkpoint", "checkpoint", "replay", "checkpoint_sequential", "segment_size",
            "segments", "checkpointed", "CheckpointedSegment", "POLICIES"]
 
 POLICIES = ("none", "every", "sqrt")
 
 
+def replay(fn, saved_input: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
+    """The backward of a one-input checkpointed segment: run `fn` again on the
+    saved input with recording on, backpropagate `grad_output` through the
+    recomputed graph (which frees it as it goes, and accumulates the
+    gradients of the parameters inside `fn`), return dL/d(input)."""
+    x = Tensor._from_op(saved_input, True)   # a fresh leaf that catches dL/dinput
+    with enable_grad():
+        out = fn(x)
+    out.backward(grad_output)
+    return x.grad
+
+
 class Checkpoint(Op):
-    """The tape node of a checkpointed segment (see the module docstring)."""
+    """The tape node of a checkpointed segment (see the module docstring).
+
+    Its inputs are the segment's inputs followed by the parameters the
+    segment uses (`n_inputs` tells them apart). The parameters are inputs
+    only so that the node is recorded whenever one of them needs a
+    gradient; their gradients arrive through the recompute's own backward,
+    so the node returns None for them.
+    """
     name = "checkpoint"
 
-    def forward(self, *arrays, fn, label):
-        self.fn, self.label = fn, label
+    def forward(self, *arrays, fn, label, n_inputs, replay_fn):
+        self.fn, self.label, self.n_inputs, self.replay_fn = fn, label, n_inputs, replay_fn
         # Keep the inputs, by name, so engine.memory counts them and the
-        # tape's version check protects them from in-place changes.
+        # tape's version check protects them (and the parameters) from
+        # in-place changes before the recompute.
         self.save(**{f"input{i}": a for i, a in enumerate(arrays)})
         with no_grad():
             out = fn(*[Tensor._from_op(a, False) if isinstance(a, np.ndarray) else a
-                       for a in arrays])
+                       for a in arrays[:n_inputs]])
         if not isinstance(out, Tensor):
             raise TypeError(f"checkpoint({label}): the function must return one Tensor, "
                             f"got {type(out).__name__}; wrap several outputs in separate "
@@ -68,41 +91,49 @@ class Checkpoint(Op):
         return out.data
 
     def vjp(self, g):
-        arrays = [getattr(self, f"input{i}") for i in range(len(self.needs))]
-        inputs = []
-        for a, need in zip(arrays, self.needs):
-            if isinstance(a, np.ndarray) and need:
-                inputs.append(Tensor._from_op(a, True))   # a fresh leaf to catch dL/dinput
-            elif isinstance(a, np.ndarray):
-                inputs.append(Tensor._from_op(a, False))
-            else:
-                inputs.append(a)
-        with enable_grad(), name_scope(f"recompute {self.label}"):
-            out = self.fn(*inputs)         # the second forward: records the insides
-        if out.requires_grad:
-            out.backward(g)                # frees the insides as it goes
-        return tuple(x.grad if isinstance(x, Tensor) and need else None
-                     for x, need in zip(inputs, self.needs))
+        arrays = [getattr(self, f"input{i}") for i in range(self.n_inputs)]
+        needs = self.needs[:self.n_inputs]
+        no_params = (None,) * (len(self.needs) - self.n_inputs)
+        with name_scope(f"recompute {self.label}"):
+            if self.replay_fn is not None:
+                return (self.replay_fn(self.fn, arrays[0], g),) + no_params
+            inputs = [Tensor._from_op(a, need) if isinstance(a, np.ndarray) else a
+                      for a, need in zip(arrays, needs)]
+            with enable_grad():
+                out = self.fn(*inputs)     # the second forward: records the insides
+            if out.requires_grad:
+                out.backward(g)            # frees the insides as it goes
+        grads = tuple(x.grad if isinstance(x, Tensor) and need else None
+                      for x, need in zip(inputs, needs))
+        return grads + no_params
 
 
 def _label_of(fn) -> str:
     return getattr(fn, "label", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def checkpoint(fn, *inputs, label: str | None = None) -> Tensor:
+def checkpoint(fn, *inputs, params=(), label: str | None = None, replay_fn=None) -> Tensor:
     """fn(*inputs), recorded as one node that saves only `inputs`.
 
-    `fn` takes the inputs (Tensors, or constants such as integer arrays) and
-    returns one Tensor. It may use parameters (tensors with requires_grad)
-    from its closure: their gradients arrive during backward. At least one
-    input should require grad, or nothing before the segment needs its
-    gradient and the node is not recorded (then neither are its parameters'
-    gradients, as with PyTorch's reentrant checkpoint).
+    fn: takes the inputs (Tensors, or constants such as integer arrays) and
+        returns one Tensor. It may use parameters from its closure.
+    params: the parameters fn uses. Pass them when no input needs a
+        gradient (e.g. the first block after a frozen embedding): the node is
+        recorded if any input or parameter needs a gradient. Without them,
+        a segment whose inputs need no gradient is not recorded and its
+        parameters get no gradient (as with PyTorch's reentrant checkpoint).
+    replay_fn: a replacement for `replay` (same signature), e.g. your own
+        from lesson 08; only for segments with exactly one input.
     """
     if not callable(fn):
         raise TypeError(f"checkpoint: the first argument must be a function (the segment), "
                         f"got {type(fn).__name__}")
-    return apply(Checkpoint, *inputs, fn=fn, label=label or _label_of(fn))
+    if replay_fn is not None and len(inputs) != 1:
+        raise ValueError(f"checkpoint: replay_fn handles one-input segments, this one has "
+                         f"{len(inputs)} inputs; drop replay_fn to use the built-in replay")
+    params = list(params.values()) if isinstance(params, dict) else list(params)
+    return apply(Checkpoint, *inputs, *params, fn=fn, label=label or _label_of(fn),
+                 n_inputs=len(inputs), replay_fn=replay_fn)
 
 
 # ------------------------------------------------------------ runs of blocks
@@ -138,8 +169,9 @@ def segments(n_blocks: int, policy) -> list[range]:
 class CheckpointedSegment:
     """A callable that runs several blocks in a row as one checkpoint."""
 
-    def __init__(self, blocks):
+    def __init__(self, blocks, replay_fn=None):
         self.blocks = list(blocks)
+        self.replay_fn = replay_fn
         names = [getattr(b, "prefix", "").rstrip(".") or type(b).__name__ for b in self.blocks]
         self.label = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
 
@@ -149,29 +181,35 @@ class CheckpointedSegment:
         return x
 
     def __call__(self, x):
-        return checkpoint(self.run, x, label=self.label)
+        return checkpoint(self.run, x, params=self.parameters(), label=self.label,
+                          replay_fn=self.replay_fn)
 
     def parameters(self) -> dict:
         found = {}
         for b in self.blocks:
-            found.update(b.parameters())
+            if hasattr(b, "parameters"):
+                found.update(b.parameters())
         return found
 
 
-def checkpoint_sequential(blocks, x, policy="every"):
-    """Run x through `blocks` in order, checkpointing segments chosen by `policy`."""
+def checkpoint_sequential(blocks, x, policy="every", replay_fn=None):
+    """Run x through `blocks` in order, checkpointing segments chosen by `policy`.
+
+    Blocks with a `parameters()` method (engine.nn modules) hand their
+    parameters to the checkpoint, so they train even when x needs no gradient.
+    """
     blocks = list(blocks)
     if segment_size(len(blocks), policy) == 0:
         for block in blocks:
             x = block(x)
         return x
     for seg in segments(len(blocks), policy):
-        x = CheckpointedSegment(blocks[i] for i in seg)(x)
+        x = CheckpointedSegment((blocks[i] for i in seg), replay_fn)(x)
     return x
 
 
 @contextmanager
-def checkpointed(model, policy="every"):
+def checkpointed(model, policy="every", replay_fn=None):
     """Inside the `with`, the model's forward checkpoints its blocks.
 
     Works with any model that runs `for block in self.blocks: x = block(x)`,
@@ -184,7 +222,7 @@ def checkpointed(model, policy="every"):
                         f"checkpoint; use checkpoint_sequential(blocks, x, policy) instead")
     original = model.blocks
     if segment_size(len(original), policy) > 0:
-        model.blocks = [CheckpointedSegment(original[i] for i in seg)
+        model.blocks = [CheckpointedSegment((original[i] for i in seg), replay_fn)
                         for seg in segments(len(original), policy)]
     try:
         yield model

@@ -8,8 +8,8 @@ import pytest
 
 import engine
 from engine import F, Tensor, memory, nn
-from engine.checkpoint import (checkpoint, checkpoint_sequential, checkpointed, segment_size,
-                               segments)
+from engine.checkpoint import (checkpoint, checkpoint_sequential, checkpointed, replay,
+                               segment_size, segments)
 from engine.gpt_config import GPTConfig, init_params
 
 
@@ -63,6 +63,16 @@ def test_every_block_checkpointing_cuts_the_measured_peak_at_least_4x(gpt8):
     assert any(s.scope.startswith("recompute h0/h0.") for s in every.saved)
     inputs = [s for s in every.saved if s.op == "checkpoint"]
     assert len(inputs) == cfg.n_layer and all(s.shape == (2, 16, 16) for s in inputs)
+
+
+def test_measured_peak_equals_the_budget_model_with_full_recompute(gpt8):
+    from engine import budget
+    cfg, params, ids, targets, (_, _, plain) = gpt8
+    _, _, every = gpt_step(cfg, init_params(cfg, seed=0), ids, targets, "every")  # fp32
+    bc = budget.BudgetConfig(n_layer=cfg.n_layer, d_model=cfg.n_embd, n_head=cfg.n_head,
+                             vocab_size=cfg.vocab_size, micro_batch=2, seq_len=16,
+                             activation_model="engine", recompute="full")
+    assert every.peak_bytes == budget.activations(bc).peak
 
 
 def test_sqrt_policy_keeps_fewer_boundaries_but_recomputes_more_blocks_at_once(gpt8):
@@ -155,6 +165,42 @@ def test_checkpoint_sequential_matches_running_the_blocks():
     for policy in ("every", 2, "sqrt"):
         for got, want in zip(results[policy], results["none"]):
             assert rel_err(got, want) <= 1e-12
+
+
+def test_segments_train_even_when_their_input_needs_no_gradient():
+    cfg, params, _, _ = small_gpt_data(n_layer=3)
+    model = nn.GPT(cfg, params)
+    x0 = np.random.default_rng(6).normal(size=(2, 16, 16))   # data: needs no gradient
+    grads = {}
+    for policy in ("none", "every", 2):
+        model.zero_grad()
+        out = checkpoint_sequential(model.blocks, Tensor(x0), policy)
+        (out * out).mean().backward()
+        grads[policy] = {k: p.grad for k, p in model.parameters().items()
+                         if k.startswith("h")}
+    assert all(g is not None for g in grads["every"].values())
+    for policy in ("every", 2):
+        for name, g in grads["none"].items():
+            assert rel_err(grads[policy][name], g) <= 1e-12, (policy, name)
+
+
+def test_a_replay_of_your_own_plugs_in(gpt8):
+    cfg, params, ids, targets, (_, grads0, _) = gpt8
+    calls = []
+
+    def my_replay(fn, saved_input, grad_output):
+        calls.append(saved_input.shape)
+        return replay(fn, saved_input, grad_output)
+
+    model = nn.GPT(cfg, params)
+    with checkpointed(model, "every", replay_fn=my_replay):
+        loss = model(ids, targets)
+    loss.backward()
+    assert len(calls) == cfg.n_layer
+    for name, g in model.grads().items():
+        assert rel_err(g, grads0[name]) <= 1e-12, name
+    with pytest.raises(ValueError, match="one-input"):
+        checkpoint(lambda a, b: a + b, Tensor(np.ones(2)), Tensor(np.ones(2)), replay_fn=replay)
 
 
 def test_policies():
