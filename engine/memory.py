@@ -43,7 +43,7 @@ class SavedTensor:
     op: str              # the op's name, e.g. "matmul"
     scope: str           # the name_scope it ran in, e.g. "h0.attn" ("" if none)
     slot: str            # the name the rule saved it under, e.g. "xhat"
-    tensor: str          # the tensor's name when it is a named tensor (a parameter), else ""
+    tensor: str          # the tensor's name when it has one (parameters do), else ""
     shape: tuple
     dtype: str
     nbytes: int          # bytes of this array (a view's own size)
@@ -70,7 +70,7 @@ class MemoryRecorder:
         self.saved: list[SavedTensor] = []
         self.timeline: list[TimelinePoint] = [TimelinePoint("start", 0, "", 0)]
         self._live: dict[int, list] = {}      # buffer id -> [buffer, users, kind]
-        self._param_buffers: dict[int, np.ndarray] = {}
+        self._param_buffers: dict[int, tuple[np.ndarray, str]] = {}  # id -> (buffer, name)
         self._node_buffers: dict[int, list[int]] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -84,12 +84,11 @@ class MemoryRecorder:
         _tensor._observers.remove(self)
 
     def on_forward(self, op, inputs, result) -> None:
+        names = {}
         for x in inputs:
             if isinstance(x, Tensor) and x.requires_grad and x.is_leaf:
                 buf = _root(x.data)
-                self._param_buffers[id(buf)] = buf
-        names = {}
-        for x in inputs:
+                self._param_buffers[id(buf)] = (buf, x.name or "")
             if isinstance(x, Tensor) and x.name:
                 names[id(x.data)] = x.name
         buffers = []
@@ -111,7 +110,8 @@ class MemoryRecorder:
             buffers.append(key)
             self.saved.append(SavedTensor(
                 node=op.node_id, op=op.name, scope=op.scope, slot=slot,
-                tensor=names.get(id(value), ""), shape=tuple(value.shape),
+                tensor=names.get(id(value)) or self._param_buffers.get(key, (0, ""))[1],
+                shape=tuple(value.shape),
                 dtype=str(value.dtype), nbytes=int(value.nbytes), counted_bytes=int(counted),
                 kind=kind))
         self._node_buffers[id(op)] = buffers

@@ -12,14 +12,16 @@ import engine_op_cases as cases
 
 
 def float_inputs(case):
-    return [i for i, x in enumerate(case.inputs) if np.issubdtype(np.asarray(x).dtype, np.floating)]
+    return [i for i, x in enumerate(case.inputs)
+            if np.issubdtype(np.asarray(x).dtype, np.floating)]
 
 
 def build():
     rng = np.random.default_rng(0)
     out = [cases.binary(rng, op, (2, 3), (3,)) for op in ("add", "sub", "mul", "div")]
     out += [cases.unary(rng, op, (2, 3)) for op in ("neg", "exp", "log", "tanh", "relu", "gelu")]
-    out += [cases.unary(rng, "pow", (3,), p=3), cases.reduction(rng, "mean", (2, 3, 4), (0, 2), False),
+    out += [cases.unary(rng, "pow", (3,), p=3),
+            cases.reduction(rng, "mean", (2, 3, 4), (0, 2), False),
             cases.reduction(rng, "sum", (2, 3), 1, True),
             cases.matmul(rng, (2, 3, 4), (4, 5)), cases.matmul(rng, (4,), (4, 2)),
             cases.softmax_like(rng, "softmax", (3, 5), 0),
@@ -81,5 +83,6 @@ def test_jvp_with_tuples_and_fixed_inputs():
 def test_jvp_checks_its_arguments():
     with pytest.raises(ValueError, match="2 inputs but 1 tangents"):
         engine.jvp(lambda a, b: a + b, [np.ones(2), np.ones(2)], [np.ones(2)])
-    with pytest.raises(ValueError, match=r"tangent 0 has shape \(3,\) but input 0 has shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"tangent 0 has shape \(3,\) but input 0 has "
+                                         r"shape \(2,\)"):
         engine.jvp(lambda a: a, [np.ones(2)], [np.ones(3)])

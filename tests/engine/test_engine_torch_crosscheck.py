@@ -56,8 +56,8 @@ def build_cases():
     out += [cases.embedding(rng, (3, 5), 4, 6)]
     out += [cases.attention(rng, (2, 3, 6, 4)), cases.attention(rng, (1, 1, 1, 3))]
     out += [cases.dropout(rng, (4, 5), 0.3, seed=7)]
-    out += [cases.indexing(rng, (4, 5), idx)
-            for idx in (np.s_[1:3], np.s_[1:, 2], (np.array([0, 3, 0]),))]  # torch has no negative steps
+    out += [cases.indexing(rng, (4, 5), idx)  # (torch has no negative steps)
+            for idx in (np.s_[1:3], np.s_[1:, 2], (np.array([0, 3, 0]),))]
     return out
 
 
