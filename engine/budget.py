@@ -33,15 +33,17 @@ The peak of a step, and what is resident when:
      when the loss is computed;
   3. the backward walks the tape in reverse and frees each op's saved
      tensors as its VJP runs, while parameter gradients are summed into the
-     gradient buffer; with recompute, one block's (or one attention core's)
-     insides are rebuilt and live for a moment on top of what was kept;
+     gradient buffer; with recompute, the head and loss are freed first,
+     then one block's (or one attention core's) insides are rebuilt and
+     live for a moment on top of what the blocks kept;
   4. the optimizer reads the gradients and updates weights and state.
-So the peak is reached at the start of the backward:
+So the peak is reached at the end of the forward (without recompute) or
+while the last block is rebuilt (with it):
     peak = weights + master + gradients + optimizer state + activation peak
-where the activation peak is the saved activations of one micro-batch plus
-the largest transient rebuilt by recompute. Accumulating K micro-batches
-adds tokens per step but not memory: the activations of one micro-batch are
-freed before the next begins.
+    activation peak = saved - freed_first + max(freed_first, one rebuilt block)
+(`Activations`; without recompute it is simply what the forward saved).
+Accumulating K micro-batches adds tokens per step but not memory: the
+activations of one micro-batch are freed before the next begins.
 
 Three models of the activation bytes
 ------------------------------------
@@ -350,6 +352,7 @@ class Saved:
     elements: int       # elements per occurrence
     itemsize: int       # bytes per element
     count: int = 1      # occurrences (e.g. one per layer)
+    until_end: bool = False  # kept until the very last VJP (the embedding's)
 
     @property
     def bytes(self) -> int:
@@ -436,7 +439,7 @@ def transformer_outside_ops(cfg: BudgetConfig) -> list[Saved]:
     e = activation_bytes_per_element(cfg)
     ops = []
     if cfg.dropout:
-        ops.append(Saved("embedding dropout", "mask", s * b * h, MASK_BYTES))
+        ops.append(Saved("embedding dropout", "mask", s * b * h, MASK_BYTES, until_end=True))
     ops += [
         Saved("final layer norm", "input", s * b * h, e),
         Saved("head matmul", "input", s * b * h, e),
@@ -461,27 +464,47 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, recompute: str = "no
 
 @dataclass(frozen=True)
 class Activations:
-    """Activation bytes of one micro-batch under one model."""
+    """Activation bytes of one micro-batch under one model.
+
+    `saved` is what is alive when the forward pass ends; `peak` the most that
+    is alive at any moment of the step. They differ only with recompute: the
+    backward first frees what lies after the last block (the head, the loss),
+    then rebuilds one block (or one attention core) at a time on top of what
+    the blocks kept, so
+
+        peak = saved - freed_before_blocks + max(freed_before_blocks, rebuilt)
+
+    where `rebuilt` is one block's (or attention core's) saved tensors.
+    """
     model: str
-    saved: int            # kept at the end of the forward pass
-    transient: int        # rebuilt by recompute for one block at a time
-    items: tuple = ()     # the Saved entries behind `saved`, when the model knows them
+    saved: int            # alive at the end of the forward pass
+    peak: int             # most alive at any moment of the forward and backward
+    items: tuple = ()     # the Saved entries behind `saved`
 
     @property
-    def peak(self) -> int:
-        return self.saved + self.transient
+    def transient(self) -> int:
+        """What recompute adds on top of `saved` at the peak."""
+        return self.peak - self.saved
+
+
+def _with_recompute_peak(model: str, kept: list, outside: list, rebuilt: int) -> Activations:
+    """Activations whose peak follows the backward's order (see Activations)."""
+    items = tuple(kept + outside)
+    saved = sum(x.bytes for x in items)
+    freed_first = sum(x.bytes for x in outside if not x.until_end)
+    peak = saved - freed_first + max(freed_first, rebuilt) if rebuilt else saved
+    return Activations(model, saved, peak, items)
 
 
 def _rule_activations(cfg: BudgetConfig) -> Activations:
-    unit = tensor_bytes(cfg)
+    e = activation_bytes_per_element(cfg)
+    unit = tensor_bytes(cfg) // e
     k, L = cfg.tensors_per_layer, cfg.n_layer
     if cfg.recompute == "full":  # keep each block's input, rebuild one block's k tensors
-        item = Saved("block", "input (checkpoint)", unit // activation_bytes_per_element(cfg),
-                     activation_bytes_per_element(cfg), L)
-        return Activations("rule", item.bytes, k * unit, (item,))
-    item = Saved("block", f"{k} tensors of B x N x d", k * unit // activation_bytes_per_element(cfg),
-                 activation_bytes_per_element(cfg), L)
-    return Activations("rule", item.bytes, 0, (item,))
+        kept = [Saved("block", "input (checkpoint)", unit, e, L)]
+        return _with_recompute_peak("rule", kept, [], k * unit * e)
+    return _with_recompute_peak("rule", [Saved("block", f"{k} tensors of B x N x d",
+                                               k * unit, e, L)], [], 0)
 
 
 def _transformer_activations(cfg: BudgetConfig) -> Activations:
@@ -492,15 +515,13 @@ def _transformer_activations(cfg: BudgetConfig) -> Activations:
     sbh = cfg.seq_len * cfg.micro_batch * cfg.d_model
     if cfg.recompute == "full":
         kept = [Saved("block", "input (checkpoint)", sbh, e, L)]
-        transient = sum(x.bytes for x in layer)
+        rebuilt = sum(x.bytes for x in layer)
     elif cfg.recompute == "selective":
         kept = [replace(x, count=L) for x in layer if not _is_attention_core(x)]
-        transient = sum(x.bytes for x in layer if _is_attention_core(x))
+        rebuilt = sum(x.bytes for x in layer if _is_attention_core(x))
     else:
-        kept = [replace(x, count=L) for x in layer]
-        transient = 0
-    items = tuple(kept + outside)
-    return Activations("transformer", sum(x.bytes for x in items), transient, items)
+        kept, rebuilt = [replace(x, count=L) for x in layer], 0
+    return _with_recompute_peak("transformer", kept, outside, rebuilt)
 
 
 def activations(cfg: BudgetConfig) -> Activations:
@@ -555,7 +576,7 @@ def engine_outside_saved(cfg: BudgetConfig) -> list[Saved]:
     B_, T, C, V = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
     f = activation_bytes_per_element(cfg)
     return [
-        Saved("embed embedding", "ids", B_ * T, INDEX_BYTES),
+        Saved("embed embedding", "ids", B_ * T, INDEX_BYTES, until_end=True),
         Saved("lnf layer_norm", "xhat", B_ * T * C, f),
         Saved("lnf layer_norm", "rstd", B_ * T, f),
         Saved("head matmul", "input lnf(x)", B_ * T * C, f),
@@ -582,9 +603,10 @@ def engine_activations(cfg: BudgetConfig) -> Activations:
     """Exactly the bytes our tape engine saves for `engine.nn.GPT` (float
     tensors at the policy's bytes per element: fp32 = 4, as the engine runs;
     ids and targets at 8). `engine.memory` measures the same number."""
-    items = tuple(engine_saved_tensors(cfg))
-    transient = sum(x.bytes for x in engine_block_saved(cfg)) if cfg.recompute == "full" else 0
-    return Activations("engine", sum(x.bytes for x in items), transient, items)
+    items = engine_saved_tensors(cfg)
+    n_kept = 1 if cfg.recompute == "full" else len(engine_block_saved(cfg))
+    rebuilt = sum(x.bytes for x in engine_block_saved(cfg)) if cfg.recompute == "full" else 0
+    return _with_recompute_peak("engine", items[:n_kept], items[n_kept:], rebuilt)
 
 
 # Largest run `measure` starts: a few seconds of numpy on a laptop.
@@ -600,9 +622,9 @@ def measurable(cfg: BudgetConfig) -> BudgetConfig:
         raise BudgetError(
             "our engine's GPT has no dropout, a tied head and an MLP of width 4d; turn "
             "dropout off, tie the head and set the MLP width to 0 (4d) to measure.")
-    if cfg.recompute != "none":
-        raise BudgetError(f"measuring with recompute={cfg.recompute!r} is not available; "
-                          f"set recompute 'none' to measure.")
+    if cfg.recompute == "selective":
+        raise BudgetError("our engine checkpoints whole blocks only; set recompute 'none' "
+                          "or 'full' to measure.")
     run = cfg.with_(activation_model="engine", precision="fp32", n_params=0)
     acts = engine_activations(run).peak
     work = flops(run)["per_micro_batch"]["forward"] * 3
@@ -617,15 +639,20 @@ def measurable(cfg: BudgetConfig) -> BudgetConfig:
 
 def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
     """Run one forward and backward of `engine.nn.GPT` at this shape under
-    `engine.memory` and return measured bytes beside the engine model's
-    prediction: activations saved and their peak (from the tape), weights
-    and gradients (the nbytes of the real arrays), the timeline of live
-    activation bytes, and the training-step peak without optimizer state
-    (weights + gradients + activation peak; the engine has no optimizer
-    state to measure, so that part of `budget(...).peak` is left out)."""
+    `engine.memory` (with every block checkpointed by `engine.checkpoint`
+    when recompute='full') and return measured bytes beside the engine
+    model's prediction:
+      * activations alive at the end of the forward, and their peak over the
+        step, from the tape's timeline;
+      * weights and gradients: the nbytes of the real arrays;
+      * the step peak without optimizer state (weights + gradients +
+        activation peak): the engine has no optimizer state to measure, so
+        that part of `budget(...).peak` is left out on both sides;
+      * the timeline itself, as (phase, op, live bytes)."""
     import numpy as np
 
     from . import memory
+    from .checkpoint import checkpointed
     from .gpt_config import GPTConfig, init_params
     from .nn import GPT
 
@@ -636,18 +663,24 @@ def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
     targets = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
+    policy = "every" if run.recompute == "full" else "none"
     with memory.record() as mem:
-        loss = model(ids, targets)
+        with checkpointed(model, policy):
+            loss = model(ids, targets)
         loss.backward()
+    timeline = [(p.phase, p.label, p.live_bytes) for p in mem.timeline]
+    first_backward = next(i for i, (phase, _, _) in enumerate(timeline) if phase == "backward")
+    end_of_forward = timeline[first_backward - 1][2]
     weights = sum(p.data.nbytes for p in model.parameters().values())
     grads = sum(p.grad.nbytes for p in model.parameters().values() if p.grad is not None)
     predicted = budget(run)
     return {
         "shape": (f"L={run.n_layer} d={run.d_model} H={run.n_head} V={run.vocab_size} "
-                  f"B={run.micro_batch} N={run.seq_len}, fp32"),
+                  f"B={run.micro_batch} N={run.seq_len}, fp32"
+                  + (", every block checkpointed" if policy == "every" else "")),
         "config": run,
         "predicted_saved": predicted.activations.saved,
-        "measured_saved": mem.saved_bytes,
+        "measured_saved": end_of_forward,
         "predicted_peak": predicted.activations.peak,
         "measured_peak": mem.peak_bytes,
         "predicted_weights": predicted.fixed["weights"],
@@ -657,8 +690,7 @@ def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
         "predicted_step_peak": (predicted.fixed["weights"] + predicted.fixed["gradients"]
                                 + predicted.activations.peak),
         "measured_step_peak": weights + grads + mem.peak_bytes,
-        "timeline": [(p.phase, p.label, p.live_bytes) for p in mem.timeline],
-        "by_op": mem.by_op(),
+        "timeline": timeline,
         "loss": float(loss.data),
     }
 

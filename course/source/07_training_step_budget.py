@@ -267,21 +267,28 @@ for k in (1, 4, 16):
 # ## Predicted against measured
 #
 # The "engine" activation model of `engine.budget` lists exactly the tensors our reference GPT
-# saves; `B.measure` runs that GPT under `engine.memory` and compares. The weights and
-# gradients are the real arrays' sizes. (The engine has no optimizer state of its own to
-# measure, so the step peak here is weights + gradients + activation peak.)
+# saves; `B.measure` runs that GPT under `engine.memory` and compares: the activations alive
+# at the end of the forward, and their peak over the whole step. With `recompute="full"`
+# it checkpoints every block with `engine.checkpoint` (lesson 08): the forward keeps only the
+# blocks' inputs, and the backward rebuilds one block at a time after the head and the loss
+# have been freed, so the peak is higher than what the forward kept.
 
 # %%
-print(f"{'shape':<44} {'predicted':>13} {'measured':>13} {'step peak pred.':>16} "
-      f"{'measured':>12}")
-for changes in ({}, {"micro_batch": 4}, {"seq_len": 64}, {"n_layer": 2, "n_head": 8}):
+print(f"{'shape':<62} {'saved: predicted':>16} {'measured':>11} {'peak: predicted':>16} "
+      f"{'measured':>11}")
+for changes in ({}, {"micro_batch": 4}, {"seq_len": 64}, {"n_layer": 2, "n_head": 8},
+                {"recompute": "full"}, {"recompute": "full", "micro_batch": 4}):
     m = B.measure(B.preset("tiny", **changes))
-    print(f"{m['shape']:<44} {m['predicted_saved']:>13,} {m['measured_saved']:>13,} "
-          f"{m['predicted_step_peak']:>16,} {m['measured_step_peak']:>12,}")
+    print(f"{m['shape']:<62} {m['predicted_saved']:>16,} {m['measured_saved']:>11,} "
+          f"{m['predicted_peak']:>16,} {m['measured_peak']:>11,}")
+print(f"weights {m['measured_weights']:,} bytes and gradients {m['measured_gradients']:,} "
+      f"bytes, as predicted: {m['measured_weights'] == m['predicted_weights']}, "
+      f"{m['measured_gradients'] == m['predicted_gradients']}")
 
 # %% [markdown]
 # Every row agrees to the byte: the model is not an approximation of the engine, it is a list
-# of what the engine keeps.
+# of what the engine keeps, in the order it lets go. (The engine has no optimizer state of its
+# own to measure; the trainer's AdamW adds its two fp32 buffers per parameter.)
 #
 # ## The command line
 #
