@@ -17,7 +17,7 @@ from ._versions import check_versions
 
 check_versions()
 
-from . import functional, memory, nn, scalar  # noqa: E402
+from . import functional, kernels, memory, nn, scalar  # noqa: E402
 from . import functional as F  # noqa: E402
 from .anomaly import AnomalyError, detect_anomaly  # noqa: E402
 from .forward_mode import jvp  # noqa: E402
@@ -27,4 +27,5 @@ from .tensor import Tensor, enable_grad, name_scope, no_grad, set_grad_enabled  
 
 __all__ = ["Tensor", "no_grad", "enable_grad", "set_grad_enabled", "name_scope", "functional",
            "F", "gradcheck", "GradcheckReport", "GradcheckError", "jvp", "memory",
-           "detect_anomaly", "AnomalyError", "ShapeError", "scalar", "nn", "check_versions"]
+           "detect_anomaly", "AnomalyError", "ShapeError", "scalar", "nn", "kernels",
+           "check_versions"]

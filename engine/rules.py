@@ -645,13 +645,16 @@ class LayerNorm(Op):
         b = bias if bias is not None else np.zeros(C, dtype=x.dtype)
         out, xhat, rstd = kernels.layer_norm_forward(x.reshape(-1, C), w, b, eps)
         self.save(xhat=xhat.reshape(x.shape), rstd=rstd.reshape(x.shape[:-1]))
-        if self.needs[0]:
-            self.save(weight=w if weight is None else weight)
+        if self.needs[0] and weight is not None:
+            self.save(weight=weight)
         return out.reshape(x.shape)
+
+    def _weight(self, like):
+        return self.weight if self.has_weight else np.ones(like.shape[-1], dtype=like.dtype)
 
     def vjp(self, g):
         C = g.shape[-1]
-        w = self.weight if self.needs[0] else np.ones(C, dtype=g.dtype)
+        w = self._weight(g)
         dx, dw, db = kernels.layer_norm_backward(g.reshape(-1, C), self.xhat.reshape(-1, C),
                                                  self.rstd.reshape(-1), w)
         return (dx.reshape(g.shape) if self.needs[0] else None,
@@ -664,7 +667,7 @@ class LayerNorm(Op):
         if tx is not None:
             dxhat = rstd * (tx - tx.mean(axis=-1, keepdims=True)
                             - xhat * (tx * xhat).mean(axis=-1, keepdims=True))
-            out = dxhat * self.weight
+            out = dxhat * self._weight(tx)
         return _sum_terms(out, None if tw is None else xhat * tw, tb)
 
 

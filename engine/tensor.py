@@ -166,6 +166,15 @@ class Tensor:
     def item(self) -> float:
         return self.data.item()
 
+    def __float__(self) -> float:
+        return float(self.data)
+
+    # Comparisons give plain boolean arrays: masks and conditions, not graph nodes.
+    def __lt__(self, other): return self.data < _data(other)
+    def __le__(self, other): return self.data <= _data(other)
+    def __gt__(self, other): return self.data > _data(other)
+    def __ge__(self, other): return self.data >= _data(other)
+
     def detach(self) -> "Tensor":
         """The same data (shared memory, shared version counter), cut from the graph."""
         t = Tensor._from_op(self.data, False)

@@ -126,3 +126,11 @@ def test_nothing_is_recorded_outside_the_context_or_under_no_grad():
     assert mem.saved == [] and mem.saved_bytes == 0
     F.exp(w)
     assert mem.saved == []
+
+
+def test_layer_norm_without_weight_saves_only_xhat_and_rstd():
+    x = Tensor(np.ones((4, 6)) + np.arange(6.0), requires_grad=True)
+    with engine.memory.record() as mem:
+        F.layer_norm(x, None, None)
+    assert [s.slot for s in mem.saved] == ["xhat", "rstd"]
+    assert mem.saved_bytes == (4 * 6 + 4) * 8

@@ -207,3 +207,15 @@ def test_a_vjp_returning_the_wrong_shape_is_caught_and_named():
     with pytest.raises(engine.ShapeError, match=r"bad_add .*shape \(2, 3\).*shape \(3,\)"
                                                 r".*sum over the broadcast axes"):
         apply(BadBroadcast, a, b).sum().backward()
+
+
+def test_comparisons_give_masks_and_float_gives_a_number():
+    x = leaf([-1.0, 2.0])
+    np.testing.assert_array_equal(x > 0, [False, True])
+    np.testing.assert_array_equal(x <= Tensor([0.0, 2.0]), [True, True])
+    loss = (x * x).sum()
+    assert float(loss) == 5.0
+    if float(loss) > 1:      # define-by-run: a Python condition on a value
+        loss = loss * 2.0
+    loss.backward()
+    np.testing.assert_array_equal(x.grad, [-4.0, 8.0])
