@@ -944,7 +944,10 @@ def main(argv=None) -> int:
     except BudgetError as exc:
         print(f"error: {_with_flags(str(exc))}", file=sys.stderr)
         return 2
-    print(json.dumps(b.as_dict(), indent=1) if args.json else describe(b))
+    try:
+        print(json.dumps(b.as_dict(), indent=1) if args.json else describe(b))
+    except BrokenPipeError:  # `... | head` closed the pipe early: not an error of ours
+        sys.stderr.close()
     return 0
 
 

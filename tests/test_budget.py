@@ -280,3 +280,57 @@ def test_cli_tiny_preset_is_the_trainer_config():
     assert (cfg["n_layer"], cfg["d_model"], cfg["n_head"], cfg["seq_len"],
             cfg["micro_batch"]) == (4, 128, 4, 128, 16)
     assert data["parameters"] == num_params(tiny_config(B.corpus_vocab_size()))
+
+
+# ------------------------------------ the lesson 06-07 checks built on these numbers
+from engine.exercises import ExerciseError, lesson06, lesson07  # noqa: E402
+
+
+def _stub(*args):
+    raise NotImplementedError()
+
+
+def _fails_with(check, fn, *fragments):
+    with pytest.raises(ExerciseError) as info:
+        check(fn)
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_lesson06_checks_accept_the_engine_counts_and_name_the_usual_slips():
+    lesson06.check_mlp_saved_bytes(lambda b, i, h, o, e: e * b * (i + h))
+    _fails_with(lesson06.check_mlp_saved_bytes, lambda b, i, h, o, e: e * b * (i + 2 * h),
+                "06.1", "same array")
+    _fails_with(lesson06.check_mlp_saved_bytes, lambda b, i, h, o, e: e * b * h,
+                "fc1's matmul also keeps its input x")
+    _fails_with(lesson06.check_mlp_saved_bytes, _stub, "06.1", "not done yet")
+
+    lesson06.check_block_saved_elements(lambda B_, T, C, H: 16 * B_ * T * C + 2 * B_ * T
+                                        + B_ * H * T * T)
+    _fails_with(lesson06.check_block_saved_elements,
+                lambda B_, T, C, H: 16 * B_ * T * C + 2 * B_ * T, "06.2", "probabilities att")
+    _fails_with(lesson06.check_block_saved_elements,
+                lambda B_, T, C, H: 16 * B_ * T * C + B_ * H * T * T, "rstd")
+
+    lesson06.check_rule_of_thumb_bytes(lambda B_, N, d, L, k, e: B_ * N * d * L * k * e)
+    _fails_with(lesson06.check_rule_of_thumb_bytes,
+                lambda B_, N, d, L, k, e: B_ * N * d * k * e, "06.3", "one layer")
+
+
+def test_lesson07_checks_accept_the_budget_and_name_the_usual_slips():
+    lesson07.check_training_flops(lambda P, L, N, d: 3 * (2 * P + 4 * L * N * d))
+    _fails_with(lesson07.check_training_flops, lambda P, L, N, d: 2 * P + 4 * L * N * d,
+                "07.1", "forward pass only")
+    _fails_with(lesson07.check_training_flops, lambda P, L, N, d: 6 * P, "no weights")
+
+    def right(precision, optimizer):
+        return sum(B.bytes_per_parameter(precision, optimizer).values())
+
+    lesson07.check_fixed_bytes_per_parameter(right)
+    _fails_with(lesson07.check_fixed_bytes_per_parameter,
+                lambda p, o: right(p, o) - (4 if p != "fp32" else 0), "07.2", "master copy")
+
+    lesson07.check_crossover_batch(B.crossover_batch)
+    _fails_with(lesson07.check_crossover_batch, lambda cfg: B.crossover_batch(cfg) - 1,
+                "07.3", "the last batch where the activations still fit")
+    _fails_with(lesson07.check_crossover_batch, _stub, "07.3", "not done yet")

@@ -108,6 +108,15 @@ def test_measure_shows_engine_bytes_beside_the_prediction():
     assert w.measured is None and w.measure_result.value == ""
 
 
+def test_measure_with_checkpointing_shows_the_higher_peak():
+    w = BudgetWidget(preset="tiny", plots=False, micro_batch=2, seq_len=32, recompute="full")
+    w.measure()
+    m = w.measured
+    assert m["measured_peak"] == m["predicted_peak"] == w.result.activations.peak
+    assert m["measured_saved"] < m["measured_peak"]
+    assert f"{m['measured_peak']:,}" in w.measure_result.value
+
+
 def test_measure_of_a_huge_shape_says_why_not(widget):
     widget.measure()
     assert "too large to measure" in widget.measure_result.value
