@@ -97,7 +97,11 @@ class Checkpoint(Op):
         with name_scope(f"recompute {self.label}"):
             if self.replay_fn is not None:
                 return (self.replay_fn(self.fn, arrays[0], g),) + no_params
-            inputs = [Tensor._from_op(a, need) if isinstance(a, np.ndarray) else a
+            # Every float input becomes a leaf that requires grad, even one the
+            # outer tape needs no gradient for: the rules then see the same
+            # `needs` as in a plain run whose input came from earlier layers.
+            inputs = [Tensor._from_op(a, need or np.issubdtype(a.dtype, np.floating))
+                      if isinstance(a, np.ndarray) else a
                       for a, need in zip(arrays, needs)]
             with enable_grad():
                 out = self.fn(*inputs)     # the second forward: records the insides

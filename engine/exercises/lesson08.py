@@ -1,0 +1,258 @@
+"""Checks for lesson 08, "Accumulation and checkpointing".
+
+08.1 the accumulation loop (zero once, backward loss/K per micro-batch);
+08.2 the backward of a checkpointed segment (recompute with recording on,
+     backpropagate the incoming gradient, return the input's gradient);
+08.3 the activation peak of a checkpointed stack, exactly as the tape
+     measures it.
+Each check compares with the engine in float64 and recognises the typical
+wrong answers (a missing /K, stale gradients, a recompute under no_grad, a
+backward seeded with ones, the approximate peak formula) by their numbers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import F, Tensor, memory, nn, no_grad
+from ..accumulation import accumulate_gradients, split_batch
+from ..checkpoint import checkpoint_sequential, checkpointed, segments
+from ..gpt_config import GPTConfig, init_params
+from ._core import ExerciseError, attempt, passed, save_piece
+
+EX_ACCUMULATE = "08.1 (accumulate)"
+EX_REPLAY = "08.2 (checkpointed_backward)"
+EX_PEAK = "08.3 (checkpoint_peak)"
+
+
+def _tiny_gpt(n_layer=1, seed=0):
+    cfg = GPTConfig(vocab_size=11, block_size=5, n_layer=n_layer, n_head=2, n_embd=8)
+    return cfg, init_params(cfg, seed=seed, dtype=np.float64)
+
+
+def _close(a, b, rtol=1e-9) -> bool:
+    return a is not None and np.shape(a) == np.shape(b) and np.allclose(a, b, rtol=rtol,
+                                                                        atol=1e-14)
+
+
+# ------------------------------------------------------------------ 08.1
+def check_accumulate(accumulate) -> None:
+    """accumulate(model, micro_batches) must leave in every p.grad the gradient
+    of the mean loss over all micro-batches, and return that mean loss."""
+    cfg, params = _tiny_gpt()
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, cfg.vocab_size, (6, cfg.block_size))
+    targets = rng.integers(0, cfg.vocab_size, (6, cfg.block_size))
+    K = 3
+    reference = nn.GPT(cfg, params)
+    want_loss = accumulate_gradients(reference.parameters(), lambda b: reference(*b),
+                                     [(ids, targets)])
+    want = reference.grads()
+    last = nn.GPT(cfg, params)   # the gradient of the last micro-batch alone
+    micro = split_batch(ids, targets, K)
+    last(*micro[-1]).backward()
+    last_only = last.grads()
+
+    model = nn.GPT(cfg, params)
+    stale = 0.5
+    for p in model.parameters().values():   # what an earlier step left behind
+        p.grad = np.full(p.shape, stale)
+    loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
+    got = model.grads()
+
+    missing = [k for k, g in got.items() if g is None]
+    if missing:
+        raise ExerciseError(EX_ACCUMULATE, f"after your loop {missing[0]} has no gradient "
+                            f"(.grad is None). Zero the gradients once, before the loop, then "
+                            f"call backward for every micro-batch.")
+    names = list(want)
+
+    def all_close(scale=1.0, shift=0.0, ref=want):
+        return all(_close(got[k], scale * ref[k] + shift) for k in names)
+
+    if not all_close():
+        if all_close(K):
+            raise ExerciseError(EX_ACCUMULATE, f"every gradient is exactly {K} times the "
+                                f"full-batch gradient, the missing /K: .grad adds the {K} "
+                                f"micro-batch gradients, so backpropagate loss / K (K = number "
+                                f"of micro-batches) to turn their sum into a mean.")
+        if all_close(1.0, stale) or all_close(K, stale):
+            raise ExerciseError(EX_ACCUMULATE, "the gradients still contain what was in .grad "
+                                "before your loop (stale gradients). Call zero_grad() on every "
+                                "parameter (or on the model) once, before the first micro-batch.")
+        if all_close(1.0 / K):
+            raise ExerciseError(EX_ACCUMULATE, f"every gradient is 1/{K} of the full-batch "
+                                f"gradient: you divided by K twice (each micro-batch loss is "
+                                f"already a mean over its own examples; divide by K once).")
+        if all_close(1.0 / K, ref=last_only) or all_close(1.0, ref=last_only):
+            raise ExerciseError(EX_ACCUMULATE, "the gradients are those of the last micro-batch "
+                                "only: zeroing inside the loop throws away the earlier ones. "
+                                "Zero once, before the loop.")
+        raise ExerciseError(EX_ACCUMULATE, "the gradients differ from the full-batch gradient. "
+                            "Hint: zero once; for each micro-batch run the forward, divide its "
+                            "loss by K and call backward; do not zero or step inside the loop.")
+    try:
+        loss = float(loss)
+    except (TypeError, ValueError):
+        raise ExerciseError(EX_ACCUMULATE, f"return the mean loss as a number, got "
+                            f"{type(loss).__name__}.") from None
+    if np.isclose(loss, K * want_loss, rtol=1e-9):
+        raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but you returned the sum "
+                            f"of the {K} micro-batch losses; return their mean.")
+    if not np.isclose(loss, want_loss, rtol=1e-9):
+        raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but the returned loss "
+                            f"{loss:.6g} is not the mean loss {want_loss:.6g}. Add up "
+                            f"loss.item() of every micro-batch and divide by K.")
+    save_piece("accumulate", accumulate, EX_ACCUMULATE)
+    passed(EX_ACCUMULATE, f"K={K} micro-batches of 2 give the gradient of the batch of 6.")
+
+
+# ------------------------------------------------------------------ 08.2
+def _segment_case():
+    rng = np.random.default_rng(2)
+    w = Tensor(rng.normal(size=(4, 5)) / 2, requires_grad=True, name="w")
+    v = Tensor(rng.normal(size=(5, 4)) / 2, requires_grad=True, name="v")
+
+    def segment(x):
+        return F.tanh(F.gelu(x @ w) @ v) + x
+
+    saved = rng.normal(size=(3, 4))
+    g = rng.normal(size=(3, 4))
+    return segment, (w, v), saved, g
+
+
+def check_checkpointed_backward(checkpointed_backward) -> None:
+    """checkpointed_backward(fn, saved_input, grad_output) -> dL/d(input), with
+    the segment's parameters' gradients accumulated as a side effect."""
+    segment, (w, v), saved, g = _segment_case()
+    x = Tensor(saved, requires_grad=True)
+    segment(x).backward(g)
+    want_x, want_w, want_v = x.grad, w.grad.copy(), v.grad.copy()
+    ones_x = Tensor(saved, requires_grad=True)
+    w.zero_grad(), v.zero_grad()
+    segment(ones_x).backward(np.ones_like(g))
+    w.zero_grad(), v.zero_grad()
+
+    probe = saved.copy()
+    try:
+        with no_grad():  # backward does not have to record; your recompute must
+            got = attempt(EX_REPLAY, checkpointed_backward, segment, probe, g)
+    except RuntimeError as err:
+        if "does not require grad" in str(err):
+            raise ExerciseError(EX_REPLAY, "the recomputed output does not require grad, so "
+                                "backward has nothing to walk. Make the input a Tensor with "
+                                "requires_grad=True and run fn inside `with engine.enable_grad():` "
+                                "(the backward pass may run with recording switched off).") from None
+        raise
+    if not np.array_equal(probe, saved):
+        raise ExerciseError(EX_REPLAY, "saved_input was changed by your function; the tape "
+                            "still owns it. Wrap it in a new Tensor instead of editing it.")
+    if isinstance(got, Tensor):
+        got = got.data
+    if got is None:
+        raise ExerciseError(EX_REPLAY, "you returned None: return the gradient of the input, "
+                            "the .grad of the Tensor you made from saved_input (create it with "
+                            "requires_grad=True, or .grad stays None).")
+    got = np.asarray(got)
+    if _close(got, ones_x.grad) and not _close(got, want_x):
+        raise ExerciseError(EX_REPLAY, "you backpropagated a gradient of ones (as .sum() or "
+                            "backward() with no argument does): pass grad_output, the gradient "
+                            "that reached the segment, to out.backward(grad_output).")
+    if _close(got, g) and not _close(got, want_x):
+        raise ExerciseError(EX_REPLAY, "you returned grad_output itself: the segment's input "
+                            "gradient needs the recompute and a backward through it.")
+    if not _close(got, want_x):
+        raise ExerciseError(EX_REPLAY, "the input gradient is wrong. Recompute fn on a Tensor "
+                            "made from saved_input (requires_grad=True), call backward on the "
+                            "output with grad_output, return the input's .grad.")
+    for p, want in ((w, want_w), (v, want_v)):
+        if p.grad is None:
+            raise ExerciseError(EX_REPLAY, f"the parameter {p.name} got no gradient: the "
+                                f"backward through the recomputed segment is what fills it.")
+        if _close(p.grad, 2 * want):
+            raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is twice what it should "
+                                f"be: run the recompute and its backward once.")
+        if not _close(p.grad, want):
+            raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is wrong; the one "
+                                f"backward through the recomputed output provides it.")
+    # and in the engine: a checkpointed GPT that uses your replay
+    cfg, params = _tiny_gpt(n_layer=2, seed=3)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, cfg.vocab_size, (2, cfg.block_size))
+    targets = rng.integers(0, cfg.vocab_size, (2, cfg.block_size))
+    plain = nn.GPT(cfg, params)
+    plain(ids, targets).backward()
+    mine = nn.GPT(cfg, params)
+    with checkpointed(mine, "every", replay_fn=checkpointed_backward):
+        loss = mine(ids, targets)
+    loss.backward()
+    for name, want in plain.grads().items():
+        if not _close(mine.grads()[name], want, rtol=1e-10):
+            raise ExerciseError(EX_REPLAY, f"your function passes on one segment, but in a "
+                                f"checkpointed GPT the gradient of {name} differs from the "
+                                f"plain one. Does it depend on anything but its arguments?")
+    save_piece("checkpoint_replay", checkpointed_backward, EX_REPLAY)
+    passed(EX_REPLAY, "A 2-block GPT checkpointed with your replay has the plain gradients.")
+
+
+# ------------------------------------------------------------------ 08.3
+def exact_checkpoint_peak(n_blocks: int, k: int, a: int, b: int) -> int:
+    """max over segments j (forward order) of (j+1)*a + len_j*b."""
+    return max((j + 1) * a + len(seg) * b for j, seg in enumerate(segments(n_blocks, k)))
+
+
+def _measured_stack_peak(n_blocks: int, k: int):
+    """Measure a stack of GPT blocks (input needs no gradient, loss = sum)."""
+    cfg = GPTConfig(vocab_size=4, block_size=6, n_layer=n_blocks, n_head=2, n_embd=8)
+    params = {name: Tensor(v, requires_grad=True, name=name)
+              for name, v in init_params(cfg, seed=5, dtype=np.float32).items()}
+    blocks = [nn.Block(cfg, params, i) for i in range(n_blocks)]
+    x0 = np.random.default_rng(6).normal(size=(2, 6, 8)).astype(np.float32)
+    with memory.record() as mem:
+        checkpoint_sequential(blocks, Tensor(x0), k).sum().backward()
+    return mem.peak_bytes, x0.nbytes, nn.block_saved_bytes(2, 6, 8, 2, np.float32)
+
+
+def check_checkpoint_peak(checkpoint_peak) -> None:
+    """checkpoint_peak(n_blocks, k, boundary_bytes, block_bytes): the tape's peak."""
+    cases = [(8, 1, 100, 1000), (8, 2, 100, 1000), (8, 4, 100, 1000), (8, 8, 100, 1000),
+             (16, 4, 500, 500), (10, 3, 100, 1000), (10, 4, 64, 640), (7, 5, 10, 1000),
+             (5, 2, 1000, 10), (9, 9, 3, 7)]
+    for L, k, a, b in cases:
+        got = attempt(EX_PEAK, checkpoint_peak, L, k, a, b)
+        want = exact_checkpoint_peak(L, k, a, b)
+        try:
+            got_value = float(got)
+        except (TypeError, ValueError):
+            raise ExerciseError(EX_PEAK, f"checkpoint_peak({L}, {k}, {a}, {b}) should be a "
+                                f"number of bytes, got {got!r}.") from None
+        if got_value == want:
+            continue
+        n = -(-L // k)
+        where = f"checkpoint_peak({L}, {k}, {a}, {b}) = {got!r}, the tape measures {want}"
+        if got_value == n * a:
+            hint = ("you counted the kept boundaries only: while the backward is inside a "
+                    "segment, that segment's recomputed insides (its blocks x block_bytes) "
+                    "are live too.")
+        elif got_value == n * a + k * b:
+            hint = ("that is the usual estimate ceil(L/k)*a + k*b. It is exact when k divides "
+                    "L; here the last segment is shorter, and when the backward reaches a "
+                    "full segment the last boundary has already been freed. Take the max over "
+                    "segments j of (j+1)*a + (blocks in j)*b.")
+        elif got_value in (L / k * a + k * b, (L // k) * a + k * b):
+            hint = ("the number of segments is ceil(L/k) (a whole number, rounded up), and the "
+                    "peak is the max over segments j of (j+1)*a + (blocks in j)*b.")
+        elif got_value == L * b:
+            hint = "that is the peak without checkpointing (every block's insides kept)."
+        else:
+            hint = ("when the backward recomputes segment j (counting from 0 in forward "
+                    "order), the boundaries 0..j are still kept and segment j's insides are "
+                    "live: (j+1)*a + (blocks in j)*b. The peak is the largest of these.")
+        raise ExerciseError(EX_PEAK, f"{where}. Hint: {hint}")
+    for L, k in ((5, 2), (6, 4)):
+        measured, a, b = _measured_stack_peak(L, k)
+        got = float(checkpoint_peak(L, k, a, b))
+        if got != measured:
+            raise ExerciseError(EX_PEAK, f"on the engine, {L} GPT blocks checkpointed every "
+                                f"{k} peak at {measured} bytes; your formula says {got:.0f}.")
+    save_piece("checkpoint_peak", checkpoint_peak, EX_PEAK)
+    passed(EX_PEAK, "Your formula matches the tape's measured peak byte for byte.")

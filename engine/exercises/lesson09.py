@@ -1,0 +1,197 @@
+"""Checks for lesson 09, "Precision".
+
+09.1 float32 -> bf16 rounding on the bits, round to nearest, ties to even;
+09.2 the dynamic loss scaler's rule (skip and halve on overflow, grow after
+     N good steps);
+09.3 one SGD step with fp32 master weights and bf16 weights for the forward.
+The typical wrong answers recognised: truncation, ties rounded up (away
+from zero), NaN turned into infinity; growing on an overflow, applying a
+non-finite step, a counter that is not reset; updating the bf16 copy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..precision import round_to_bf16
+from ._core import ExerciseError, attempt, passed, save_piece
+
+EX_BF16 = "09.1 (to_bf16)"
+EX_SCALE = "09.2 (update_scale)"
+EX_MASTER = "09.3 (master_weight_step)"
+
+
+def _bits(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+def _from_bits(bits) -> np.ndarray:
+    return np.asarray(bits, dtype=np.uint32).view(np.float32)
+
+
+def _truncate(x):
+    return _from_bits(_bits(x) & np.uint32(0xFFFF0000))
+
+
+def _half_up(x):
+    return _from_bits((_bits(x) + np.uint32(0x8000)) & np.uint32(0xFFFF0000))
+
+
+def _same(a, b) -> np.ndarray:
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return (_bits(a) == _bits(b)) | (np.isnan(a) & np.isnan(b))
+
+
+# ------------------------------------------------------------------ 09.1
+def check_to_bf16(to_bf16) -> None:
+    """to_bf16(x: float32 array) -> float32 array holding bf16 values."""
+    ties = _from_bits([0x3F808000, 0x3F818000, 0xBF808000, 0xBF818000,   # 1+2^-8, 1+3*2^-8, negatives
+                       0x00008000, 0x00018000,                           # subnormal ties
+                       0x7F7F8000])                                      # max bf16 vs inf
+    plain = np.array([1.0, -2.5, 1.0 + 1e-4, 3.14159265, 1e-3, 65504.0, 0.0, -0.0,
+                      1e-40, 3e38, np.inf, -np.inf], dtype=np.float32)
+    nan_like = _from_bits([0x7F800001, 0xFF800001, 0x7FC00000])   # NaNs, two with tiny payloads
+    rng = np.random.default_rng(0)
+    random = _from_bits(rng.integers(0, 2 ** 32, 20000, dtype=np.uint64))
+    random = random[np.isfinite(random)]
+    x = np.concatenate([ties, plain, nan_like, random])
+    got = attempt(EX_BF16, to_bf16, x.copy())
+    got = np.asarray(got)
+    if got.shape != x.shape:
+        raise ExerciseError(EX_BF16, f"the result has shape {got.shape}, the input {x.shape}; "
+                            f"round every element and keep the shape.")
+    if got.dtype != np.float32:
+        raise ExerciseError(EX_BF16, f"return float32 values (the bf16 values, as float32), "
+                            f"got dtype {got.dtype}; view the uint32 bits back with "
+                            f".view(np.float32).")
+    want = round_to_bf16(x)
+    ok = _same(got, want)
+    if ok.all():
+        save_piece("to_bf16", to_bf16, EX_BF16)
+        passed(EX_BF16, "Ties go to even, NaN stays NaN, overflow becomes infinity.")
+        return
+    bad = int(np.argmin(ok))
+    shown = (f"for x = {x[bad]!r} (bits {_bits(x[bad]):#010x}) you return {got[bad]!r}, the "
+             f"nearest bf16 is {want[bad]!r}")
+    finite = np.isfinite(x)
+    if _same(got, _truncate(x))[finite].all():
+        hint = ("you truncate (drop the low 16 bits). That always rounds towards zero; "
+                "round to the nearest instead: add 0x7FFF plus the lowest kept bit "
+                "((bits >> 16) & 1) before clearing the low 16 bits.")
+    elif _same(got, _half_up(x))[finite].all():
+        hint = ("exact ties (the dropped 16 bits are exactly 0x8000) must go to the even "
+                "neighbour, not always up: add 0x7FFF + ((bits >> 16) & 1) instead of 0x8000.")
+    elif _same(got, want)[finite].all():
+        hint = ("a NaN whose payload sits in the low 16 bits (e.g. bits 0x7F800001) turns into "
+                "infinity when those bits are dropped. Keep NaN a NaN: for NaN inputs set the "
+                "quiet bit 0x00400000 before clearing the low bits (np.where(np.isnan(x), ...)).")
+    elif not np.isnan(got[bad]) and np.isnan(want[bad]):
+        hint = "NaN must stay NaN."
+    else:
+        hint = ("work on x.view(np.uint32): add 0x7FFF + ((bits >> 16) & 1), clear the low 16 "
+                "bits with & 0xFFFF0000, view the result as float32.")
+    raise ExerciseError(EX_BF16, f"{shown}. Hint: {hint}")
+
+
+# ------------------------------------------------------------------ 09.2
+def _reference_update(scale, good_steps, finite, growth_interval):
+    if not finite:
+        return scale * 0.5, 0, False
+    good_steps += 1
+    if good_steps >= growth_interval:
+        return scale * 2.0, 0, True
+    return scale, good_steps, True
+
+
+def check_update_scale(update_scale) -> None:
+    """update_scale(scale, good_steps, finite, growth_interval)
+    -> (new_scale, new_good_steps, apply_step)."""
+    cases = [(2.0 ** 15, 0, True, 3), (2.0 ** 15, 1, True, 3), (2.0 ** 15, 2, True, 3),
+             (2.0 ** 15, 2, False, 3), (2.0 ** 15, 0, False, 3), (1024.0, 5, True, 2000),
+             (1024.0, 1999, True, 2000), (8.0, 0, True, 1)]
+    for scale, good, finite, interval in cases:
+        got = attempt(EX_SCALE, update_scale, scale, good, finite, interval)
+        try:
+            new_scale, new_good, apply = got
+        except (TypeError, ValueError):
+            raise ExerciseError(EX_SCALE, f"return three values (new_scale, new_good_steps, "
+                                f"apply_step), got {got!r}.") from None
+        want = _reference_update(scale, good, finite, interval)
+        if (float(new_scale), int(new_good), bool(apply)) == want:
+            continue
+        call = (f"update_scale(scale={scale:g}, good_steps={good}, finite={finite}, "
+                f"growth_interval={interval}) returned {got!r}, expected {want!r}")
+        if not finite and bool(apply):
+            hint = ("a step whose gradients hold inf or NaN must be skipped (apply_step=False): "
+                    "applying it would write inf/NaN into the weights.")
+        elif not finite and float(new_scale) >= scale:
+            hint = ("an overflow means the scale is too large: halve it (never grow it on an "
+                    "overflow).")
+        elif not finite and int(new_good) != 0:
+            hint = "after an overflow the count of good steps starts again from 0."
+        elif finite and not bool(apply):
+            hint = "a step with finite gradients is applied."
+        elif finite and good + 1 >= interval and float(new_scale) == scale:
+            hint = (f"this is good step number {good + 1}, which reaches growth_interval="
+                    f"{interval}: double the scale (and restart the count at 0).")
+        elif finite and float(new_scale) == 2 * scale and int(new_good) != 0:
+            hint = "after growing, restart the count of good steps at 0."
+        elif finite and good + 1 < interval and float(new_scale) != scale:
+            hint = (f"only {good + 1} good steps so far; keep the scale until {interval} "
+                    f"good steps in a row.")
+        else:
+            hint = ("finite: count one more good step, double the scale when the count reaches "
+                    "growth_interval (and reset it); not finite: halve, reset, skip.")
+        raise ExerciseError(EX_SCALE, f"{call}. Hint: {hint}")
+    save_piece("update_scale", update_scale, EX_SCALE)
+    passed(EX_SCALE, "Skip and halve on overflow; double after growth_interval good steps.")
+
+
+# ------------------------------------------------------------------ 09.3
+def check_master_weight_step(master_weight_step) -> None:
+    """master_weight_step(master, grad, lr) -> (new_master fp32, weights for the
+    forward rounded to bf16)."""
+    rng = np.random.default_rng(3)
+    master = (1.0 + rng.normal(size=64) * 0.1).astype(np.float32)
+    grad = rng.normal(size=64).astype(np.float32)
+    lr = np.float32(1e-4)
+    probe = master.copy()
+    got = attempt(EX_MASTER, master_weight_step, probe, grad.copy(), lr)
+    try:
+        new_master, weights = got
+    except (TypeError, ValueError):
+        raise ExerciseError(EX_MASTER, f"return two arrays (new_master, weights), got "
+                            f"{type(got).__name__}.") from None
+    new_master = np.asarray(new_master)
+    weights = np.asarray(weights)
+    want_master = master - lr * grad
+    want_weights = round_to_bf16(want_master)
+    if new_master.dtype != np.float32:
+        raise ExerciseError(EX_MASTER, f"keep the master weights in float32, got "
+                            f"{new_master.dtype}.")
+    if _same(new_master, round_to_bf16(new_master)).all():   # only bf16 values left
+        raise ExerciseError(EX_MASTER, "your master weights are rounded to bf16: an update of "
+                            "relative size 1e-4 is then swallowed (1 + 1e-4 rounds to 1 in "
+                            "bf16). Keep the master copy in full float32; round only the copy "
+                            "the forward pass reads.")
+    if _same(new_master, master).all():
+        raise ExerciseError(EX_MASTER, "the master weights did not move: subtract lr * grad "
+                            "from them (in float32).")
+    if not np.allclose(new_master, want_master, rtol=1e-6, atol=0):
+        if np.allclose(new_master, master + lr * grad, rtol=1e-6):
+            hint = "gradient descent subtracts: master - lr * grad."
+        else:
+            hint = "new_master = master - lr * grad, in float32."
+        raise ExerciseError(EX_MASTER, f"the new master weights are wrong. Hint: {hint}")
+    if _same(weights, want_master).all() and not _same(want_master, want_weights).all():
+        raise ExerciseError(EX_MASTER, "the weights for the forward pass must be the bf16 "
+                            "values: round the new master weights with your to_bf16 (or "
+                            "engine.precision.round_to_bf16).")
+    if _same(weights, round_to_bf16(master)).all() and not _same(want_weights,
+                                                                 round_to_bf16(master)).all():
+        raise ExerciseError(EX_MASTER, "the bf16 weights were rounded from the old master "
+                            "weights: round the updated ones.")
+    if not _same(weights, want_weights).all():
+        raise ExerciseError(EX_MASTER, "the bf16 weights are wrong: they are "
+                            "round_to_bf16(new_master).")
+    save_piece("master_weight_step", master_weight_step, EX_MASTER)
+    passed(EX_MASTER, "The update lands in fp32; the forward reads its bf16 rounding.")

@@ -1,0 +1,375 @@
+"""The exercise checks of lessons 08 and 09, fed right and typical wrong answers.
+
+Each check must pass a correct answer, fail a stub with the exercise's own
+"not done yet" message, and fail each typical wrong answer with a hint that
+names the mistake (asserted by matching a phrase of the hint).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine
+from engine import Tensor
+from engine.exercises import ExerciseError, lesson08, lesson09
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError()
+
+
+def fails_with(check, answer, phrase):
+    with pytest.raises(ExerciseError) as info:
+        check(answer)
+    assert phrase in str(info.value), str(info.value)
+    return str(info.value)
+
+
+# ================================================================ 08.1
+def accumulate_right(model, micro_batches):
+    model.zero_grad()
+    K = len(micro_batches)
+    total = 0.0
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        (loss / K).backward()
+        total += loss.item()
+    return total / K
+
+
+def accumulate_without_k(model, micro_batches):
+    model.zero_grad()
+    total = 0.0
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        loss.backward()
+        total += loss.item()
+    return total / len(micro_batches)
+
+
+def accumulate_without_zero(model, micro_batches):
+    K = len(micro_batches)
+    for ids, targets in micro_batches:
+        (model(ids, targets) / K).backward()
+    return 0.0
+
+
+def accumulate_zero_inside(model, micro_batches):
+    K = len(micro_batches)
+    for ids, targets in micro_batches:
+        model.zero_grad()
+        (model(ids, targets) / K).backward()
+    return 0.0
+
+
+def accumulate_divide_twice(model, micro_batches):
+    model.zero_grad()
+    K = len(micro_batches)
+    for ids, targets in micro_batches:
+        (model(ids, targets) / K / K).backward()
+    return 0.0
+
+
+def accumulate_sum_of_losses(model, micro_batches):
+    model.zero_grad()
+    K = len(micro_batches)
+    total = 0.0
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        (loss / K).backward()
+        total += loss.item()
+    return total
+
+
+def test_08_1_passes_the_accumulation_loop(capsys):
+    lesson08.check_accumulate(accumulate_right)
+    assert "Exercise 08.1 (accumulate) passed." in capsys.readouterr().out
+
+
+def test_08_1_stub_says_not_done():
+    fails_with(lesson08.check_accumulate, stub, "Exercise 08.1 (accumulate): not done yet")
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (accumulate_without_k, "the missing /K"),
+    (accumulate_without_zero, "stale gradients"),
+    (accumulate_zero_inside, "last micro-batch only"),
+    (accumulate_divide_twice, "divided by K twice"),
+    (accumulate_sum_of_losses, "returned the sum"),
+])
+def test_08_1_names_the_typical_mistakes(answer, phrase):
+    fails_with(lesson08.check_accumulate, answer, phrase)
+
+
+# ================================================================ 08.2
+def replay_right(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    with engine.enable_grad():
+        out = fn(x)
+    out.backward(grad_output)
+    return x.grad
+
+
+def replay_without_enable_grad(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    out = fn(x)
+    out.backward(grad_output)
+    return x.grad
+
+
+def replay_seeded_with_ones(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    with engine.enable_grad():
+        fn(x).sum().backward()
+    return x.grad
+
+
+def replay_twice(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    with engine.enable_grad():
+        fn(x).backward(grad_output)
+        x.zero_grad()
+        fn(x).backward(grad_output)
+    return x.grad
+
+
+def replay_no_input_grad(fn, saved_input, grad_output):
+    x = Tensor(saved_input)
+    with engine.enable_grad():
+        fn(x).backward(grad_output)
+    return x.grad
+
+
+def replay_passthrough(fn, saved_input, grad_output):
+    return grad_output
+
+
+def test_08_2_passes_a_replay(capsys):
+    lesson08.check_checkpointed_backward(replay_right)
+    assert "Exercise 08.2 (checkpointed_backward) passed." in capsys.readouterr().out
+
+
+def test_08_2_stub_says_not_done():
+    fails_with(lesson08.check_checkpointed_backward, stub,
+               "Exercise 08.2 (checkpointed_backward): not done yet")
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (replay_without_enable_grad, "enable_grad"),
+    (replay_seeded_with_ones, "gradient of ones"),
+    (replay_twice, "twice"),
+    (replay_no_input_grad, "returned None"),
+    (replay_passthrough, "grad_output itself"),
+])
+def test_08_2_names_the_typical_mistakes(answer, phrase):
+    fails_with(lesson08.check_checkpointed_backward, answer, phrase)
+
+
+# ================================================================ 08.3
+def peak_right(n_blocks, k, a, b):
+    starts = range(0, n_blocks, k)
+    return max((j + 1) * a + min(k, n_blocks - s) * b for j, s in enumerate(starts))
+
+
+def peak_usual_estimate(n_blocks, k, a, b):
+    return -(-n_blocks // k) * a + k * b
+
+
+def peak_boundaries_only(n_blocks, k, a, b):
+    return -(-n_blocks // k) * a
+
+
+def peak_float_segments(n_blocks, k, a, b):
+    return n_blocks / k * a + k * b
+
+
+def test_08_3_passes_the_exact_peak(capsys):
+    lesson08.check_checkpoint_peak(peak_right)
+    assert "Exercise 08.3 (checkpoint_peak) passed." in capsys.readouterr().out
+
+
+def test_08_3_stub_says_not_done():
+    fails_with(lesson08.check_checkpoint_peak, stub, "Exercise 08.3 (checkpoint_peak): not done")
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (peak_usual_estimate, "the last segment is shorter"),
+    (peak_boundaries_only, "boundaries only"),
+    (peak_float_segments, "ceil(L/k)"),
+])
+def test_08_3_names_the_typical_mistakes(answer, phrase):
+    fails_with(lesson08.check_checkpoint_peak, answer, phrase)
+
+
+def test_08_3_formula_is_the_measured_peak():
+    # the check's claim: the exact formula equals what engine.memory measures
+    for L, k in [(4, 1), (5, 2), (6, 4), (3, 3)]:
+        measured, a, b = lesson08._measured_stack_peak(L, k)
+        assert measured == peak_right(L, k, a, b)
+
+
+# ================================================================ 09.1
+def bf16_right(x):
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    quiet_nan = (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint32).view(np.float32)
+
+
+def bf16_truncate(x):
+    return (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def bf16_half_up(x):
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x8000)) & np.uint32(0xFFFF0000)
+    quiet_nan = (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint32).view(np.float32)
+
+
+def bf16_nan_to_inf(x):
+    bits = x.view(np.uint32)
+    return ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
+            & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def bf16_float64(x):
+    return bf16_right(x).astype(np.float64)
+
+
+def test_09_1_passes_round_to_nearest_even(capsys):
+    lesson09.check_to_bf16(bf16_right)
+    assert "Exercise 09.1 (to_bf16) passed." in capsys.readouterr().out
+
+
+def test_09_1_stub_says_not_done():
+    fails_with(lesson09.check_to_bf16, stub, "Exercise 09.1 (to_bf16): not done yet")
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (bf16_truncate, "you truncate"),
+    (bf16_half_up, "even neighbour"),
+    (bf16_nan_to_inf, "Keep NaN a NaN"),
+    (bf16_float64, "float32"),
+])
+def test_09_1_names_the_typical_mistakes(answer, phrase):
+    fails_with(lesson09.check_to_bf16, answer, phrase)
+
+
+# ================================================================ 09.2
+def scale_right(scale, good_steps, finite, growth_interval):
+    if not finite:
+        return scale / 2, 0, False
+    good_steps += 1
+    if good_steps >= growth_interval:
+        return scale * 2, 0, True
+    return scale, good_steps, True
+
+
+def scale_applies_overflow(scale, good_steps, finite, growth_interval):
+    new_scale, good, _ = scale_right(scale, good_steps, finite, growth_interval)
+    return new_scale, good, True
+
+
+def scale_grows_on_overflow(scale, good_steps, finite, growth_interval):
+    if not finite:
+        return scale * 2, 0, False
+    return scale_right(scale, good_steps, finite, growth_interval)
+
+
+def scale_keeps_count(scale, good_steps, finite, growth_interval):
+    if not finite:
+        return scale / 2, good_steps, False
+    return scale_right(scale, good_steps, finite, growth_interval)
+
+
+def scale_off_by_one(scale, good_steps, finite, growth_interval):
+    if not finite:
+        return scale / 2, 0, False
+    if good_steps + 1 > growth_interval:
+        return scale * 2, 0, True
+    return scale, good_steps + 1, True
+
+
+def scale_no_reset_after_growth(scale, good_steps, finite, growth_interval):
+    if not finite:
+        return scale / 2, 0, False
+    good_steps += 1
+    if good_steps >= growth_interval:
+        return scale * 2, good_steps, True
+    return scale, good_steps, True
+
+
+def test_09_2_passes_the_scaler_rule(capsys):
+    lesson09.check_update_scale(scale_right)
+    assert "Exercise 09.2 (update_scale) passed." in capsys.readouterr().out
+
+
+def test_09_2_stub_says_not_done():
+    fails_with(lesson09.check_update_scale, stub, "Exercise 09.2 (update_scale): not done yet")
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (scale_applies_overflow, "must be skipped"),
+    (scale_grows_on_overflow, "halve it"),
+    (scale_keeps_count, "starts again from 0"),
+    (scale_off_by_one, "reaches growth_interval"),
+    (scale_no_reset_after_growth, "restart the count"),
+])
+def test_09_2_names_the_typical_mistakes(answer, phrase):
+    fails_with(lesson09.check_update_scale, answer, phrase)
+
+
+def test_09_2_rule_matches_the_engine_scaler():
+    from engine.precision import DynamicLossScaler
+    s = DynamicLossScaler(init_scale=64.0, growth_interval=3)
+    scale, good = 64.0, 0
+    for finite in [True, True, True, False, True, True, True, True, False, False, True]:
+        applied = s.update(finite)
+        scale, good, apply = scale_right(scale, good, finite, 3)
+        assert (s.scale, s.good_steps, applied) == (scale, good, apply)
+
+
+# ================================================================ 09.3
+def master_right(master, grad, lr):
+    new_master = master - np.float32(lr) * grad
+    return new_master, bf16_right(new_master)
+
+
+def master_in_bf16(master, grad, lr):
+    w = bf16_right(bf16_right(master) - np.float32(lr) * grad)
+    return w, w
+
+
+def master_forward_unrounded(master, grad, lr):
+    new_master = master - np.float32(lr) * grad
+    return new_master, new_master
+
+
+def master_ascent(master, grad, lr):
+    new_master = master + np.float32(lr) * grad
+    return new_master, bf16_right(new_master)
+
+
+def master_stale_weights(master, grad, lr):
+    return master - np.float32(lr) * grad, bf16_right(master)
+
+
+def test_09_3_passes_a_master_weight_step(capsys):
+    lesson09.check_master_weight_step(master_right)
+    assert "Exercise 09.3 (master_weight_step) passed." in capsys.readouterr().out
+
+
+def test_09_3_stub_says_not_done():
+    fails_with(lesson09.check_master_weight_step, stub,
+               "Exercise 09.3 (master_weight_step): not done yet")
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (master_in_bf16, "swallowed"),
+    (master_forward_unrounded, "must be the bf16"),
+    (master_ascent, "subtracts"),
+    (master_stale_weights, "old master"),
+])
+def test_09_3_names_the_typical_mistakes(answer, phrase):
+    fails_with(lesson09.check_master_weight_step, answer, phrase)
