@@ -2,9 +2,11 @@
 and compare with what engine.budget computes for the same settings."""
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engine import budget as B
 from widgets.budget import BudgetWidget
@@ -120,3 +122,28 @@ def test_measure_with_checkpointing_shows_the_higher_peak():
 def test_measure_of_a_huge_shape_says_why_not(widget):
     widget.measure()
     assert "too large to measure" in widget.measure_result.value
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_setting_gives_a_readout_or_a_message(widget, data):
+    """Whatever a learner sets, the widget shows either engine.budget's numbers or
+    engine.budget's message: it never raises."""
+    for name, control in widget.controls.items():
+        if data.draw(st.booleans(), label=f"change {name}"):
+            if hasattr(control, "options"):
+                value = data.draw(st.sampled_from(list(control.options)), label=name)
+            elif isinstance(control.value, bool):
+                value = data.draw(st.booleans(), label=name)
+            else:
+                value = data.draw(st.integers(control.min, min(control.max, 5000)), label=name)
+            control.value = value
+    cfg = B.BudgetConfig(name=widget.preset.value,
+                         **{n: c.value for n, c in widget.controls.items()})
+    try:
+        want = B.budget(cfg)
+    except B.BudgetError as exc:
+        assert widget.result is None and str(exc)[:40] in html.unescape(widget.message.value)
+    else:
+        assert widget.message.value == "" and shown_peak_bytes(widget) == want.peak
