@@ -118,10 +118,6 @@ def _normalize_axes(axis, ndim: int, op: str) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def _float_dtype(*arrays):
-    return np.result_type(*[a for a in arrays if isinstance(a, np.ndarray)] or [np.float64])
-
-
 # ============================================================ arithmetic
 class Add(Op):
     """z = a + b.  dz/da = dz/db = 1: the gradient passes through, summed over

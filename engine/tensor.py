@@ -399,32 +399,33 @@ def apply(op_class, *inputs, **options) -> Tensor:
         op.freed = False
         op.saved_versions = _saved_versions(op, inputs, result)
         result._node = op
-        if _anomaly["on"]:
-            from .anomaly import note_forward
-            note_forward(op, inputs, out)
-        for observer in list(_observers):
-            observer.on_forward(op, inputs, result)
-    elif _anomaly["on"]:
+    if _anomaly["on"]:
         from .anomaly import note_forward
         note_forward(op, inputs, out)
+    if any(tracked):
+        for observer in list(_observers):
+            observer.on_forward(op, inputs, result)
     return result
 
 
 def _saved_versions(op, inputs, result):
-    """For each saved array that is a tensor's data: (name, version box, version, label)."""
+    """For each saved array that is (a view of) an input's or the output's memory:
+    (slot name, that tensor's version box, its version now, a label for errors)."""
     links = []
     for key in op.saved_names:
         value = getattr(op, key)
         if not isinstance(value, np.ndarray):
             continue
-        for i, x in enumerate(inputs):
-            if isinstance(x, Tensor) and value is x.data:
-                label = f"'{x.name}'" if x.name else f"its input {i}"
-                links.append((key, x._version, x._version[0], label))
-                break
-        else:
-            if value is result.data:
-                links.append((key, result._version, result._version[0], "its output"))
+        memory = _root(value)
+        candidates = [(i, x) for i, x in enumerate(inputs) if isinstance(x, Tensor)]
+        exact = [(i, x) for i, x in candidates if x.data is value]
+        shared = [(i, x) for i, x in candidates if _root(x.data) is memory]
+        if exact or shared:
+            i, x = (exact or shared)[0]
+            label = f"'{x.name}'" if x.name else f"its input {i}"
+            links.append((key, x._version, x._version[0], label))
+        elif _root(result.data) is memory:
+            links.append((key, result._version, result._version[0], "its output"))
     return links
 
 

@@ -17,7 +17,6 @@ imported when a fast kernel is first needed, so `import engine` stays quick.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import numpy as np
 

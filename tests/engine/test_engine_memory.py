@@ -72,7 +72,7 @@ def test_the_whole_gpt_matches_gpt_saved_bytes(V, T, L, H, C, B, dtype, with_tar
     rng = np.random.default_rng(0)
     ids, targets = rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
     with engine.memory.record() as mem:
-        out = model(ids, targets if with_targets else None)
+        model(ids, targets if with_targets else None)
     assert mem.saved_bytes == gpt_saved_bytes(cfg, B, T, dtype, with_targets)
     assert mem.peak_bytes == mem.saved_bytes
     # ids and targets given as views of one array cost no more than separate arrays
