@@ -280,16 +280,17 @@ def memory_curve_figure(b: B.Budget, points: int = 24):
     ax.plot(rows["tokens"], [v / 1e9 for v in rows["fixed"]], label="weights+grads+optimizer")
     ax.plot(rows["tokens"], [v / 1e9 for v in rows["activations"]], label="activations")
     ax.plot(rows["tokens"], [v / 1e9 for v in rows["peak"]], "k--", lw=1, label="peak")
-    ax.axvline(B.tokens_per_micro_batch(c), color="0.6", lw=1)
+    ax.axvline(B.tokens_per_micro_batch(c), color="0.6", lw=1, label=f"B={c.micro_batch} (set)")
     if cross:
         ax.axvline(cross * c.seq_len, color="#c44e52", ls=":", lw=1.5)
-        ax.annotate(f"B={cross}", (cross * c.seq_len, 0), xytext=(4, 4),
-                    textcoords="offset points", fontsize=8, color="#c44e52")
+        ax.annotate(f"crossover B={cross}", (cross * c.seq_len, 0.96),
+                    xycoords=("data", "axes fraction"), xytext=(4, 0),
+                    textcoords="offset points", fontsize=8, color="#c44e52", va="top")
     ax.set_xlabel(f"tokens per micro-batch B x N (N={c.seq_len})")
     ax.set_ylabel("GB")
     ax.set_title("activations overtake the fixed memory" if cross else
                  "activations stay below the fixed memory", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     plt.close(fig)
     return fig
