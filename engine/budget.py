@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import numbers
 import re
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -106,7 +107,7 @@ class BudgetConfig:
     n_layer: int = 4
     d_model: int = 128
     n_head: int = 4
-    vocab_size: int = 103
+    vocab_size: int = 256
     d_ff: int = 0
     block_size: int = 0
     tied_embedding: bool = True
@@ -121,6 +122,13 @@ class BudgetConfig:
     dropout: bool = False
     recompute: str = "none"
     name: str = field(default="custom", compare=False)
+
+    def __post_init__(self):
+        # numpy integers (from an array, a sweep) count as whole numbers; store
+        # Python ints so products of sizes never overflow.
+        for name, value in vars(self).items():
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, int(value))
 
     # Sizes read by the formulas; `ffn` and `positions` resolve the 0 defaults.
     @property
