@@ -185,3 +185,161 @@ def test_10_2_stub_says_not_done():
 ])
 def test_10_2_names_the_mistake(fn, phrase):
     expect(lesson10.check_softmax_cross_entropy, fn, "10.2", phrase)
+
+
+# ------------------------------------------------------------------ 11.1
+from engine.exercises import lesson11  # noqa: E402
+
+
+@njit(parallel=True)
+def scatter_right(ids, g, vocab_size):
+    n, c = g.shape
+    d = np.zeros((vocab_size, c), dtype=g.dtype)
+    for j in prange(c):
+        for t in range(n):
+            d[ids[t], j] += g[t, j]
+    return d
+
+
+def scatter_serial_numpy(ids, g, vocab_size):
+    d = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    np.add.at(d, ids, g)
+    return d
+
+
+def scatter_last_wins(ids, g, vocab_size):
+    d = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    d[ids] = g
+    return d
+
+
+def scatter_buffered(ids, g, vocab_size):
+    d = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    d[ids] += g
+    return d
+
+
+def scatter_empty(ids, g, vocab_size):
+    d = np.empty((vocab_size, g.shape[1]), g.dtype)
+    d[...] = 7.0
+    np.add.at(d, ids, g)
+    return d
+
+
+def scatter_gather_shape(ids, g, vocab_size):
+    return g.copy()
+
+
+def scatter_transposed(ids, g, vocab_size):
+    return scatter_serial_numpy(ids, g, vocab_size).T
+
+
+def scatter_float64(ids, g, vocab_size):
+    d = np.zeros((vocab_size, g.shape[1]))
+    np.add.at(d, ids, g)
+    return d
+
+
+_calls = {"n": 0}
+
+
+def scatter_order_changes(ids, g, vocab_size):
+    """Right sums, but tokens added in an order that changes from call to call."""
+    _calls["n"] += 1
+    order = np.random.default_rng(_calls["n"]).permutation(len(ids))
+    d = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    np.add.at(d, ids[order], g[order])
+    return d
+
+
+def scatter_loses_updates(ids, g, vocab_size):
+    d = scatter_serial_numpy(ids, g, vocab_size)
+    if len(ids) > 1000:                 # what a race does: some additions vanish
+        d[ids[0]] -= g[0] * 50
+    return d
+
+
+def test_11_1_passes_column_blocks_and_saves_it(capsys):
+    lesson11.check_embedding_backward(scatter_right, repeats=2)
+    out = capsys.readouterr().out
+    assert "Exercise 11.1 (embedding_backward) passed." in out
+    assert "def scatter_right(" in (pieces_dir() / "embedding_backward.py").read_text()
+
+
+def test_11_1_passes_np_add_at():
+    lesson11.check_embedding_backward(scatter_serial_numpy, repeats=2)
+
+
+def test_11_1_stub_says_not_done():
+    expect(lesson11.check_embedding_backward, stub, "11.1", "not done yet")
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (scatter_last_wins, "repeated ids were dropped"),
+    (scatter_buffered, "repeated ids were dropped"),
+    (scatter_empty, "not np.empty"),
+    (scatter_gather_shape, "the forward's output"),
+    (scatter_transposed, "transposed"),
+    (scatter_float64, "make the table with dtype=g.dtype"),
+    (scatter_order_changes, "different bits"),
+    (scatter_loses_updates, "updates were lost"),
+])
+def test_11_1_names_the_mistake(fn, phrase):
+    expect(lesson11.check_embedding_backward, fn, "11.1", phrase, repeats=2)
+
+
+def test_11_1_racy_threads_are_caught_when_they_race():
+    """A token-split prange kernel may or may not race in one run; if its result
+    is ever wrong or unrepeatable, the check must say so with the race hint."""
+    @njit(parallel=True)
+    def racy(ids, g, vocab_size):
+        d = np.zeros((vocab_size, g.shape[1]), g.dtype)
+        for t in prange(ids.size):
+            for j in range(g.shape[1]):
+                d[ids[t], j] += g[t, j]
+        return d
+    try:
+        lesson11.check_embedding_backward(racy, repeats=3)
+    except ExerciseError as err:
+        assert any(p in str(err) for p in ("updates were lost", "different bits",
+                                           "threads give different")), str(err)
+
+
+# ------------------------------------------------------------------ 11.2
+def decay_right(steps_seen, n_steps, lr, wd):
+    return (1 - lr * wd) ** n_steps, (1 - lr * wd) ** len(steps_seen)
+
+
+def decay_swapped(steps_seen, n_steps, lr, wd):
+    return decay_right(steps_seen, n_steps, lr, wd)[::-1]
+
+
+def decay_no_lr(steps_seen, n_steps, lr, wd):
+    return (1 - wd) ** n_steps, (1 - wd) ** len(steps_seen)
+
+
+def decay_linear(steps_seen, n_steps, lr, wd):
+    return 1 - lr * wd * n_steps, 1 - lr * wd * len(steps_seen)
+
+
+def decay_lazy_wrong(steps_seen, n_steps, lr, wd):
+    return (1 - lr * wd) ** n_steps, (1 - lr * wd) ** (n_steps - len(steps_seen))
+
+
+def test_11_2_passes(capsys):
+    lesson11.check_decay_factors(decay_right)
+    assert "Exercise 11.2 (decay_factors) passed." in capsys.readouterr().out
+
+
+def test_11_2_stub_says_not_done():
+    expect(lesson11.check_decay_factors, stub, "11.2", "not done yet")
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (decay_swapped, "swapped"),
+    (decay_no_lr, "the learning rate scales the decay"),
+    (decay_linear, "compounds"),
+    (decay_lazy_wrong, "the lazy update decays the row on"),
+])
+def test_11_2_names_the_mistake(fn, phrase):
+    expect(lesson11.check_decay_factors, fn, "11.2", phrase)

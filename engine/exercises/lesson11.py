@@ -1,0 +1,195 @@
+"""Checks for lesson 11, "Embeddings".
+
+11.1 the embedding's backward: a scatter-add of the upstream gradient rows
+     into a (V, C) table, with repeated ids summed, untouched rows exactly
+     zero, and the result bit-for-bit the same on every run and for any
+     number of threads. The check recognises "last write wins" and numpy's
+     buffered `d[ids] += g` (both drop repeated ids), garbage in untouched
+     rows, and runs that differ (a race).
+11.2 what decoupled weight decay does to one embedding row over a run:
+     dense AdamW decays every row at every step, a sparse ("lazy") update
+     only on the steps where the row's token appeared.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ._core import ExerciseError, attempt, passed, save_piece
+
+EX_SCATTER = "11.1 (embedding_backward)"
+EX_DECAY = "11.2 (decay_factors)"
+
+
+def scatter_add_reference(ids, g, vocab_size):
+    """np.add.at adds repeated ids one after another, in token order."""
+    d = np.zeros((vocab_size, g.shape[1]), dtype=g.dtype)
+    np.add.at(d, np.asarray(ids), g)
+    return d
+
+
+def _set_threads(n):
+    try:
+        import numba
+        numba.set_num_threads(n)
+        return True
+    except (ImportError, ValueError):
+        return False
+
+
+def _max_threads():
+    try:
+        import numba
+        return numba.config.NUMBA_NUM_THREADS
+    except ImportError:
+        return 1
+
+
+def _diagnose(ids, g, vocab_size, got):
+    """Starting from zeros, `d[ids] = g` and numpy's buffered `d[ids] += g` give the
+    same table: the last token of each id wins."""
+    last = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    last[ids] = g
+    first = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    first[ids[::-1]] = g[::-1]
+    if np.allclose(got, last) or np.allclose(got, first):
+        return ("each row holds only one of its tokens' gradients: repeated ids were dropped. "
+                "Both `d[ids] = g` and numpy's `d[ids] += g` do this (the latter is buffered: "
+                "it reads every row before writing any). Use np.add.at(d, ids, g) or a loop "
+                "d[ids[t], j] += g[t, j] over every token t.")
+    return None
+
+
+def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
+    """Exact sums of repeated ids, zero untouched rows, bit-for-bit reproducible."""
+    ids = np.array([3, 1, 3, 3, 0, 5, 1])
+    rng = np.random.default_rng(11)
+    g = rng.normal(size=(ids.size, 4))
+    V = 9
+    got = attempt(EX_SCATTER, embedding_backward, ids, g, V)
+    want = scatter_add_reference(ids, g, V)
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        if got.shape == g.shape:
+            raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}, one row per "
+                                            f"token: that is the forward's output. The backward "
+                                            f"returns the table's gradient, shape (vocab_size, C) "
+                                            f"= {want.shape}.")
+        if got.shape == want.T.shape:
+            raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}: transposed. "
+                                            f"The table's gradient has the table's shape, "
+                                            f"(vocab_size, C) = {want.shape}.")
+        raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}, expected "
+                                        f"(vocab_size, C) = {want.shape}.")
+    untouched = np.setdiff1d(np.arange(V), ids)
+    if not np.all(got[untouched] == 0):
+        raise ExerciseError(EX_SCATTER, f"rows {untouched.tolist()} belong to tokens that never "
+                                        f"appeared, so their gradient is exactly zero; yours are "
+                                        f"not. Start from np.zeros((vocab_size, C)), not "
+                                        f"np.empty.")
+    if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
+        hint = _diagnose(ids, g, V, got)
+        if hint is None:
+            err = np.abs(got - want).max(axis=1)
+            row = int(np.argmax(err))
+            hint = (f"row {row} (token {row} appears {int(np.sum(ids == row))} times) is off. "
+                    f"Row v must be the sum of g[t] over every t with ids[t] == v.")
+        raise ExerciseError(EX_SCATTER, hint)
+    # float32, many repeats, more work than one thread's slice
+    V2, N2, C2 = 37, 200_000, 16
+    ids2 = rng.integers(0, V2, size=N2).astype(np.int32)
+    g2 = rng.normal(size=(N2, C2)).astype(np.float32)
+    runs = [np.asarray(attempt(EX_SCATTER, embedding_backward, ids2, g2, V2))
+            for _ in range(max(2, repeats))]
+    if runs[0].dtype != np.float32:
+        raise ExerciseError(EX_SCATTER, f"float32 gradients gave a {runs[0].dtype} table; "
+                                        f"make the table with dtype=g.dtype.")
+    want2 = scatter_add_reference(ids2, g2.astype(np.float64), V2)
+    if not np.allclose(runs[0], want2, rtol=1e-4, atol=1e-3):
+        lost = float(np.abs(runs[0] - want2).max())
+        raise ExerciseError(EX_SCATTER, f"with {N2} tokens over {V2} ids the sums are off by up "
+                                        f"to {lost:.3g}: updates were lost. If threads add into "
+                                        f"the same row at the same time, one read-modify-write "
+                                        f"overwrites the other. Give each thread its own columns "
+                                        f"(prange over column blocks, tokens in order inside).")
+    if len({r.tobytes() for r in runs}) > 1:
+        raise ExerciseError(EX_SCATTER, f"{len(runs)} runs on the same input gave different "
+                                        f"bits: the order of the additions changes from run to "
+                                        f"run (threads racing on the same rows). Make each "
+                                        f"number's additions happen in token order, e.g. each "
+                                        f"thread owns a block of columns.")
+    threads = _max_threads()
+    if threads > 1 and _set_threads(1):
+        try:
+            one = np.asarray(embedding_backward(ids2, g2, V2))
+        finally:
+            _set_threads(threads)
+        if one.tobytes() != runs[0].tobytes():
+            raise ExerciseError(EX_SCATTER, f"1 thread and {threads} threads give different "
+                                            f"bits: the additions into a row happen in an order "
+                                            f"that depends on how tokens are split between "
+                                            f"threads. Split the columns, not the tokens.")
+    # time it against np.add.at at the tiny trainer's shape: B*T = 2048 tokens, C = 128
+    ids3 = rng.integers(0, 100, size=2048)
+    g3 = rng.normal(size=(2048, 128)).astype(np.float32)
+    embedding_backward(ids3, g3, 100)
+    t_yours = min(_time(lambda: embedding_backward(ids3, g3, 100)) for _ in range(repeats))
+    t_ref = min(_time(lambda: scatter_add_reference(ids3, g3, 100)) for _ in range(repeats))
+    save_piece("embedding_backward", embedding_backward, EX_SCATTER)
+    passed(EX_SCATTER, f"exact sums, zero untouched rows, identical bits over {len(runs)} runs"
+                       f"{' and 1 vs ' + str(threads) + ' threads' if threads > 1 else ''}. "
+                       f"(2048 tokens, C=128): yours {t_yours * 1e3:.3g} ms [timed], "
+                       f"np.add.at {t_ref * 1e3:.3g} ms [timed].")
+
+
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------- 11.2
+def decay_factors_reference(steps_seen, n_steps, lr, weight_decay):
+    shrink = 1.0 - lr * weight_decay
+    return shrink ** n_steps, shrink ** len(set(steps_seen))
+
+
+def check_decay_factors(decay_factors) -> None:
+    """(dense, lazy) factors by which decoupled weight decay alone shrinks a row."""
+    cases = [([0, 50], 100, 1e-3, 0.1), ([3, 4, 5, 90, 200], 1000, 3e-4, 0.1),
+             (list(range(0, 500, 7)), 500, 1e-2, 0.05)]
+    for steps_seen, n_steps, lr, wd in cases:
+        got = attempt(EX_DECAY, decay_factors, list(steps_seen), n_steps, lr, wd)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise ExerciseError(EX_DECAY, f"return a pair (dense_factor, lazy_factor), got "
+                                          f"{got!r}")
+        dense, lazy = (float(x) for x in got)
+        want_dense, want_lazy = decay_factors_reference(steps_seen, n_steps, lr, wd)
+        k = len(steps_seen)
+        where = f"(token seen at {k} of {n_steps} steps, lr={lr:g}, weight_decay={wd:g})"
+        if math.isclose(dense, want_lazy, rel_tol=1e-9) and math.isclose(lazy, want_dense,
+                                                                          rel_tol=1e-9):
+            raise ExerciseError(EX_DECAY, f"the two factors are swapped {where}: dense AdamW "
+                                          f"decays the row at every step, the lazy update only "
+                                          f"when the token appears.")
+        for value, want, name, count in ((dense, want_dense, "dense", n_steps),
+                                         (lazy, want_lazy, "lazy", k)):
+            if math.isclose(value, want, rel_tol=1e-9):
+                continue
+            if math.isclose(value, (1 - wd) ** count, rel_tol=1e-9):
+                hint = ("decoupled decay multiplies the weights by (1 - lr * weight_decay) per "
+                        "step; the learning rate scales the decay too.")
+            elif math.isclose(value, 1 - lr * wd * count, rel_tol=1e-9):
+                hint = ("the shrinking compounds: each step multiplies by (1 - lr * "
+                        "weight_decay), so n steps give (1 - lr * weight_decay) ** n.")
+            elif math.isclose(value, math.exp(-lr * wd * count), rel_tol=1e-6) and \
+                    not math.isclose(want, math.exp(-lr * wd * count), rel_tol=1e-9):
+                hint = "use the exact product (1 - lr * weight_decay) ** steps, not exp(...)."
+            else:
+                hint = (f"the {name} update decays the row on {count} steps, so the factor "
+                        f"is (1 - lr * weight_decay) ** {count}.")
+            raise ExerciseError(EX_DECAY, f"the {name} factor is {value:.8g}, expected "
+                                          f"{want:.8g} {where}; {hint}")
+    passed(EX_DECAY)
