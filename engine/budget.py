@@ -863,7 +863,7 @@ def describe(b: Budget) -> str:
     if b.activations.transient:
         lines.append(f"  {'recompute transient':<22}{human_bytes(b.activations.transient):>12}")
     lines.append(f"  {'peak of the step':<22}{human_bytes(b.peak):>12}   "
-                 f"(fixed + activation peak, at the start of the backward)")
+                 f"(fixed total + activation peak)")
     return "\n".join(lines)
 
 
