@@ -146,7 +146,7 @@ def bf16_from_bits(bits) -> np.ndarray:
 
 # ---------------------------------------------------------------- fp16
 def representable_step(x, fmt: str) -> np.ndarray:
-    """Gap between adjacent values of format `fmt` near each |x| (float32).
+    """Gap above |x| to the next value of format `fmt` (float64), for float32 x.
 
     Normal numbers in [2**e, 2**(e+1)) are spaced 2**(e - mantissa_bits);
     below the smallest normal the spacing stays at the subnormal step.
@@ -157,8 +157,7 @@ def representable_step(x, fmt: str) -> np.ndarray:
     f = _format(fmt)
     bits = _as_float32(x).view(np.uint32)
     e = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32) - 127
-    step_exponent = np.maximum(e, f.min_exponent) - f.mantissa_bits
-    return ((step_exponent + 127).astype(np.uint32) << np.uint32(23)).view(np.float32)
+    return np.ldexp(1.0, np.maximum(e, f.min_exponent) - f.mantissa_bits)
 
 
 def round_to_fp16(x) -> np.ndarray:
@@ -173,7 +172,7 @@ def round_to_fp16(x) -> np.ndarray:
     (65504) overflow to infinity; infinities and NaN pass through.
     """
     x32 = _as_float32(x)
-    step = representable_step(x32, "fp16")
+    step = representable_step(x32, "fp16").astype(np.float32)  # 2^-24..2^5: exact
     with np.errstate(invalid="ignore", over="ignore"):
         y = np.rint(x32 / step) * step
     y = np.where(np.abs(y) > np.float32(FORMATS["fp16"].max),
@@ -446,6 +445,7 @@ class TrainLog:
     losses: list = field(default_factory=list)
     update_kept: list = field(default_factory=list)  # share of each update that survived
     scales: list = field(default_factory=list)  # loss scale used at each step
+    applied: list = field(default_factory=list)  # False where the step was skipped
     skipped: int = 0
     weights: dict = field(default_factory=dict)  # final weights, as the forward reads them
 
@@ -472,6 +472,7 @@ def train_classifier(policy: PrecisionPolicy, problem: ClassificationProblem | N
             apply = scaler.update(finite)
         else:
             apply = all(bool(np.isfinite(g).all()) for g in grads.values())
+        log.applied.append(bool(apply))
         if apply:
             params.sgd_step(grads, lr)
             log.update_kept.append(params.update_kept)

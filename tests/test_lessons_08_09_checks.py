@@ -256,7 +256,7 @@ def test_09_1_names_the_typical_mistakes(answer, phrase):
     fails_with(lesson09.check_to_bf16, answer, phrase)
 
 
-# ================================================================ 09.2
+# ================================================================ 09.3
 def scale_right(scale, good_steps, finite, growth_interval):
     if not finite:
         return scale / 2, 0, False
@@ -300,13 +300,13 @@ def scale_no_reset_after_growth(scale, good_steps, finite, growth_interval):
     return scale, good_steps, True
 
 
-def test_09_2_passes_the_scaler_rule(capsys):
+def test_09_3_passes_the_scaler_rule(capsys):
     lesson09.check_update_scale(scale_right)
-    assert "Exercise 09.2 (update_scale) passed." in capsys.readouterr().out
+    assert "Exercise 09.3 (update_scale) passed." in capsys.readouterr().out
 
 
-def test_09_2_stub_says_not_done():
-    fails_with(lesson09.check_update_scale, stub, "Exercise 09.2 (update_scale): not done yet")
+def test_09_3_stub_says_not_done():
+    fails_with(lesson09.check_update_scale, stub, "Exercise 09.3 (update_scale): not done yet")
 
 
 @pytest.mark.parametrize("answer, phrase", [
@@ -316,11 +316,11 @@ def test_09_2_stub_says_not_done():
     (scale_off_by_one, "reaches growth_interval"),
     (scale_no_reset_after_growth, "restart the count"),
 ])
-def test_09_2_names_the_typical_mistakes(answer, phrase):
+def test_09_3_names_the_typical_mistakes(answer, phrase):
     fails_with(lesson09.check_update_scale, answer, phrase)
 
 
-def test_09_2_rule_matches_the_engine_scaler():
+def test_09_3_rule_matches_the_engine_scaler():
     from engine.precision import DynamicLossScaler
     s = DynamicLossScaler(init_scale=64.0, growth_interval=3)
     scale, good = 64.0, 0
@@ -330,7 +330,7 @@ def test_09_2_rule_matches_the_engine_scaler():
         assert (s.scale, s.good_steps, applied) == (scale, good, apply)
 
 
-# ================================================================ 09.3
+# ================================================================ 09.2
 def master_right(master, grad, lr):
     new_master = master - np.float32(lr) * grad
     return new_master, bf16_right(new_master)
@@ -355,14 +355,14 @@ def master_stale_weights(master, grad, lr):
     return master - np.float32(lr) * grad, bf16_right(master)
 
 
-def test_09_3_passes_a_master_weight_step(capsys):
+def test_09_2_passes_a_master_weight_step(capsys):
     lesson09.check_master_weight_step(master_right)
-    assert "Exercise 09.3 (master_weight_step) passed." in capsys.readouterr().out
+    assert "Exercise 09.2 (master_weight_step) passed." in capsys.readouterr().out
 
 
-def test_09_3_stub_says_not_done():
+def test_09_2_stub_says_not_done():
     fails_with(lesson09.check_master_weight_step, stub,
-               "Exercise 09.3 (master_weight_step): not done yet")
+               "Exercise 09.2 (master_weight_step): not done yet")
 
 
 @pytest.mark.parametrize("answer, phrase", [
@@ -371,5 +371,5 @@ def test_09_3_stub_says_not_done():
     (master_ascent, "subtracts"),
     (master_stale_weights, "old master"),
 ])
-def test_09_3_names_the_typical_mistakes(answer, phrase):
+def test_09_2_names_the_typical_mistakes(answer, phrase):
     fails_with(lesson09.check_master_weight_step, answer, phrase)

@@ -321,3 +321,15 @@ def test_fp16_training_with_an_overambitious_scale_skips_then_settles():
     # a skipped step is a lost step: the run matches fp32 trained for the applied steps
     fp32 = P.train_classifier(P.POLICIES["fp32"], steps=200 - log.skipped)
     assert log.losses[-1] == pytest.approx(fp32.losses[-1], rel=0.02)
+
+
+def test_representable_step_matches_numpy_spacing_across_the_whole_range():
+    x = np.concatenate([2.0 ** np.arange(-149, 128), np.random.default_rng(4).uniform(
+        1e-44, 1e38, 1000)]).astype(F32)
+    assert np.array_equal(P.representable_step(x, "fp32"), np.spacing(x).astype(np.float64))
+    halves = np.concatenate([2.0 ** np.arange(-24, 16), [3e-7, 6e-5, 0.3, 700.0, 60000.0]])
+    halves = halves.astype(np.float16)
+    assert np.array_equal(P.representable_step(halves.astype(F32), "fp16"),
+                          np.spacing(halves).astype(np.float64))
+    assert P.representable_step(F32(0.0), "bf16") == 2.0 ** -133   # bf16's smallest subnormal
+    assert P.representable_step(F32(3.0), "bf16") == 2.0 ** -6

@@ -1,9 +1,9 @@
 """Checks for lesson 09, "Precision".
 
 09.1 float32 -> bf16 rounding on the bits, round to nearest, ties to even;
-09.2 the dynamic loss scaler's rule (skip and halve on overflow, grow after
-     N good steps);
-09.3 one SGD step with fp32 master weights and bf16 weights for the forward.
+09.2 one SGD step with fp32 master weights and bf16 weights for the forward;
+09.3 the dynamic loss scaler's rule (skip and halve on overflow, grow after
+     N good steps).
 The typical wrong answers recognised: truncation, ties rounded up (away
 from zero), NaN turned into infinity; growing on an overflow, applying a
 non-finite step, a counter that is not reset; updating the bf16 copy.
@@ -16,8 +16,8 @@ from ..precision import round_to_bf16
 from ._core import ExerciseError, attempt, passed, save_piece
 
 EX_BF16 = "09.1 (to_bf16)"
-EX_SCALE = "09.2 (update_scale)"
-EX_MASTER = "09.3 (master_weight_step)"
+EX_MASTER = "09.2 (master_weight_step)"
+EX_SCALE = "09.3 (update_scale)"
 
 
 def _bits(x) -> np.ndarray:
@@ -92,7 +92,7 @@ def check_to_bf16(to_bf16) -> None:
     raise ExerciseError(EX_BF16, f"{shown}. Hint: {hint}")
 
 
-# ------------------------------------------------------------------ 09.2
+# ------------------------------------------------------------------ 09.3
 def _reference_update(scale, good_steps, finite, growth_interval):
     if not finite:
         return scale * 0.5, 0, False
@@ -146,7 +146,7 @@ def check_update_scale(update_scale) -> None:
     passed(EX_SCALE, "Skip and halve on overflow; double after growth_interval good steps.")
 
 
-# ------------------------------------------------------------------ 09.3
+# ------------------------------------------------------------------ 09.2
 def check_master_weight_step(master_weight_step) -> None:
     """master_weight_step(master, grad, lr) -> (new_master fp32, weights for the
     forward rounded to bf16)."""
