@@ -343,3 +343,160 @@ def test_11_2_stub_says_not_done():
 ])
 def test_11_2_names_the_mistake(fn, phrase):
     expect(lesson11.check_decay_factors, fn, "11.2", phrase)
+
+
+# ------------------------------------------------------------------ 12.1
+from engine.exercises import lesson12  # noqa: E402
+
+
+def clip_right(grads, max_norm):
+    norm = float(np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads.values())))
+    if norm > max_norm:
+        for g in grads.values():
+            g *= max_norm / norm
+    return norm
+
+
+def clip_torch_style(grads, max_norm):     # max_norm / (norm + 1e-6), as torch does
+    norm = float(np.sqrt(sum(np.sum(g ** 2) for g in grads.values())))
+    scale = min(1.0, max_norm / (norm + 1e-6))
+    for g in grads.values():
+        g *= scale
+    return norm
+
+
+def clip_per_tensor(grads, max_norm):
+    norm = float(np.sqrt(sum(np.sum(g ** 2) for g in grads.values())))
+    for g in grads.values():
+        n = np.linalg.norm(g)
+        if n > max_norm:
+            g *= max_norm / n
+    return norm
+
+
+def clip_returns_after(grads, max_norm):
+    clip_right(grads, max_norm)
+    return float(np.sqrt(sum(np.sum(g ** 2) for g in grads.values())))
+
+
+def clip_sum_of_norms(grads, max_norm):
+    norm = sum(float(np.linalg.norm(g)) for g in grads.values())
+    if norm > max_norm:
+        for g in grads.values():
+            g *= max_norm / norm
+    return norm
+
+
+def clip_always(grads, max_norm):
+    norm = float(np.sqrt(sum(np.sum(g ** 2) for g in grads.values())))
+    for g in grads.values():
+        g *= max_norm / norm
+    return norm
+
+
+def clip_not_in_place(grads, max_norm):
+    norm = float(np.sqrt(sum(np.sum(g ** 2) for g in grads.values())))
+    {k: g * max_norm / norm for k, g in grads.items()}
+    return norm
+
+
+def test_12_1_passes_and_saves(capsys):
+    lesson12.check_clip_global_norm(clip_right)
+    assert "Exercise 12.1 (clip_global_norm) passed." in capsys.readouterr().out
+    assert "def clip_right(" in (pieces_dir() / "clip_global_norm.py").read_text()
+
+
+def test_12_1_accepts_the_torch_epsilon():
+    lesson12.check_clip_global_norm(clip_torch_style)
+
+
+def test_12_1_stub_says_not_done():
+    expect(lesson12.check_clip_global_norm, stub, "12.1", "not done yet")
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (clip_per_tensor, "clipped to max_norm on its own"),
+    (clip_returns_after, "the norm after clipping"),
+    (clip_sum_of_norms, "sum of the tensors' norms"),
+    (clip_always, "Clipping only ever shrinks"),
+    (clip_not_in_place, "in place"),
+])
+def test_12_1_names_the_mistake(fn, phrase):
+    expect(lesson12.check_clip_global_norm, fn, "12.1", phrase)
+
+
+# ------------------------------------------------------------------ 12.2
+@njit(parallel=True)
+def adamw_right(p, g, m, v, step, lr, beta1, beta2, eps, weight_decay):
+    bias1 = 1.0 - beta1 ** step
+    bias2 = 1.0 - beta2 ** step
+    for i in prange(p.size):
+        m[i] = beta1 * m[i] + (1.0 - beta1) * g[i]
+        v[i] = beta2 * v[i] + (1.0 - beta2) * g[i] * g[i]
+        p[i] = p[i] * (1.0 - lr * weight_decay) - lr * (m[i] / bias1) / (
+            np.sqrt(v[i] / bias2) + eps)
+
+
+def adamw_forgets_state(p, g, m, v, step, lr, b1, b2, eps, wd):
+    m2, v2 = m.copy(), v.copy()
+    lesson12.adamw_reference(p, g, m2, v2, step, lr, b1, b2, eps, wd)
+
+
+def adamw_no_update(p, g, m, v, step, lr, b1, b2, eps, wd):
+    lesson12.adamw_reference(p.copy(), g, m, v, step, lr, b1, b2, eps, wd)
+
+
+def test_12_2_passes_and_saves(capsys):
+    lesson12.check_adamw_step(adamw_right, repeats=1)
+    out = capsys.readouterr().out
+    assert "Exercise 12.2 (adamw_step) passed." in out and "speedup" in out
+    assert "def adamw_right(" in (pieces_dir() / "adamw_step.py").read_text()
+
+
+def test_12_2_stub_says_not_done():
+    expect(lesson12.check_adamw_step, stub, "12.2", "not done yet")
+
+
+@pytest.mark.parametrize("index, phrase", [
+    (0, "L2 regularisation"), (1, "bias correction is missing"), (2, "off by one step"),
+    (3, "eps is inside the square root"), (4, "after the Adam step"),
+    (5, "no weight decay"), (6, "scaled by the learning rate"),
+])
+def test_12_2_names_the_mistake(index, phrase):
+    wrong, _ = lesson12._variants()[index]
+    expect(lesson12.check_adamw_step, wrong, "12.2", phrase, repeats=1)
+
+
+def test_12_2_state_and_in_place():
+    expect(lesson12.check_adamw_step, adamw_forgets_state, "12.2", "moments m and v", repeats=1)
+    expect(lesson12.check_adamw_step, adamw_no_update, "12.2", "did not change", repeats=1)
+
+
+# ------------------------------------------------------------------ 12.3
+RIGHT = {"A": "missing_div_k", "B": "attention_scores", "C": "unordered_scatter",
+         "D": "bf16_swallowed", "E": "activations", "F": "fp16_overflow"}
+
+
+def test_12_3_passes_and_prints_first_moves(capsys):
+    lesson12.check_diagnose(lambda: dict(RIGHT))
+    out = capsys.readouterr().out
+    assert "Exercise 12.3 (diagnose) passed." in out and "fp32 master weights" in out
+
+
+def test_12_3_stub_says_not_done():
+    expect(lesson12.check_diagnose, stub, "12.3", "not done yet")
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    ({**RIGHT, "A": "activations", "E": "missing_div_k"}, "run A"),
+    ({**RIGHT, "B": "activations", "E": "attention_scores"}, "N squared"),
+    ({**RIGHT, "D": "fp16_overflow", "F": "bf16_swallowed"}, "bf16's spacing"),
+    ({k: v for k, v in RIGHT.items() if k != "C"}, "no diagnosis for run(s) C"),
+    ({**RIGHT, "C": "race"}, "not one of the causes"),
+])
+def test_12_3_names_the_wrong_run(answer, phrase):
+    expect(lesson12.check_diagnose, lambda: answer, "12.3", phrase)
+
+
+def test_12_3_rejects_a_list():
+    expect(lesson12.check_diagnose, lambda: list(RIGHT.values()), "12.3", "return a dict")

@@ -1,0 +1,298 @@
+"""Checks for lesson 12, "Between backward and step".
+
+12.1 global-norm clipping: one norm over every gradient, every tensor scaled
+     by the same factor (in place), the norm before clipping returned. The
+     check recognises per-tensor clipping, a sum of norms, scaling up small
+     gradients, and returning the norm after clipping.
+12.2 a fused AdamW step over flat buffers (decoupled weight decay, bias
+     correction), compared with the reference over several steps; it names
+     L2 regularisation in place of decoupled decay, missing or off-by-one
+     bias correction, eps inside the square root, and decay applied after
+     the update.
+12.3 the failure-mode table as a diagnosis: six runs with symptoms, one
+     cause each.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ._core import ExerciseError, attempt, passed, save_piece
+
+EX_CLIP = "12.1 (clip_global_norm)"
+EX_ADAMW = "12.2 (adamw_step)"
+EX_DIAG = "12.3 (diagnose)"
+
+
+# --------------------------------------------------------------- 12.1
+def _grads():
+    rng = np.random.default_rng(121)
+    big = rng.normal(size=(4, 5))
+    small = rng.normal(size=7) * 0.05
+    bias = rng.normal(size=3) * 0.5
+    return {"w1": big * 2.0, "b1": bias, "w2": small}
+
+
+def _global(grads):
+    return math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values()))
+
+
+def check_clip_global_norm(clip_global_norm) -> None:
+    """Scale every gradient by min(1, max_norm / global_norm), in place; return the norm."""
+    grads = _grads()
+    before = {k: v.copy() for k, v in grads.items()}
+    norm = _global(before)
+    max_norm = 1.0
+    got = attempt(EX_CLIP, clip_global_norm, grads, max_norm)
+    if got is None:
+        raise ExerciseError(EX_CLIP, "the function returned None; return the global norm "
+                                     "measured before clipping (a float), it is what you log.")
+    try:
+        got = float(got)
+    except (TypeError, ValueError):
+        raise ExerciseError(EX_CLIP, f"return one number, the global norm, got "
+                                     f"{type(got).__name__}.") from None
+    if all(np.array_equal(grads[k], before[k]) for k in grads):
+        raise ExerciseError(EX_CLIP, f"the gradients were not changed, though their global norm "
+                                     f"{norm:.4g} exceeds max_norm={max_norm}. Scale every "
+                                     f"tensor in place (g *= scale), as the optimizer reads "
+                                     f"these same arrays.")
+    sum_norms = sum(float(np.linalg.norm(v)) for v in before.values())
+    if math.isclose(got, max_norm, rel_tol=1e-4):
+        raise ExerciseError(EX_CLIP, f"you returned {got:.4g}, the norm after clipping. Return "
+                                     f"the norm measured before clipping ({norm:.4g}): a spike "
+                                     f"in it is the warning you want in the log.")
+    if math.isclose(got, sum_norms, rel_tol=1e-6):
+        raise ExerciseError(EX_CLIP, f"{got:.4g} is the sum of the tensors' norms. The global "
+                                     f"norm is sqrt of the sum of *squares* of every entry: "
+                                     f"sqrt(sum over tensors of ||g||^2) = {norm:.4g}.")
+    if not math.isclose(got, norm, rel_tol=1e-6):
+        raise ExerciseError(EX_CLIP, f"you returned {got:.6g}; the global norm of these "
+                                     f"gradients is {norm:.6g} = sqrt(sum over tensors of "
+                                     f"sum(g**2)).")
+    scale = max_norm / norm
+    per_tensor = {k: v * min(1.0, max_norm / max(float(np.linalg.norm(v)), 1e-12))
+                  for k, v in before.items()}
+    if all(np.allclose(grads[k], per_tensor[k], rtol=1e-6) for k in grads):
+        raise ExerciseError(EX_CLIP, "each tensor was clipped to max_norm on its own. That "
+                                     "changes the direction of the whole gradient (the big "
+                                     "tensor shrinks, the small ones do not). Scale *every* "
+                                     "tensor by the same factor max_norm / global_norm.")
+    for k in grads:
+        if not np.allclose(grads[k], before[k] * scale, rtol=1e-5, atol=1e-12):
+            ratio = float(np.linalg.norm(grads[k]) / np.linalg.norm(before[k]))
+            raise ExerciseError(EX_CLIP, f"tensor {k!r} was scaled by {ratio:.4g}; every tensor "
+                                         f"must be scaled by max_norm / global_norm = "
+                                         f"{scale:.4g}.")
+    # below the threshold nothing changes (clipping never scales up)
+    grads = {k: v * (0.5 / norm) for k, v in before.items()}
+    small = {k: v.copy() for k, v in grads.items()}
+    got = float(attempt(EX_CLIP, clip_global_norm, grads, max_norm))
+    if not all(np.array_equal(grads[k], small[k]) for k in grads):
+        raise ExerciseError(EX_CLIP, "gradients with global norm 0.5 < max_norm = 1 were "
+                                     "changed. Clipping only ever shrinks: scale by "
+                                     "min(1, max_norm / norm).")
+    if not math.isclose(got, 0.5, rel_tol=1e-6):
+        raise ExerciseError(EX_CLIP, f"for gradients of global norm 0.5 you returned {got:.6g}.")
+    save_piece("clip_global_norm", clip_global_norm, EX_CLIP)
+    passed(EX_CLIP, f"norm {norm:.4f} clipped to {max_norm:g}, direction kept.")
+
+
+# --------------------------------------------------------------- 12.2
+def adamw_reference(p, g, m, v, step, lr, beta1, beta2, eps, weight_decay):
+    """torch.optim.AdamW's update, in numpy, in place."""
+    m[...] = beta1 * m + (1 - beta1) * g
+    v[...] = beta2 * v + (1 - beta2) * g * g
+    m_hat = m / (1 - beta1 ** step)
+    v_hat = v / (1 - beta2 ** step)
+    p *= 1 - lr * weight_decay
+    p -= lr * m_hat / (np.sqrt(v_hat) + eps)
+
+
+def _variants():
+    """Typical wrong AdamW steps and the hint each deserves."""
+    def l2(p, g, m, v, step, lr, b1, b2, eps, wd):
+        adamw_reference(p, g + wd * p, m, v, step, lr, b1, b2, eps, 0.0)
+
+    def no_bias(p, g, m, v, step, lr, b1, b2, eps, wd):
+        m[...] = b1 * m + (1 - b1) * g
+        v[...] = b2 * v + (1 - b2) * g * g
+        p *= 1 - lr * wd
+        p -= lr * m / (np.sqrt(v) + eps)
+
+    def off_by_one(p, g, m, v, step, lr, b1, b2, eps, wd):
+        adamw_reference(p, g, m, v, step + 1, lr, b1, b2, eps, wd)
+
+    def eps_inside(p, g, m, v, step, lr, b1, b2, eps, wd):
+        m[...] = b1 * m + (1 - b1) * g
+        v[...] = b2 * v + (1 - b2) * g * g
+        p *= 1 - lr * wd
+        p -= lr * (m / (1 - b1 ** step)) / np.sqrt(v / (1 - b2 ** step) + eps)
+
+    def decay_after(p, g, m, v, step, lr, b1, b2, eps, wd):
+        adamw_reference(p, g, m, v, step, lr, b1, b2, eps, 0.0)
+        p *= 1 - lr * wd
+
+    def no_decay(p, g, m, v, step, lr, b1, b2, eps, wd):
+        adamw_reference(p, g, m, v, step, lr, b1, b2, eps, 0.0)
+
+    def decay_without_lr(p, g, m, v, step, lr, b1, b2, eps, wd):
+        m[...] = b1 * m + (1 - b1) * g
+        v[...] = b2 * v + (1 - b2) * g * g
+        p *= 1 - wd
+        p -= lr * (m / (1 - b1 ** step)) / (np.sqrt(v / (1 - b2 ** step)) + eps)
+
+    return [
+        (l2, "this is Adam with L2 regularisation: weight_decay * p was added to the gradient, "
+             "so it passes through m and v. AdamW decouples it: p *= (1 - lr * weight_decay), "
+             "apart from the Adam step."),
+        (no_bias, "the bias correction is missing: divide m by (1 - beta1**step) and v by "
+                  "(1 - beta2**step); early on both moments are still near their zero start."),
+        (off_by_one, "the bias correction is off by one step: `step` counts from 1 at the first "
+                     "update, so use beta1**step, not beta1**(step + 1)."),
+        (eps_inside, "eps is inside the square root: the update is m_hat / (sqrt(v_hat) + eps)."),
+        (decay_after, "the decay was applied after the Adam step: decoupled decay shrinks the "
+                      "weights as they were before this step, p *= (1 - lr * weight_decay), then "
+                      "p -= lr * m_hat / (sqrt(v_hat) + eps)."),
+        (no_decay, "no weight decay was applied: multiply p by (1 - lr * weight_decay)."),
+        (decay_without_lr, "the decay is p *= (1 - weight_decay); decoupled decay is scaled by "
+                           "the learning rate: p *= (1 - lr * weight_decay)."),
+    ]
+
+
+def _run_steps(fn, p0, grads, hp, exercise=None):
+    p, m, v = p0.copy(), np.zeros_like(p0), np.zeros_like(p0)
+    for step, g in enumerate(grads, start=1):
+        args = (p, g, m, v, step, hp["lr"], hp["beta1"], hp["beta2"], hp["eps"],
+                hp["weight_decay"])
+        if exercise is None:
+            fn(*args)
+        else:
+            attempt(exercise, fn, *args)
+    return p, m, v
+
+
+def check_adamw_step(adamw_step, repeats: int = 5) -> None:
+    """Three AdamW steps in float64 equal torch's formula; then float32 and a timing."""
+    rng = np.random.default_rng(122)
+    p0 = rng.normal(size=257)
+    grads = [rng.normal(size=257) * s for s in (1.0, 0.3, 2.0)]
+    hp = dict(lr=0.05, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.2)
+    p, m, v = _run_steps(adamw_step, p0, grads, hp, EX_ADAMW)
+    pr, mr, vr = _run_steps(adamw_reference, p0, grads, hp)
+    if np.array_equal(p, p0):
+        raise ExerciseError(EX_ADAMW, "the parameters did not change: update p, m and v in "
+                                      "place (p[i] = ..., m[i] = ...), the caller keeps these "
+                                      "same arrays.")
+    moments_right = np.allclose(m, mr, rtol=1e-10) and np.allclose(v, vr, rtol=1e-10)
+    if not (moments_right and np.allclose(p, pr, rtol=1e-10, atol=1e-12)):
+        for fn, hint in _variants():
+            pw, _, _ = _run_steps(fn, p0, grads, hp)
+            if np.allclose(p, pw, rtol=1e-10, atol=1e-12):
+                raise ExerciseError(EX_ADAMW, f"after 3 steps the parameters differ from AdamW; "
+                                              f"{hint}")
+    if not moments_right:
+        raise ExerciseError(EX_ADAMW, "the moments m and v are off after 3 steps. Per element: "
+                                      "m = beta1 m + (1 - beta1) g and v = beta2 v + "
+                                      "(1 - beta2) g^2, written back into the m and v arrays "
+                                      "you were given (they carry over to the next step).")
+    if not np.allclose(p, pr, rtol=1e-10, atol=1e-12):
+        i = int(np.argmax(np.abs(p - pr)))
+        raise ExerciseError(EX_ADAMW, f"after 3 steps p[{i}] = {p[i]:.10g}, AdamW gives "
+                                      f"{pr[i]:.10g}. Per element: decay p by (1 - lr * wd), "
+                                      f"then subtract lr * m_hat / (sqrt(v_hat) + eps) with "
+                                      f"m_hat = m / (1 - beta1**step), "
+                                      f"v_hat = v / (1 - beta2**step).")
+    # float32 buffers, the size of the tiny trainer
+    n = 822_912
+    p32 = rng.normal(size=n).astype(np.float32)
+    g32 = rng.normal(size=n).astype(np.float32)
+    m32, v32 = np.zeros_like(p32), np.zeros_like(p32)
+    want = p32.astype(np.float64)
+    mw, vw = np.zeros(n), np.zeros(n)
+    attempt(EX_ADAMW, adamw_step, p32, g32, m32, v32, 1, 1e-3, 0.9, 0.95, 1e-8, 0.1)
+    adamw_reference(want, g32.astype(np.float64), mw, vw, 1, 1e-3, 0.9, 0.95, 1e-8, 0.1)
+    if p32.dtype != np.float32 or not np.allclose(p32, want, rtol=1e-5, atol=1e-6):
+        raise ExerciseError(EX_ADAMW, "float32 buffers of 822 912 parameters: the result is "
+                                      "off. Loop over every element of p (p.size).")
+    t_yours = min(_time(lambda: adamw_step(p32, g32, m32, v32, 2, 1e-3, 0.9, 0.95, 1e-8, 0.1))
+                  for _ in range(repeats))
+    t_ref = min(_time(lambda: adamw_reference(p32, g32, m32, v32, 2, 1e-3, 0.9, 0.95, 1e-8,
+                                              0.1)) for _ in range(repeats))
+    save_piece("adamw_step", adamw_step, EX_ADAMW)
+    passed(EX_ADAMW, f"3 steps match AdamW. 822 912 float32 parameters: yours "
+                     f"{t_yours * 1e3:.3g} ms [timed], unfused numpy {t_ref * 1e3:.3g} ms "
+                     f"[timed], speedup {t_ref / t_yours:.1f}x.")
+
+
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------- 12.3
+CAUSES = {
+    "activations": "the activation cache (tensors saved for backward), not the weights",
+    "attention_scores": "the [N, N] attention scores",
+    "bf16_swallowed": "updates swallowed by bf16 weights",
+    "fp16_overflow": "overflow in fp16, or a bad loss scale",
+    "missing_div_k": "the missing /K of gradient accumulation",
+    "unordered_scatter": "an unordered (racy) scatter-add",
+}
+
+FIRST_MOVES = {
+    "activations": "checkpoint blocks, or halve the micro-batch",
+    "attention_scores": "a fused attention backward that never stores the scores",
+    "bf16_swallowed": "keep fp32 master weights",
+    "fp16_overflow": "switch to bf16 (or fix the loss scaler)",
+    "missing_div_k": "scale each micro-batch's loss by 1/K; zero the buffer between steps",
+    "unordered_scatter": "a deterministic embedding kernel",
+}
+
+# The runs of the lesson, by letter, and the cause each one shows.
+_ANSWERS = {"A": "missing_div_k", "B": "attention_scores", "C": "unordered_scatter",
+            "D": "bf16_swallowed", "E": "activations", "F": "fp16_overflow"}
+
+# What a wrong pick overlooks, per run.
+_CLUES = {
+    "A": "run A's symptom is a gradient norm exactly K = 8 times the one-batch norm, with "
+         "memory and precision fine: the accumulated sum was never divided by K.",
+    "B": "run B is fine at short sequences and runs out of memory only as N grows, growing "
+         "with N squared: that is the one tensor of size N x N per head.",
+    "C": "run C's two identical runs differ only in the last bits of the embedding gradient: "
+         "additions into the same rows happened in a different order.",
+    "D": "run D's loss is flat and the weights did not move at all, in bf16 storage, with "
+         "healthy gradients: each update was smaller than bf16's spacing near the weight.",
+    "E": "run E dies at step 1, after the forward finished, with weights a small share of "
+         "memory: what fills it is what the forward kept for the backward.",
+    "F": "run F's activations exceed 65 504, fp16's largest number, and the loss turns NaN.",
+}
+
+
+def check_diagnose(diagnose) -> None:
+    """Each run mapped to the cause key that explains its symptoms."""
+    got = attempt(EX_DIAG, diagnose)
+    if not isinstance(got, dict):
+        raise ExerciseError(EX_DIAG, f"return a dict run -> cause, like {{'A': "
+                                     f"'missing_div_k', ...}}; got {type(got).__name__}.")
+    missing = sorted(set(_ANSWERS) - set(got))
+    if missing:
+        raise ExerciseError(EX_DIAG, f"no diagnosis for run(s) {', '.join(missing)}; give "
+                                     f"each of the runs {', '.join(sorted(_ANSWERS))} a cause.")
+    for run in sorted(_ANSWERS):
+        cause = got[run]
+        if cause not in CAUSES:
+            raise ExerciseError(EX_DIAG, f"run {run}: {cause!r} is not one of the causes; "
+                                         f"choose from {', '.join(sorted(CAUSES))}.")
+    wrong = [run for run in sorted(_ANSWERS) if got[run] != _ANSWERS[run]]
+    if wrong:
+        run = wrong[0]
+        raise ExerciseError(EX_DIAG, f"{len(wrong)} of {len(_ANSWERS)} diagnoses are wrong, "
+                                     f"among them run {run} ({got[run]!r}). Look again: "
+                                     f"{_CLUES[run]}")
+    lines = [f"  run {run}: {CAUSES[_ANSWERS[run]]} -> first move: {FIRST_MOVES[_ANSWERS[run]]}"
+             for run in sorted(_ANSWERS)]
+    passed(EX_DIAG, "all six runs diagnosed.\n" + "\n".join(lines))
