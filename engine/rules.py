@@ -650,7 +650,8 @@ class LayerNorm(Op):
 
     def vjp(self, g):
         C = g.shape[-1]
-        w = self._weight(g)
+        # weight was saved only if dx is wanted; dw and db never need it
+        w = self._weight(g) if self.needs[0] else np.ones(C, dtype=g.dtype)
         dx, dw, db = kernels.layer_norm_backward(g.reshape(-1, C), self.xhat.reshape(-1, C),
                                                  self.rstd.reshape(-1), w)
         return (dx.reshape(g.shape) if self.needs[0] else None,

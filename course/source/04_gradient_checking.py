@@ -281,7 +281,8 @@ for name, s in sweeps.items():
 # valley rise; change the function, or the range of ε plotted.
 
 # %%
-# NBVAL_IGNORE_OUTPUT (a widget's text form embeds its plot and its label's rounding noise)
+# NBVAL_IGNORE_OUTPUT
+# (a widget's text form embeds its plot and its label's rounding noise)
 sweep_widget = EpsSweep(eps=1e-6)
 sweep_widget.ui
 

@@ -250,7 +250,8 @@ print(f"steps: {sum(p == 'forward' for p, _, _ in run['timeline'])} ops forward,
       f"{sum(p == 'backward' for p, _, _ in run['timeline'])} VJPs backward")
 
 # %%
-# NBVAL_IGNORE_OUTPUT (a widget's text form embeds its plot)
+# NBVAL_IGNORE_OUTPUT
+# (a widget's text form embeds its plot)
 timeline = MemoryTimeline(run["timeline"], predicted_peak=run["predicted_peak"])
 timeline.ui
 

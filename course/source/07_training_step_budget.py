@@ -137,7 +137,8 @@ lesson07.check_fixed_bytes_per_parameter(fixed_bytes_per_parameter)
 # on width 768) say what is wrong instead of failing.
 
 # %%
-# NBVAL_IGNORE_OUTPUT (a widget's text form embeds its plots)
+# NBVAL_IGNORE_OUTPUT
+# (a widget's text form embeds its plots)
 calculator = BudgetWidget(preset="gpt2-small")
 calculator.ui
 

@@ -219,3 +219,18 @@ def test_comparisons_give_masks_and_float_gives_a_number():
         loss = loss * 2.0
     loss.backward()
     np.testing.assert_array_equal(x.grad, [-4.0, 8.0])
+
+
+def test_layer_norm_parameters_get_gradients_when_x_needs_none():
+    """Only weight and bias require grad (e.g. the first layer of a recomputed
+    segment): backward must not reach for the weight reference it never saved."""
+    import numpy as np
+    from engine import Tensor, functional as F
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 4))
+    w = Tensor(rng.normal(size=4), requires_grad=True)
+    b = Tensor(rng.normal(size=4), requires_grad=True)
+    F.layer_norm(Tensor(x), w, b).sum().backward()
+    xhat = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(w.grad, xhat.sum(0), rtol=1e-10)
+    np.testing.assert_allclose(b.grad, np.full(4, 3.0))
