@@ -1,0 +1,355 @@
+"""How fast is the fused trainer? `python -m engine.bench --help`.
+
+Measures, in one process and one run:
+
+* compile: the first step (numba compiles each kernel, or loads it from the
+  on-disk cache), reported apart from the steady state;
+* ms/step and tokens/s: median over --steps training steps (forward,
+  backward, clipping, AdamW) after --warmup steps;
+* GFLOP/s of the step, and of its linear layers' matrix products against the
+  same products run alone (the machine's sgemm rate for those shapes);
+* where the time goes, kernel by kernel;
+* PyTorch eager, when it imports: the same model with the same initial
+  weights and batches, timed step for step in alternation with ours (so a
+  busy machine slows both alike), the ratio, and the largest relative
+  difference between the two first-step gradients.
+
+Timings on a shared machine are noisy; medians and same-run ratios are the
+numbers to quote. Nothing here is a test: it reports, it does not judge.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from .gpt_config import GPTConfig, init_params
+
+
+# --------------------------------------------------------------- the torch twin
+def torch_gpt(cfg: GPTConfig, params: dict[str, np.ndarray], attention: str = "sdpa"):
+    """The same GPT in PyTorch eager: returns (loss_fn(ids, targets), tensors by name).
+
+    Weights are stored (in, out) as in engine.gpt_config, so a linear layer is
+    x @ w + b; attention is torch's fused scaled_dot_product_attention
+    ("sdpa", the eager default a practitioner would write) or the textbook
+    softmax(q k^T / sqrt(hs)) v with a mask ("manual")."""
+    import torch
+    import torch.nn.functional as F
+
+    tensors = {name: torch.tensor(np.array(value), requires_grad=True)
+               for name, value in params.items()}
+    C, H, V = cfg.n_embd, cfg.n_head, cfg.vocab_size
+    hs = C // H
+
+    def attend(q, k, v, T):
+        if attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = (q @ k.transpose(-2, -1)) / hs ** 0.5
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        return att.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+
+    def loss_fn(ids, targets):
+        p = tensors
+        B, T = ids.shape
+        x = p["wte"][ids] + p["wpe"][:T]
+        for i in range(cfg.n_layer):
+            w = lambda n: p[f"h{i}.{n}"]  # noqa: E731
+            h = F.layer_norm(x, (C,), w("ln1_w"), w("ln1_b"), 1e-5)
+            q, k, v = (t.view(B, T, H, hs).transpose(1, 2)
+                       for t in (h @ w("qkv_w") + w("qkv_b")).split(C, dim=-1))
+            y = attend(q, k, v, T).transpose(1, 2).reshape(B, T, C)
+            x = x + y @ w("proj_w") + w("proj_b")
+            h = F.layer_norm(x, (C,), w("ln2_w"), w("ln2_b"), 1e-5)
+            x = x + F.gelu(h @ w("fc_w") + w("fc_b"), approximate="tanh") @ w("fcproj_w") \
+                + w("fcproj_b")
+        x = F.layer_norm(x, (C,), p["lnf_w"], p["lnf_b"], 1e-5)
+        return F.cross_entropy((x @ p["wte"].T).view(-1, V), targets.reshape(-1))
+
+    return loss_fn, tensors
+
+
+def _median_ms(times):
+    return float(np.median(times)) * 1e3
+
+
+def _cache_stats(kernels) -> dict:
+    hits = misses = 0
+    for k in kernels:
+        stats = getattr(k, "stats", None)
+        if stats is not None:
+            hits += sum(stats.cache_hits.values())
+            misses += sum(stats.cache_misses.values())
+    return {"loaded_from_cache": hits, "compiled": misses}
+
+
+def _numba_kernels():
+    from numba.core.registry import CPUDispatcher
+    from . import fused
+    found = []
+    for mod in (fused.embedding, fused.layernorm, fused.gelu, fused.attention,
+                fused.crossentropy, fused.residual, fused.linear, fused.adamw):
+        found += [v for v in vars(mod).values() if isinstance(v, CPUDispatcher)]
+    return found
+
+
+def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, repeats: int = 5) -> dict:
+    """The linear layers' products of one step, run alone back to back:
+    (forward, dx, dw) for each weight, the tied head included."""
+    from .fused import gemm
+    rng = np.random.default_rng(0)
+    N, C, V = B * T, cfg.n_embd, cfg.vocab_size
+    shapes = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)] * cfg.n_layer + [(C, V)]
+    arrays = []
+    for k, n in shapes:
+        x = rng.standard_normal((N, k)).astype(dtype)
+        w = rng.standard_normal((k, n)).astype(dtype) * 0.02
+        dy = rng.standard_normal((N, n)).astype(dtype)
+        arrays.append((x, w, dy, np.empty((N, n), dtype), np.zeros((k, n), dtype),
+                       np.empty((N, k), dtype)))
+    flops = sum(3 * 2 * N * k * n for k, n in shapes)
+
+    def one_pass():
+        for x, w, dy, y, dw, dx in arrays:
+            gemm(x, w, y)
+            gemm(x, dy, dw, trans_a=True, accumulate=True)
+            gemm(dy, w, dx, trans_b=True)
+
+    one_pass()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        one_pass()
+        times.append(time.perf_counter() - t0)
+    best = float(np.median(times))
+    return {"flops": flops, "seconds": best, "gflops": flops / best / 1e9}
+
+
+def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
+        with_torch: bool = True, torch_attention: str = "sdpa", threads: int | None = None,
+        seed: int = 0, data=None, progress=None) -> dict:
+    """Benchmark the fused trainer (and PyTorch eager when available); returns a report dict."""
+    say = progress or (lambda line: None)
+    torch = None
+    torch_reason = "disabled with --no-torch"
+    if with_torch:
+        try:
+            import torch  # imported before our kernels start their threads
+            torch_reason = None
+        except ImportError as exc:
+            torch_reason = f"PyTorch is not installed ({exc}); pip install torch to compare"
+    from .fused.threads import cores, set_threads
+    from .gpt import GPT, decay_segments, step_flops
+    from .optim import AdamW, clip_scale, global_norm
+    from .data import batch_at
+
+    thread_info = set_threads(threads or cores())
+    if torch is not None:
+        torch.set_num_threads(thread_info["numba"])
+    B, T = batch_size, cfg.block_size
+    dtype = np.float32
+    params = init_params(cfg, seed, dtype)
+    if data is None:
+        data = np.random.default_rng(seed).integers(0, cfg.vocab_size, 200_000)
+    batches = [batch_at(data, seed, i, B, T) for i in range(steps + warmup + 1)]
+
+    model = GPT(cfg, B, params=params, dtype=dtype)
+    opt = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3, weight_decay=0.1)
+
+    def ours(i):
+        x, y = batches[i]
+        model.zero_grad()
+        loss = model.forward(x, y)
+        model.backward()
+        opt.step(model.grads.flat, grad_scale=clip_scale(global_norm(model.grads.flat), 1.0))
+        return loss
+
+    # -- compile (or cache load): the first step, apart
+    say("first step (compiling numba kernels, or loading them from the cache)...")
+    t0 = time.perf_counter()
+    ours(0)
+    first_step = time.perf_counter() - t0
+    cache = _cache_stats(_numba_kernels())
+
+    # -- torch twin with the same initial weights
+    report_torch = None
+    if torch is not None:
+        loss_fn, tensors = torch_gpt(cfg, params, torch_attention)
+        decay = [t for n, t in tensors.items() if t.ndim >= 2]
+        no_decay = [t for n, t in tensors.items() if t.ndim < 2]
+        topt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                  {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+        tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
+        all_t = list(tensors.values())
+
+        def theirs(i):
+            x, y = tbatches[i]
+            topt.zero_grad(set_to_none=True)
+            loss = loss_fn(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(all_t, 1.0)
+            topt.step()
+            return float(loss)
+
+        # first-step gradients, before any update
+        g_model = GPT(cfg, B, params=params, dtype=dtype)
+        x0, y0 = batches[0]
+        g_model.forward(x0, y0)
+        g_model.backward()
+        ref_loss = loss_fn(*tbatches[0])
+        ref_loss.backward()
+        worst, worst_name = 0.0, None
+        for name, g in g_model.named_grads().items():
+            tg = tensors[name].grad.numpy()
+            rel = float(np.abs(g - tg).max() / max(np.abs(tg).max(), 1e-30))
+            if rel > worst:
+                worst, worst_name = rel, name
+        for t in all_t:
+            t.grad = None
+        del g_model
+        say("PyTorch first step...")
+        t0 = time.perf_counter()
+        theirs(0)
+        torch_first = time.perf_counter() - t0
+
+    # -- warm-up, then alternate ours / theirs
+    for i in range(1, warmup + 1):
+        ours(i)
+        if torch is not None:
+            theirs(i)
+    say(f"timing {steps} steps" + (" alternating with PyTorch..." if torch else "..."))
+    t_ours, t_torch = [], []
+    for i in range(warmup + 1, warmup + 1 + steps):
+        t0 = time.perf_counter()
+        ours(i)
+        t_ours.append(time.perf_counter() - t0)
+        if torch is not None:
+            t0 = time.perf_counter()
+            theirs(i)
+            t_torch.append(time.perf_counter() - t0)
+
+    # -- per-kernel breakdown (separate steps: timing each call costs a little)
+    model.profile = {}
+    n_prof = max(3, steps // 4)
+    t0 = time.perf_counter()
+    for i in range(n_prof):
+        ours(1 + i % warmup if warmup else 0)
+    prof_wall = (time.perf_counter() - t0) / n_prof
+    per_kernel = {k: v / n_prof * 1e3 for k, v in
+                  sorted(model.profile.items(), key=lambda kv: -kv[1])}
+    model.profile = None
+    matmul_ms = per_kernel.get("matmul", 0.0) + per_kernel.get("linear_forward", 0.0)
+
+    flops = step_flops(cfg, B, T)
+    ms = _median_ms(t_ours)
+    gemm_alone = sgemm_rate(cfg, B, T, dtype)
+    report = {
+        "config": {**cfg.to_dict(), "batch_size": B, "dtype": "float32",
+                   "threads": thread_info["numba"], "blas_threads": thread_info["blas"]},
+        "compile": {"first_step_s": first_step, **cache},
+        "ours": {"ms_per_step": ms, "tokens_per_s": B * T / (ms / 1e3),
+                 "gflops": flops["total"] / (ms / 1e3) / 1e9, "steps": steps,
+                 "ms_all": [t * 1e3 for t in t_ours]},
+        "flops_per_step": flops,
+        "linear": {"sgemm_alone_gflops": gemm_alone["gflops"],
+                   "in_step_ms": matmul_ms,
+                   "in_step_gflops": flops["linear"] / (matmul_ms / 1e3) / 1e9
+                   if matmul_ms else None},
+        "per_kernel_ms": per_kernel,
+        "profiled_step_ms": prof_wall * 1e3,
+        "torch": None, "torch_skipped": torch_reason,
+    }
+    lin = report["linear"]
+    if lin["in_step_gflops"]:
+        lin["share_of_sgemm"] = lin["in_step_gflops"] / lin["sgemm_alone_gflops"]
+    if torch is not None:
+        tms = _median_ms(t_torch)
+        report["torch"] = {"version": torch.__version__, "attention": torch_attention,
+                           "ms_per_step": tms, "tokens_per_s": B * T / (tms / 1e3),
+                           "first_step_s": torch_first, "ms_all": [t * 1e3 for t in t_torch],
+                           "speedup": tms / ms,
+                           "first_step_grad_max_rel_diff": worst,
+                           "first_step_grad_worst_tensor": worst_name}
+    return report
+
+
+def format_report(r: dict) -> str:
+    c = r["config"]
+    lines = [f"fused trainer benchmark: V={c['vocab_size']} T={c['block_size']} "
+             f"L={c['n_layer']} H={c['n_head']} C={c['n_embd']} B={c['batch_size']} float32, "
+             f"{c['threads']} thread(s)",
+             f"first step {r['compile']['first_step_s']:.2f} s (kernels compiled: "
+             f"{r['compile']['compiled']}, loaded from cache: "
+             f"{r['compile']['loaded_from_cache']})", ""]
+    o, t = r["ours"], r["torch"]
+    lines.append(f"{'':24}{'ms/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}")
+    lines.append(f"{'fused (engine.gpt)':24}{o['ms_per_step']:>10.1f}{o['tokens_per_s']:>12,.0f}"
+                 f"{o['gflops']:>10.1f}")
+    if t:
+        gf = r["flops_per_step"]["total"] / (t["ms_per_step"] / 1e3) / 1e9
+        lines.append(f"{'PyTorch ' + t['version'] + ' eager':24}{t['ms_per_step']:>10.1f}"
+                     f"{t['tokens_per_s']:>12,.0f}{gf:>10.1f}")
+        lines.append(f"speed-up over PyTorch eager: {t['speedup']:.2f}x (median of "
+                     f"{o['steps']} alternating steps; attention={t['attention']})")
+        lines.append(f"first-step gradients: largest relative difference "
+                     f"{t['first_step_grad_max_rel_diff']:.2e} ({t['first_step_grad_worst_tensor']})")
+    else:
+        lines.append(f"PyTorch comparison skipped: {r['torch_skipped']}")
+    lin = r["linear"]
+    lines.append("")
+    lines.append(f"linear layers: {lin['in_step_gflops'] or 0:.1f} GFLOP/s inside the step vs "
+                 f"{lin['sgemm_alone_gflops']:.1f} GFLOP/s for the same products alone"
+                 + (f" ({lin['share_of_sgemm']:.0%})" if "share_of_sgemm" in lin else ""))
+    lines.append("")
+    lines.append(f"where the time goes (profiled step {r['profiled_step_ms']:.1f} ms):")
+    total = sum(r["per_kernel_ms"].values())
+    for name, ms in r["per_kernel_ms"].items():
+        lines.append(f"  {name:24}{ms:8.2f} ms  {ms / total:6.1%}")
+    lines.append(f"  {'(python, glue)':24}{r['profiled_step_ms'] - total:8.2f} ms")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench",
+                                description="Tokens/s and ms/step of the fused GPT trainer, "
+                                            "next to PyTorch eager when it is installed.")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (median; default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="default: the built-in corpus's character count")
+    p.add_argument("--threads", type=int, default=None, help="default: all cores")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    p.add_argument("--torch-attention", choices=("sdpa", "manual"), default="sdpa")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    from .data import Dataset, builtin_text
+    data = None
+    vocab = args.vocab_size
+    if vocab is None:
+        ds = Dataset.from_text(builtin_text())
+        vocab, data = ds.tokenizer.vocab_size, ds.train
+    try:
+        cfg = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer,
+                        n_head=args.n_head, n_embd=args.n_embd)
+    except ValueError as exc:
+        p.error(str(exc))
+    report = run(cfg, args.batch_size, steps=args.steps, warmup=args.warmup,
+                 with_torch=not args.no_torch, torch_attention=args.torch_attention,
+                 threads=args.threads, data=data,
+                 progress=None if args.json else (lambda s: print(s, file=sys.stderr)))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

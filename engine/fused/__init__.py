@@ -1,0 +1,38 @@
+"""Fused CPU kernels for the GPT trainer, each backward beside its forward.
+
+    module          forward                     backward
+    embedding       embedding_forward           embedding_backward   (deterministic scatter-add)
+    layernorm       layernorm_forward           layernorm_backward   (one pass per row)
+    gelu            bias_gelu_forward           bias_gelu_backward
+    attention       attention_forward           attention_backward   (causal, O(T^2) softmax bwd)
+    crossentropy    crossentropy_softmax (loss and gradient in one kernel), crossentropy_loss
+    residual        residual_bias_add           bias_grad
+    linear          linear_forward, gemm        linear_backward      (BLAS, outside prange)
+    adamw           adamw_update, global_norm, clip_scale
+
+Every function takes its inputs positionally and its outputs as keywords
+(`out=`, `dx=`, ...). Leave an output out and it is allocated, so a lesson can
+call `out, mean, rstd = layernorm_forward(x, w, b)`; pass buffers and the
+kernel writes (or, for gradients marked "added into", accumulates) in place,
+which is how `engine.gpt` runs a step without allocating.
+
+All kernels run in float32 (training) and float64 (gradient checks): numba
+compiles one version per dtype on first use and caches it on disk.
+"""
+from ._jit import THREADING_LAYER
+from .adamw import adamw_update, clip_scale, global_norm, work_items
+from .attention import attention_backward, attention_forward
+from .crossentropy import crossentropy_loss, crossentropy_softmax
+from .embedding import embedding_backward, embedding_forward
+from .gelu import bias_gelu_backward, bias_gelu_forward, gelu_reference
+from .layernorm import layernorm_backward, layernorm_forward
+from .linear import gemm, linear_backward, linear_forward
+from .residual import bias_grad, residual_bias_add
+
+__all__ = [
+    "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
+    "bias_gelu_forward", "bias_gelu_backward", "gelu_reference", "attention_forward",
+    "attention_backward", "crossentropy_softmax", "crossentropy_loss", "residual_bias_add",
+    "bias_grad", "gemm", "linear_forward", "linear_backward", "adamw_update", "global_norm",
+    "clip_scale", "work_items", "THREADING_LAYER",
+]

@@ -1,0 +1,257 @@
+"""Causal multi-head self-attention, forward and backward, one head per task.
+
+Layout. The QKV projection writes one (B*T, 3C) buffer: queries in columns
+[0, C), keys in [C, 2C), values in [2C, 3C); head h owns the `hs = C/H`
+columns h*hs ... (h+1)*hs of each part. The output `y` is (B*T, C) with the
+heads side by side, ready for the output projection.
+
+For one (batch, head) pair, with scale = 1/sqrt(hs):
+
+    forward                                  backward (given dY)
+    S  = scale * Q K^T   (rows i, cols j<=i)  dP = dY V^T
+    P  = softmax(S) along j                   dS = scale * P * (dP - rowsum(P * dP))
+    Y  = P V                                  dQ = dS K,  dK = dS^T Q,  dV = P^T dY
+
+The softmax backward is the O(T^2) form above, one dot product per row, never
+the (T x T) Jacobian per row. P is saved (B, H, T, T) for the backward; its
+upper triangle stays zero.
+
+Speed. The B*H pairs run in parallel (`prange`). Each pair copies its slices
+into small zero-padded tiles (rows padded to a multiple of 16, the float32
+vector width on AVX-512), so every product is a dense tile product with
+lengths the compiler can vectorise, and the causal mask becomes "skip the
+column blocks past the diagonal": half the multiply-adds of the full square.
+`_rows4_product` computes four output rows at once so each row of the right
+operand, once loaded, feeds four multiply-adds.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._buffers import float_dtype, output
+from ._jit import kernel, parallel_kernel, prange
+from ._math import exp
+
+TILE = 16   # column padding: one AVX-512 register of float32
+
+
+@kernel
+def _padded(n, multiple):
+    return (n + multiple - 1) // multiple * multiple
+
+
+@kernel
+def _rows4_product(out, a, b, r, k0, k1, c0, c1):
+    """out[r:r+4, c0:c1] += a[r:r+4, k0:k1] @ b[k0:k1, c0:c1]  (k1 - k0 even)."""
+    o0 = out[r]
+    o1 = out[r + 1]
+    o2 = out[r + 2]
+    o3 = out[r + 3]
+    for k in range(k0, k1, 2):
+        b0 = b[k]
+        b1 = b[k + 1]
+        a00, a01 = a[r, k], a[r, k + 1]
+        a10, a11 = a[r + 1, k], a[r + 1, k + 1]
+        a20, a21 = a[r + 2, k], a[r + 2, k + 1]
+        a30, a31 = a[r + 3, k], a[r + 3, k + 1]
+        for c in range(c0, c1):
+            u = b0[c]
+            w = b1[c]
+            o0[c] += a00 * u + a01 * w
+            o1[c] += a10 * u + a11 * w
+            o2[c] += a20 * u + a21 * w
+            o3[c] += a30 * u + a31 * w
+
+
+@kernel
+def _causal_rows_times(out, a, bt, Tp):
+    """out[i, j] = sum_d a[i, d] bt[d, j] for the column blocks j that touch j <= i.
+
+    (S = Q K^T and dP = dY V^T.) Entries above the diagonal inside the last
+    block are computed too (cheaper than masking); callers ignore them."""
+    hp = a.shape[1]
+    for i in range(0, Tp, 4):
+        width = _padded(i + 4, TILE)
+        out[i:i + 4, :width] = 0
+        _rows4_product(out, a, bt, i, 0, hp, 0, width)
+
+
+@kernel
+def _lower_times(out, m, x, Tp):
+    """out[i, :] = sum_{j <= i} m[i, j] x[j, :] for lower-triangular m (Y = P V, dQ = dS K)."""
+    hp = x.shape[1]
+    out[:, :] = 0
+    for i in range(0, Tp, 4):
+        _rows4_product(out, m, x, i, 0, _padded(i + 4, 2), 0, hp)
+
+
+@kernel
+def _transposed_times_lower(out_t, xt, m, Tp):
+    """out_t[:, j] = sum_{i >= j} xt[:, i] m[i, j] for lower-triangular m.
+
+    (dK^T = Q^T dS and dV^T = dY^T P.) Walks m in blocks of TILE rows; block
+    rows i0..i0+15 only reach columns j < i0 + 16."""
+    hp = xt.shape[0]
+    out_t[:, :] = 0
+    for i0 in range(0, Tp, TILE):
+        for d in range(0, hp, 4):
+            _rows4_product(out_t, xt, m, d, i0, i0 + TILE, 0, i0 + TILE)
+
+
+@kernel
+def _softmax_causal_rows(s, T):
+    """Row i of s becomes softmax(s[i, :i+1]), zeros after the diagonal."""
+    Tp = s.shape[1]
+    one = s.dtype.type(1)
+    for i in range(T):
+        row = s[i]
+        m = row[0]
+        for j in range(1, i + 1):
+            m = max(m, row[j])
+        total = one - one
+        for j in range(i + 1):
+            e = exp(row[j] - m)
+            row[j] = e
+            total += e
+        inv = one / total
+        for j in range(i + 1):
+            row[j] *= inv
+        for j in range(i + 1, Tp):
+            row[j] = 0
+
+
+@kernel
+def _load_head(src, row0, col0, T, hs, out, out_t, scale):
+    """out[t, d] = out_t[d, t] = scale * src[row0 + t, col0 + d]; zeros in the padding."""
+    Tp, hp = out.shape
+    out[T:, :] = 0
+    out_t[:, T:] = 0
+    for t in range(T):
+        for d in range(hs):
+            value = src[row0 + t, col0 + d] * scale
+            out[t, d] = value
+            out_t[d, t] = value
+        for d in range(hs, hp):
+            out[t, d] = 0
+            out_t[d, t] = 0
+
+
+@parallel_kernel
+def attention_forward_kernel(qkv, y, probs):
+    B, H, T = probs.shape[0], probs.shape[1], probs.shape[2]
+    C = y.shape[1]
+    hs = C // H
+    Tp = _padded(T, TILE)
+    hp = _padded(hs, 4)
+    one = qkv.dtype.type(1)
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    for task in prange(B * H):
+        b, h = task // H, task % H
+        row0 = b * T
+        q = np.empty((Tp, hp), qkv.dtype)
+        k = np.empty((Tp, hp), qkv.dtype)
+        v = np.empty((Tp, hp), qkv.dtype)
+        qt = np.empty((hp, Tp), qkv.dtype)
+        kt = np.empty((hp, Tp), qkv.dtype)
+        vt = np.empty((hp, Tp), qkv.dtype)
+        _load_head(qkv, row0, h * hs, T, hs, q, qt, one)
+        _load_head(qkv, row0, C + h * hs, T, hs, k, kt, scale)
+        _load_head(qkv, row0, 2 * C + h * hs, T, hs, v, vt, one)
+        s = np.empty((Tp, Tp), qkv.dtype)
+        _causal_rows_times(s, q, kt, Tp)        # S = scale Q K^T
+        _softmax_causal_rows(s, T)               # P, in place
+        out = np.empty((Tp, hp), qkv.dtype)
+        _lower_times(out, s, v, Tp)             # Y = P V
+        p_bh = probs[b, h]
+        for t in range(T):
+            p_bh[t, :] = s[t, :T]
+            y[row0 + t, h * hs:(h + 1) * hs] = out[t, :hs]
+
+
+@parallel_kernel
+def attention_backward_kernel(dy, qkv, probs, dqkv):
+    B, H, T = probs.shape[0], probs.shape[1], probs.shape[2]
+    C = dy.shape[1]
+    hs = C // H
+    Tp = _padded(T, TILE)
+    hp = _padded(hs, 4)
+    one = qkv.dtype.type(1)
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    for task in prange(B * H):
+        b, h = task // H, task % H
+        row0 = b * T
+        q = np.empty((Tp, hp), qkv.dtype)
+        k = np.empty((Tp, hp), qkv.dtype)
+        v = np.empty((Tp, hp), qkv.dtype)
+        g = np.empty((Tp, hp), qkv.dtype)
+        qt = np.empty((hp, Tp), qkv.dtype)
+        kt = np.empty((hp, Tp), qkv.dtype)
+        vt = np.empty((hp, Tp), qkv.dtype)
+        gt = np.empty((hp, Tp), qkv.dtype)
+        _load_head(qkv, row0, h * hs, T, hs, q, qt, one)
+        _load_head(qkv, row0, C + h * hs, T, hs, k, kt, one)
+        _load_head(qkv, row0, 2 * C + h * hs, T, hs, v, vt, one)
+        _load_head(dy, row0, h * hs, T, hs, g, gt, one)
+        p = np.zeros((Tp, Tp), qkv.dtype)
+        p_bh = probs[b, h]
+        for t in range(T):
+            p[t, :T] = p_bh[t, :]
+        # dP = dY V^T, then dS = scale * P * (dP - rowsum(P * dP)), in place.
+        ds = np.empty((Tp, Tp), qkv.dtype)
+        _causal_rows_times(ds, g, vt, Tp)
+        for t in range(Tp):
+            dot = one - one
+            for j in range(t + 1):
+                dot += p[t, j] * ds[t, j]
+            for j in range(t + 1):
+                ds[t, j] = scale * p[t, j] * (ds[t, j] - dot)
+            ds[t, t + 1:] = 0
+        dq = np.empty((Tp, hp), qkv.dtype)
+        _lower_times(dq, ds, k, Tp)             # dQ = dS K
+        dkt = np.empty((hp, Tp), qkv.dtype)
+        _transposed_times_lower(dkt, qt, ds, Tp)  # dK^T = Q^T dS
+        dvt = np.empty((hp, Tp), qkv.dtype)
+        _transposed_times_lower(dvt, gt, p, Tp)   # dV^T = dY^T P
+        for t in range(T):
+            r = row0 + t
+            dqkv[r, h * hs:(h + 1) * hs] = dq[t, :hs]
+            for d in range(hs):
+                dqkv[r, C + h * hs + d] = dkt[d, t]
+                dqkv[r, 2 * C + h * hs + d] = dvt[d, t]
+
+
+def _check_qkv(kernel_name, qkv, n_head):
+    if qkv.ndim != 3 or qkv.shape[2] % 3:
+        raise ValueError(f"{kernel_name}: qkv must have shape (B, T, 3C), got {qkv.shape}")
+    C = qkv.shape[2] // 3
+    if n_head < 1 or C % n_head:
+        raise ValueError(f"{kernel_name}: C={C} is not divisible by n_head={n_head}")
+    if not qkv.flags.c_contiguous:
+        raise ValueError(f"{kernel_name}: qkv must be C-contiguous; pass np.ascontiguousarray(qkv)")
+    return qkv.shape[0], qkv.shape[1], C
+
+
+def attention_forward(qkv, n_head, *, out=None, probs=None):
+    """Causal self-attention of qkv (B, T, 3C) with n_head heads.
+    Returns (out (B, T, C), probs (B, H, T, T)); probs is what the backward needs."""
+    name = "attention_forward"
+    dtype = float_dtype(name, qkv)
+    B, T, C = _check_qkv(name, qkv, n_head)
+    out = output(name, "out", out, (B, T, C), dtype)
+    probs = output(name, "probs", probs, (B, n_head, T, T), dtype)
+    attention_forward_kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), probs)
+    return out, probs
+
+
+def attention_backward(dout, qkv, probs, *, dqkv=None):
+    """Gradient of attention_forward's out with respect to qkv (written). Returns dqkv."""
+    name = "attention_backward"
+    dtype = float_dtype(name, dout, qkv, probs)
+    B, T, C = _check_qkv(name, qkv, probs.shape[1])
+    if dout.shape != (B, T, C) or probs.shape[0] != B or probs.shape[2:] != (T, T):
+        raise ValueError(f"{name}: dout {dout.shape} and probs {probs.shape} do not fit "
+                         f"qkv {qkv.shape}; expected ({B}, {T}, {C}) and ({B}, H, {T}, {T})")
+    dqkv = output(name, "dqkv", dqkv, qkv.shape, dtype)
+    attention_backward_kernel(np.ascontiguousarray(dout).reshape(B * T, C),
+                              qkv.reshape(B * T, 3 * C), probs, dqkv.reshape(B * T, 3 * C))
+    return dqkv

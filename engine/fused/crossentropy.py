@@ -1,0 +1,86 @@
+"""Softmax + cross-entropy, fused: the logits become their own gradient.
+
+For one row of logits z (V classes) and its target y:
+
+    loss = logsumexp(z) - z[y]
+    dloss/dz = softmax(z) - onehot(y)
+
+So the gradient is "the probabilities, minus one at the target". The fused
+kernel computes the row's max and sum of exponentials, writes the loss, then
+overwrites the row of logits with (softmax(z) - onehot(y)) * scale in the same
+buffer. The (rows, V) logits are the largest activation of a language model's
+head; this way neither the probabilities nor the logits' gradient ever take a
+second (rows, V) array, and the row is read twice and written once.
+
+`scale` is the factor the loss is multiplied by before differentiation:
+1/N for the mean over N rows, times 1/K with K micro-batches of gradient
+accumulation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._buffers import float_dtype, output, rows
+from ._jit import parallel_kernel, prange
+from ._math import exp
+
+
+@parallel_kernel
+def crossentropy_softmax_kernel(logits, targets, scale, losses, write_grad):
+    N, V = logits.shape
+    zero = logits.dtype.type(0)
+    for n in prange(N):
+        row = logits[n]
+        m = row[0]
+        for v in range(1, V):
+            m = max(m, row[v])
+        total = zero
+        for v in range(V):
+            total += exp(row[v] - m)
+        log_total = np.log(total)
+        y = targets[n]
+        losses[n] = m + log_total - row[y]
+        if write_grad:
+            shift = m + log_total                  # p_v = exp(z_v - logsumexp(z))
+            for v in range(V):
+                row[v] = exp(row[v] - shift) * scale
+            row[y] -= scale
+
+
+def _check_targets(kernel, targets, n_rows, vocab_size):
+    targets = np.ascontiguousarray(targets).reshape(-1)
+    if targets.shape[0] != n_rows:
+        raise ValueError(f"{kernel}: {targets.shape[0]} targets for {n_rows} rows of logits")
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise TypeError(f"{kernel}: targets must be integers, got dtype {targets.dtype}")
+    if n_rows and (targets.min() < 0 or targets.max() >= vocab_size):
+        raise ValueError(f"{kernel}: targets must lie in [0, {vocab_size}), got values from "
+                         f"{targets.min()} to {targets.max()}")
+    return targets
+
+
+def crossentropy_softmax(logits, targets, scale=None, *, losses=None):
+    """Mean cross-entropy of the rows of `logits`; OVERWRITES logits with
+    d(scale * sum of row losses)/dlogits. scale defaults to 1/rows (the mean).
+
+    Returns (mean_loss, losses) with losses the per-row values. Pass a copy of
+    the logits if you still need them."""
+    name = "crossentropy_softmax"
+    dtype = float_dtype(name, logits)
+    z = rows(name, "logits", logits)
+    targets = _check_targets(name, targets, z.shape[0], z.shape[1])
+    losses = output(name, "losses", losses, (z.shape[0],), dtype)
+    scale = 1.0 / max(1, z.shape[0]) if scale is None else scale
+    crossentropy_softmax_kernel(z, targets, dtype.type(scale), losses, True)
+    return float(losses.sum(dtype=np.float64) / max(1, z.shape[0])), losses
+
+
+def crossentropy_loss(logits, targets, *, losses=None):
+    """Mean cross-entropy without touching the logits (evaluation). Returns (mean, losses)."""
+    name = "crossentropy_loss"
+    dtype = float_dtype(name, logits)
+    z = rows(name, "logits", logits)
+    targets = _check_targets(name, targets, z.shape[0], z.shape[1])
+    losses = output(name, "losses", losses, (z.shape[0],), dtype)
+    crossentropy_softmax_kernel(z, targets, dtype.type(0), losses, False)
+    return float(losses.sum(dtype=np.float64) / max(1, z.shape[0])), losses

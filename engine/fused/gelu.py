@@ -1,0 +1,89 @@
+"""Bias + GELU (tanh form), fused: one pass forward, one pass backward.
+
+    u   = h + bias                          (h: the fc matmul's output, bias-free)
+    out = 0.5 u (1 + tanh(k (u + a u^3))),  k = sqrt(2/pi), a = 0.044715
+
+Unfused, a framework runs "add bias", "GELU" and, in backward, "GELU'" and
+"sum the bias gradient" as four passes over a (rows, 4C) array. Here the
+forward reads h once and writes out once; the backward reads dout and h once,
+writes dh once and adds the bias gradient from the same sweep (per-chunk
+partial sums, then the chunks in a fixed order).
+
+What is saved: only h (the matmul already wrote it). u and tanh are recomputed
+in the backward: an add and one exp per element, cheaper than storing them.
+
+    dout/du = 0.5 (1 + t) + 0.5 u (1 - t^2) k (1 + 3 a u^2),  t = tanh(k (u + a u^3))
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._buffers import float_dtype, output, rows
+from ._jit import REDUCE_CHUNKS, parallel_kernel, prange
+from ._math import tanh
+
+GELU_K = float(np.sqrt(2.0 / np.pi))
+GELU_A = 0.044715
+
+
+@parallel_kernel
+def bias_gelu_forward_kernel(h, bias, out):
+    N, F = h.shape
+    one, half = h.dtype.type(1), h.dtype.type(0.5)
+    k, a = h.dtype.type(GELU_K), h.dtype.type(GELU_A)
+    for n in prange(N):
+        for f in range(F):
+            u = h[n, f] + bias[f]
+            t = tanh(k * (u + a * u * u * u))
+            out[n, f] = half * u * (one + t)
+
+
+@parallel_kernel
+def bias_gelu_backward_kernel(dout, h, bias, dh, dbias):
+    N, F = h.shape
+    one, half = h.dtype.type(1), h.dtype.type(0.5)
+    k, a, a3 = h.dtype.type(GELU_K), h.dtype.type(GELU_A), h.dtype.type(3 * GELU_A)
+    chunk = (N + REDUCE_CHUNKS - 1) // REDUCE_CHUNKS
+    part = np.zeros((REDUCE_CHUNKS, F), h.dtype)
+    for c in prange(REDUCE_CHUNKS):
+        for n in range(c * chunk, min(N, (c + 1) * chunk)):
+            for f in range(F):
+                u = h[n, f] + bias[f]
+                t = tanh(k * (u + a * u * u * u))
+                slope = half * (one + t) + half * u * (one - t * t) * k * (one + a3 * u * u)
+                g = dout[n, f] * slope
+                dh[n, f] = g
+                part[c, f] += g
+    for c in range(REDUCE_CHUNKS):
+        for f in range(F):
+            dbias[f] += part[c, f]
+
+
+def gelu_reference(u):
+    """GELU (tanh form) in plain numpy, for tests and lessons."""
+    return 0.5 * u * (1.0 + np.tanh(GELU_K * (u + GELU_A * u ** 3)))
+
+
+def bias_gelu_forward(h, bias, *, out=None):
+    """out = gelu(h + bias), row-wise over the last axis. Returns out."""
+    name = "bias_gelu_forward"
+    dtype = float_dtype(name, h, bias)
+    h2 = rows(name, "h", h, bias.shape[0])
+    out = output(name, "out", out, h.shape, dtype)
+    bias_gelu_forward_kernel(h2, bias, out.reshape(h2.shape))
+    return out
+
+
+def bias_gelu_backward(dout, h, bias, *, dh=None, dbias=None):
+    """dh = dout * gelu'(h + bias) (written); dbias is *added into*. Returns (dh, dbias)."""
+    name = "bias_gelu_backward"
+    dtype = float_dtype(name, dout, h, bias)
+    F = bias.shape[0]
+    h2 = rows(name, "h", h, F)
+    dout2 = rows(name, "dout", dout, F)
+    if dout2.shape != h2.shape:
+        raise ValueError(f"{name}: dout has shape {dout.shape}, h has {h.shape}; they must match")
+    dh = output(name, "dh", dh, h.shape, dtype)
+    dbias = output(name, "dbias", dbias, (F,), dtype)
+    bias_gelu_backward_kernel(dout2, h2, bias, dh.reshape(h2.shape), dbias)
+    return dh, dbias

@@ -1,0 +1,462 @@
+"""The GPT of engine.gpt_config on the fused kernels of engine.fused.
+
+Memory is laid out once, when the model is built for a micro-batch shape:
+
+* `params.flat` holds every parameter in the order of `param_shapes(cfg)`;
+  `params["h0.qkv_w"]` is a view into it. `grads` has the same layout, so the
+  optimizer, clipping and the data-parallel all-reduce each see one array.
+* `Activations` holds every tensor the backward needs (per layer, or one
+  shared layer set when activation checkpointing recomputes them), and
+  the backward's scratch. A training step writes into these buffers and
+  allocates no new arrays.
+
+One step, with the phases the trainer times separately:
+
+    loss = model.forward(ids, targets, loss_scale=1/K)   # loss; dlogits written in place
+    model.backward()                                       # grads += d(loss_scale * loss)
+    (optimizer on model.params.flat and model.grads.flat)
+
+The kernels come from the registry `KERNELS` (name -> function). Replace one
+with `use_kernel(name, your_function, owner="you")`: your function takes the
+inputs listed in `KERNEL_SPECS[name]` and returns the outputs; the model
+copies (or adds) them into its buffers. `kernel_owners()` says whose kernel
+each name runs, `reset_kernels()` goes back to the engine's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import fused
+from .gpt_config import GPTConfig, init_params, param_shapes
+
+LN_EPS = 1e-5
+
+
+# ----------------------------------------------------------------- kernel registry
+@dataclass(frozen=True)
+class KernelSpec:
+    """How the model calls a kernel: positional inputs, then keyword outputs.
+    Each output is written ("write") or accumulated into ("add")."""
+    inputs: tuple[str, ...]
+    outputs: tuple[tuple[str, str], ...]
+    doc: str
+
+
+KERNEL_SPECS: dict[str, KernelSpec] = {
+    "embedding_forward": KernelSpec(("ids", "wte", "wpe"), (("out", "write"),),
+                                    "x = wte[ids] + wpe[:T]"),
+    "embedding_backward": KernelSpec(("ids", "dx", "vocab_size"),
+                                     (("dwte", "add"), ("dwpe", "add")),
+                                     "scatter-add of dx into the rows of dwte; dwpe += sum over batch"),
+    "layernorm_forward": KernelSpec(("x", "w", "b", "eps"),
+                                    (("out", "write"), ("mean", "write"), ("rstd", "write")),
+                                    "LayerNorm over the last axis"),
+    "layernorm_backward": KernelSpec(("dout", "x", "w", "mean", "rstd"),
+                                     (("dx", "add"), ("dw", "add"), ("db", "add")),
+                                     "LayerNorm gradients (dx added into the residual's gradient)"),
+    "matmul": KernelSpec(("a", "b"), (("out", "write"),),
+                         "out = a @ b (the model passes transposes as flags; see use_kernel)"),
+    "linear_forward": KernelSpec(("x", "w", "b"), (("out", "write"),), "out = x @ w + b"),
+    "bias_gelu_forward": KernelSpec(("h", "bias"), (("out", "write"),), "out = gelu(h + bias)"),
+    "bias_gelu_backward": KernelSpec(("dout", "h", "bias"), (("dh", "write"), ("dbias", "add")),
+                                     "dh = dout * gelu'(h + bias); dbias += sum of dh"),
+    "attention_forward": KernelSpec(("qkv", "n_head"), (("out", "write"), ("probs", "write")),
+                                    "causal multi-head attention; probs saved for backward"),
+    "attention_backward": KernelSpec(("dout", "qkv", "probs"), (("dqkv", "write"),),
+                                     "gradient of attention with respect to qkv"),
+    "residual_bias_add": KernelSpec(("x", "y", "bias"), (("out", "write"),), "out = x + y + bias"),
+    "bias_grad": KernelSpec(("dout",), (("dbias", "add"),), "dbias += dout summed over rows"),
+    "crossentropy_softmax": KernelSpec(("logits", "targets", "scale"), (("losses", "write"),),
+                                       "per-row losses; logits overwritten with scale * dloss/dlogits"),
+}
+
+_ENGINE_KERNELS = {
+    "embedding_forward": fused.embedding_forward,
+    "embedding_backward": fused.embedding_backward,
+    "layernorm_forward": fused.layernorm_forward,
+    "layernorm_backward": fused.layernorm_backward,
+    "matmul": fused.gemm,
+    "linear_forward": fused.linear_forward,
+    "bias_gelu_forward": fused.bias_gelu_forward,
+    "bias_gelu_backward": fused.bias_gelu_backward,
+    "attention_forward": fused.attention_forward,
+    "attention_backward": fused.attention_backward,
+    "residual_bias_add": fused.residual_bias_add,
+    "bias_grad": fused.bias_grad,
+    "crossentropy_softmax": fused.crossentropy_softmax,
+}
+
+KERNELS: dict[str, object] = dict(_ENGINE_KERNELS)
+_OWNERS: dict[str, str] = {name: "engine" for name in KERNELS}
+
+
+def _adapt_pure(name: str, fn):
+    """Wrap a pure function (inputs -> outputs) into the model's in-place convention."""
+    spec = KERNEL_SPECS[name]
+
+    if name == "matmul":
+        def matmul(a, b, out, *, trans_a=False, trans_b=False, accumulate=False):
+            result = np.asarray(fn(a.T if trans_a else a, b.T if trans_b else b))
+            _store(name, "out", out, result, "add" if accumulate else "write")
+            return out
+        return matmul
+
+    if name == "crossentropy_softmax":
+        def crossentropy(logits, targets, scale, *, losses):
+            result = fn(logits, targets, scale)
+            result = result if isinstance(result, tuple) else (result,)
+            _store(name, "losses", losses, np.asarray(result[-1]), "write")
+            return float(losses.mean()), losses
+        return crossentropy
+
+    def adapted(*inputs, **outs):
+        results = fn(*inputs)
+        results = results if isinstance(results, tuple) else (results,)
+        if len(results) != len(spec.outputs):
+            raise ValueError(f"{name}: your function returned {len(results)} values; "
+                             f"it must return {[o for o, _ in spec.outputs]}")
+        for (out_name, mode), value in zip(spec.outputs, results):
+            _store(name, out_name, outs[out_name], np.asarray(value), mode)
+        return tuple(outs[o] for o, _ in spec.outputs)
+    return adapted
+
+
+def _store(kernel, out_name, buf, value, mode):
+    if value.size != buf.size:
+        raise ValueError(f"{kernel}: output {out_name} has shape {value.shape}, the model "
+                         f"expects {buf.shape}")
+    if mode == "add":
+        buf += value.reshape(buf.shape)
+    else:
+        buf[...] = value.reshape(buf.shape)
+
+
+def use_kernel(name: str, fn, owner: str = "you", *, pure: bool = True) -> None:
+    """Run the model's `name` kernel through `fn` from now on.
+
+    pure=True: fn(*inputs) returns the outputs of KERNEL_SPECS[name] (the
+    model writes or adds them into its buffers). pure=False: fn has the
+    engine's in-place signature (inputs, then outputs as keywords)."""
+    if name not in KERNEL_SPECS:
+        raise KeyError(f"use_kernel: no kernel named {name!r}; choose from {sorted(KERNEL_SPECS)}")
+    KERNELS[name] = _adapt_pure(name, fn) if pure else fn
+    _OWNERS[name] = owner
+
+
+def reset_kernels(*names: str) -> None:
+    """Back to the engine's kernels (all of them, or the ones named)."""
+    for name in names or tuple(_ENGINE_KERNELS):
+        KERNELS[name] = _ENGINE_KERNELS[name]
+        _OWNERS[name] = "engine"
+
+
+def kernel_owners() -> dict[str, str]:
+    """name -> whose kernel the model runs ("engine" or the owner given to use_kernel)."""
+    return dict(_OWNERS)
+
+
+# --------------------------------------------------------------- flat parameters
+class FlatBuffer:
+    """One contiguous array holding named tensors, each a view into it."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], dtype):
+        self.layout: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+        offset = 0
+        for name, shape in shapes.items():
+            size = int(np.prod(shape))
+            self.layout[name] = (offset, offset + size, tuple(shape))
+            offset += size
+        self.flat = np.zeros(offset, dtype)
+        self.views = {name: self.flat[a:b].reshape(shape)
+                      for name, (a, b, shape) in self.layout.items()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.views[name]
+
+    def names(self):
+        return list(self.layout)
+
+    def span(self, prefix: str) -> tuple[int, int]:
+        """[start, stop) of the flat range holding every tensor whose name starts with prefix."""
+        spans = [(a, b) for name, (a, b, _) in self.layout.items() if name.startswith(prefix)]
+        if not spans:
+            raise KeyError(f"FlatBuffer.span: no tensor name starts with {prefix!r}")
+        return min(a for a, _ in spans), max(b for _, b in spans)
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        return {name: view.copy() for name, view in self.views.items()}
+
+
+def gradient_buckets(buffer: FlatBuffer, n_layer: int) -> list[tuple[int, int]]:
+    """Flat ranges in the order the backward finishes them: the final LayerNorm,
+    blocks L-1 ... 0, then the embeddings (wte and wpe sit together in front;
+    wte also gets the tied head's gradient first, but is final only at the end)."""
+    return ([buffer.span("lnf_")] + [buffer.span(f"h{i}.") for i in reversed(range(n_layer))]
+            + [buffer.span("w")])
+
+
+def decay_segments(buffer: FlatBuffer):
+    """(start, stop, decays) per tensor: weight decay on matrices, not on biases or gains."""
+    return [(a, b, len(shape) >= 2) for a, b, shape in buffer.layout.values()]
+
+
+# --------------------------------------------------------------------- activations
+class LayerActivations:
+    """What one block's backward needs, for a micro-batch of N = B*T rows."""
+
+    def __init__(self, cfg: GPTConfig, B: int, T: int, dtype):
+        N, C, H = B * T, cfg.n_embd, cfg.n_head
+        z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
+        self.ln1, self.ln1_mean, self.ln1_rstd = z(N, C), z(N), z(N)
+        self.qkv = z(B, T, 3 * C)
+        self.probs = z(B, H, T, T)
+        self.atty = z(B, T, C)
+        self.res_mid = z(N, C)                      # residual stream after attention
+        self.ln2, self.ln2_mean, self.ln2_rstd = z(N, C), z(N), z(N)
+        self.fc = z(N, 4 * C)                       # fc matmul output, bias not yet added
+        self.gelu = z(N, 4 * C)
+
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in vars(self).values())
+
+
+class Activations:
+    """Every buffer a training step uses, allocated once for (B, T)."""
+
+    def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, checkpointing: bool):
+        N, C, V, L = B * T, cfg.n_embd, cfg.vocab_size, cfg.n_layer
+        z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
+        self.B, self.T, self.checkpointing = B, T, checkpointing
+        self.res = z(L + 1, N, C)                    # the residual stream entering each block
+        n_sets = 1 if checkpointing else L
+        self.layer_sets = [LayerActivations(cfg, B, T, dtype) for _ in range(n_sets)]
+        self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
+        self.logits = z(N, V)                        # becomes dlogits in place
+        self.losses = z(N)
+        # backward scratch, shared by all layers
+        self.proj = z(N, C)                          # a projection's bias-free output
+        self.dres = z(N, C)                          # gradient of the residual stream
+        self.dln = z(N, C)
+        self.datty = z(B, T, C)
+        self.dqkv = z(B, T, 3 * C)
+        self.dgelu = z(N, 4 * C)
+
+    def layer(self, index: int) -> LayerActivations:
+        return self.layer_sets[0 if self.checkpointing else index]
+
+    def saved_nbytes(self) -> int:
+        """Bytes kept from forward to backward (the activation memory)."""
+        return (self.res.nbytes + sum(s.nbytes() for s in self.layer_sets) + self.lnf.nbytes
+                + self.lnf_mean.nbytes + self.lnf_rstd.nbytes + self.logits.nbytes)
+
+
+# ---------------------------------------------------------------------------- model
+class GPT:
+    """GPT(cfg, batch_size) -> a model whose training step allocates nothing.
+
+    params: a dict name -> array (e.g. from init_params), or None for
+    init_params(cfg, seed). dtype float32 trains; float64 checks gradients.
+    checkpointing=True keeps only each block's input and recomputes the block
+    in the backward (less memory, one more forward's worth of compute)."""
+
+    def __init__(self, cfg: GPTConfig, batch_size: int, *, params=None, seed: int = 0,
+                 dtype=np.float32, checkpointing: bool = False, seq_len: int | None = None,
+                 shared_params: "FlatBuffer | None" = None):
+        self.cfg = cfg
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise TypeError(f"GPT: dtype {self.dtype} is not supported; use float32 or float64")
+        self.B, self.T = int(batch_size), int(seq_len or cfg.block_size)
+        if self.B < 1 or not 1 <= self.T <= cfg.block_size:
+            raise ValueError(f"GPT: need batch_size >= 1 and 1 <= seq_len <= "
+                             f"{cfg.block_size}, got {batch_size} and {seq_len}")
+        shapes = param_shapes(cfg)
+        self.grads = FlatBuffer(shapes, self.dtype)
+        if shared_params is not None:          # a replica: read another model's weights
+            if shared_params.layout != self.grads.layout or shared_params.flat.dtype != self.dtype:
+                raise ValueError("GPT: shared_params has another layout or dtype than this config")
+            self.params = shared_params
+        else:
+            self.params = FlatBuffer(shapes, self.dtype)
+            self.load_params(init_params(cfg, seed, self.dtype) if params is None else params)
+        self.checkpointing = checkpointing
+        self.acts = Activations(cfg, self.B, self.T, self.dtype, checkpointing)
+        self.profile: dict[str, float] | None = None   # set to {} to time every kernel
+        self._ids = self._targets = None
+        self._grad_ready = None
+
+    # -- parameters
+    def load_params(self, params: dict[str, np.ndarray]) -> None:
+        for name, view in self.params.views.items():
+            if name not in params:
+                raise KeyError(f"GPT.load_params: {name!r} missing; build params with "
+                               f"engine.gpt_config.init_params(cfg)")
+            value = np.asarray(params[name])
+            if value.shape != view.shape:
+                raise ValueError(f"GPT.load_params: {name} has shape {value.shape}, the config "
+                                 f"needs {view.shape}")
+            view[...] = value
+
+    def zero_grad(self) -> None:
+        self.grads.flat[...] = 0
+
+    # -- kernel calls, optionally timed
+    def _k(self, name: str, *args, **kwargs):
+        fn = KERNELS[name]
+        if self.profile is None:
+            return fn(*args, **kwargs)
+        t0 = time.perf_counter()
+        result = fn(*args, **kwargs)
+        self.profile[name] = self.profile.get(name, 0.0) + time.perf_counter() - t0
+        return result
+
+    def _check_batch(self, ids, targets=None):
+        ids = np.asarray(ids)
+        if ids.shape != (self.B, self.T):
+            raise ValueError(f"GPT: ids has shape {ids.shape}; this model was laid out for "
+                             f"(B, T) = ({self.B}, {self.T}); build one per batch shape")
+        if targets is not None and np.shape(targets) != ids.shape:
+            raise ValueError(f"GPT: targets shape {np.shape(targets)} != ids shape {ids.shape}")
+        return ids
+
+    # -- forward
+    def _block_forward(self, i: int) -> None:
+        p, a, A = self.params, self.acts, self.acts.layer(i)
+        pre, H = f"h{i}.", self.cfg.n_head
+        x = a.res[i]
+        self._k("layernorm_forward", x, p[pre + "ln1_w"], p[pre + "ln1_b"], LN_EPS,
+                out=A.ln1, mean=A.ln1_mean, rstd=A.ln1_rstd)
+        self._k("linear_forward", A.ln1, p[pre + "qkv_w"], p[pre + "qkv_b"],
+                out=A.qkv.reshape(-1, A.qkv.shape[-1]))
+        self._k("attention_forward", A.qkv, H, out=A.atty, probs=A.probs)
+        self._k("matmul", A.atty.reshape(-1, A.atty.shape[-1]), p[pre + "proj_w"], out=a.proj)
+        self._k("residual_bias_add", x, a.proj, p[pre + "proj_b"], out=A.res_mid)
+        self._k("layernorm_forward", A.res_mid, p[pre + "ln2_w"], p[pre + "ln2_b"], LN_EPS,
+                out=A.ln2, mean=A.ln2_mean, rstd=A.ln2_rstd)
+        self._k("matmul", A.ln2, p[pre + "fc_w"], out=A.fc)
+        self._k("bias_gelu_forward", A.fc, p[pre + "fc_b"], out=A.gelu)
+        self._k("matmul", A.gelu, p[pre + "fcproj_w"], out=a.proj)
+        self._k("residual_bias_add", A.res_mid, a.proj, p[pre + "fcproj_b"], out=a.res[i + 1])
+
+    def forward(self, ids, targets=None, *, loss_scale: float = 1.0):
+        """With targets: the mean cross-entropy (a float); the logits' buffer then
+        holds d(loss_scale * loss)/dlogits, ready for backward(). Without
+        targets: the logits, shape (B, T, V) (a view of the model's buffer)."""
+        ids = self._check_batch(ids, targets)
+        p, a, L = self.params, self.acts, self.cfg.n_layer
+        self._k("embedding_forward", ids, p["wte"], p["wpe"],
+                out=a.res[0].reshape(self.B, self.T, -1))
+        for i in range(L):
+            self._block_forward(i)
+        self._k("layernorm_forward", a.res[L], p["lnf_w"], p["lnf_b"], LN_EPS,
+                out=a.lnf, mean=a.lnf_mean, rstd=a.lnf_rstd)
+        self._k("matmul", a.lnf, p["wte"], out=a.logits, trans_b=True)   # tied head
+        if targets is None:
+            self._ids = None
+            return a.logits.reshape(self.B, self.T, -1)
+        self._ids = ids
+        scale = loss_scale / (self.B * self.T)
+        loss, _ = self._k("crossentropy_softmax", a.logits, np.asarray(targets).reshape(-1),
+                          scale, losses=a.losses)
+        return loss
+
+    def loss(self, ids, targets) -> float:
+        """Mean cross-entropy without preparing a backward (evaluation)."""
+        self.forward(ids)
+        mean, _ = fused.crossentropy_loss(self.acts.logits, np.asarray(targets).reshape(-1),
+                                          losses=self.acts.losses)
+        return mean
+
+    # -- backward
+    def _block_backward(self, i: int) -> None:
+        p, g, a, A = self.params, self.grads, self.acts, self.acts.layer(i)
+        pre = f"h{i}."
+        dres = a.dres
+        # MLP branch: res[i+1] = res_mid + gelu(ln2 @ fc_w + fc_b) @ fcproj_w + fcproj_b
+        self._k("bias_grad", dres, dbias=g[pre + "fcproj_b"])
+        self._k("matmul", A.gelu, dres, out=g[pre + "fcproj_w"], trans_a=True, accumulate=True)
+        self._k("matmul", dres, p[pre + "fcproj_w"], out=a.dgelu, trans_b=True)
+        self._k("bias_gelu_backward", a.dgelu, A.fc, p[pre + "fc_b"], dh=a.dgelu,
+                dbias=g[pre + "fc_b"])
+        self._k("matmul", A.ln2, a.dgelu, out=g[pre + "fc_w"], trans_a=True, accumulate=True)
+        self._k("matmul", a.dgelu, p[pre + "fc_w"], out=a.dln, trans_b=True)
+        self._k("layernorm_backward", a.dln, A.res_mid, p[pre + "ln2_w"], A.ln2_mean,
+                A.ln2_rstd, dx=dres, dw=g[pre + "ln2_w"], db=g[pre + "ln2_b"])
+        # attention branch: res_mid = res[i] + attention(ln1 @ qkv_w + qkv_b) @ proj_w + proj_b
+        self._k("bias_grad", dres, dbias=g[pre + "proj_b"])
+        atty = A.atty.reshape(-1, A.atty.shape[-1])
+        self._k("matmul", atty, dres, out=g[pre + "proj_w"], trans_a=True, accumulate=True)
+        self._k("matmul", dres, p[pre + "proj_w"], out=a.datty.reshape(atty.shape), trans_b=True)
+        self._k("attention_backward", a.datty, A.qkv, A.probs, dqkv=a.dqkv)
+        dqkv = a.dqkv.reshape(-1, a.dqkv.shape[-1])
+        self._k("bias_grad", dqkv, dbias=g[pre + "qkv_b"])
+        self._k("matmul", A.ln1, dqkv, out=g[pre + "qkv_w"], trans_a=True, accumulate=True)
+        self._k("matmul", dqkv, p[pre + "qkv_w"], out=a.dln, trans_b=True)
+        self._k("layernorm_backward", a.dln, a.res[i], p[pre + "ln1_w"], A.ln1_mean,
+                A.ln1_rstd, dx=dres, dw=g[pre + "ln1_w"], db=g[pre + "ln1_b"])
+
+    def backward(self, grad_ready=None) -> None:
+        """Add d(loss_scale * loss)/dparams into self.grads (call zero_grad() between
+        optimizer steps). grad_ready(start, stop), if given, is called as soon as a
+        flat range of gradients is final: last block first, embeddings last (this
+        is what lets a data-parallel all-reduce overlap the rest of the backward)."""
+        if self._ids is None:
+            raise RuntimeError("GPT.backward: call forward(ids, targets) first (a forward "
+                               "without targets, or loss(), prepares no gradient)")
+        p, g, a, L = self.params, self.grads, self.acts, self.cfg.n_layer
+        # head: logits = lnf @ wte^T, a.logits already holds dlogits
+        self._k("matmul", a.logits, p["wte"], out=a.dln)
+        self._k("matmul", a.logits, a.lnf, out=g["wte"], trans_a=True, accumulate=True)
+        a.dres[...] = 0
+        self._k("layernorm_backward", a.dln, a.res[L], p["lnf_w"], a.lnf_mean, a.lnf_rstd,
+                dx=a.dres, dw=g["lnf_w"], db=g["lnf_b"])
+        buckets = iter(gradient_buckets(g, L))
+        if grad_ready is not None:
+            grad_ready(*next(buckets))             # lnf
+        for i in reversed(range(L)):
+            if self.checkpointing:
+                self._block_forward(i)             # recompute this block's activations
+            self._block_backward(i)
+            if grad_ready is not None:
+                grad_ready(*next(buckets))         # block i
+        self._k("embedding_backward", self._ids, a.dres.reshape(self.B, self.T, -1),
+                self.cfg.vocab_size, dwte=g["wte"], dwpe=g["wpe"])
+        if grad_ready is not None:
+            grad_ready(*next(buckets))             # wte and wpe
+        self._ids = None
+
+    def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, grad_ready=None):
+        """One micro-batch: forward, then backward. Returns (loss, forward seconds,
+        backward seconds)."""
+        t0 = time.perf_counter()
+        loss = self.forward(ids, targets, loss_scale=loss_scale)
+        t1 = time.perf_counter()
+        self.backward(grad_ready)
+        return loss, t1 - t0, time.perf_counter() - t1
+
+    # -- conveniences
+    def named_params(self) -> dict[str, np.ndarray]:
+        return dict(self.params.views)
+
+    def named_grads(self) -> dict[str, np.ndarray]:
+        return dict(self.grads.views)
+
+    def num_params(self) -> int:
+        return self.params.flat.size
+
+    def flops_per_step(self) -> dict[str, float]:
+        """Multiply-add FLOPs of one forward+backward (matmuls counted as 2mnk)."""
+        return step_flops(self.cfg, self.B, self.T)
+
+
+def step_flops(cfg: GPTConfig, B: int, T: int) -> dict[str, float]:
+    """FLOPs of one training step (forward + backward): the linear layers'
+    matmuls (6 per weight per token, the head included) and attention's causal
+    products (forward 2, backward 4 products of T(T+1)/2 * hs multiply-adds)."""
+    N, C, L, V, H = B * T, cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.n_head
+    linear = 6.0 * N * (L * 12 * C * C + V * C)
+    attention = L * B * H * (T * (T + 1) / 2) * (C // H) * 2 * 6.0
+    return {"linear": linear, "attention": attention, "total": linear + attention}
