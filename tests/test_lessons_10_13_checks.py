@@ -500,3 +500,115 @@ def test_12_3_names_the_wrong_run(answer, phrase):
 
 def test_12_3_rejects_a_list():
     expect(lesson12.check_diagnose, lambda: list(RIGHT.values()), "12.3", "return a dict")
+
+
+# ------------------------------------------------------------------ 13.1
+from engine.exercises import lesson13  # noqa: E402
+
+
+def step_right(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), max_norm)
+        optimizer.step(lr)
+    return loss, norm
+
+
+def step_no_phases(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    loss = model.forward(x, y)
+    model.backward()
+    norm = clip(model.named_grads(), max_norm)
+    optimizer.step(lr)
+    return loss, norm
+
+
+def step_zero_after_backward(model, optimizer, clip, x, y, lr, max_norm, phase):
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+    model.zero_grad()
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), max_norm)
+        optimizer.step(lr)
+    return loss, norm
+
+
+def step_backward_first(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("backward"):
+        model.backward()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), max_norm)
+        optimizer.step(lr)
+    return loss, norm
+
+
+def step_norm_after(model, optimizer, clip, x, y, lr, max_norm, phase):
+    loss, _ = step_right(model, optimizer, clip, x, y, lr, max_norm, phase)
+    return loss, float(np.sqrt(np.sum(model.grads.flat.astype(np.float64) ** 2)))
+
+
+def step_twice(model, optimizer, clip, x, y, lr, max_norm, phase):
+    loss, norm = step_right(model, optimizer, clip, x, y, lr, max_norm, phase)
+    optimizer.step(lr)
+    return loss, norm
+
+
+def step_loss_only(model, optimizer, clip, x, y, lr, max_norm, phase):
+    return step_right(model, optimizer, clip, x, y, lr, max_norm, phase)[0]
+
+
+def test_13_1_passes(capsys):
+    lesson13.check_train_step(step_right)
+    assert "Exercise 13.1 (train_step) passed." in capsys.readouterr().out
+
+
+def test_13_1_stub_says_not_done():
+    expect(lesson13.check_train_step, stub, "13.1", "not done yet")
+
+
+@pytest.mark.parametrize("index, phrase", [
+    (0, "call model.zero_grad() before"), (1, "update was not clipped"),
+    (2, "clipped after optimizer.step"),
+])
+def test_13_1_names_the_wrong_order(index, phrase):
+    wrong, _ = lesson13._variants()[index]
+    expect(lesson13.check_train_step, wrong, "13.1", phrase)
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (step_no_phases, "went through the phases []"),
+    (step_zero_after_backward, "the gradient norm is 0"),
+    (step_backward_first, "comes before the backward phase"),
+    (step_norm_after, "the norm after clipping"),
+    (step_twice, "ran 6 times"),
+    (step_loss_only, "return the pair (loss, grad_norm)"),
+])
+def test_13_1_names_the_mistake(fn, phrase):
+    expect(lesson13.check_train_step, fn, "13.1", phrase)
+
+
+def test_trainer_pieces_load_with_their_numba_decorator():
+    """A saved @njit kernel loads (load_piece alone gives it only numpy's name)."""
+    lesson11.check_embedding_backward(scatter_right, repeats=1)
+    piece = lesson13.load_trainer_piece("embedding_backward")
+    ids = np.array([1, 0, 1])
+    g = np.arange(6, dtype=np.float64).reshape(3, 2)
+    assert np.array_equal(piece(ids, g, 3), [[2, 3], [4, 6], [0, 0]])
+    report = dict(lesson13.trainer_pieces_report())
+    assert report["embedding_backward"] == "yours"
+    assert set(report) == set(lesson13.TRAINER_PIECES)
+
+
+def test_the_reference_clip_matches_the_exercise():
+    grads = {"a": np.array([3.0, 0.0]), "b": np.array([4.0])}
+    assert lesson13.engine_clip(grads, 1.0) == pytest.approx(5.0)
+    assert np.allclose(grads["a"], [0.6, 0.0], rtol=1e-5) and np.allclose(grads["b"], [0.8], rtol=1e-5)

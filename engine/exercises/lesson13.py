@@ -1,0 +1,261 @@
+"""Checks and helpers for lesson 13, "The fused CPU trainer".
+
+13.1 one training step with its four phases in the right order: zero the
+     gradient buffer, the loss (forward), the backward, then, in the
+     optimizer phase, the global norm with clipping and the AdamW update.
+     The check runs the learner's step and a reference step side by side on
+     two copies of a small GPT and names the usual slips: no zero_grad (the
+     gradients of earlier steps pile up), zeroing after the backward, no
+     clipping, clipping after the update, the norm after clipping returned,
+     phases missing or out of order.
+
+`TRAINER_PIECES` lists the pieces of lessons 10-12 the trainer can run, and
+`load_trainer_piece` loads one. Saved kernels carry their `@njit(...)`
+decorator, which `load_piece` cannot resolve (it gives a piece only numpy's
+name); for those, the piece is loaded again with numba's names in scope.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from ._core import ExerciseError, attempt, load_piece, passed, pieces_dir
+
+EX_STEP = "13.1 (train_step)"
+
+# piece name -> (exercise that saves it, what it replaces in the trainer)
+TRAINER_PIECES = {
+    "embedding_backward": ("11.1", "the embedding's scatter-add backward (kernel embedding_backward)"),
+    "bias_gelu_forward": ("10.1", "the MLP's bias + GELU forward (kernel bias_gelu_forward)"),
+    "softmax_cross_entropy": ("10.2", "the loss and its gradient (kernel crossentropy_softmax)"),
+    "clip_global_norm": ("12.1", "global-norm clipping"),
+    "adamw_step": ("12.2", "the AdamW update"),
+}
+
+
+def load_trainer_piece(name: str):
+    """The learner's saved function for `name`, or None if it was never saved.
+
+    Raises the error of a piece that is saved but cannot be loaded (for
+    example a kernel that refers to a notebook variable)."""
+    try:
+        return load_piece(name)
+    except NameError:
+        pass
+    import numba
+    folder = pieces_dir()
+    entry = json.loads((folder / "index.json").read_text())[name]
+    path = folder / f"{name}.py"
+    namespace = {"np": np, "math": math, "numba": numba, "njit": numba.njit,
+                 "prange": numba.prange}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace[entry["function"]]
+
+
+def trainer_pieces_report() -> list[tuple[str, str]]:
+    """For each trainer piece: 'yours', 'not written' or 'saved, but does not load: ...'
+    (what `pieces_report` says, for pieces that may be numba kernels)."""
+    report = []
+    for name in TRAINER_PIECES:
+        try:
+            piece = load_trainer_piece(name)
+        except Exception as err:  # a saved piece that fails to load names its error
+            report.append((name, f"saved, but does not load: {type(err).__name__}: {err}"))
+            continue
+        report.append((name, "yours" if piece is not None else "not written"))
+    return report
+
+
+# --------------------------------------------------------------- 13.1
+class PhaseLog:
+    """`phase(name)` as a context manager: records the order and the seconds of each phase."""
+
+    def __init__(self):
+        self.order: list[str] = []
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        self.order.append(name)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+class FlatAdamW:
+    """The engine's fused AdamW over a model's flat buffers, stepped with `.step(lr)`."""
+
+    def __init__(self, model, weight_decay: float = 0.1, betas=(0.9, 0.99)):
+        from engine.gpt import decay_segments
+        from engine.optim import AdamW
+        self.model = model
+        self.inner = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3,
+                           betas=betas, weight_decay=weight_decay)
+        self.steps = 0
+
+    def step(self, lr: float) -> None:
+        self.steps += 1
+        self.inner.step(self.model.grads.flat, lr=lr)
+
+
+def engine_clip(grads: dict, max_norm: float) -> float:
+    """Global-norm clipping of a dict of gradient arrays, in place; the norm before."""
+    from engine.optim import clip_scale, global_norm
+    norm = math.sqrt(sum(global_norm(g.reshape(-1)) ** 2 for g in grads.values()))
+    scale = clip_scale(norm, max_norm)
+    if scale != 1.0:
+        for g in grads.values():
+            g *= g.dtype.type(scale)
+    return norm
+
+
+def reference_train_step(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), max_norm)
+        optimizer.step(lr)
+    return loss, norm
+
+
+def _variants():
+    """Typical wrong steps, each with the hint it deserves."""
+    def no_zero(model, opt, clip, x, y, lr, max_norm, phase):
+        with phase("loss"):
+            loss = model.forward(x, y)
+        with phase("backward"):
+            model.backward()
+        with phase("optimizer"):
+            norm = clip(model.named_grads(), max_norm)
+            opt.step(lr)
+        return loss, norm
+
+    def no_clip(model, opt, clip, x, y, lr, max_norm, phase):
+        model.zero_grad()
+        with phase("loss"):
+            loss = model.forward(x, y)
+        with phase("backward"):
+            model.backward()
+        with phase("optimizer"):
+            norm = float(np.sqrt(np.sum(model.grads.flat.astype(np.float64) ** 2)))
+            opt.step(lr)
+        return loss, norm
+
+    def clip_after(model, opt, clip, x, y, lr, max_norm, phase):
+        model.zero_grad()
+        with phase("loss"):
+            loss = model.forward(x, y)
+        with phase("backward"):
+            model.backward()
+        with phase("optimizer"):
+            opt.step(lr)
+            norm = clip(model.named_grads(), max_norm)
+        return loss, norm
+
+    return [
+        (no_zero, "the gradients of earlier steps were still in the buffer: backward *adds* "
+                  "into model.grads, so call model.zero_grad() before each step's backward."),
+        (no_clip, "the update was not clipped: in the optimizer phase call "
+                  "clip(model.named_grads(), max_norm) first; it scales the gradients in place."),
+        (clip_after, "the gradients were clipped after optimizer.step(lr) had already used them: "
+                     "clip first, then step."),
+    ]
+
+
+def _setup(seed=3):
+    from engine.gpt import GPT
+    from engine.gpt_config import GPTConfig
+    cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    model = GPT(cfg, batch_size=2, seed=seed, dtype=np.float32)
+    return model, FlatAdamW(model)
+
+
+def _batches(n=3):
+    rng = np.random.default_rng(131)
+    return [(rng.integers(0, 13, size=(2, 8)), rng.integers(0, 13, size=(2, 8)))
+            for _ in range(n)]
+
+
+def _run(step_fn, exercise=None, clip=engine_clip):
+    model, opt = _setup()
+    results, logs = [], []
+    for step, (x, y) in enumerate(_batches()):
+        phase = PhaseLog()
+        if exercise is None:
+            out = step_fn(model, opt, clip, x, y, 3e-2, 0.05, phase)
+        else:
+            try:
+                out = attempt(exercise, step_fn, model, opt, clip, x, y, 3e-2, 0.05, phase)
+            except RuntimeError as err:
+                if "forward" in str(err):
+                    raise ExerciseError(exercise, f"the model said: {err}. The loss phase "
+                                                  f"(model.forward(x, y)) comes before the "
+                                                  f"backward phase.") from None
+                raise
+        results.append(out)
+        logs.append(phase)
+    return model, opt, results, logs
+
+
+def check_train_step(train_step) -> None:
+    """Three steps on a small GPT equal the reference step's, phase by phase."""
+    model, opt, results, logs = _run(train_step, EX_STEP)
+    ref_model, _, ref_results, _ = _run(reference_train_step)
+    for r in results:
+        if not (isinstance(r, tuple) and len(r) == 2):
+            raise ExerciseError(EX_STEP, f"return the pair (loss, grad_norm), got {r!r}")
+    if opt.steps != 3:
+        raise ExerciseError(EX_STEP, f"optimizer.step(lr) ran {opt.steps} times in 3 training "
+                                     f"steps; call it exactly once per step, in the optimizer "
+                                     f"phase.")
+    losses = [float(r[0]) for r in results]
+    norms = [float(r[1]) for r in results]
+    ref_losses = [float(r[0]) for r in ref_results]
+    ref_norms = [float(r[1]) for r in ref_results]
+    if not math.isclose(losses[0], ref_losses[0], rel_tol=1e-6):
+        raise ExerciseError(EX_STEP, f"the first step's loss is {losses[0]:.6g}, the model's "
+                                     f"loss on that batch is {ref_losses[0]:.6g}: return what "
+                                     f"model.forward(x, y) returned.")
+    if norms[0] == 0.0:
+        raise ExerciseError(EX_STEP, "the gradient norm is 0: the buffer was zeroed after the "
+                                     "backward, so the optimizer saw no gradient. Zero it "
+                                     "first (model.zero_grad()), before the loss phase.")
+    if all(math.isclose(n, 0.05, rel_tol=1e-4) for n in norms):
+        raise ExerciseError(EX_STEP, "you returned the norm after clipping (it always equals "
+                                     "max_norm here); return what clip(...) returned, the norm "
+                                     "before clipping: that is the number to log.")
+    if not np.allclose(model.params.flat, ref_model.params.flat, rtol=1e-6, atol=1e-7):
+        for wrong, hint in _variants():
+            w_model, _, _, _ = _run(wrong)
+            # the gradient buffer tells "never clipped" from "clipped too late"
+            if np.allclose(model.params.flat, w_model.params.flat, rtol=1e-6, atol=1e-7) and \
+                    np.allclose(model.grads.flat, w_model.grads.flat, rtol=1e-6, atol=1e-9):
+                raise ExerciseError(EX_STEP, f"after 3 steps the weights differ from the "
+                                             f"reference; {hint}")
+        raise ExerciseError(EX_STEP, "after 3 steps the weights differ from the reference. "
+                                     "Per step: model.zero_grad(); loss = model.forward(x, y); "
+                                     "model.backward(); norm = clip(model.named_grads(), "
+                                     "max_norm); optimizer.step(lr).")
+    if not all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(norms, ref_norms)):
+        raise ExerciseError(EX_STEP, f"the weights are right but the returned norms "
+                                     f"{[round(n, 5) for n in norms]} differ from the norms "
+                                     f"before clipping {[round(n, 5) for n in ref_norms]}.")
+    want = ["loss", "backward", "optimizer"]
+    for i, log in enumerate(logs):
+        if log.order != want:
+            raise ExerciseError(EX_STEP, f"step {i + 1} went through the phases {log.order}; "
+                                         f"wrap the work in `with phase(\"loss\"):`, "
+                                         f"`with phase(\"backward\"):` and "
+                                         f"`with phase(\"optimizer\"):`, in that order, once "
+                                         f"each, so the trainer can time them.")
+    passed(EX_STEP, "zero, loss, backward, clip and step, in order; 3 steps equal the "
+                    "reference.")

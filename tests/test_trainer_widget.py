@@ -1,0 +1,119 @@
+"""TrainerDashboard without a browser: feed it records, read its models back.
+
+The dashboard must show what it is given (the status line, the figure), redraw
+only when asked to (every `redraw_every` steps, on evaluation steps, at the
+end), never stop a run (its callback returns None), reject records without
+the fields it needs, and work as the real trainer's callback.
+"""
+from __future__ import annotations
+
+import pytest
+
+ipywidgets = pytest.importorskip("ipywidgets")
+
+from widgets import TrainerDashboard  # noqa: E402  (the lazy package export)
+from widgets.trainer import PHASES  # noqa: E402
+
+
+def record(step, loss=3.0, val=None, **extra):
+    r = {"step": step, "loss": loss, "tokens_per_s": 2048 / 0.1, "step_time": 0.1,
+         "grad_norm": 0.5, "phases": {"loss": 0.03, "backward": 0.06, "optimizer": 0.01,
+                                      "evaluation": 0.0}}
+    if val is not None:
+        r["val_loss"] = val
+        r["phases"]["evaluation"] = 0.05
+    r.update(extra)
+    return r
+
+
+def test_status_shows_the_last_record():
+    dash = TrainerDashboard(total_steps=100, redraw_every=50)
+    assert "waiting" in dash.status.value
+    dash(record(1, loss=4.2))
+    dash(record(2, loss=3.9876))
+    text = dash.summary()
+    assert "step 2/100" in text and "loss 3.9876" in text
+    assert "20,480 tokens/s" in text and "100 ms/step" in text and "grad norm 0.500" in text
+    assert "3.9876" in dash.status.value
+
+
+def test_validation_loss_and_phase_shares():
+    dash = TrainerDashboard(redraw_every=1000)
+    dash(record(1))
+    dash(record(2, val=2.5))
+    assert "validation 2.5000 (step 2)" in dash.summary()
+    s = dash.series()
+    assert s["val_step"] == [2] and s["val_loss"] == [2.5]
+    total = sum(s["phases"].values())
+    assert s["phases"]["backward"] == pytest.approx(0.12)
+    assert total == pytest.approx(0.03 * 2 + 0.06 * 2 + 0.01 * 2 + 0.05)
+    assert "backward" in dash.summary() and "%" in dash.summary()
+    assert set(s["phases"]) == set(PHASES)
+
+
+def test_redraws_only_when_due():
+    dash = TrainerDashboard(total_steps=25, redraw_every=10)
+    for step in range(1, 10):
+        dash(record(step))
+    assert dash.redraws == 0 and dash.plot.outputs == ()
+    dash(record(10))
+    assert dash.redraws == 1
+    dash(record(11, val=2.0))            # evaluation steps always redraw
+    assert dash.redraws == 2
+    for step in range(12, 26):           # 20 (every 10) and 25 (the last step)
+        dash(record(step))
+    assert dash.redraws == 4
+    dash.finish()
+    assert dash.redraws == 5 and dash.status.value.startswith("<code>done: ")
+
+
+def test_the_figure_is_one_png_in_the_output_widget():
+    dash = TrainerDashboard(redraw_every=1, reference_loss=3.25)
+    dash(record(1, val=3.0))
+    dash(record(2))
+    outputs = dash.plot.outputs
+    assert len(outputs) == 1                       # replaced, not appended
+    assert outputs[0]["output_type"] == "display_data"
+    assert "image/png" in outputs[0]["data"]
+    fig = dash.make_figure()
+    loss_ax = fig.axes[0]
+    labels = [line.get_label() for line in loss_ax.get_lines()]
+    assert "validation" in labels and "unigram entropy" in labels
+    assert list(loss_ax.get_lines()[0].get_ydata()) == [3.0, 3.0]
+
+
+def test_callback_never_stops_the_run():
+    dash = TrainerDashboard()
+    assert dash(record(1)) is None
+
+
+def test_a_record_without_a_step_is_refused_with_its_keys():
+    dash = TrainerDashboard()
+    with pytest.raises(KeyError, match="needs 'step'"):
+        dash({"loss": 1.0})
+    with pytest.raises(ValueError, match="redraw_every"):
+        TrainerDashboard(redraw_every=0)
+
+
+def test_displaying_it_shows_the_box():
+    dash = TrainerDashboard(title="run <1>")
+    bundle = dash._repr_mimebundle_()
+    data = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert "text/plain" in data
+    assert "run &lt;1&gt;" in dash.title.value     # the title is escaped
+
+
+def test_as_the_real_trainers_callback():
+    """A few steps of engine.train on a very small model feed the dashboard."""
+    train = pytest.importorskip("engine.train")
+    dash = TrainerDashboard(total_steps=4, redraw_every=2)
+    result = train.train(train.TrainConfig(steps=4, batch_size=2, block_size=16, n_layer=1,
+                                           n_head=2, n_embd=16, eval_every=2, eval_batches=1,
+                                           warmup=1, log_every=100),
+                         callback=dash)
+    dash.finish()
+    assert [r["step"] for r in dash.records] == [1, 2, 3, 4]
+    assert dash.series()["val_step"] == [2, 4]
+    assert dash.records[-1]["loss"] == result.history[-1]["loss"]
+    assert "step 4/4" in dash.summary() and "tokens/s" in dash.summary()
+    assert len(dash.plot.outputs) == 1
