@@ -1,0 +1,147 @@
+"""The fused GPT: gradients equal the reference tape engine's, checkpointing and
+thread replicas change nothing but the bits they must, a step allocates no
+arrays, and the kernel registry swaps in other code and says whose it is."""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from engine import gpt as G
+from engine.gpt_config import GPTConfig, init_params
+from engine.parallel import ThreadReplicas
+
+CFG = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8)
+
+
+def batch(seed, B=4, cfg=CFG):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, cfg.vocab_size, (B, cfg.block_size)),
+            rng.integers(0, cfg.vocab_size, (B, cfg.block_size)))
+
+
+def grads_of(model, x, y, **kw):
+    model.zero_grad()
+    loss = model.forward(x, y, **kw)
+    model.backward()
+    return loss, {k: v.copy() for k, v in model.named_grads().items()}
+
+
+def test_one_step_gradients_equal_the_reference_engine():
+    nn = pytest.importorskip("engine.nn", reason="engine.nn (the reference GPT) is missing")
+    params = init_params(CFG, seed=3, dtype=np.float64)
+    x, y = batch(0)
+    loss, grads = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y)
+    ref = nn.GPT(CFG, params)
+    ref_loss = ref(x, y)
+    ref_loss.backward()
+    assert loss == pytest.approx(float(ref_loss.data), rel=1e-12)
+    for name, g in grads.items():
+        want = ref.params[name].grad
+        err = np.abs(g - want).max() / np.abs(want).max()
+        assert err < 1e-10, f"{name}: relative difference {err:.2e}"
+
+
+def test_logits_without_targets_and_loss_agree():
+    params = init_params(CFG, seed=1, dtype=np.float64)
+    m = G.GPT(CFG, 4, params=params, dtype=np.float64)
+    x, y = batch(1)
+    logits = m.forward(x).copy()
+    z = logits.reshape(-1, CFG.vocab_size)
+    z = z - z.max(1, keepdims=True)
+    want = np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(z.shape[0]), y.reshape(-1)])
+    assert m.loss(x, y) == pytest.approx(want, rel=1e-12)
+    with pytest.raises(RuntimeError, match="call forward\\(ids, targets\\) first"):
+        m.backward()
+
+
+def test_checkpointing_recomputes_the_same_bits():
+    params = init_params(CFG, seed=2)
+    x, y = batch(2)
+    plain = grads_of(G.GPT(CFG, 4, params=params), x, y)
+    ckpt_model = G.GPT(CFG, 4, params=params, checkpointing=True)
+    ckpt = grads_of(ckpt_model, x, y)
+    assert plain[0] == ckpt[0]
+    assert all(np.array_equal(plain[1][k], ckpt[1][k]) for k in plain[1])
+    full = G.GPT(CFG, 4, params=params)
+    assert ckpt_model.acts.saved_nbytes() < full.acts.saved_nbytes()
+
+
+def test_loss_scale_scales_the_gradient_and_accumulation_adds():
+    params = init_params(CFG, seed=4, dtype=np.float64)
+    m = G.GPT(CFG, 4, params=params, dtype=np.float64)
+    x, y = batch(4)
+    _, once = grads_of(m, x, y)
+    m.zero_grad()
+    for _ in range(2):                       # two micro-batches of loss / 2 = one of loss
+        m.forward(x, y, loss_scale=0.5)
+        m.backward()
+    for k, g in m.named_grads().items():
+        np.testing.assert_allclose(g, once[k], rtol=1e-12, atol=1e-15)
+
+
+def test_thread_replicas_equal_one_model_with_the_whole_batch():
+    params = init_params(CFG, seed=5, dtype=np.float64)
+    x, y = batch(5)
+    loss, want = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y)
+    reps = ThreadReplicas(CFG, 4, 2, params=params, dtype=np.float64)
+    try:
+        reps.zero_grad()
+        rep_loss, _, _ = reps.forward_backward(x, y)
+        assert rep_loss == pytest.approx(loss, rel=1e-13)
+        for k, g in reps.named_grads().items():
+            np.testing.assert_allclose(g, want[k], rtol=1e-11, atol=1e-14)
+        assert reps.loss(x, y) == pytest.approx(loss, rel=1e-13)
+    finally:
+        reps.close()
+
+
+def test_a_training_step_allocates_no_arrays():
+    """After the first step, forward + backward create no numpy arrays: every
+    buffer was laid out when the model was built (numpy reports its data
+    allocations to tracemalloc)."""
+    cfg = GPTConfig(vocab_size=30, block_size=32, n_layer=2, n_head=4, n_embd=32)
+    m = G.GPT(cfg, 8)
+    x, y = batch(6, 8, cfg)
+    grads_of(m, x, y)                        # warm-up: compile, first touches
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        m.zero_grad()
+        m.forward(x, y)
+        m.backward()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    activations = m.acts.saved_nbytes()
+    assert peak < 64 * 1024, f"a step allocated {peak} bytes (activations: {activations})"
+
+
+def test_a_plugged_pure_kernel_runs_and_is_reported():
+    def my_bias_gelu(h, bias):               # a learner's pure numpy version
+        u = h + bias
+        return 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3)))
+
+    params = init_params(CFG, seed=7, dtype=np.float64)
+    x, y = batch(7)
+    want = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y)
+    G.use_kernel("bias_gelu_forward", my_bias_gelu, owner="learner")
+    try:
+        assert G.kernel_owners()["bias_gelu_forward"] == "learner"
+        got = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y)
+    finally:
+        G.reset_kernels()
+    assert G.kernel_owners()["bias_gelu_forward"] == "engine"
+    assert got[0] == pytest.approx(want[0], rel=1e-12)
+    for k in want[1]:
+        np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-9, atol=1e-13)
+    with pytest.raises(KeyError, match="no kernel named 'gelu'"):
+        G.use_kernel("gelu", my_bias_gelu)
+
+
+def test_wrong_batch_shape_is_named():
+    m = G.GPT(CFG, 4)
+    with pytest.raises(ValueError, match=r"laid out for \(B, T\) = \(4, 8\)"):
+        m.forward(np.zeros((2, 8), np.int64))
