@@ -145,6 +145,7 @@ class TrainResult:
     elapsed: float
     stopped_early: bool = False
     sample: str | None = None
+    rank: int = 0                      # this process's rank under --data-parallel
     extra: dict = field(default_factory=dict)
 
 
@@ -453,7 +454,7 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
                              config.seed)
     elapsed = time.perf_counter() - t_start
     result = TrainResult(history, model, opt, dataset, config, entropy, val_loss, step,
-                         elapsed, stopped_early, text_sample)
+                         elapsed, stopped_early, text_sample, rank)
     if log_file:
         log_file.write(json.dumps(summary(result)) + "\n")
         log_file.close()
@@ -567,6 +568,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    if result.rank != 0:
+        return 0
     if as_json:
         emit(summary(result))
     else:
