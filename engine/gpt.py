@@ -50,7 +50,8 @@ KERNEL_SPECS: dict[str, KernelSpec] = {
                                     "x = wte[ids] + wpe[:T]"),
     "embedding_backward": KernelSpec(("ids", "dx", "vocab_size"),
                                      (("dwte", "add"), ("dwpe", "add")),
-                                     "scatter-add of dx into the rows of dwte; dwpe += sum over batch"),
+                                     "scatter-add of dx into the rows of dwte; dwpe += sum over "
+                                     "batch (pure form: fn(ids (N,), dx (N, C), V) -> dwte)"),
     "layernorm_forward": KernelSpec(("x", "w", "b", "eps"),
                                     (("out", "write"), ("mean", "write"), ("rstd", "write")),
                                     "LayerNorm over the last axis"),
@@ -70,7 +71,9 @@ KERNEL_SPECS: dict[str, KernelSpec] = {
     "residual_bias_add": KernelSpec(("x", "y", "bias"), (("out", "write"),), "out = x + y + bias"),
     "bias_grad": KernelSpec(("dout",), (("dbias", "add"),), "dbias += dout summed over rows"),
     "crossentropy_softmax": KernelSpec(("logits", "targets", "scale"), (("losses", "write"),),
-                                       "per-row losses; logits overwritten with scale * dloss/dlogits"),
+                                       "per-row losses; logits overwritten with scale * "
+                                       "dloss/dlogits (pure form: fn(logits, targets) -> mean "
+                                       "loss, logits overwritten with d(mean)/dlogits)"),
 }
 
 _ENGINE_KERNELS = {
@@ -105,12 +108,26 @@ def _adapt_pure(name: str, fn):
         return matmul
 
     if name == "crossentropy_softmax":
+        # pure form (lesson 10's): fn(logits, targets) -> mean loss, the logits
+        # overwritten with d(mean)/dlogits; the model wants d(scale * sum)/dlogits.
         def crossentropy(logits, targets, scale, *, losses):
-            result = fn(logits, targets, scale)
-            result = result if isinstance(result, tuple) else (result,)
-            _store(name, "losses", losses, np.asarray(result[-1]), "write")
-            return float(losses.mean()), losses
+            mean = float(fn(logits, targets))
+            logits *= logits.dtype.type(scale * logits.shape[0])
+            losses[...] = mean
+            return mean, losses
         return crossentropy
+
+    if name == "embedding_backward":
+        # pure form (lesson 11's): fn(ids (N,), dx (N, C), vocab_size) -> dwte;
+        # the position table's gradient, a sum over the batch, is added here.
+        def embedding_backward(ids, dx, vocab_size, *, dwte, dwpe):
+            B, T = ids.shape
+            C = dwte.shape[1]
+            _store(name, "dwte", dwte, np.asarray(fn(np.ascontiguousarray(ids).reshape(-1),
+                                                     dx.reshape(-1, C), vocab_size)), "add")
+            dwpe[:T] += dx.reshape(B, T, C).sum(axis=0)
+            return dwte, dwpe
+        return embedding_backward
 
     def adapted(*inputs, **outs):
         results = fn(*inputs)

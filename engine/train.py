@@ -358,9 +358,15 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
               "thread_mode": config.thread_mode,
               "tokens_per_step": config.batch_size * config.block_size * config.grad_accum,
               "config": dataclasses.asdict(config)}
+    from .gpt import kernel_owners
+    replaced = {k: v for k, v in kernel_owners().items() if v != "engine"}
+    header["kernels_replaced"] = replaced
     if log_file:
         log_file.write(json.dumps(header) + "\n")
     if lead:
+        if replaced:
+            say("kernels not the engine's: " + ", ".join(f"{k} ({v})" for k, v in
+                                                        sorted(replaced.items())))
         say(f"model {model.num_params():,} parameters | corpus {len(dataset.train):,} train / "
             f"{len(dataset.val):,} val characters, vocabulary {tok.vocab_size} | unigram "
             f"entropy {entropy:.4f} nats | {world_size} process(es) x {n_threads} "

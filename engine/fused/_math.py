@@ -34,7 +34,7 @@ def _float32_from_bits(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
-@register_jitable(inline="always")
+@register_jitable
 def _exp_float32(x):
     # exp(x) = 2**n * exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2;
     # exp(r) from a degree-7 polynomial (Cephes' expf coefficients).
@@ -57,7 +57,7 @@ def exp(x):
     return np.exp(x)
 
 
-@overload(exp, inline="always")
+@overload(exp)
 def _exp_overload(x):
     if x == types.float32:
         return lambda x: _exp_float32(x)
@@ -69,7 +69,7 @@ def tanh(x):
     return np.tanh(x)
 
 
-@overload(tanh, inline="always")
+@overload(tanh)
 def _tanh_overload(x):
     one = np.float32(1.0) if x == types.float32 else np.float64(1.0)
     two = one + one

@@ -41,6 +41,12 @@ def _padded(n, multiple):
 
 
 @kernel
+def _tile(rows, cols, like):
+    """Scratch for one head (a few tens of KB, freed when the head is done)."""
+    return np.empty((rows, cols), like.dtype)
+
+
+@kernel
 def _rows4_product(out, a, b, r, k0, k1, c0, c1):
     """out[r:r+4, c0:c1] += a[r:r+4, k0:k1] @ b[k0:k1, c0:c1]  (k1 - k0 even)."""
     o0 = out[r]
@@ -136,88 +142,88 @@ def _load_head(src, row0, col0, T, hs, out, out_t, scale):
             out_t[d, t] = 0
 
 
-@parallel_kernel
-def attention_forward_kernel(qkv, y, probs):
-    B, H, T = probs.shape[0], probs.shape[1], probs.shape[2]
+@kernel
+def _head_forward(qkv, y, probs, b, h):
+    """Attention of one (batch, head) pair: writes its P into probs and its Y into y."""
+    H, T = probs.shape[1], probs.shape[2]
     C = y.shape[1]
     hs = C // H
-    Tp = _padded(T, TILE)
-    hp = _padded(hs, 4)
+    Tp, hp = _padded(T, TILE), _padded(hs, 4)
     one = qkv.dtype.type(1)
     scale = one / np.sqrt(qkv.dtype.type(hs))
-    for task in prange(B * H):
-        b, h = task // H, task % H
-        row0 = b * T
-        q = np.empty((Tp, hp), qkv.dtype)
-        k = np.empty((Tp, hp), qkv.dtype)
-        v = np.empty((Tp, hp), qkv.dtype)
-        qt = np.empty((hp, Tp), qkv.dtype)
-        kt = np.empty((hp, Tp), qkv.dtype)
-        vt = np.empty((hp, Tp), qkv.dtype)
-        _load_head(qkv, row0, h * hs, T, hs, q, qt, one)
-        _load_head(qkv, row0, C + h * hs, T, hs, k, kt, scale)
-        _load_head(qkv, row0, 2 * C + h * hs, T, hs, v, vt, one)
-        s = np.empty((Tp, Tp), qkv.dtype)
-        _causal_rows_times(s, q, kt, Tp)        # S = scale Q K^T
-        _softmax_causal_rows(s, T)               # P, in place
-        out = np.empty((Tp, hp), qkv.dtype)
-        _lower_times(out, s, v, Tp)             # Y = P V
-        p_bh = probs[b, h]
-        for t in range(T):
-            p_bh[t, :] = s[t, :T]
-            y[row0 + t, h * hs:(h + 1) * hs] = out[t, :hs]
+    row0 = b * T
+    q, k, v = _tile(Tp, hp, qkv), _tile(Tp, hp, qkv), _tile(Tp, hp, qkv)
+    qt, kt, vt = _tile(hp, Tp, qkv), _tile(hp, Tp, qkv), _tile(hp, Tp, qkv)
+    _load_head(qkv, row0, h * hs, T, hs, q, qt, one)
+    _load_head(qkv, row0, C + h * hs, T, hs, k, kt, scale)       # scale folded into K
+    _load_head(qkv, row0, 2 * C + h * hs, T, hs, v, vt, one)
+    s = _tile(Tp, Tp, qkv)
+    _causal_rows_times(s, q, kt, Tp)            # S = scale Q K^T, lower blocks only
+    _softmax_causal_rows(s, T)                  # P, in place
+    out = _tile(Tp, hp, qkv)
+    _lower_times(out, s, v, Tp)                 # Y = P V
+    p_bh = probs[b, h]
+    for t in range(T):
+        p_bh[t, :] = s[t, :T]
+        y[row0 + t, h * hs:(h + 1) * hs] = out[t, :hs]
+
+
+@kernel
+def _head_backward(dy, qkv, probs, dqkv, b, h):
+    """Backward of one (batch, head) pair: writes its dQ, dK, dV columns of dqkv."""
+    H, T = probs.shape[1], probs.shape[2]
+    C = dy.shape[1]
+    hs = C // H
+    Tp, hp = _padded(T, TILE), _padded(hs, 4)
+    one = qkv.dtype.type(1)
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    row0 = b * T
+    q, k, v, g = _tile(Tp, hp, qkv), _tile(Tp, hp, qkv), _tile(Tp, hp, qkv), _tile(Tp, hp, qkv)
+    qt, kt, vt, gt = (_tile(hp, Tp, qkv), _tile(hp, Tp, qkv), _tile(hp, Tp, qkv),
+                      _tile(hp, Tp, qkv))
+    _load_head(qkv, row0, h * hs, T, hs, q, qt, one)
+    _load_head(qkv, row0, C + h * hs, T, hs, k, kt, one)
+    _load_head(qkv, row0, 2 * C + h * hs, T, hs, v, vt, one)
+    _load_head(dy, row0, h * hs, T, hs, g, gt, one)
+    p = np.zeros((Tp, Tp), qkv.dtype)
+    p_bh = probs[b, h]
+    for t in range(T):
+        p[t, :T] = p_bh[t, :]
+    ds = _tile(Tp, Tp, qkv)
+    _causal_rows_times(ds, g, vt, Tp)           # dP = dY V^T
+    for t in range(Tp):                         # dS = scale * P * (dP - rowsum(P * dP))
+        dot = one - one
+        for j in range(t + 1):
+            dot += p[t, j] * ds[t, j]
+        for j in range(t + 1):
+            ds[t, j] = scale * p[t, j] * (ds[t, j] - dot)
+        ds[t, t + 1:] = 0
+    dq = _tile(Tp, hp, qkv)
+    _lower_times(dq, ds, k, Tp)                 # dQ = dS K
+    dkt = _tile(hp, Tp, qkv)
+    _transposed_times_lower(dkt, qt, ds, Tp)    # dK^T = Q^T dS
+    dvt = _tile(hp, Tp, qkv)
+    _transposed_times_lower(dvt, gt, p, Tp)     # dV^T = dY^T P
+    for t in range(T):
+        r = row0 + t
+        dqkv[r, h * hs:(h + 1) * hs] = dq[t, :hs]
+        for d in range(hs):
+            dqkv[r, C + h * hs + d] = dkt[d, t]
+            dqkv[r, 2 * C + h * hs + d] = dvt[d, t]
+
+
+@parallel_kernel
+def attention_forward_kernel(qkv, y, probs):
+    B, H = probs.shape[0], probs.shape[1]
+    for task in prange(B * H):                  # every (batch, head) pair is independent
+        _head_forward(qkv, y, probs, task // H, task % H)
 
 
 @parallel_kernel
 def attention_backward_kernel(dy, qkv, probs, dqkv):
-    B, H, T = probs.shape[0], probs.shape[1], probs.shape[2]
-    C = dy.shape[1]
-    hs = C // H
-    Tp = _padded(T, TILE)
-    hp = _padded(hs, 4)
-    one = qkv.dtype.type(1)
-    scale = one / np.sqrt(qkv.dtype.type(hs))
+    B, H = probs.shape[0], probs.shape[1]
     for task in prange(B * H):
-        b, h = task // H, task % H
-        row0 = b * T
-        q = np.empty((Tp, hp), qkv.dtype)
-        k = np.empty((Tp, hp), qkv.dtype)
-        v = np.empty((Tp, hp), qkv.dtype)
-        g = np.empty((Tp, hp), qkv.dtype)
-        qt = np.empty((hp, Tp), qkv.dtype)
-        kt = np.empty((hp, Tp), qkv.dtype)
-        vt = np.empty((hp, Tp), qkv.dtype)
-        gt = np.empty((hp, Tp), qkv.dtype)
-        _load_head(qkv, row0, h * hs, T, hs, q, qt, one)
-        _load_head(qkv, row0, C + h * hs, T, hs, k, kt, one)
-        _load_head(qkv, row0, 2 * C + h * hs, T, hs, v, vt, one)
-        _load_head(dy, row0, h * hs, T, hs, g, gt, one)
-        p = np.zeros((Tp, Tp), qkv.dtype)
-        p_bh = probs[b, h]
-        for t in range(T):
-            p[t, :T] = p_bh[t, :]
-        # dP = dY V^T, then dS = scale * P * (dP - rowsum(P * dP)), in place.
-        ds = np.empty((Tp, Tp), qkv.dtype)
-        _causal_rows_times(ds, g, vt, Tp)
-        for t in range(Tp):
-            dot = one - one
-            for j in range(t + 1):
-                dot += p[t, j] * ds[t, j]
-            for j in range(t + 1):
-                ds[t, j] = scale * p[t, j] * (ds[t, j] - dot)
-            ds[t, t + 1:] = 0
-        dq = np.empty((Tp, hp), qkv.dtype)
-        _lower_times(dq, ds, k, Tp)             # dQ = dS K
-        dkt = np.empty((hp, Tp), qkv.dtype)
-        _transposed_times_lower(dkt, qt, ds, Tp)  # dK^T = Q^T dS
-        dvt = np.empty((hp, Tp), qkv.dtype)
-        _transposed_times_lower(dvt, gt, p, Tp)   # dV^T = dY^T P
-        for t in range(T):
-            r = row0 + t
-            dqkv[r, h * hs:(h + 1) * hs] = dq[t, :hs]
-            for d in range(hs):
-                dqkv[r, C + h * hs + d] = dkt[d, t]
-                dqkv[r, 2 * C + h * hs + d] = dvt[d, t]
+        _head_backward(dy, qkv, probs, dqkv, task // H, task % H)
 
 
 def _check_qkv(kernel_name, qkv, n_head):

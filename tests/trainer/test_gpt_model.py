@@ -145,3 +145,37 @@ def test_wrong_batch_shape_is_named():
     m = G.GPT(CFG, 4)
     with pytest.raises(ValueError, match=r"laid out for \(B, T\) = \(4, 8\)"):
         m.forward(np.zeros((2, 8), np.int64))
+
+
+def test_learner_style_crossentropy_and_scatter_add_plug_in():
+    """Lesson 10's loss piece (fn(logits, targets) -> mean, gradient in place) and
+    lesson 11's scatter-add (fn(ids, dx, V) -> table gradient) run the model."""
+    def my_crossentropy(logits, targets):
+        z = logits - logits.max(1, keepdims=True)
+        p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+        n = len(targets)
+        mean = float(-np.log(p[np.arange(n), targets]).mean())
+        p[np.arange(n), targets] -= 1
+        logits[...] = p / n
+        return mean
+
+    def my_scatter_add(ids, dx, vocab_size):
+        out = np.zeros((vocab_size, dx.shape[1]), dx.dtype)
+        np.add.at(out, ids, dx)
+        return out
+
+    params = init_params(CFG, seed=8, dtype=np.float64)
+    x, y = batch(8)
+    want = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y, loss_scale=0.5)
+    G.use_kernel("crossentropy_softmax", my_crossentropy, owner="you (10.2)")
+    G.use_kernel("embedding_backward", my_scatter_add, owner="you (11.1)")
+    try:
+        got = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y, loss_scale=0.5)
+        owners = G.kernel_owners()
+    finally:
+        G.reset_kernels()
+    assert owners["crossentropy_softmax"] == "you (10.2)"
+    assert owners["embedding_backward"] == "you (11.1)"
+    assert got[0] == pytest.approx(want[0], rel=1e-12)
+    for k in want[1]:
+        np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-9, atol=1e-13)
