@@ -106,40 +106,45 @@ def _transposed_times_lower(out_t, xt, m, Tp):
 
 @kernel
 def _softmax_causal_rows(s, T):
-    """Row i of s becomes softmax(s[i, :i+1]), zeros after the diagonal."""
+    """Row i of s becomes softmax(s[i, :i+1]), zeros after the diagonal.
+
+    The exponentials run over the whole padded row and the masked part is then
+    multiplied away: loops of one fixed length vectorise completely, while
+    loops of length i + 1 leave a scalar remainder in every row."""
     Tp = s.shape[1]
     one = s.dtype.type(1)
+    zero = one - one
     for i in range(T):
         row = s[i]
         m = row[0]
         for j in range(1, i + 1):
             m = max(m, row[j])
-        total = one - one
-        for j in range(i + 1):
-            e = exp(row[j] - m)
+        total = zero
+        for j in range(Tp):
+            e = exp(row[j] - m) if j <= i else zero
             row[j] = e
             total += e
         inv = one / total
-        for j in range(i + 1):
+        for j in range(Tp):
             row[j] *= inv
-        for j in range(i + 1, Tp):
-            row[j] = 0
 
 
 @kernel
-def _load_head(src, row0, col0, T, hs, out, out_t, scale):
-    """out[t, d] = out_t[d, t] = scale * src[row0 + t, col0 + d]; zeros in the padding."""
-    Tp, hp = out.shape
-    out[T:, :] = 0
-    out_t[:, T:] = 0
+def _load_rows(src, row0, col0, T, hs, out, scale):
+    """out[t, d] = scale * src[row0 + t, col0 + d]: one head's (T, hs) slice, zero-padded."""
+    out[:, :] = 0
     for t in range(T):
         for d in range(hs):
-            value = src[row0 + t, col0 + d] * scale
-            out[t, d] = value
-            out_t[d, t] = value
-        for d in range(hs, hp):
-            out[t, d] = 0
-            out_t[d, t] = 0
+            out[t, d] = src[row0 + t, col0 + d] * scale
+
+
+@kernel
+def _load_cols(src, row0, col0, T, hs, out_t, scale):
+    """out_t[d, t] = scale * src[row0 + t, col0 + d]: the same slice, transposed."""
+    out_t[:, :] = 0
+    for t in range(T):
+        for d in range(hs):
+            out_t[d, t] = src[row0 + t, col0 + d] * scale
 
 
 @kernel
@@ -152,19 +157,19 @@ def _head_forward(qkv, y, probs, b, h):
     one = qkv.dtype.type(1)
     scale = one / np.sqrt(qkv.dtype.type(hs))
     row0 = b * T
-    q, k, v = _tile(Tp, hp, qkv), _tile(Tp, hp, qkv), _tile(Tp, hp, qkv)
-    qt, kt, vt = _tile(hp, Tp, qkv), _tile(hp, Tp, qkv), _tile(hp, Tp, qkv)
-    _load_head(qkv, row0, h * hs, T, hs, q, qt, one)
-    _load_head(qkv, row0, C + h * hs, T, hs, k, kt, scale)       # scale folded into K
-    _load_head(qkv, row0, 2 * C + h * hs, T, hs, v, vt, one)
-    s = _tile(Tp, Tp, qkv)
+    q, kt, v = _tile(Tp, hp, qkv), _tile(hp, Tp, qkv), _tile(Tp, hp, qkv)
+    _load_rows(qkv, row0, h * hs, T, hs, q, one)
+    _load_cols(qkv, row0, C + h * hs, T, hs, kt, scale)        # scale folded into K^T
+    _load_rows(qkv, row0, 2 * C + h * hs, T, hs, v, one)
+    # P is built in place in probs[b, h] when T fills whole tiles (the usual case)
+    s = probs[b, h] if T == Tp else _tile(Tp, Tp, qkv)
     _causal_rows_times(s, q, kt, Tp)            # S = scale Q K^T, lower blocks only
     _softmax_causal_rows(s, T)                  # P, in place
     out = _tile(Tp, hp, qkv)
     _lower_times(out, s, v, Tp)                 # Y = P V
-    p_bh = probs[b, h]
     for t in range(T):
-        p_bh[t, :] = s[t, :T]
+        if T != Tp:
+            probs[b, h, t, :] = s[t, :T]
         y[row0 + t, h * hs:(h + 1) * hs] = out[t, :hs]
 
 
@@ -178,17 +183,19 @@ def _head_backward(dy, qkv, probs, dqkv, b, h):
     one = qkv.dtype.type(1)
     scale = one / np.sqrt(qkv.dtype.type(hs))
     row0 = b * T
-    q, k, v, g = _tile(Tp, hp, qkv), _tile(Tp, hp, qkv), _tile(Tp, hp, qkv), _tile(Tp, hp, qkv)
-    qt, kt, vt, gt = (_tile(hp, Tp, qkv), _tile(hp, Tp, qkv), _tile(hp, Tp, qkv),
-                      _tile(hp, Tp, qkv))
-    _load_head(qkv, row0, h * hs, T, hs, q, qt, one)
-    _load_head(qkv, row0, C + h * hs, T, hs, k, kt, one)
-    _load_head(qkv, row0, 2 * C + h * hs, T, hs, v, vt, one)
-    _load_head(dy, row0, h * hs, T, hs, g, gt, one)
-    p = np.zeros((Tp, Tp), qkv.dtype)
-    p_bh = probs[b, h]
-    for t in range(T):
-        p[t, :T] = p_bh[t, :]
+    qt, k, vt = _tile(hp, Tp, qkv), _tile(Tp, hp, qkv), _tile(hp, Tp, qkv)
+    g, gt = _tile(Tp, hp, qkv), _tile(hp, Tp, qkv)
+    _load_cols(qkv, row0, h * hs, T, hs, qt, one)
+    _load_rows(qkv, row0, C + h * hs, T, hs, k, one)
+    _load_cols(qkv, row0, 2 * C + h * hs, T, hs, vt, one)
+    _load_rows(dy, row0, h * hs, T, hs, g, one)
+    _load_cols(dy, row0, h * hs, T, hs, gt, one)
+    if T == Tp:
+        p = probs[b, h]                         # read in place
+    else:
+        p = np.zeros((Tp, Tp), qkv.dtype)
+        for t in range(T):
+            p[t, :T] = probs[b, h, t, :]
     ds = _tile(Tp, Tp, qkv)
     _causal_rows_times(ds, g, vt, Tp)           # dP = dY V^T
     for t in range(Tp):                         # dS = scale * P * (dP - rowsum(P * dP))
