@@ -19,8 +19,6 @@
 # fails until every exercise is done.
 
 # %%
-import time
-
 import numpy as np
 import matplotlib.pyplot as plt
 
@@ -173,13 +171,7 @@ for hidden in [1, 10, 100, 1000]:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-def median_seconds(fn, repeats=5):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+from engine.timing import median_seconds   # the median wall time of several calls
 
 
 sizes, t_fd, t_bp, t_fwd = [], [], [], []

@@ -17,8 +17,6 @@
 # one local rule per operation, applied in reverse.
 
 # %%
-import time
-
 import numpy as np
 import matplotlib.pyplot as plt
 
@@ -28,14 +26,7 @@ from engine import F, Tensor
 np.set_printoptions(precision=4, suppress=True)
 
 
-def median_seconds(fn, repeats=5):
-    """The median wall time of fn() over a few runs."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+from engine.timing import median_seconds   # the median wall time of several calls
 
 # %% [markdown]
 # ## The Jacobian, and why nobody builds it
