@@ -48,25 +48,26 @@ def _tile(rows, cols, like):
 
 @kernel
 def _rows4_product(out, a, b, r, k0, k1, c0, c1):
-    """out[r:r+4, c0:c1] += a[r:r+4, k0:k1] @ b[k0:k1, c0:c1]  (k1 - k0 even)."""
+    """out[r:r+4, c0:c1] += a[r:r+4, k0:k1] @ b[k0:k1, c0:c1]  ((k1 - k0) % 4 == 0).
+
+    Four rows of `out` and four of `b` per pass: each loaded element of b feeds
+    four multiply-adds, each loaded element of out takes four."""
     o0 = out[r]
     o1 = out[r + 1]
     o2 = out[r + 2]
     o3 = out[r + 3]
-    for k in range(k0, k1, 2):
-        b0 = b[k]
-        b1 = b[k + 1]
-        a00, a01 = a[r, k], a[r, k + 1]
-        a10, a11 = a[r + 1, k], a[r + 1, k + 1]
-        a20, a21 = a[r + 2, k], a[r + 2, k + 1]
-        a30, a31 = a[r + 3, k], a[r + 3, k + 1]
+    for k in range(k0, k1, 4):
+        b0, b1, b2, b3 = b[k], b[k + 1], b[k + 2], b[k + 3]
+        a00, a01, a02, a03 = a[r, k], a[r, k + 1], a[r, k + 2], a[r, k + 3]
+        a10, a11, a12, a13 = a[r + 1, k], a[r + 1, k + 1], a[r + 1, k + 2], a[r + 1, k + 3]
+        a20, a21, a22, a23 = a[r + 2, k], a[r + 2, k + 1], a[r + 2, k + 2], a[r + 2, k + 3]
+        a30, a31, a32, a33 = a[r + 3, k], a[r + 3, k + 1], a[r + 3, k + 2], a[r + 3, k + 3]
         for c in range(c0, c1):
-            u = b0[c]
-            w = b1[c]
-            o0[c] += a00 * u + a01 * w
-            o1[c] += a10 * u + a11 * w
-            o2[c] += a20 * u + a21 * w
-            o3[c] += a30 * u + a31 * w
+            x0, x1, x2, x3 = b0[c], b1[c], b2[c], b3[c]
+            o0[c] += a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3
+            o1[c] += a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3
+            o2[c] += a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3
+            o3[c] += a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3
 
 
 @kernel
@@ -88,7 +89,7 @@ def _lower_times(out, m, x, Tp):
     hp = x.shape[1]
     out[:, :] = 0
     for i in range(0, Tp, 4):
-        _rows4_product(out, m, x, i, 0, _padded(i + 4, 2), 0, hp)
+        _rows4_product(out, m, x, i, 0, i + 4, 0, hp)
 
 
 @kernel
