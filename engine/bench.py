@@ -155,11 +155,7 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
             torch_reason = None
         except ImportError as exc:
             torch_reason = f"PyTorch is not installed ({exc}); pip install torch to compare"
-    from .fused.threads import cores, set_threads
-    from .gpt import GPT, decay_segments, step_flops
-    from .optim import AdamW, clip_scale, global_norm
-    from .parallel import ThreadReplicas
-    from .data import batch_at
+    from .fused.threads import cores, restore_threads, set_threads
 
     n_threads = threads or cores()
     if thread_mode == "replicas":
@@ -168,8 +164,24 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
     else:
         replicas = 1
         thread_info = set_threads(n_threads)
+    torch_threads = torch.get_num_threads() if torch is not None else None
     if torch is not None:
         torch.set_num_threads(n_threads)
+    try:
+        return _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention,
+                        n_threads, thread_mode, replicas, thread_info, seed, data, say)
+    finally:
+        restore_threads(thread_info)
+        if torch is not None:
+            torch.set_num_threads(torch_threads)
+
+
+def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention, n_threads,
+             thread_mode, replicas, thread_info, seed, data, say):
+    from .data import batch_at
+    from .gpt import GPT, decay_segments, step_flops
+    from .optim import AdamW, clip_scale, global_norm
+    from .parallel import ThreadReplicas
     B, T = batch_size, cfg.block_size
     dtype = np.float32
     params = init_params(cfg, seed, dtype)

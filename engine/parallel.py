@@ -118,7 +118,6 @@ class ThreadReplicas:
     """
 
     def __init__(self, cfg, batch_size: int, n_replicas: int, **gpt_kwargs):
-        from concurrent.futures import ThreadPoolExecutor
         from .gpt import GPT, FlatBuffer, gradient_buckets
         from .gpt_config import param_shapes
         if n_replicas < 1 or batch_size % n_replicas:
@@ -136,8 +135,15 @@ class ThreadReplicas:
                                                                     first.dtype)
         self.rows = [slice(r * per, (r + 1) * per) for r in range(n_replicas)]
         self.buckets = gradient_buckets(self.grads, cfg.n_layer)
-        self._pool = (ThreadPoolExecutor(n_replicas - 1, initializer=_one_thread_per_replica)
-                      if n_replicas > 1 else None)
+        self._pool = None
+
+    def _workers(self):
+        """The n - 1 helper threads (started on first use, again after close())."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(self.n - 1, initializer=_one_thread_per_replica,
+                                            thread_name_prefix="gpt-replica")
+        return self._pool
 
     @property
     def profile(self):
@@ -153,7 +159,7 @@ class ThreadReplicas:
 
     def _each(self, fn):
         """fn(replica index) on every replica, replica 0 on the calling thread."""
-        futures = [self._pool.submit(fn, r) for r in range(1, self.n)] if self._pool else []
+        futures = [self._workers().submit(fn, r) for r in range(1, self.n)]
         first = fn(0)
         return [first] + [f.result() for f in futures]
 
@@ -199,8 +205,10 @@ class ThreadReplicas:
         return self.params.flat.size
 
     def close(self) -> None:
+        """Stop the helper threads (they restart if the replicas are used again)."""
         if self._pool is not None:
             self._pool.shutdown()
+            self._pool = None
 
 
 def _one_thread_per_replica():

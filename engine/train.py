@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data import (BUILTIN, CharTokenizer, CorpusError, Dataset, batch_at, eval_batches,
+from .data import (CharTokenizer, CorpusError, Dataset, batch_at, eval_batches,
                    load_corpus, unigram_entropy)
 from .gpt_config import GPTConfig
 
@@ -280,19 +280,16 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
     tokens_per_s, step_time, phases{loss, backward, optimizer, evaluation} and
     val_loss when evaluated); returning False stops the run. progress(line)
     receives the human-readable progress lines (print, for instance)."""
-    from .fused.threads import cores, set_threads
-    from .gpt import decay_segments
-    from .optim import AdamW, clip_scale, global_norm, lr_at
-    from .parallel import ThreadReplicas
+    from .fused.threads import cores, restore_threads, set_threads
 
     config = dataclasses.replace(config or TrainConfig(), **overrides)
     config.validate()
     say = progress or (lambda line: None)
 
     # -- processes and threads
-    allreduce, rank, world_size = None, 0, 1
+    comm, rank, world_size = None, 0, 1
     if config.data_parallel:
-        from .parallel import GradientAllReduce, MPIUnavailable, shard_rows, world
+        from .parallel import MPIUnavailable, shard_rows, world
         try:
             comm, rank, world_size = world()
         except MPIUnavailable as exc:
@@ -307,11 +304,25 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
     n_threads = config.threads or max(1, cores() // world_size)
     if config.thread_mode == "replicas":
         n_replicas = max(d for d in range(1, n_threads + 1) if local_batch % d == 0)
-        set_threads(1)
+        thread_info = set_threads(1)
     else:
         n_replicas = 1
-        set_threads(n_threads)
+        thread_info = set_threads(n_threads)
     config = dataclasses.replace(config, threads=n_threads)   # recorded in checkpoints
+    try:
+        return _run(config, callback, say, dataset, comm if world_size > 1 else None, rank,
+                    world_size, rows, n_threads, n_replicas)
+    finally:
+        restore_threads(thread_info)
+
+
+def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads, n_replicas):
+    """train() once processes and threads are settled: data, model, the loop."""
+    from .gpt import decay_segments
+    from .optim import AdamW, clip_scale, global_norm, lr_at
+    from .parallel import GradientAllReduce, ThreadReplicas
+    allreduce = None
+    local_batch = rows.stop - rows.start
 
     # -- data
     try:
@@ -345,7 +356,7 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
         opt.load_state_dict({"m": state["adam_m"], "v": state["adam_v"],
                              "t": int(state["adam_t"])})
         start = int(state["meta"]["step"])
-    if world_size > 1:
+    if comm is not None:
         allreduce = GradientAllReduce(comm, model.grads.flat)
 
     stop = min(config.steps, config.stop_at or config.steps)
@@ -464,7 +475,7 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
     if log_file:
         log_file.write(json.dumps(summary(result)) + "\n")
         log_file.close()
-    model.close()
+    model.close()          # helper threads stop; they restart if result.model is used again
     return result
 
 

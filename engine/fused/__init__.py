@@ -18,6 +18,10 @@ which is how `engine.gpt` runs a step without allocating.
 
 All kernels run in float32 (training) and float64 (gradient checks): numba
 compiles one version per dtype on first use and caches it on disk.
+
+`engine.fused.threads.set_threads(n)` sets both thread pools a step uses
+(numba's and BLAS's); see engine/parallel.py for why the trainer prefers one
+single-threaded model replica per core.
 """
 from ._jit import THREADING_LAYER
 from .adamw import adamw_update, clip_scale, global_norm, work_items

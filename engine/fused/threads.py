@@ -55,11 +55,23 @@ def blas_threads() -> int | None:
 
 
 def set_threads(n: int) -> dict:
-    """Use n threads in numba kernels and in BLAS; returns what was set."""
+    """Use n threads in numba kernels (on the calling thread) and in BLAS;
+    returns what was set, including the previous values (for restore_threads)."""
     n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    previous = {"numba": numba.get_num_threads(), "blas": blas_threads()}
     numba.set_num_threads(n)
     _, path = _blas_call(_SETTERS, ctypes.c_int(n))
-    return {"numba": n, "blas": n if path else None, "blas_library": path}
+    return {"numba": n, "blas": n if path else None, "blas_library": path,
+            "previous": previous}
+
+
+def restore_threads(info: dict) -> None:
+    """Undo set_threads (pass what it returned)."""
+    previous = info.get("previous", {})
+    if previous.get("numba"):
+        numba.set_num_threads(previous["numba"])
+    if previous.get("blas"):
+        _blas_call(_SETTERS, ctypes.c_int(previous["blas"]))
 
 
 def cores() -> int:
