@@ -142,6 +142,20 @@ def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
     return {"flops": flops, "seconds": best, "gflops": flops / best / 1e9}
 
 
+def machine_sgemm_rate(n: int = 1024, repeats: int = 5) -> float:
+    """GFLOP/s of one large float32 product (n x n x n) through SciPy's BLAS with
+    its default threads: the machine's ceiling for any matmul here."""
+    from scipy.linalg import blas
+    a = np.asfortranarray(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
+    blas.sgemm(1.0, a, a)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        blas.sgemm(1.0, a, a)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / float(np.median(times)) / 1e9
+
+
 def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         with_torch: bool = True, torch_attention: str = "sdpa", threads: int | None = None,
         thread_mode: str = "replicas", seed: int = 0, data=None, progress=None) -> dict:
@@ -168,8 +182,11 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
     if torch is not None:
         torch.set_num_threads(n_threads)
     try:
-        return _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention,
-                        n_threads, thread_mode, replicas, thread_info, seed, data, say)
+        report = _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention,
+                          n_threads, thread_mode, replicas, thread_info, seed, data, say)
+        restore_threads(thread_info)                  # BLAS back to its own threads
+        report["linear"]["machine_sgemm_gflops"] = machine_sgemm_rate()
+        return report
     finally:
         restore_threads(thread_info)
         if torch is not None:
@@ -192,11 +209,19 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     model = ThreadReplicas(cfg, B, replicas, params=params, dtype=dtype)
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3, weight_decay=0.1)
 
+    phase_s = {"replica 0 forward+backward": 0.0, "all replicas forward+backward": 0.0,
+               "clip + AdamW": 0.0}
+
     def ours(i):
         x, y = batches[i]
         model.zero_grad()
-        loss, _, _ = model.forward_backward(x, y)
+        t0 = time.perf_counter()
+        loss, t_fwd, t_bwd = model.forward_backward(x, y)
+        t1 = time.perf_counter()
         opt.step(model.grads.flat, grad_scale=clip_scale(global_norm(model.grads.flat), 1.0))
+        phase_s["replica 0 forward+backward"] += t_fwd + t_bwd
+        phase_s["all replicas forward+backward"] += t1 - t0
+        phase_s["clip + AdamW"] += time.perf_counter() - t1
         return loss
 
     # -- compile (or cache load): the first step, apart
@@ -265,6 +290,8 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
 
     # -- per-kernel breakdown (separate steps: timing each call costs a little)
     model.profile = {}
+    for key in phase_s:
+        phase_s[key] = 0.0
     n_prof = max(3, steps // 4)
     t0 = time.perf_counter()
     for i in range(n_prof):
@@ -273,6 +300,13 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     per_kernel = {k: v / n_prof * 1e3 for k, v in
                   sorted(model.profile.items(), key=lambda kv: -kv[1])}
     model.profile = None
+    kernels_ms = sum(per_kernel.values())
+    phases = {k: v / n_prof * 1e3 for k, v in phase_s.items()}
+    rest = {"replica 0: Python between kernels": phases["replica 0 forward+backward"]
+            - kernels_ms,
+            "waiting for the other replicas, summing their gradients":
+                phases["all replicas forward+backward"] - phases["replica 0 forward+backward"],
+            "clip + AdamW": phases["clip + AdamW"]}
     matmul_ms = per_kernel.get("matmul", 0.0) + per_kernel.get("linear_forward", 0.0)
 
     flops = step_flops(cfg, B, T)
@@ -297,6 +331,7 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
         "per_kernel_note": ("replica 0 of %d, running concurrently with the others" % replicas
                             if replicas > 1 else "the whole step"),
         "profiled_step_ms": prof_wall * 1e3,
+        "outside_kernels_ms": rest,
         "torch": None, "torch_skipped": torch_reason,
     }
     lin = report["linear"]
@@ -344,13 +379,18 @@ def format_report(r: dict) -> str:
     lines.append(f"linear layers: {lin['in_step_gflops'] or 0:.1f} GFLOP/s inside the step vs "
                  f"{lin['sgemm_alone_gflops']:.1f} GFLOP/s for the same products alone"
                  + (f" ({lin['share_of_sgemm']:.0%})" if "share_of_sgemm" in lin else ""))
+    if "machine_sgemm_gflops" in lin:
+        lines.append(f"machine sgemm (1024^3, SciPy BLAS, default threads): "
+                     f"{lin['machine_sgemm_gflops']:.1f} GFLOP/s; the whole step ran at "
+                     f"{o['gflops'] / lin['machine_sgemm_gflops']:.0%} of it")
     lines.append("")
     lines.append(f"where the time goes (profiled step {r['profiled_step_ms']:.1f} ms; kernels "
                  f"of {r['per_kernel_note']}):")
     total = sum(r["per_kernel_ms"].values())
     for name, ms in r["per_kernel_ms"].items():
-        lines.append(f"  {name:24}{ms:8.2f} ms  {ms / total:6.1%}")
-    lines.append(f"  {'(python, glue)':24}{r['profiled_step_ms'] - total:8.2f} ms")
+        lines.append(f"  {name:24}{ms:8.2f} ms  {ms / total:6.1%} of the kernels")
+    for name, ms in r["outside_kernels_ms"].items():
+        lines.append(f"  {name}: {ms:.2f} ms")
     return "\n".join(lines)
 
 
