@@ -16,6 +16,9 @@ One step, with the phases the trainer times separately:
     model.backward()                                       # grads += d(loss_scale * loss)
     (optimizer on model.params.flat and model.grads.flat)
 
+Several such models can share one parameter buffer (`shared_params=`): that
+is how engine.parallel.ThreadReplicas runs one replica per core.
+
 The kernels come from the registry `KERNELS` (name -> function). Replace one
 with `use_kernel(name, your_function, owner="you")`: your function takes the
 inputs listed in `KERNEL_SPECS[name]` and returns the outputs; the model

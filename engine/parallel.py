@@ -1,6 +1,13 @@
-"""Data parallelism on MPI: each process a slice of the batch, gradients summed.
+"""Data parallelism: every worker a slice of the batch, gradients summed.
 
-Launch with `mpiexec -n 2 python -m engine.train --data-parallel ...`.
+Two kinds of workers, the same arithmetic:
+
+* threads inside one process (`ThreadReplicas`, the trainer's default: one
+  single-threaded model replica per core, see its docstring for why);
+* processes under MPI (`GradientAllReduce`): launch with
+  `mpiexec -n 2 python -m engine.train --data-parallel ...`.
+
+MPI in detail:
 
 Every process (rank) holds the whole model and takes rows
 [rank * B/n, (rank + 1) * B/n) of each micro-batch of B sequences. Its loss
@@ -15,6 +22,9 @@ final (last block first). `GradientAllReduce.start` hands that bucket to a
 non-blocking `Iallreduce` right away, so the network (here shared memory)
 works while the backward computes the blocks below. `wait()` before the
 optimizer step is the only synchronisation.
+
+(With more than one thread replica per process, the replicas' gradients are
+summed first and the buckets start right after: no overlap then.)
 
 Accumulation: with K micro-batches per step, only the last backward starts
 all-reduces; the first K-1 add into the local gradient buffer. Reducing

@@ -14,6 +14,11 @@ One optimizer step has four phases, timed separately in every record:
     optimizer   (all-reduce wait,) global norm, clipping, fused AdamW
     evaluation  validation loss, every eval_every steps
 
+Threads: by default each core runs its own replica of the model on a slice
+of the micro-batch (engine.parallel.ThreadReplicas), meeting once per step;
+`--thread-mode kernels` runs one model whose kernels use every core instead.
+The losses agree to rounding; a run and its resumed copy agree bit for bit.
+
 Exit codes of the command line: 0 done; 2 bad arguments; 3 unusable data
 file; 4 unreadable or corrupt checkpoint; 5 settings that do not match the
 checkpoint; 6 --data-parallel without mpi4py; 7 training diverged (NaN loss).
