@@ -35,28 +35,20 @@ from numba import njit, prange
 
 from engine import fused
 from engine.kernels import reference
+from engine.timing import median_seconds
 
 np.set_printoptions(precision=4, suppress=True)
 
 
-def run_times(fn, repeats):
+def best_seconds(fn, repeats=7):
+    """Fastest of several calls: what the machine *can* do, for measuring its limits.
+    (A kernel's typical cost is `median_seconds`, the median of several calls.)"""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return times
-
-
-def median_seconds(fn, repeats=7):
-    """Median wall time of several calls: what a kernel typically costs, robust to the odd
-    slow run on a shared machine."""
-    return float(np.median(run_times(fn, repeats)))
-
-
-def best_seconds(fn, repeats=7):
-    """Fastest of several calls: what the machine *can* do, for measuring its limits."""
-    return float(np.min(run_times(fn, repeats)))
+    return min(times)
 
 # %% [markdown]
 # ## Two numbers that bound every kernel

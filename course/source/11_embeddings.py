@@ -22,7 +22,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")   # see lesson 10: threads wait asleep
 
 import re
-import time
 
 import numpy as np
 import matplotlib.pyplot as plt
@@ -261,19 +260,17 @@ print("engine's equals np.add.at:", np.allclose(engine_dwte, reference, rtol=1e-
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-def best_ms(fn, repeats=20):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e3
+from engine.timing import median_seconds
+
+
+def ms(fn):
+    return median_seconds(fn, repeats=20, warmup=1) * 1e3
 
 
 flat_ids, flat_g = ids_batch.ravel(), g_batch.reshape(-1, 128)
-print(f"np.add.at:        {best_ms(lambda: np.add.at(np.zeros((V_chars, 128), np.float32), flat_ids, flat_g)):.3f} ms [timed]")
-print(f"yours:            {best_ms(lambda: embedding_backward(flat_ids, flat_g, V_chars)):.3f} ms [timed]")
-print(f"engine.fused:     {best_ms(lambda: fused.embedding_backward(ids_batch, g_batch, V_chars)):.3f} ms [timed]")
+print(f"np.add.at:        {ms(lambda: np.add.at(np.zeros((V_chars, 128), np.float32), flat_ids, flat_g)):.3f} ms [timed]")
+print(f"yours:            {ms(lambda: embedding_backward(flat_ids, flat_g, V_chars)):.3f} ms [timed]")
+print(f"engine.fused:     {ms(lambda: fused.embedding_backward(ids_batch, g_batch, V_chars)):.3f} ms [timed]")
 
 # %% [markdown]
 # ## Most of the gradient is zero

@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -285,13 +284,11 @@ print("fused: read p, g, m, v once, write p, m, v once = 28 bytes per parameter"
 from engine.fused import adamw_update, work_items
 
 
-def best_ms(fn, repeats=7):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e3
+from engine.timing import median_seconds
+
+
+def ms(fn):
+    return median_seconds(fn, repeats=7, warmup=1) * 1e3
 
 
 rng = np.random.default_rng(0)
@@ -300,8 +297,8 @@ for n_params in (P_TINY, 10_000_000):
     m, v = np.zeros_like(p), np.zeros_like(p)
     items = work_items([(0, n_params, 0.1)])
     adamw_update(p, g, m, v, items, lr=1e-3, step=1)
-    t_numpy = best_ms(lambda: adamw_numpy(p, g, m, v, 2, 1e-3, 0.9, 0.95, 1e-8, 0.1))
-    t_fused = best_ms(lambda: adamw_update(p, g, m, v, items, lr=1e-3, step=2))
+    t_numpy = ms(lambda: adamw_numpy(p, g, m, v, 2, 1e-3, 0.9, 0.95, 1e-8, 0.1))
+    t_fused = ms(lambda: adamw_update(p, g, m, v, items, lr=1e-3, step=2))
     print(f"P = {n_params:>10,}: numpy {t_numpy:7.2f} ms [timed], fused {t_fused:6.2f} ms [timed], "
           f"speedup {t_numpy / t_fused:4.1f}x; fused moves {28 * n_params / t_fused / 1e6:5.1f} GB/s")
 

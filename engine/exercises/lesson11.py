@@ -13,10 +13,10 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
+from ..timing import median_seconds
 from ._core import ExerciseError, attempt, passed, save_piece
 
 EX_SCATTER = "11.1 (embedding_backward)"
@@ -135,19 +135,13 @@ def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
     ids3 = rng.integers(0, 100, size=2048)
     g3 = rng.normal(size=(2048, 128)).astype(np.float32)
     embedding_backward(ids3, g3, 100)
-    t_yours = min(_time(lambda: embedding_backward(ids3, g3, 100)) for _ in range(repeats))
-    t_ref = min(_time(lambda: scatter_add_reference(ids3, g3, 100)) for _ in range(repeats))
+    t_yours = median_seconds(lambda: embedding_backward(ids3, g3, 100), repeats)
+    t_ref = median_seconds(lambda: scatter_add_reference(ids3, g3, 100), repeats)
     save_piece("embedding_backward", embedding_backward, EX_SCATTER)
     passed(EX_SCATTER, f"exact sums, zero untouched rows, identical bits over {len(runs)} runs"
                        f"{' and 1 vs ' + str(threads) + ' threads' if threads > 1 else ''}. "
                        f"(2048 tokens, C=128): yours {t_yours * 1e3:.3g} ms [timed], "
                        f"np.add.at {t_ref * 1e3:.3g} ms [timed].")
-
-
-def _time(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 # --------------------------------------------------------------- 11.2

@@ -15,10 +15,10 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 
+from ..timing import median_seconds
 from ._core import ExerciseError, attempt, passed, save_piece
 
 EX_CLIP = "12.1 (clip_global_norm)"
@@ -217,20 +217,14 @@ def check_adamw_step(adamw_step, repeats: int = 5) -> None:
     if p32.dtype != np.float32 or not np.allclose(p32, want, rtol=1e-5, atol=1e-6):
         raise ExerciseError(EX_ADAMW, "float32 buffers of 822 912 parameters: the result is "
                                       "off. Loop over every element of p (p.size).")
-    t_yours = min(_time(lambda: adamw_step(p32, g32, m32, v32, 2, 1e-3, 0.9, 0.95, 1e-8, 0.1))
-                  for _ in range(repeats))
-    t_ref = min(_time(lambda: adamw_reference(p32, g32, m32, v32, 2, 1e-3, 0.9, 0.95, 1e-8,
-                                              0.1)) for _ in range(repeats))
+    t_yours = median_seconds(
+        lambda: adamw_step(p32, g32, m32, v32, 2, 1e-3, 0.9, 0.95, 1e-8, 0.1), repeats)
+    t_ref = median_seconds(
+        lambda: adamw_reference(p32, g32, m32, v32, 2, 1e-3, 0.9, 0.95, 1e-8, 0.1), repeats)
     save_piece("adamw_step", adamw_step, EX_ADAMW)
     passed(EX_ADAMW, f"3 steps match AdamW. 822 912 float32 parameters: yours "
                      f"{t_yours * 1e3:.3g} ms [timed], unfused numpy {t_ref * 1e3:.3g} ms "
                      f"[timed], speedup {t_ref / t_yours:.1f}x.")
-
-
-def _time(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 # --------------------------------------------------------------- 12.3
