@@ -169,9 +169,11 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
             torch_reason = None
         except ImportError as exc:
             torch_reason = f"PyTorch is not installed ({exc}); pip install torch to compare"
-    from .fused.threads import cores, restore_threads, set_threads
+    from .fused.threads import concurrent_kernels_ok, cores, restore_threads, set_threads
 
     n_threads = threads or cores()
+    if not concurrent_kernels_ok():
+        thread_mode = "kernels"                 # numba's workqueue layer: one model only
     if thread_mode == "replicas":
         replicas = max(d for d in range(1, n_threads + 1) if batch_size % d == 0)
         thread_info = set_threads(1)

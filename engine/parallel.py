@@ -130,9 +130,15 @@ class ThreadReplicas:
     def __init__(self, cfg, batch_size: int, n_replicas: int, **gpt_kwargs):
         from .gpt import GPT, FlatBuffer, gradient_buckets
         from .gpt_config import param_shapes
+        from .fused.threads import concurrent_kernels_ok
         if n_replicas < 1 or batch_size % n_replicas:
             raise ValueError(f"ThreadReplicas: batch_size {batch_size} does not split into "
                              f"{n_replicas} replicas; use a divisor of the batch size")
+        if n_replicas > 1 and not concurrent_kernels_ok():
+            raise RuntimeError("ThreadReplicas: numba's threading layer "
+                               f"{numba_layer()!r} cannot run kernels from several threads at "
+                               "once; install OpenMP (libgomp) or TBB for numba, or use one "
+                               "replica (--thread-mode kernels)")
         self.cfg, self.B, self.n = cfg, batch_size, n_replicas
         per = batch_size // n_replicas
         first = GPT(cfg, per, **gpt_kwargs)
@@ -219,6 +225,11 @@ class ThreadReplicas:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def numba_layer() -> str:
+    import numba
+    return numba.config.THREADING_LAYER
 
 
 def _one_thread_per_replica():

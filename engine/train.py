@@ -285,7 +285,7 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
     tokens_per_s, step_time, phases{loss, backward, optimizer, evaluation} and
     val_loss when evaluated); returning False stops the run. progress(line)
     receives the human-readable progress lines (print, for instance)."""
-    from .fused.threads import cores, restore_threads, set_threads
+    from .fused.threads import concurrent_kernels_ok, cores, restore_threads, set_threads
 
     config = dataclasses.replace(config or TrainConfig(), **overrides)
     config.validate()
@@ -307,6 +307,8 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
         rows = slice(0, config.batch_size)
     local_batch = rows.stop - rows.start
     n_threads = config.threads or max(1, cores() // world_size)
+    if config.thread_mode == "replicas" and not concurrent_kernels_ok():
+        config = dataclasses.replace(config, thread_mode="kernels")   # workqueue layer only
     if config.thread_mode == "replicas":
         n_replicas = max(d for d in range(1, n_threads + 1) if local_batch % d == 0)
         thread_info = set_threads(1)

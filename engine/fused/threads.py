@@ -80,3 +80,9 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def concurrent_kernels_ok() -> bool:
+    """Whether several Python threads may run parallel kernels at once: the omp
+    and tbb threading layers allow it, numba's fallback `workqueue` does not."""
+    return numba.config.THREADING_LAYER in ("omp", "tbb", "threadsafe", "safe")
