@@ -6,7 +6,8 @@ one. Two things would make honest notebooks fail, so we adjust narrowly:
 * the patterns in tests/nbval_sanitize.cfg blank out object addresses and
   timings; every other printed number is compared exactly.
 Passed exercises are saved as pieces; under pytest they go to a temporary
-folder so tests never touch a learner's own `course/my_pieces/`.
+folder so tests never touch a learner's own `course/my_pieces/`. OpenMP
+threads wait passively, since the two test workers share the cores.
 """
 import os
 import tempfile
@@ -23,6 +24,9 @@ def pytest_configure(config):
     if "BACKPROP_PIECES_DIR" not in os.environ:
         os.environ["BACKPROP_PIECES_DIR"] = tempfile.mkdtemp(prefix="backprop-pieces-")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    # Two test workers share two cores: OpenMP threads that spin while they
+    # wait would steal the other worker's core (a 0.2 ms kernel took 14 ms).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -106,11 +106,24 @@ def load_piece(name: str):
     path = folder / f"{name}.py"
     if entry is None or not path.exists():
         return None
-    namespace: dict = {"np": np}
+    import math
+    import numba
+    # The names a lesson's exercise cell may use without importing them itself:
+    # saved numba kernels keep their @njit decorator.
+    namespace: dict = {"np": np, "math": math, "numba": numba, "njit": numba.njit,
+                       "prange": numba.prange}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     return namespace.get(entry["function"])
 
 
 def pieces_report(names) -> list[tuple[str, str]]:
-    """For each piece name, say whose code will run: 'yours' or 'reference'."""
-    return [(n, "yours" if load_piece(n) is not None else "reference") for n in names]
+    """For each piece name, whose code will run: 'yours', 'reference' (never
+    saved), or 'reference (yours does not load: <error>)'."""
+    report = []
+    for name in names:
+        try:
+            owner = "yours" if load_piece(name) is not None else "reference"
+        except Exception as err:  # e.g. a kernel that used a notebook variable
+            owner = f"reference (yours does not load: {type(err).__name__}: {err})"
+        report.append((name, owner))
+    return report

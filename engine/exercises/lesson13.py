@@ -9,21 +9,19 @@
      clipping, clipping after the update, the norm after clipping returned,
      phases missing or out of order.
 
-`TRAINER_PIECES` lists the pieces of lessons 10-12 the trainer can run, and
-`load_trainer_piece` loads one. Saved kernels carry their `@njit(...)`
-decorator, which `load_piece` cannot resolve (it gives a piece only numpy's
-name); for those, the piece is loaded again with numba's names in scope.
+`TRAINER_PIECES` lists the pieces of lessons 10-12 the trainer can run;
+`load_trainer_piece` loads one (numba kernels included) and
+`trainer_pieces_report` says whose code will run for each.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from contextlib import contextmanager
 
 import numpy as np
 
-from ._core import ExerciseError, attempt, load_piece, passed, pieces_dir
+from ._core import ExerciseError, attempt, load_piece, passed, pieces_report
 
 EX_STEP = "13.1 (train_step)"
 
@@ -38,36 +36,13 @@ TRAINER_PIECES = {
 
 
 def load_trainer_piece(name: str):
-    """The learner's saved function for `name`, or None if it was never saved.
-
-    Raises the error of a piece that is saved but cannot be loaded (for
-    example a kernel that refers to a notebook variable)."""
-    try:
-        return load_piece(name)
-    except NameError:
-        pass
-    import numba
-    folder = pieces_dir()
-    entry = json.loads((folder / "index.json").read_text())[name]
-    path = folder / f"{name}.py"
-    namespace = {"np": np, "math": math, "numba": numba, "njit": numba.njit,
-                 "prange": numba.prange}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
-    return namespace[entry["function"]]
+    """The learner's saved function for `name`, or None if it was never saved."""
+    return load_piece(name)
 
 
 def trainer_pieces_report() -> list[tuple[str, str]]:
-    """For each trainer piece: 'yours', 'not written' or 'saved, but does not load: ...'
-    (what `pieces_report` says, for pieces that may be numba kernels)."""
-    report = []
-    for name in TRAINER_PIECES:
-        try:
-            piece = load_trainer_piece(name)
-        except Exception as err:  # a saved piece that fails to load names its error
-            report.append((name, f"saved, but does not load: {type(err).__name__}: {err}"))
-            continue
-        report.append((name, "yours" if piece is not None else "not written"))
-    return report
+    """For each trainer piece, whose code the trainer will run."""
+    return pieces_report(TRAINER_PIECES)
 
 
 # --------------------------------------------------------------- 13.1
