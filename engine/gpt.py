@@ -448,9 +448,11 @@ class GPT:
             grad_ready(*next(buckets))             # wte and wpe
         self._ids = None
 
-    def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, grad_ready=None):
+    def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, grad_ready=None,
+                         last: bool = True):
         """One micro-batch: forward, then backward. Returns (loss, forward seconds,
-        backward seconds)."""
+        backward seconds). (`last` matters to engine.parallel.ThreadReplicas, which
+        has the same method; one model has nothing to do at the last micro-batch.)"""
         t0 = time.perf_counter()
         loss = self.forward(ids, targets, loss_scale=loss_scale)
         t1 = time.perf_counter()

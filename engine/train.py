@@ -254,6 +254,40 @@ def sample(model, tokenizer: CharTokenizer, prompt: str, length: int = 200,
 
 
 # --------------------------------------------------------------------- training
+def train_step(model, optimizer, batches, rows: slice = slice(None), *, lr: float,
+               clip: float | None, loss_scale: float = 1.0, allreduce=None) -> dict:
+    """One optimizer step over the micro-batches `batches` (a list of (x, y)), in the
+    phases the trainer times: loss and backward per micro-batch, then the
+    optimizer. Returns {loss, grad_norm, clip_scale, lr, phases}.
+
+    The gradient buffer is zeroed first (backward adds into it). With an
+    MPI `allreduce`, only the last micro-batch's backward starts the bucket
+    all-reduces; the optimizer phase begins by waiting for them."""
+    from .optim import clip_scale, global_norm
+    phases = {"loss": 0.0, "backward": 0.0, "optimizer": 0.0, "evaluation": 0.0}
+    model.zero_grad()
+    loss_sum = 0.0
+    for k, (x, y) in enumerate(batches):
+        last = k == len(batches) - 1
+        loss_k, t_loss, t_backward = model.forward_backward(
+            x[rows], y[rows], loss_scale=loss_scale, last=last,
+            grad_ready=allreduce.start if (allreduce is not None and last) else None)
+        loss_sum += loss_k
+        phases["loss"] += t_loss
+        phases["backward"] += t_backward
+    t0 = time.perf_counter()
+    loss = loss_sum / len(batches)
+    if allreduce is not None:
+        allreduce.wait()
+        loss = allreduce.mean(loss)
+    norm = global_norm(model.grads.flat)        # log it before clipping: the health signal
+    scale = clip_scale(norm, clip)
+    if math.isfinite(norm):
+        optimizer.step(model.grads.flat, grad_scale=scale, lr=lr)
+    phases["optimizer"] = time.perf_counter() - t0
+    return {"loss": loss, "grad_norm": norm, "clip_scale": scale, "lr": lr, "phases": phases}
+
+
 def evaluate(model, data: np.ndarray, config: TrainConfig, rows: slice, allreduce=None) -> float:
     """Mean validation loss over the fixed evaluation windows."""
     losses = [model.loss(x[rows], y[rows])
@@ -326,7 +360,7 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
 def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads, n_replicas):
     """train() once processes and threads are settled: data, model, the loop."""
     from .gpt import decay_segments
-    from .optim import AdamW, clip_scale, global_norm, lr_at
+    from .optim import AdamW, lr_at
     from .parallel import GradientAllReduce, ThreadReplicas
     allreduce = None
     local_batch = rows.stop - rows.start
@@ -394,45 +428,26 @@ def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads
     K = config.grad_accum
     tokens_per_step = config.batch_size * config.block_size * K
     loss_scale = 1.0 / (K * world_size)
-    x_buf = np.empty((config.batch_size, config.block_size), np.int64)
-    y_buf = np.empty_like(x_buf)
     t_start = time.perf_counter()
     recent: list[float] = []
     val_loss = None
     stopped_early = False
     step = start
     for step in range(start, stop):
-        phases = {"loss": 0.0, "backward": 0.0, "optimizer": 0.0, "evaluation": 0.0}
         t_step = time.perf_counter()
-        model.zero_grad()
-        loss_sum = 0.0
-        for k in range(K):
-            x, y = batch_at(dataset.train, config.seed, step * K + k, config.batch_size,
-                            config.block_size, x_buf, y_buf)
-            last = k == K - 1
-            loss_k, t_fwd, t_bwd = model.forward_backward(
-                x[rows], y[rows], loss_scale=loss_scale, last=last,
-                grad_ready=allreduce.start if (allreduce and last) else None)
-            loss_sum += loss_k
-            phases["loss"] += t_fwd
-            phases["backward"] += t_bwd
-        t0 = time.perf_counter()
-        loss = loss_sum / K
-        if allreduce is not None:
-            allreduce.wait()
-            loss = allreduce.mean(loss)
-        norm = global_norm(model.grads.flat)
         lr = lr_at(step, lr=config.lr, warmup=config.warmup, total=config.steps,
                    min_ratio=config.min_lr_ratio)
-        scale = clip_scale(norm, config.clip)
-        if not (math.isfinite(loss) and math.isfinite(norm)):
-            raise Diverged(f"the loss became {loss} (gradient norm {norm}) at step {step + 1}; "
-                           f"lower --lr (now {config.lr}) or keep --clip on")
-        opt.step(model.grads.flat, grad_scale=scale, lr=lr)
-        phases["optimizer"] = time.perf_counter() - t0
+        batches = [batch_at(dataset.train, config.seed, step * K + k, config.batch_size,
+                            config.block_size) for k in range(K)]
+        record = train_step(model, opt, batches, rows, lr=lr, clip=config.clip,
+                            loss_scale=loss_scale, allreduce=allreduce)
         train_time = time.perf_counter() - t_step
-        record = {"step": step + 1, "loss": loss, "lr": lr, "grad_norm": norm,
-                  "clip_scale": scale}
+        if not (math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])):
+            raise Diverged(f"the loss became {record['loss']} (gradient norm "
+                           f"{record['grad_norm']}) at step {step + 1}; lower --lr (now "
+                           f"{config.lr}) or keep --clip on")
+        record["step"] = step + 1
+        phases = record["phases"]
         if world_size > 1:
             record["rank"] = rank
         done = step + 1 == stop
