@@ -94,22 +94,30 @@ def layer_norm_backward(g, xhat, rstd, w):
 
 
 # --------------------------------------------------------- softmax and friends
+@njit(cache=True, fastmath=FAST)
+def _softmax_row(x, out):
+    """out[:] = softmax(x) for one row, shifted by its max so exp never
+    overflows; returns (max, sum of shifted exps), the pieces of log-sum-exp."""
+    m = -np.inf
+    for j in range(x.shape[0]):
+        m = max(m, x[j])
+    total = 0.0
+    for j in range(x.shape[0]):
+        e = math.exp(x[j] - m)
+        out[j] = e
+        total += e
+    inv = 1.0 / total
+    for j in range(x.shape[0]):
+        out[j] *= inv
+    return m, total
+
+
 @njit(cache=True, parallel=True, fastmath=FAST)
 def softmax_forward(x):
     N, V = x.shape
     out = np.empty_like(x)
     for i in prange(N):
-        m = -np.inf
-        for j in range(V):
-            m = max(m, x[i, j])
-        total = 0.0
-        for j in range(V):
-            e = math.exp(x[i, j] - m)
-            out[i, j] = e
-            total += e
-        inv = 1.0 / total
-        for j in range(V):
-            out[i, j] *= inv
+        _softmax_row(x[i], out[i])
     return out
 
 
@@ -162,17 +170,7 @@ def cross_entropy_forward(logits, targets):
     probs = np.empty_like(logits)
     losses = np.empty(N, dtype=logits.dtype)
     for i in prange(N):
-        m = -np.inf
-        for j in range(V):
-            m = max(m, logits[i, j])
-        total = 0.0
-        for j in range(V):
-            e = math.exp(logits[i, j] - m)
-            probs[i, j] = e
-            total += e
-        inv = 1.0 / total
-        for j in range(V):
-            probs[i, j] *= inv
+        m, total = _softmax_row(logits[i], probs[i])
         losses[i] = math.log(total) + m - logits[i, targets[i]]
     return losses, probs
 
