@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from .gpt_config import GPTConfig, init_params
+from .timing import median_seconds
 
 
 # --------------------------------------------------------------- the torch twin
@@ -130,16 +131,10 @@ def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
         else:
             list(pool.map(products, range(replicas)))
 
-    one_pass()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        one_pass()
-        times.append(time.perf_counter() - t0)
+    seconds = median_seconds(one_pass, repeats, warmup=1)
     if pool is not None:
         pool.shutdown()
-    best = float(np.median(times))
-    return {"flops": flops, "seconds": best, "gflops": flops / best / 1e9}
+    return {"flops": flops, "seconds": seconds, "gflops": flops / seconds / 1e9}
 
 
 def machine_sgemm_rate(n: int = 1024, repeats: int = 5) -> float:
@@ -147,13 +142,8 @@ def machine_sgemm_rate(n: int = 1024, repeats: int = 5) -> float:
     its default threads: the machine's ceiling for any matmul here."""
     from scipy.linalg import blas
     a = np.asfortranarray(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
-    blas.sgemm(1.0, a, a)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        blas.sgemm(1.0, a, a)
-        times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / float(np.median(times)) / 1e9
+    seconds = median_seconds(lambda: blas.sgemm(1.0, a, a), repeats, warmup=1)
+    return 2 * n ** 3 / seconds / 1e9
 
 
 def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
