@@ -283,7 +283,7 @@ def test_cli_tiny_preset_is_the_trainer_config():
 
 
 # ------------------------------------ the lesson 06-07 checks built on these numbers
-from engine.exercises import ExerciseError, lesson06, lesson07  # noqa: E402
+from coursework import ExerciseError, lesson06, lesson07  # noqa: E402
 
 
 def _stub(*args):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.exercises import ExerciseError, lesson01, lesson02, lesson03
+from coursework import ExerciseError, lesson01, lesson02, lesson03
 
 
 def stub(*args, **kwargs):

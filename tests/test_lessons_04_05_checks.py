@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from engine.exercises import ExerciseError, lesson04
+from coursework import ExerciseError, lesson04
 
 
 def stub(*args, **kwargs):
@@ -225,7 +225,7 @@ def test_04_4_answer_agrees_with_the_measured_sweep():
 # ================================================================ lesson 05
 import engine  # noqa: E402
 from engine import Tensor  # noqa: E402
-from engine.exercises import lesson05  # noqa: E402
+from coursework import lesson05  # noqa: E402
 
 
 def find_broken_right(suspects, seed=0):

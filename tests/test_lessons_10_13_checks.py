@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from numba import njit, prange
 
-from engine.exercises import ExerciseError, lesson10
-from engine.exercises._core import pieces_dir
+from coursework import ExerciseError, lesson10
+from coursework.pieces import pieces_dir
 
 
 def stub(*args, **kwargs):
@@ -188,7 +188,7 @@ def test_10_2_names_the_mistake(fn, phrase):
 
 
 # ------------------------------------------------------------------ 11.1
-from engine.exercises import lesson11  # noqa: E402
+from coursework import lesson11  # noqa: E402
 
 
 @njit(parallel=True)
@@ -346,7 +346,7 @@ def test_11_2_names_the_mistake(fn, phrase):
 
 
 # ------------------------------------------------------------------ 12.1
-from engine.exercises import lesson12  # noqa: E402
+from coursework import lesson12  # noqa: E402
 
 
 def clip_right(grads, max_norm):
@@ -503,7 +503,7 @@ def test_12_3_rejects_a_list():
 
 
 # ------------------------------------------------------------------ 13.1
-from engine.exercises import lesson13  # noqa: E402
+from coursework import lesson13  # noqa: E402
 
 
 def step_right(model, optimizer, clip, x, y, lr, max_norm, phase):

@@ -1,7 +1,7 @@
 """Saved pieces: a passed exercise's function is stored and loads back."""
 import numpy as np
 
-from engine.exercises import _core
+from coursework import pieces
 
 
 def test_a_saved_numba_kernel_loads_and_a_broken_one_is_reported(tmp_path, monkeypatch):
@@ -17,11 +17,11 @@ def test_a_saved_numba_kernel_loads_and_a_broken_one_is_reported(tmp_path, monke
     code = compile(src, str(tmp_path / "src.py"), "exec")
     import numba
     exec(code, {"np": np, "njit": numba.njit, "prange": numba.prange}, ns)
-    assert _core.save_piece("double", ns["double"], "99.1") is not None
-    loaded = _core.load_piece("double")
+    assert pieces.save_piece("double", ns["double"], "99.1") is not None
+    loaded = pieces.load_piece("double")
     assert np.array_equal(loaded(np.arange(3.0)), [0.0, 2.0, 4.0])
     # a piece whose code refers to a name the notebook had but the file lacks
     (tmp_path / "double.py").write_text("def double(x):\n    return FACTOR * x\nFACTOR_USED = FACTOR\n")
-    report = dict(_core.pieces_report(["double", "never_written"]))
+    report = dict(pieces.pieces_report(["double", "never_written"]))
     assert report["never_written"] == "reference"
     assert report["double"].startswith("reference (yours does not load: NameError")

@@ -99,7 +99,7 @@ def central_difference_gradient(loss, theta, eps=1e-6):
 
 # %%
 # CHECK 00.1
-from engine.exercises import lesson00
+from coursework import lesson00
 lesson00.check_central_difference(central_difference_gradient)
 
 # %% [markdown]

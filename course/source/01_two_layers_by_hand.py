@@ -57,7 +57,7 @@ def forward(x, w1, w2, y):
 
 # %%
 # CHECK 01.1
-from engine.exercises import lesson01
+from coursework import lesson01
 lesson01.check_forward(forward)
 
 # %%

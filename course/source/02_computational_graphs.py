@@ -20,7 +20,7 @@
 # %%
 import matplotlib.pyplot as plt
 
-from engine.exercises import lesson02
+from coursework import lesson02
 from widgets.graph import GraphView, draw_graph
 
 # %% [markdown]

@@ -151,7 +151,7 @@ def matmul_vjp(a, b, grad_out):
 
 # %%
 # CHECK 03.1
-from engine.exercises import lesson03
+from coursework import lesson03
 lesson03.check_matmul_vjp(matmul_vjp)
 
 # %% [markdown]

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 import engine
 from engine import Tensor
 import engine.functional as F
-from engine.exercises import lesson04
+from coursework import lesson04
 from widgets.gradcheck_plot import EpsSweep, plot_sweeps, predicted_best_eps, sweep_both
 
 np.set_printoptions(precision=4, suppress=True)

@@ -29,7 +29,7 @@ import engine
 from engine import Tensor
 import engine.functional as F
 from engine.rules import Op
-from engine.exercises import lesson05
+from coursework import lesson05
 
 np.set_printoptions(precision=4, suppress=True)
 

@@ -25,7 +25,7 @@ from engine import Tensor, memory
 from engine import budget as B
 from engine.gpt_config import GPTConfig, init_params
 from engine.nn import GPT, MLP
-from engine.exercises import lesson06
+from coursework import lesson06
 from widgets.memory_timeline import MemoryTimeline
 
 
@@ -103,7 +103,7 @@ def mlp_saved_bytes(batch, n_in, n_hidden, n_out, itemsize):
 
 # %%
 # CHECK 06.1
-from engine.exercises import lesson06
+from coursework import lesson06
 lesson06.check_mlp_saved_bytes(mlp_saved_bytes)
 
 # %% [markdown]

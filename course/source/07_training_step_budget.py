@@ -23,7 +23,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 from engine import budget as B
-from engine.exercises import lesson07
+from coursework import lesson07
 from widgets.budget import BudgetWidget
 
 # %% [markdown]
@@ -71,7 +71,7 @@ def training_flops_per_token(matmul_weights, n_layer, seq_len, d_model):
 
 # %%
 # CHECK 07.1
-from engine.exercises import lesson07
+from coursework import lesson07
 lesson07.check_training_flops(training_flops_per_token)
 
 # %% [markdown]

@@ -31,7 +31,7 @@ from engine import F, Tensor, memory, nn
 from engine.accumulation import accumulate_gradients, grad_norm, split_batch
 from engine.checkpoint import checkpoint, checkpoint_sequential, checkpointed, segments
 from engine.gpt_config import GPTConfig, init_params
-from engine.exercises import lesson08
+from coursework import lesson08
 from widgets.memory_timeline import plot_timeline, timeline_points
 
 np.set_printoptions(precision=4, suppress=True)

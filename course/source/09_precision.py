@@ -27,7 +27,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 from engine import precision as P
-from engine.exercises import lesson09
+from coursework import lesson09
 
 np.set_printoptions(precision=6, suppress=False)
 

@@ -221,7 +221,7 @@ def bias_gelu_fused(x, b, out):
 # %%
 # CHECK 10.1
 # NBVAL_IGNORE_OUTPUT
-from engine.exercises import lesson10
+from coursework import lesson10
 lesson10.check_bias_gelu(bias_gelu_fused)
 
 # %% [markdown]

@@ -233,7 +233,7 @@ def embedding_backward(ids, g, vocab_size):
 # %%
 # CHECK 11.1
 # NBVAL_IGNORE_OUTPUT
-from engine.exercises import lesson11
+from coursework import lesson11
 lesson11.check_embedding_backward(embedding_backward)
 
 # %% [markdown]

@@ -113,7 +113,7 @@ def clip_global_norm(grads, max_norm):
 
 # %%
 # CHECK 12.1
-from engine.exercises import lesson12
+from coursework import lesson12
 lesson12.check_clip_global_norm(clip_global_norm)
 
 # %% [markdown]

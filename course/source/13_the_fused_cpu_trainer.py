@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 
 from engine import budget, fused
 from engine.data import Dataset, batch_at, builtin_text, eval_batches, unigram_entropy
-from engine.exercises import lesson13
+from coursework import lesson13
 from engine.gpt import GPT, decay_segments, kernel_owners, reset_kernels, use_kernel
 from engine.gpt_config import tiny_config
 from engine.optim import lr_at

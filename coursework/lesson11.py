@@ -16,8 +16,9 @@ import math
 
 import numpy as np
 
-from ..timing import median_seconds
-from ._core import ExerciseError, attempt, passed, save_piece
+from engine.timing import median_seconds
+from ._core import ExerciseError, attempt, passed
+from .pieces import save_piece
 
 EX_SCATTER = "11.1 (embedding_backward)"
 EX_DECAY = "11.2 (decay_factors)"

@@ -16,8 +16,9 @@ import math
 
 import numpy as np
 
-from ..timing import median_seconds
-from ._core import ExerciseError, attempt, passed, save_piece
+from engine.timing import median_seconds
+from ._core import ExerciseError, attempt, passed
+from .pieces import save_piece
 
 EX_GELU = "10.1 (bias_gelu_fused)"
 EX_XENT = "10.2 (softmax_cross_entropy_fused)"

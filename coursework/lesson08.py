@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import F, Tensor, memory, nn, no_grad
-from ..accumulation import accumulate_gradients, split_batch
-from ..checkpoint import checkpoint_sequential, checkpointed, segments
-from ..gpt_config import GPTConfig, init_params
-from ._core import ExerciseError, attempt, passed, save_piece
+from engine import F, Tensor, memory, nn, no_grad
+from engine.accumulation import accumulate_gradients, split_batch
+from engine.checkpoint import checkpoint_sequential, checkpointed, segments
+from engine.gpt_config import GPTConfig, init_params
+from ._core import ExerciseError, attempt, passed
+from .pieces import save_piece
 
 EX_ACCUMULATE = "08.1 (accumulate)"
 EX_REPLAY = "08.2 (checkpointed_backward)"

@@ -20,8 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..rules import Op
-from ..tensor import Tensor, apply
+from engine.rules import Op
+from engine.tensor import Tensor, apply
 from ._core import ExerciseError, attempt, passed
 
 EX_FIND = "05.1 (find_broken)"

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..precision import round_to_bf16
-from ._core import ExerciseError, attempt, passed, save_piece
+from engine.precision import round_to_bf16
+from ._core import ExerciseError, attempt, passed
+from .pieces import save_piece
 
 EX_BF16 = "09.1 (to_bf16)"
 EX_MASTER = "09.2 (master_weight_step)"
