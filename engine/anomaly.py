@@ -11,14 +11,15 @@ this to debug, not to train.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 
-from . import tensor as _tensor
+from .tensor import Tensor, TapeObserver, observe, op_label
 
-_ENGINE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Frames of modules in these packages are the library's own; the first frame
+# outside them is where the user's code called the op.
+LIBRARY_PACKAGES = ("engine",)
 
 
 class AnomalyError(FloatingPointError):
@@ -29,24 +30,40 @@ class AnomalyError(FloatingPointError):
         self.op, self.phase = op, phase
 
 
+class _AnomalyObserver(TapeObserver):
+    def before_forward(self, op) -> None:
+        op.created_at = where_called()
+
+    def after_forward(self, op, inputs, result, recorded) -> None:
+        note_forward(op, inputs, result.data)
+
+    def after_backward(self, node, g, grads, released) -> None:
+        note_backward(node, g, grads)
+
+
 class detect_anomaly:
     """Context manager: check every op's output and gradient for NaN/Inf."""
 
     def __enter__(self):
-        self.previous = _tensor._anomaly["on"]
-        _tensor._anomaly["on"] = True
+        self._watch = observe(_AnomalyObserver())
+        self._watch.__enter__()
         return self
 
     def __exit__(self, *exc):
-        _tensor._anomaly["on"] = self.previous
+        self._watch.__exit__(*exc)
+
+
+def is_library_frame(frame) -> bool:
+    """True when the frame runs code of a module in LIBRARY_PACKAGES."""
+    module = frame.f_globals.get("__name__", "")
+    return any(module == p or module.startswith(p + ".") for p in LIBRARY_PACKAGES)
 
 
 def where_called() -> str:
-    """file:line of the first caller outside the engine package (the user's code)."""
+    """file:line of the first caller outside the library (the user's code)."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_ENGINE_DIR + os.sep) or os.sep + "exercises" + os.sep in path:
+        if not is_library_frame(frame):
             return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return "unknown location"
@@ -61,17 +78,17 @@ def _problem(a) -> str | None:
 
 
 def _name(op) -> str:
-    return _tensor.op_label(op) if hasattr(op, "node_id") else op.name
+    return op_label(op) if op.node_id is not None else op.name
 
 
 def note_forward(op, inputs, out) -> None:
     bad = _problem(out)
     if bad is None:
         return
-    where = getattr(op, "created_at", "unknown location")
+    where = op.created_at
     upstream = []
     for i, x in enumerate(inputs):
-        data = x.data if isinstance(x, _tensor.Tensor) else x
+        data = x.data if isinstance(x, Tensor) else x
         p = _problem(data) if isinstance(data, np.ndarray) else None
         if p:
             label = getattr(x, "name", None) or f"input {i}"
@@ -98,5 +115,5 @@ def note_backward(op, g, grads) -> None:
             raise AnomalyError(
                 f"detect_anomaly: the backward of {_name(op)} produced {bad} in the gradient "
                 f"of its input {i} (shape {np.shape(gi)}); the op was called at "
-                f"{getattr(op, 'created_at', 'unknown location')}. {cause}.",
+                f"{op.created_at}. {cause}.",
                 op.name, "backward")

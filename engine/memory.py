@@ -32,8 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import tensor as _tensor
-from .tensor import Tensor, _root
+from .tensor import TapeObserver, Tensor, add_observer, remove_observer, root_buffer
 
 
 @dataclass
@@ -63,7 +62,7 @@ class TimelinePoint:
     live_bytes: int      # activation bytes held by the tape after this step
 
 
-class MemoryRecorder:
+class MemoryRecorder(TapeObserver):
     """Context manager that records the tape's saved tensors. Use `record()`."""
 
     def __init__(self):
@@ -77,17 +76,19 @@ class MemoryRecorder:
 
     # ------------------------------------------------------------ recording
     def __enter__(self):
-        _tensor._observers.append(self)
+        add_observer(self)
         return self
 
     def __exit__(self, *exc):
-        _tensor._observers.remove(self)
+        remove_observer(self)
 
-    def on_forward(self, op, inputs, result) -> None:
+    def after_forward(self, op, inputs, result, recorded) -> None:
+        if not recorded:
+            return
         names = {}
         for x in inputs:
             if isinstance(x, Tensor) and x.requires_grad and x.is_leaf:
-                buf = _root(x.data)
+                buf = root_buffer(x.data)
                 self._param_buffers[id(buf)] = (buf, x.name or "")
             if isinstance(x, Tensor) and x.name:
                 names[id(x.data)] = x.name
@@ -96,7 +97,7 @@ class MemoryRecorder:
             value = getattr(op, slot)
             if not isinstance(value, np.ndarray):
                 continue
-            buf = _root(value)
+            buf = root_buffer(value)
             key = id(buf)
             kind = "parameter" if key in self._param_buffers else "activation"
             if key in self._live:
@@ -118,7 +119,7 @@ class MemoryRecorder:
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         self.timeline.append(TimelinePoint("forward", op.node_id, _where(op), self.live_bytes))
 
-    def on_backward(self, op, released: bool) -> None:
+    def after_backward(self, op, g, grads, released: bool) -> None:
         if id(op) not in self._node_buffers:
             return  # recorded before this recorder started
         if released:
@@ -141,16 +142,6 @@ class MemoryRecorder:
     def parameter_bytes(self) -> int:
         """Bytes of parameter buffers the tape referenced (not activation memory)."""
         return sum(s.counted_bytes for s in self.saved if s.kind == "parameter")
-
-    def by_op(self) -> list[dict]:
-        """One row per recorded node that saved something: where, what, counted bytes."""
-        rows: dict[int, dict] = {}
-        for s in self.saved:
-            row = rows.setdefault(s.node, {"node": s.node, "op": s.where, "saved": [],
-                                           "activation_bytes": 0, "parameter_bytes": 0})
-            row["saved"].append(s.slot)
-            row[f"{s.kind}_bytes"] += s.counted_bytes
-        return list(rows.values())
 
     def table(self) -> str:
         """A readable listing: every saved tensor, then the totals."""

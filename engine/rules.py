@@ -35,9 +35,25 @@ class ShapeError(ValueError):
 
 
 class Op:
-    """Base class of a recorded operation (one node of the tape)."""
+    """Base class of a recorded operation (one node of the tape).
+
+    An op subclass sets `name` and writes forward, vjp (and optionally jvp).
+    The fields below the line are filled by the tape (`engine.tensor.apply`)
+    when the op is recorded; they are declared here so a reader (and the
+    memory recorder, the anomaly detector, the graph widget) knows what a node
+    carries.
+    """
 
     name = "op"
+    # ---- node fields, set by the tape when it records the op
+    node_id: int | None = None       # 1, 2, ... in recording order
+    scope: str = ""                  # name_scope path, e.g. "h0/attn"
+    parents: tuple = ()              # per input: producing node, leaf Tensor, or None
+    input_meta: tuple = ()           # per input: (shape, dtype), to check gradients
+    output_ref = None                # weakref to the output Tensor
+    freed: bool = False              # True once backward released the saved arrays
+    saved_versions: tuple = ()       # (slot, version box, version, label) per saved input
+    created_at: str = "unknown location"  # the user's file:line (under detect_anomaly)
 
     def __init__(self, needs: tuple[bool, ...]):
         self.needs = needs

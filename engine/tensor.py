@@ -44,11 +44,49 @@ class _State(threading.local):
 
 
 _state = _State()
-# Observers of the tape (engine.memory recorders, engine.anomaly): each has
-# on_forward(node, out_tensor) and on_backward(node, grads) / on_release(node).
 _observers: list = []
-_anomaly = {"on": False}
 _node_counter = [0]
+
+
+# ------------------------------------------------------------ tape observers
+class TapeObserver:
+    """Something that watches the tape: subclass it and override what you need.
+
+    engine.memory (saved bytes per op) and engine.anomaly (NaN/Inf checks) are
+    observers; so can your own tools be. Register with `add_observer` /
+    `remove_observer`, or `with observe(obj):`. Observers are called in the
+    order they were added.
+    """
+
+    def before_forward(self, op: Op) -> None:
+        """Every op (recorded or not), before its forward runs."""
+
+    def after_forward(self, op: Op, inputs: tuple, result: "Tensor", recorded: bool) -> None:
+        """Every op, after its forward; `recorded` says whether it joined the tape."""
+
+    def after_backward(self, node: Op, g, grads: tuple, released: bool) -> None:
+        """Every node the backward visits, after its VJP ran (and, when
+        `released`, after its saved arrays were dropped)."""
+
+
+def add_observer(observer: TapeObserver) -> None:
+    """Start calling `observer` on every op of the tape."""
+    _observers.append(observer)
+
+
+def remove_observer(observer: TapeObserver) -> None:
+    """Stop calling `observer` (it must have been added)."""
+    _observers.remove(observer)
+
+
+@contextmanager
+def observe(observer: TapeObserver):
+    """`with observe(obj):` obj watches the tape inside the block."""
+    add_observer(observer)
+    try:
+        yield observer
+    finally:
+        remove_observer(observer)
 
 
 def is_grad_enabled() -> bool:
@@ -96,7 +134,7 @@ def name_scope(name: str):
 
 
 # ------------------------------------------------------------------- the tensor
-def _root(a: np.ndarray) -> np.ndarray:
+def root_buffer(a: np.ndarray) -> np.ndarray:
     """The array that owns the memory behind a view."""
     while isinstance(a.base, np.ndarray):
         a = a.base
@@ -375,9 +413,9 @@ def apply(op_class, *inputs, **options) -> Tensor:
     tracked = [isinstance(x, Tensor) and x.requires_grad and grad_on for x in inputs]
     has_tangent = [isinstance(x, Tensor) and x._tangent is not None for x in inputs]
     op = op_class(tuple(t or h for t, h in zip(tracked, has_tangent)))
-    if _anomaly["on"]:
-        from .anomaly import where_called
-        op.created_at = where_called()
+    observers = list(_observers)
+    for observer in observers:
+        observer.before_forward(op)
     out = op.forward(*arrays, **options)
     if not isinstance(out, np.ndarray):
         out = np.asarray(out)
@@ -399,12 +437,8 @@ def apply(op_class, *inputs, **options) -> Tensor:
         op.freed = False
         op.saved_versions = _saved_versions(op, inputs, result)
         result._node = op
-    if _anomaly["on"]:
-        from .anomaly import note_forward
-        note_forward(op, inputs, out)
-    if any(tracked):
-        for observer in list(_observers):
-            observer.on_forward(op, inputs, result)
+    for observer in observers:
+        observer.after_forward(op, inputs, result, any(tracked))
     return result
 
 
@@ -416,22 +450,23 @@ def _saved_versions(op, inputs, result):
         value = getattr(op, key)
         if not isinstance(value, np.ndarray):
             continue
-        memory = _root(value)
+        memory = root_buffer(value)
         candidates = [(i, x) for i, x in enumerate(inputs) if isinstance(x, Tensor)]
         exact = [(i, x) for i, x in candidates if x.data is value]
-        shared = [(i, x) for i, x in candidates if _root(x.data) is memory]
+        shared = [(i, x) for i, x in candidates if root_buffer(x.data) is memory]
         if exact or shared:
             i, x = (exact or shared)[0]
             label = f"'{x.name}'" if x.name else f"its input {i}"
             links.append((key, x._version, x._version[0], label))
-        elif _root(result.data) is memory:
+        elif root_buffer(result.data) is memory:
             links.append((key, result._version, result._version[0], "its output"))
     return links
 
 
 def op_label(op) -> str:
     where = f"{op.scope}/" if getattr(op, "scope", "") else ""
-    return f"{where}{op.name} (node #{getattr(op, 'node_id', '?')})"
+    node = "?" if op.node_id is None else op.node_id
+    return f"{where}{op.name} (node #{node})"
 
 
 # ----------------------------------------------------------------- backward
@@ -508,10 +543,7 @@ def run_backward(root: Op, seed: np.ndarray, retain_graph: bool = False) -> None
             else:
                 key = id(parent)
                 pending[key] = gi if key not in pending else pending[key] + gi
-        if _anomaly["on"]:
-            from .anomaly import note_backward
-            note_backward(node, g, grads)
         if not retain_graph:
             _release(node)
         for observer in list(_observers):
-            observer.on_backward(node, released=not retain_graph)
+            observer.after_backward(node, g, grads, released=not retain_graph)
