@@ -15,7 +15,7 @@ import numpy as np
 
 from engine import F, Tensor, memory, nn, no_grad
 from engine.accumulation import accumulate_gradients, split_batch
-from engine.checkpoint import checkpoint_sequential, checkpointed, segments
+from engine.recompute import checkpoint_sequential, checkpointed, segments
 from engine.gpt_config import GPTConfig, init_params
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece

@@ -647,7 +647,7 @@ def measurable(cfg: BudgetConfig) -> BudgetConfig:
 
 def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
     """Run one forward and backward of `engine.nn.GPT` at this shape under
-    `engine.memory` (with every block checkpointed by `engine.checkpoint`
+    `engine.memory` (with every block checkpointed by `engine.recompute`
     when recompute='full') and return measured bytes beside the engine
     model's prediction:
       * activations alive at the end of the forward, and their peak over the
@@ -660,7 +660,7 @@ def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
     import numpy as np
 
     from . import memory
-    from .checkpoint import checkpointed
+    from .recompute import checkpointed
     from .gpt_config import GPTConfig, init_params
     from .nn import GPT
 

@@ -270,7 +270,7 @@ for k in (1, 4, 16):
 # The "engine" activation model of `engine.budget` lists exactly the tensors our reference GPT
 # saves; `B.measure` runs that GPT under `engine.memory` and compares: the activations alive
 # at the end of the forward, and their peak over the whole step. With `recompute="full"`
-# it checkpoints every block with `engine.checkpoint` (lesson 08): the forward keeps only the
+# it checkpoints every block with `engine.recompute` (lesson 08): the forward keeps only the
 # blocks' inputs, and the backward rebuilds one block at a time after the head and the loss
 # have been freed, so the peak is higher than what the forward kept.
 

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt
 import engine
 from engine import F, Tensor, memory, nn
 from engine.accumulation import accumulate_gradients, grad_norm, split_batch
-from engine.checkpoint import checkpoint, checkpoint_sequential, checkpointed, segments
+from engine.recompute import checkpoint, checkpoint_sequential, checkpointed, segments
 from engine.gpt_config import GPTConfig, init_params
 from coursework import lesson08
 from widgets.memory_timeline import plot_timeline, timeline_points
@@ -229,7 +229,7 @@ plt.show()
 # everything inside, and when the backward pass reaches the segment, run its forward again
 # from the kept input, use the regenerated insides for the VJPs, and free them again.
 #
-# `engine.checkpoint.checkpoint(fn, x)` records this as **one** node on the tape:
+# `engine.recompute.checkpoint(fn, x)` records this as **one** node on the tape:
 #
 # * forward: run `fn(x)` under `no_grad()`, so nothing inside is recorded or saved; the node
 #   saves only `x`;
@@ -294,7 +294,7 @@ lesson08.check_checkpointed_backward(checkpointed_backward)
 # The check also ran a GPT with every block checkpointed *by your function*:
 # `checkpointed(model, "every", replay_fn=checkpointed_backward)` swaps the model's blocks
 # for checkpointed segments that call it. The engine's own version is
-# `engine.checkpoint.replay`; the rest of this lesson uses that one.
+# `engine.recompute.replay`; the rest of this lesson uses that one.
 #
 # ## The peak, measured on an 8-block GPT
 #

@@ -1,6 +1,6 @@
 """Activation checkpointing: remember a segment's input, recompute its insides.
 
-    from engine.checkpoint import checkpoint, checkpoint_sequential, checkpointed
+    from engine.recompute import checkpoint, checkpoint_sequential, checkpointed
 
     y = checkpoint(block, x)                  # one segment
     y = checkpoint_sequential(blocks, x, 2)   # segments of 2 blocks each

@@ -1,4 +1,4 @@
-"""engine.checkpoint: same gradients, lower measured peak, one recompute."""
+"""engine.recompute: same gradients, lower measured peak, one recompute."""
 from __future__ import annotations
 
 import re
@@ -8,7 +8,7 @@ import pytest
 
 import engine
 from engine import F, Tensor, memory, nn
-from engine.checkpoint import (checkpoint, checkpoint_sequential, checkpointed, replay,
+from engine.recompute import (checkpoint, checkpoint_sequential, checkpointed, replay,
                                segment_size, segments)
 from engine.gpt_config import GPTConfig, init_params
 
