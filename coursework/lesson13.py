@@ -68,8 +68,8 @@ class FlatAdamW:
     """The engine's fused AdamW over a model's flat buffers, stepped with `.step(lr)`."""
 
     def __init__(self, model, weight_decay: float = 0.1, betas=(0.9, 0.99)):
-        from engine.gpt import decay_segments
-        from engine.optim import AdamW
+        from engine.trainer.model import decay_segments
+        from engine.trainer.optim import AdamW
         self.model = model
         self.inner = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3,
                            betas=betas, weight_decay=weight_decay)
@@ -82,7 +82,7 @@ class FlatAdamW:
 
 def engine_clip(grads: dict, max_norm: float) -> float:
     """Global-norm clipping of a dict of gradient arrays, in place; the norm before."""
-    from engine.optim import clip_scale, global_norm
+    from engine.trainer.optim import clip_scale, global_norm
     norm = math.sqrt(sum(global_norm(g.reshape(-1)) ** 2 for g in grads.values()))
     scale = clip_scale(norm, max_norm)
     if scale != 1.0:
@@ -148,7 +148,7 @@ def _variants():
 
 
 def _setup(seed=3):
-    from engine.gpt import GPT
+    from engine.trainer.model import GPT
     from engine.gpt_config import GPTConfig
     cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=8)
     model = GPT(cfg, batch_size=2, seed=seed, dtype=np.float32)

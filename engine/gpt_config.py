@@ -1,7 +1,7 @@
 """The GPT's shape and its parameters, shared by every implementation.
 
 Two models compute the same function: the reference model on the tape engine
-(`engine.nn`) and the fused numba trainer (`engine.gpt`). Both take their
+(`engine.nn`) and the fused numba trainer (`engine.trainer.model`). Both take their
 weights from `init_params`, so the same seed gives the same weights, and
 gradients can be compared name by name.
 

@@ -237,14 +237,14 @@ from coursework import lesson11
 lesson11.check_embedding_backward(embedding_backward)
 
 # %% [markdown]
-# The same idea runs the trainer: `engine.fused.embedding_backward` splits the table's
+# The same idea runs the trainer: `engine.trainer.kernels.embedding_backward` splits the table's
 # columns between threads and walks the tokens in order (and adds the position embedding's
 # gradient too). Compare it with yours, and with `np.add.at`, at the tiny trainer's shape:
 # B·T = 2048 tokens, C = 128, V = the corpus's characters.
 
 # %%
-from engine import fused
-from engine.data import builtin_text
+from engine.trainer import kernels as fused
+from engine.trainer.data import builtin_text
 
 chars = sorted(set(builtin_text()))
 V_chars = len(chars)
@@ -270,7 +270,7 @@ def ms(fn):
 flat_ids, flat_g = ids_batch.ravel(), g_batch.reshape(-1, 128)
 print(f"np.add.at:        {ms(lambda: np.add.at(np.zeros((V_chars, 128), np.float32), flat_ids, flat_g)):.3f} ms [timed]")
 print(f"yours:            {ms(lambda: embedding_backward(flat_ids, flat_g, V_chars)):.3f} ms [timed]")
-print(f"engine.fused:     {ms(lambda: fused.embedding_backward(ids_batch, g_batch, V_chars)):.3f} ms [timed]")
+print(f"engine.trainer.kernels:     {ms(lambda: fused.embedding_backward(ids_batch, g_batch, V_chars)):.3f} ms [timed]")
 
 # %% [markdown]
 # ## Most of the gradient is zero

@@ -122,8 +122,8 @@ lesson12.check_clip_global_norm(clip_global_norm)
 # measure how far per-tensor clipping turns the 822 912-dimensional direction.
 
 # %%
-from engine.data import Dataset, batch_at, builtin_text
-from engine.gpt import GPT
+from engine.trainer.data import Dataset, batch_at, builtin_text
+from engine.trainer.model import GPT
 from engine.gpt_config import tiny_config
 
 dataset = Dataset.from_text(builtin_text())
@@ -275,13 +275,13 @@ print("fused: read p, g, m, v once, write p, m, v once = 28 bytes per parameter"
 
 # %% [markdown]
 # The fused version is one loop: each element of p, g, m and v is read once, the new p, m
-# and v written once. The engine's `engine.fused.adamw_update` does exactly that over the
+# and v written once. The engine's `engine.trainer.kernels.adamw_update` does exactly that over the
 # model's flat buffers (with a per-segment weight decay: matrices decay, biases and
 # LayerNorm gains do not). Time both at the tiny model's size and at 10 M parameters:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from engine.fused import adamw_update, work_items
+from engine.trainer.kernels import adamw_update, work_items
 
 
 from engine.timing import median_seconds
@@ -357,7 +357,7 @@ lesson12.check_adamw_step(adamw_step)
 # - **synchronise on the last micro-batch only**: with gradient accumulation over K
 #   micro-batches, an all-reduce after each one sends K times the bytes for the same sum.
 #
-# The engine implements all three (`engine.parallel`, and `mpiexec -n 2 python -m
+# The engine implements all three (`engine.trainer.parallel`, and `mpiexec -n 2 python -m
 # engine.train --data-parallel`). The script below measures them on the tiny GPT with two
 # ranks. It is written to a temporary folder and launched with `mpiexec`, as you would from
 # a terminal.
@@ -382,10 +382,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from engine.fused.threads import set_threads
-from engine.gpt import GPT
+from engine.trainer.kernels.threads import set_threads
+from engine.trainer.model import GPT
 from engine.gpt_config import tiny_config
-from engine.parallel import GradientAllReduce
+from engine.trainer.parallel import GradientAllReduce
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -11,7 +11,7 @@
 # 4. compared the budget's prediction (lesson 07) with the step you measured;
 # 5. read text the model wrote before and after training.
 #
-# Everything in this lesson runs on `engine.gpt`: the GPT-2 style model of the design
+# Everything in this lesson runs on `engine.trainer.model`: the GPT-2 style model of the design
 # (learned positions, pre-LayerNorm, causal attention, tanh-GELU MLP, tied embedding) on
 # the fused numba kernels, with its parameters and gradients in two flat buffers and every
 # activation laid out once, so a step allocates nothing.
@@ -26,12 +26,13 @@ import time
 import numpy as np
 import matplotlib.pyplot as plt
 
-from engine import budget, fused
-from engine.data import Dataset, batch_at, builtin_text, eval_batches, unigram_entropy
+from engine import budget
+from engine.trainer import kernels as fused
+from engine.trainer.data import Dataset, batch_at, builtin_text, eval_batches, unigram_entropy
 from coursework import lesson13
-from engine.gpt import GPT, decay_segments, kernel_owners, reset_kernels, use_kernel
+from engine.trainer.model import GPT, decay_segments, kernel_owners, reset_kernels, use_kernel
 from engine.gpt_config import tiny_config
-from engine.optim import lr_at
+from engine.trainer.optim import lr_at
 from engine.train import sample
 from widgets.trainer import TrainerDashboard
 
@@ -78,7 +79,7 @@ for name, owner in lesson13.trainer_pieces_report():
 # %% [markdown]
 # ## Plugging them in
 #
-# The model calls every kernel through a registry, `engine.gpt.KERNELS`, and
+# The model calls every kernel through a registry, `engine.trainer.model.KERNELS`, and
 # `use_kernel(name, function, owner=...)` replaces one. Your pieces have the signatures of
 # their exercises, so each gets a small adapter to the model's calling convention (inputs
 # first, output buffers as keywords, gradients *added into* where the model accumulates).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import engine.fused as F
+import engine.trainer.kernels as F
 from . import reference as ref
 
 RTOL = 1e-10

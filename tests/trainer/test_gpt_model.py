@@ -8,9 +8,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from engine import gpt as G
+from engine.trainer import model as G
 from engine.gpt_config import GPTConfig, init_params
-from engine.parallel import ThreadReplicas
+from engine.trainer.parallel import ThreadReplicas
 
 CFG = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8)
 

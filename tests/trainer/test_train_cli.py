@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine import train as T
-from engine.data import CharTokenizer, Dataset, batch_at, load_corpus, unigram_entropy
+from engine.trainer.data import CharTokenizer, Dataset, batch_at, load_corpus, unigram_entropy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, eval_every=10,
@@ -143,9 +143,9 @@ def test_data_helpers():
 def test_accumulated_micro_batches_equal_one_big_batch(dataset, replicas):
     """train_step: K micro-batches of B with loss/K give the gradient of one batch
     of K*B, on a bare GPT (0) or on thread replicas (1, 2)."""
-    from engine.gpt import GPT, decay_segments
-    from engine.optim import AdamW
-    from engine.parallel import ThreadReplicas
+    from engine.trainer.model import GPT, decay_segments
+    from engine.trainer.optim import AdamW
+    from engine.trainer.parallel import ThreadReplicas
     cfg = T.TrainConfig(**SMALL).model_config(dataset.tokenizer.vocab_size)
     x1, y1 = batch_at(dataset.train, 0, 1, 4, 32)
     x2, y2 = batch_at(dataset.train, 0, 2, 4, 32)

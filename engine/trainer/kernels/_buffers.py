@@ -1,6 +1,6 @@
 """Small helpers the kernel wrappers share: output buffers and argument checks.
 
-Every wrapper in engine.fused follows one convention:
+Every wrapper in engine.trainer.kernels follows one convention:
 
 * inputs are positional; outputs are keyword arguments (`out=`, `dx=`, ...);
 * an output left as None is allocated (zeros), so the wrapper works as a pure

@@ -1,4 +1,4 @@
-"""The GPT of engine.gpt_config on the fused kernels of engine.fused.
+"""The GPT of engine.gpt_config on the fused kernels of engine.trainer.kernels.
 
 Memory is laid out once, when the model is built for a micro-batch shape:
 
@@ -17,7 +17,7 @@ One step, with the phases the trainer times separately:
     (optimizer on model.params.flat and model.grads.flat)
 
 Several such models can share one parameter buffer (`shared_params=`): that
-is how engine.parallel.ThreadReplicas runs one replica per core.
+is how engine.trainer.parallel.ThreadReplicas runs one replica per core.
 
 The kernels come from the registry `KERNELS` (name -> function). Replace one
 with `use_kernel(name, your_function, owner="you")`: your function takes the
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import fused
-from .gpt_config import GPTConfig, init_params, param_shapes
+from . import kernels as fused
+from ..gpt_config import GPTConfig, init_params, param_shapes
 
 LN_EPS = 1e-5
 
@@ -451,7 +451,7 @@ class GPT:
     def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, grad_ready=None,
                          last: bool = True):
         """One micro-batch: forward, then backward. Returns (loss, forward seconds,
-        backward seconds). (`last` matters to engine.parallel.ThreadReplicas, which
+        backward seconds). (`last` matters to engine.trainer.parallel.ThreadReplicas, which
         has the same method; one model has nothing to do at the last micro-batch.)"""
         t0 = time.perf_counter()
         loss = self.forward(ids, targets, loss_scale=loss_scale)

@@ -2,7 +2,7 @@
 
 The trainer keeps every parameter in one contiguous array (and every gradient
 in another), each named tensor a view into it. The optimizer therefore sees
-two flat arrays, and one fused kernel (engine/fused/adamw.py) updates all of
+two flat arrays, and one fused kernel (engine/trainer/kernels/adamw.py) updates all of
 them in one pass. Weight decay is per segment of the flat buffer: the
 matrices decay, the biases and LayerNorm gains do not.
 
@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .fused.adamw import adamw_update, clip_scale, global_norm, work_items
+from .kernels.adamw import adamw_update, clip_scale, global_norm, work_items
 
 __all__ = ["AdamW", "global_norm", "clip_scale", "clip_grad_norm", "lr_at"]
 

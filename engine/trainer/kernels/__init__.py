@@ -14,13 +14,13 @@ Every function takes its inputs positionally and its outputs as keywords
 (`out=`, `dx=`, ...). Leave an output out and it is allocated, so a lesson can
 call `out, mean, rstd = layernorm_forward(x, w, b)`; pass buffers and the
 kernel writes (or, for gradients marked "added into", accumulates) in place,
-which is how `engine.gpt` runs a step without allocating.
+which is how `engine.trainer.model` runs a step without allocating.
 
 All kernels run in float32 (training) and float64 (gradient checks): numba
 compiles one version per dtype on first use and caches it on disk.
 
-`engine.fused.threads.set_threads(n)` sets both thread pools a step uses
-(numba's and BLAS's); see engine/parallel.py for why the trainer prefers one
+`engine.trainer.kernels.threads.set_threads(n)` sets both thread pools a step uses
+(numba's and BLAS's); see engine/trainer/parallel.py for why the trainer prefers one
 single-threaded model replica per core.
 """
 from ._jit import THREADING_LAYER

@@ -128,9 +128,9 @@ class ThreadReplicas:
     """
 
     def __init__(self, cfg, batch_size: int, n_replicas: int, **gpt_kwargs):
-        from .gpt import GPT, FlatBuffer, gradient_buckets
-        from .gpt_config import param_shapes
-        from .fused.threads import concurrent_kernels_ok
+        from .model import GPT, FlatBuffer, gradient_buckets
+        from ..gpt_config import param_shapes
+        from .kernels.threads import concurrent_kernels_ok
         if n_replicas < 1 or batch_size % n_replicas:
             raise ValueError(f"ThreadReplicas: batch_size {batch_size} does not split into "
                              f"{n_replicas} replicas; use a divisor of the batch size")

@@ -1,0 +1,19 @@
+"""The fused CPU trainer (lessons 10-13): a GPT whose forward and backward are
+hand-written numba kernels on preallocated buffers, AdamW, threads/MPI.
+
+It never imports the tape (engine.tensor and friends); the two engines share
+only engine.gpt_config (the model's shape and initial weights), engine.timing
+and engine.numba_config.
+
+    model.py             GPT (fused): buffers, forward, backward, kernel registry
+    kernels/             the fused numba kernels, each backward beside its forward
+    optim.py             AdamW over the flat parameter buffer, lr schedule
+    parallel.py          one model replica per thread; MPI gradient all-reduce
+    data.py              character tokenizer, built-in corpus, batches
+    step.py              the one training step (train and bench both run it)
+    checkpoint_files.py  save / load / check a checkpoint file
+    config.py            TrainConfig and the errors the command line reports
+    train.py             the training loop
+    cli.py               `python -m engine.train`
+    bench.py             `python -m engine.bench`
+"""

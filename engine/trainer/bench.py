@@ -1,0 +1,432 @@
+"""How fast is the fused trainer? `python -m engine.bench --help`.
+
+Measures, in one process and one run:
+
+* compile: the first step (numba compiles each kernel, or loads it from the
+  on-disk cache), reported apart from the steady state;
+* ms/step and tokens/s: median over --steps training steps (forward,
+  backward, clipping, AdamW) after --warmup steps;
+* GFLOP/s of the step, and of its linear layers' matrix products against the
+  same products run alone (the machine's sgemm rate for those shapes);
+* where the time goes, kernel by kernel;
+* PyTorch eager, when it imports: the same model with the same initial
+  weights and batches, timed step for step in alternation with ours (so a
+  busy machine slows both alike), the ratio, and the largest relative
+  difference between the two first-step gradients.
+
+Timings on a shared machine are noisy; medians and same-run ratios are the
+numbers to quote. Nothing here is a test: it reports, it does not judge.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from ..gpt_config import GPTConfig, init_params
+from ..timing import median_seconds
+
+
+# --------------------------------------------------------------- the torch twin
+def torch_gpt(cfg: GPTConfig, params: dict[str, np.ndarray], attention: str = "sdpa"):
+    """The same GPT in PyTorch eager: returns (loss_fn(ids, targets), tensors by name).
+
+    Weights are stored (in, out) as in engine.gpt_config, so a linear layer is
+    x @ w + b; attention is torch's fused scaled_dot_product_attention
+    ("sdpa", the eager default a practitioner would write) or the textbook
+    softmax(q k^T / sqrt(hs)) v with a mask ("manual")."""
+    import torch
+    import torch.nn.functional as F
+
+    tensors = {name: torch.tensor(np.array(value), requires_grad=True)
+               for name, value in params.items()}
+    C, H, V = cfg.n_embd, cfg.n_head, cfg.vocab_size
+    hs = C // H
+
+    def attend(q, k, v, T):
+        if attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = (q @ k.transpose(-2, -1)) / hs ** 0.5
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        return att.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+
+    def loss_fn(ids, targets):
+        p = tensors
+        B, T = ids.shape
+        x = p["wte"][ids] + p["wpe"][:T]
+        for i in range(cfg.n_layer):
+            w = lambda n: p[f"h{i}.{n}"]  # noqa: E731
+            h = F.layer_norm(x, (C,), w("ln1_w"), w("ln1_b"), 1e-5)
+            q, k, v = (t.view(B, T, H, hs).transpose(1, 2)
+                       for t in (h @ w("qkv_w") + w("qkv_b")).split(C, dim=-1))
+            y = attend(q, k, v, T).transpose(1, 2).reshape(B, T, C)
+            x = x + y @ w("proj_w") + w("proj_b")
+            h = F.layer_norm(x, (C,), w("ln2_w"), w("ln2_b"), 1e-5)
+            x = x + F.gelu(h @ w("fc_w") + w("fc_b"), approximate="tanh") @ w("fcproj_w") \
+                + w("fcproj_b")
+        x = F.layer_norm(x, (C,), p["lnf_w"], p["lnf_b"], 1e-5)
+        return F.cross_entropy((x @ p["wte"].T).view(-1, V), targets.reshape(-1))
+
+    return loss_fn, tensors
+
+
+def _median_ms(times):
+    return float(np.median(times)) * 1e3
+
+
+def _cache_stats(kernels) -> dict:
+    hits = misses = 0
+    for k in kernels:
+        stats = getattr(k, "stats", None)
+        if stats is not None:
+            hits += sum(stats.cache_hits.values())
+            misses += sum(stats.cache_misses.values())
+    return {"loaded_from_cache": hits, "compiled": misses}
+
+
+def _numba_kernels():
+    from numba.core.registry import CPUDispatcher
+    from . import kernels as fused
+    found = []
+    for mod in (fused.embedding, fused.layernorm, fused.gelu, fused.attention,
+                fused.crossentropy, fused.residual, fused.linear, fused.adamw):
+        found += [v for v in vars(mod).values() if isinstance(v, CPUDispatcher)]
+    return found
+
+
+def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
+               repeats: int = 5) -> dict:
+    """The linear layers' products of one step, run alone back to back:
+    (forward, dx, dw) for each weight, the tied head included. With replicas,
+    each of that many threads runs the products of its B/replicas rows at once
+    (as the trainer does), BLAS single-threaded."""
+    from concurrent.futures import ThreadPoolExecutor
+    from .kernels import gemm
+    rng = np.random.default_rng(0)
+    N, C, V = B * T // replicas, cfg.n_embd, cfg.vocab_size
+    shapes = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)] * cfg.n_layer + [(C, V)]
+    arrays = []
+    for k, n in shapes:
+        x = rng.standard_normal((N, k)).astype(dtype)
+        w = rng.standard_normal((k, n)).astype(dtype) * 0.02
+        dy = rng.standard_normal((N, n)).astype(dtype)
+        arrays.append((x, w, dy, np.empty((N, n), dtype), np.zeros((k, n), dtype),
+                       np.empty((N, k), dtype)))
+    flops = replicas * sum(3 * 2 * N * k * n for k, n in shapes)
+
+    def products(_=None):
+        for x, w, dy, y, dw, dx in arrays:
+            gemm(x, w, y)
+            gemm(x, dy, dw, trans_a=True, accumulate=True)
+            gemm(dy, w, dx, trans_b=True)
+
+    pool = ThreadPoolExecutor(replicas) if replicas > 1 else None
+
+    def one_pass():
+        if pool is None:
+            products()
+        else:
+            list(pool.map(products, range(replicas)))
+
+    seconds = median_seconds(one_pass, repeats, warmup=1)
+    if pool is not None:
+        pool.shutdown()
+    return {"flops": flops, "seconds": seconds, "gflops": flops / seconds / 1e9}
+
+
+def machine_sgemm_rate(n: int = 1024, repeats: int = 5) -> float:
+    """GFLOP/s of one large float32 product (n x n x n) through SciPy's BLAS with
+    its default threads: the machine's ceiling for any matmul here."""
+    from scipy.linalg import blas
+    a = np.asfortranarray(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
+    seconds = median_seconds(lambda: blas.sgemm(1.0, a, a), repeats, warmup=1)
+    return 2 * n ** 3 / seconds / 1e9
+
+
+def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
+        with_torch: bool = True, torch_attention: str = "sdpa", threads: int | None = None,
+        thread_mode: str = "replicas", seed: int = 0, data=None, progress=None) -> dict:
+    """Benchmark the fused trainer (and PyTorch eager when available); returns a report dict."""
+    say = progress or (lambda line: None)
+    torch = None
+    torch_reason = "disabled with --no-torch"
+    if with_torch:
+        try:
+            import torch  # imported before our kernels start their threads
+            torch_reason = None
+        except ImportError as exc:
+            torch_reason = f"PyTorch is not installed ({exc}); pip install torch to compare"
+    from .kernels.threads import concurrent_kernels_ok, cores, restore_threads, set_threads
+
+    n_threads = threads or cores()
+    if not concurrent_kernels_ok():
+        thread_mode = "kernels"                 # numba's workqueue layer: one model only
+    if thread_mode == "replicas":
+        replicas = max(d for d in range(1, n_threads + 1) if batch_size % d == 0)
+        thread_info = set_threads(1)
+    else:
+        replicas = 1
+        thread_info = set_threads(n_threads)
+    torch_threads = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(n_threads)
+    try:
+        report = _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention,
+                          n_threads, thread_mode, replicas, thread_info, seed, data, say)
+        restore_threads(thread_info)                  # BLAS back to its own threads
+        report["linear"]["machine_sgemm_gflops"] = machine_sgemm_rate()
+        return report
+    finally:
+        restore_threads(thread_info)
+        if torch is not None:
+            torch.set_num_threads(torch_threads)
+
+
+def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention, n_threads,
+             thread_mode, replicas, thread_info, seed, data, say):
+    from .data import batch_at
+    from .model import GPT, decay_segments, step_flops
+    from .optim import AdamW, clip_scale, global_norm
+    from .parallel import ThreadReplicas
+    B, T = batch_size, cfg.block_size
+    dtype = np.float32
+    params = init_params(cfg, seed, dtype)
+    if data is None:
+        data = np.random.default_rng(seed).integers(0, cfg.vocab_size, 200_000)
+    batches = [batch_at(data, seed, i, B, T) for i in range(steps + warmup + 1)]
+
+    model = ThreadReplicas(cfg, B, replicas, params=params, dtype=dtype)
+    opt = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3, weight_decay=0.1)
+
+    phase_s = {"replica 0 forward+backward": 0.0, "all replicas forward+backward": 0.0,
+               "clip + AdamW": 0.0}
+
+    def ours(i):
+        x, y = batches[i]
+        model.zero_grad()
+        t0 = time.perf_counter()
+        loss, t_fwd, t_bwd = model.forward_backward(x, y)
+        t1 = time.perf_counter()
+        opt.step(model.grads.flat, grad_scale=clip_scale(global_norm(model.grads.flat), 1.0))
+        phase_s["replica 0 forward+backward"] += t_fwd + t_bwd
+        phase_s["all replicas forward+backward"] += t1 - t0
+        phase_s["clip + AdamW"] += time.perf_counter() - t1
+        return loss
+
+    # -- compile (or cache load): the first step, apart
+    say("first step (compiling numba kernels, or loading them from the cache)...")
+    t0 = time.perf_counter()
+    ours(0)
+    first_step = time.perf_counter() - t0
+    cache = _cache_stats(_numba_kernels())
+
+    # -- torch twin with the same initial weights
+    report_torch = None
+    if torch is not None:
+        loss_fn, tensors = torch_gpt(cfg, params, torch_attention)
+        decay = [t for n, t in tensors.items() if t.ndim >= 2]
+        no_decay = [t for n, t in tensors.items() if t.ndim < 2]
+        topt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                  {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+        tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
+        all_t = list(tensors.values())
+
+        def theirs(i):
+            x, y = tbatches[i]
+            topt.zero_grad(set_to_none=True)
+            loss = loss_fn(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(all_t, 1.0)
+            topt.step()
+            return loss.item()
+
+        # first-step gradients, before any update
+        g_model = GPT(cfg, B, params=params, dtype=dtype)    # one replica: the whole batch
+        x0, y0 = batches[0]
+        g_model.forward(x0, y0)
+        g_model.backward()
+        ref_loss = loss_fn(*tbatches[0])
+        ref_loss.backward()
+        worst, worst_name = 0.0, None
+        for name, g in g_model.named_grads().items():
+            tg = tensors[name].grad.numpy()
+            rel = float(np.abs(g - tg).max() / max(np.abs(tg).max(), 1e-30))
+            if rel > worst:
+                worst, worst_name = rel, name
+        for t in all_t:
+            t.grad = None
+        del g_model
+        say("PyTorch first step...")
+        t0 = time.perf_counter()
+        theirs(0)
+        torch_first = time.perf_counter() - t0
+
+    # -- warm-up, then alternate ours / theirs
+    for i in range(1, warmup + 1):
+        ours(i)
+        if torch is not None:
+            theirs(i)
+    say(f"timing {steps} steps" + (" alternating with PyTorch..." if torch else "..."))
+    t_ours, t_torch = [], []
+    for i in range(warmup + 1, warmup + 1 + steps):
+        t0 = time.perf_counter()
+        ours(i)
+        t_ours.append(time.perf_counter() - t0)
+        if torch is not None:
+            t0 = time.perf_counter()
+            theirs(i)
+            t_torch.append(time.perf_counter() - t0)
+
+    # -- per-kernel breakdown (separate steps: timing each call costs a little)
+    model.profile = {}
+    for key in phase_s:
+        phase_s[key] = 0.0
+    n_prof = max(3, steps // 4)
+    t0 = time.perf_counter()
+    for i in range(n_prof):
+        ours(1 + i % warmup if warmup else 0)
+    prof_wall = (time.perf_counter() - t0) / n_prof
+    per_kernel = {k: v / n_prof * 1e3 for k, v in
+                  sorted(model.profile.items(), key=lambda kv: -kv[1])}
+    model.profile = None
+    kernels_ms = sum(per_kernel.values())
+    phases = {k: v / n_prof * 1e3 for k, v in phase_s.items()}
+    rest = {"replica 0: Python between kernels": phases["replica 0 forward+backward"]
+            - kernels_ms,
+            "waiting for the other replicas, summing their gradients":
+                phases["all replicas forward+backward"] - phases["replica 0 forward+backward"],
+            "clip + AdamW": phases["clip + AdamW"]}
+    matmul_ms = per_kernel.get("matmul", 0.0) + per_kernel.get("linear_forward", 0.0)
+
+    flops = step_flops(cfg, B, T)
+    ms = _median_ms(t_ours)
+    gemm_alone = sgemm_rate(cfg, B, T, dtype, replicas)
+    model.close()
+    report = {
+        "config": {**cfg.to_dict(), "batch_size": B, "dtype": "float32",
+                   "threads": n_threads, "thread_mode": thread_mode, "replicas": replicas,
+                   "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"]},
+        "compile": {"first_step_s": first_step, **cache},
+        "ours": {"ms_per_step": ms, "tokens_per_s": B * T / (ms / 1e3),
+                 "ms_min": min(t_ours) * 1e3,
+                 "gflops": flops["total"] / (ms / 1e3) / 1e9, "steps": steps,
+                 "ms_all": [t * 1e3 for t in t_ours]},
+        "flops_per_step": flops,
+        "linear": {"sgemm_alone_gflops": gemm_alone["gflops"],
+                   "in_step_ms": matmul_ms,
+                   "in_step_gflops": flops["linear"] / (matmul_ms / 1e3) / 1e9
+                   if matmul_ms else None},
+        "per_kernel_ms": per_kernel,
+        "per_kernel_note": ("replica 0 of %d, running concurrently with the others" % replicas
+                            if replicas > 1 else "the whole step"),
+        "profiled_step_ms": prof_wall * 1e3,
+        "outside_kernels_ms": rest,
+        "torch": None, "torch_skipped": torch_reason,
+    }
+    lin = report["linear"]
+    if lin["in_step_gflops"]:
+        lin["share_of_sgemm"] = lin["in_step_gflops"] / lin["sgemm_alone_gflops"]
+    if torch is not None:
+        tms = _median_ms(t_torch)
+        report["torch"] = {"version": torch.__version__, "attention": torch_attention,
+                           "ms_per_step": tms, "tokens_per_s": B * T / (tms / 1e3),
+                           "ms_min": min(t_torch) * 1e3, "speedup_best": min(t_torch) / min(t_ours),
+                           "first_step_s": torch_first, "ms_all": [t * 1e3 for t in t_torch],
+                           "speedup": tms / ms,
+                           "first_step_grad_max_rel_diff": worst,
+                           "first_step_grad_worst_tensor": worst_name}
+    return report
+
+
+def format_report(r: dict) -> str:
+    c = r["config"]
+    mode = (f"{c['replicas']} replicas x 1 thread" if c["thread_mode"] == "replicas"
+            else f"1 model, {c['threads']}-thread kernels")
+    lines = [f"fused trainer benchmark: V={c['vocab_size']} T={c['block_size']} "
+             f"L={c['n_layer']} H={c['n_head']} C={c['n_embd']} B={c['batch_size']} float32, "
+             f"{c['threads']} thread(s): {mode}",
+             f"first step {r['compile']['first_step_s']:.2f} s (kernels compiled: "
+             f"{r['compile']['compiled']}, loaded from cache: "
+             f"{r['compile']['loaded_from_cache']})", ""]
+    o, t = r["ours"], r["torch"]
+    lines.append(f"{'':24}{'ms/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}{'best ms':>10}")
+    lines.append(f"{'fused (engine.trainer.model)':24}{o['ms_per_step']:>10.1f}{o['tokens_per_s']:>12,.0f}"
+                 f"{o['gflops']:>10.1f}{o['ms_min']:>10.1f}")
+    if t:
+        gf = r["flops_per_step"]["total"] / (t["ms_per_step"] / 1e3) / 1e9
+        lines.append(f"{'PyTorch ' + t['version'] + ' eager':24}{t['ms_per_step']:>10.1f}"
+                     f"{t['tokens_per_s']:>12,.0f}{gf:>10.1f}{t['ms_min']:>10.1f}")
+        lines.append(f"speed-up over PyTorch eager: {t['speedup']:.2f}x (medians of "
+                     f"{o['steps']} alternating steps; {t['speedup_best']:.2f}x best step "
+                     f"against best step; attention={t['attention']})")
+        lines.append(f"first-step gradients: largest relative difference "
+                     f"{t['first_step_grad_max_rel_diff']:.2e} ({t['first_step_grad_worst_tensor']})")
+    else:
+        lines.append(f"PyTorch comparison skipped: {r['torch_skipped']}")
+    lin = r["linear"]
+    lines.append("")
+    lines.append(f"linear layers: {lin['in_step_gflops'] or 0:.1f} GFLOP/s inside the step vs "
+                 f"{lin['sgemm_alone_gflops']:.1f} GFLOP/s for the same products alone"
+                 + (f" ({lin['share_of_sgemm']:.0%})" if "share_of_sgemm" in lin else ""))
+    if "machine_sgemm_gflops" in lin:
+        lines.append(f"machine sgemm (1024^3, SciPy BLAS, default threads): "
+                     f"{lin['machine_sgemm_gflops']:.1f} GFLOP/s; the whole step ran at "
+                     f"{o['gflops'] / lin['machine_sgemm_gflops']:.0%} of it")
+    lines.append("")
+    lines.append(f"where the time goes (profiled step {r['profiled_step_ms']:.1f} ms; kernels "
+                 f"of {r['per_kernel_note']}):")
+    total = sum(r["per_kernel_ms"].values())
+    for name, ms in r["per_kernel_ms"].items():
+        lines.append(f"  {name:24}{ms:8.2f} ms  {ms / total:6.1%} of the kernels")
+    for name, ms in r["outside_kernels_ms"].items():
+        lines.append(f"  {name}: {ms:.2f} ms")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench",
+                                description="Tokens/s and ms/step of the fused GPT trainer, "
+                                            "next to PyTorch eager when it is installed.")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (median; default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="default: the built-in corpus's character count")
+    p.add_argument("--threads", type=int, default=None, help="default: all cores")
+    p.add_argument("--thread-mode", choices=("replicas", "kernels"), default="replicas",
+                   help="replicas: one model copy per thread (the trainer's default); "
+                        "kernels: one model with multi-threaded kernels")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    p.add_argument("--torch-attention", choices=("sdpa", "manual"), default="sdpa")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    from .data import Dataset, builtin_text
+    data = None
+    vocab = args.vocab_size
+    if vocab is None:
+        ds = Dataset.from_text(builtin_text())
+        vocab, data = ds.tokenizer.vocab_size, ds.train
+    try:
+        cfg = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer,
+                        n_head=args.n_head, n_embd=args.n_embd)
+    except ValueError as exc:
+        p.error(str(exc))
+    report = run(cfg, args.batch_size, steps=args.steps, warmup=args.warmup,
+                 with_torch=not args.no_torch, torch_attention=args.torch_attention,
+                 threads=args.threads, thread_mode=args.thread_mode, data=data,
+                 progress=None if args.json else (lambda s: print(s, file=sys.stderr)))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""What a training run is told (TrainConfig) and the errors a user can fix.
+
+Each error carries the exit code `python -m engine.train` returns for it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..gpt_config import GPTConfig
+
+
+class TrainError(Exception):
+    """A problem the user can fix; `exit_code` is what the command line returns."""
+    exit_code = 2
+
+
+class DataError(TrainError):
+    exit_code = 3
+
+
+class CheckpointError(TrainError):
+    exit_code = 4
+
+
+class ConfigMismatch(TrainError):
+    exit_code = 5
+
+
+class ParallelUnavailable(TrainError):
+    exit_code = 6
+
+
+class Diverged(TrainError):
+    exit_code = 7
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run. The defaults train the `tiny` model (DESIGN.md)."""
+    data: str | None = None            # None: the built-in corpus (pydoc_data.topics)
+    steps: int = 1000                  # optimizer steps; the learning-rate schedule spans them
+    stop_at: int | None = None         # stop after this step (resume later with --resume)
+    time_limit: float | None = None    # seconds; stop (and save) once exceeded
+    batch_size: int = 16               # micro-batch B (sequences), split over ranks if parallel
+    block_size: int = 128              # T
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    grad_accum: int = 1                # K micro-batches per optimizer step
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1          # cosine decay ends at lr * min_lr_ratio
+    warmup: int = 30
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    clip: float = 1.0                  # global-norm clipping threshold (0: off)
+    val_fraction: float = 0.1
+    eval_every: int = 100
+    eval_batches: int = 8
+    seed: int = 0
+    dtype: str = "float32"
+    checkpointing: bool = False        # recompute each block in the backward
+    data_parallel: bool = False        # under mpiexec: split each micro-batch over ranks
+    threads: int | None = None         # threads per process (default: cores / processes)
+    thread_mode: str = "replicas"      # "replicas": one model copy per thread; "kernels":
+                                       # one model, multi-threaded kernels
+    log: str | None = None             # JSON-lines log file
+    save: str | None = None            # checkpoint path, written atomically
+    save_every: int | None = None      # default: at every evaluation and at the end
+    resume: str | None = None          # checkpoint to continue from
+    prompt: str | None = None          # sample text from this prompt after training
+    sample_len: int = 200
+    temperature: float = 0.8
+    log_every: int = 10
+
+    def validate(self) -> None:
+        positive = ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd",
+                    "grad_accum", "eval_every", "eval_batches", "log_every")
+        for name in positive:
+            if int(getattr(self, name)) < 1 and not (name == "steps" and self.resume):
+                raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got "
+                                 f"{getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise TrainError(f"--n-embd {self.n_embd} is not divisible by --n-head "
+                             f"{self.n_head}; pick a head count that divides it")
+        if self.thread_mode not in ("replicas", "kernels"):
+            raise TrainError(f"--thread-mode must be replicas or kernels, got "
+                             f"{self.thread_mode!r}")
+        if self.threads is not None and self.threads < 1:
+            raise TrainError(f"--threads must be at least 1, got {self.threads}")
+        if self.dtype not in ("float32", "float64"):
+            raise TrainError(f"--dtype must be float32 or float64, got {self.dtype!r}")
+        if self.lr <= 0 or not math.isfinite(self.lr):
+            raise TrainError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 < self.val_fraction < 1:
+            raise TrainError(f"--val-fraction must lie in (0, 1), got {self.val_fraction}")
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        return GPTConfig(vocab_size=vocab_size, block_size=self.block_size,
+                         n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd)

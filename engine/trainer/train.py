@@ -1,0 +1,302 @@
+"""Train the GPT on the CPU: `python -m engine.train --help`.
+
+From Python (a notebook, say):
+
+    from engine.train import TrainConfig, train, sample
+    result = train(TrainConfig(steps=300), callback=lambda r: print(r["step"], r["loss"]))
+    print(sample(result.model, result.dataset.tokenizer, "def ", length=200))
+
+One optimizer step has four phases, timed separately in every record:
+
+    loss        forward over each micro-batch (the gradient of the loss with
+                respect to the logits comes out of the same fused kernel)
+    backward    gradients added into the flat gradient buffer
+    optimizer   (all-reduce wait,) global norm, clipping, fused AdamW
+    evaluation  validation loss, every eval_every steps
+
+Threads: by default each core runs its own replica of the model on a slice
+of the micro-batch (engine.trainer.parallel.ThreadReplicas), meeting once per step;
+`--thread-mode kernels` runs one model whose kernels use every core instead.
+The losses agree to rounding; a run and its resumed copy agree bit for bit.
+
+Exit codes of the command line: 0 done; 2 bad arguments; 3 unusable data
+file; 4 unreadable or corrupt checkpoint; 5 settings that do not match the
+checkpoint; 6 --data-parallel without mpi4py; 7 training diverged (NaN loss).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .checkpoint_files import corpus_fingerprint, check_resume, load_checkpoint, save_checkpoint
+from .config import (CheckpointError, DataError, Diverged, ParallelUnavailable, TrainConfig,
+                     TrainError)
+from .data import CharTokenizer, CorpusError, Dataset, batch_at, load_corpus, unigram_entropy
+from .step import evaluate, train_step
+
+
+@dataclass
+class TrainResult:
+    history: list[dict]
+    model: object
+    optimizer: object
+    dataset: Dataset
+    config: TrainConfig
+    unigram_entropy: float
+    final_val_loss: float | None
+    step: int
+    elapsed: float
+    stopped_early: bool = False
+    sample: str | None = None
+    rank: int = 0                      # this process's rank under --data-parallel
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------- sampling
+def sample(model, tokenizer: CharTokenizer, prompt: str, length: int = 200,
+           temperature: float = 0.8, seed: int = 0) -> str:
+    """Continue `prompt` by `length` characters drawn from the model.
+
+    Runs a batch-1 copy of the model on a window of the last T characters,
+    padded on the right: attention is causal, so the padding cannot change the
+    logits at the last real position, and one buffer layout serves every length."""
+    from .model import GPT
+    if temperature <= 0:
+        raise ValueError(f"sample: temperature must be positive, got {temperature}")
+    cfg = model.cfg
+    gen = GPT(cfg, 1, params=model.named_params(), dtype=model.dtype)
+    rng = np.random.default_rng(seed)
+    ids = list(tokenizer.encode(prompt)) if prompt else [0]
+    window = np.zeros((1, cfg.block_size), np.int64)
+    for _ in range(length):
+        context = ids[-cfg.block_size:]
+        window[0, :] = 0
+        window[0, :len(context)] = context
+        logits = gen.forward(window)[0, len(context) - 1].astype(np.float64) / temperature
+        p = np.exp(logits - logits.max())
+        ids.append(int(rng.choice(len(p), p=p / p.sum())))
+    return tokenizer.decode(ids if prompt else ids[1:])
+
+
+# --------------------------------------------------------------------- training
+def _format_seconds(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def progress_line(r: dict, steps: int) -> str:
+    val = f" | val {r['val_loss']:.4f}" if "val_loss" in r else ""
+    return (f"step {r['step']:>5}/{steps} | loss {r['loss']:.4f}{val} | "
+            f"{r['tokens_per_s']:>8,.0f} tok/s | {r['step_time'] * 1e3:6.1f} ms/step | "
+            f"norm {r['grad_norm']:.3f} | left {_format_seconds(r['time_left'])}")
+
+
+def train(config: TrainConfig | None = None, *, callback=None, progress=None,
+          dataset: Dataset | None = None, **overrides) -> TrainResult:
+    """Train; returns a TrainResult with the per-step history.
+
+    callback(record) runs after every step (record: step, loss, lr, grad_norm,
+    tokens_per_s, step_time, phases{loss, backward, optimizer, evaluation} and
+    val_loss when evaluated); returning False stops the run. progress(line)
+    receives the human-readable progress lines (print, for instance)."""
+    from .kernels.threads import concurrent_kernels_ok, cores, restore_threads, set_threads
+
+    config = dataclasses.replace(config or TrainConfig(), **overrides)
+    config.validate()
+    say = progress or (lambda line: None)
+
+    # -- processes and threads
+    comm, rank, world_size = None, 0, 1
+    if config.data_parallel:
+        from .parallel import MPIUnavailable, shard_rows, world
+        try:
+            comm, rank, world_size = world()
+        except MPIUnavailable as exc:
+            raise ParallelUnavailable(str(exc)) from None
+        try:
+            rows = shard_rows(config.batch_size, rank, world_size)
+        except ValueError as exc:
+            raise TrainError(str(exc)) from None
+    else:
+        rows = slice(0, config.batch_size)
+    local_batch = rows.stop - rows.start
+    n_threads = config.threads or max(1, cores() // world_size)
+    if config.thread_mode == "replicas" and not concurrent_kernels_ok():
+        config = dataclasses.replace(config, thread_mode="kernels")   # workqueue layer only
+    if config.thread_mode == "replicas":
+        n_replicas = max(d for d in range(1, n_threads + 1) if local_batch % d == 0)
+        thread_info = set_threads(1)
+    else:
+        n_replicas = 1
+        thread_info = set_threads(n_threads)
+    config = dataclasses.replace(config, threads=n_threads)   # recorded in checkpoints
+    try:
+        return _run(config, callback, say, dataset, comm if world_size > 1 else None, rank,
+                    world_size, rows, n_threads, n_replicas)
+    finally:
+        restore_threads(thread_info)
+
+
+def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads, n_replicas):
+    """train() once processes and threads are settled: data, model, the loop."""
+    from .model import decay_segments
+    from .optim import AdamW, lr_at
+    from .parallel import GradientAllReduce, ThreadReplicas
+    allreduce = None
+    local_batch = rows.stop - rows.start
+
+    # -- data
+    try:
+        text = load_corpus(config.data) if dataset is None else None
+        if dataset is None:
+            dataset = Dataset.from_text(text, config.val_fraction)
+        dataset.check_block(config.block_size)
+    except CorpusError as exc:
+        raise DataError(str(exc)) from None
+    fingerprint = corpus_fingerprint(text if text is not None else
+                                     dataset.tokenizer.decode(np.concatenate(
+                                         [dataset.train, dataset.val])))
+    tok = dataset.tokenizer
+    entropy = unigram_entropy(dataset.train, tok.vocab_size)
+
+    # -- model, optimizer, resumed state
+    cfg = config.model_config(tok.vocab_size)
+    dtype = np.dtype(config.dtype)
+    model = ThreadReplicas(cfg, local_batch, n_replicas, seed=config.seed, dtype=dtype,
+                           checkpointing=config.checkpointing)
+    opt = AdamW(model.params.flat, decay_segments(model.params), lr=config.lr,
+                betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
+    start = 0
+    if config.resume:
+        state = load_checkpoint(config.resume)
+        check_resume(state, config, tok, fingerprint, config.resume)
+        if state["params"].size != model.params.flat.size:
+            raise CheckpointError(f"checkpoint {config.resume!r} holds {state['params'].size} "
+                                  f"parameters, the model needs {model.params.flat.size}")
+        model.params.flat[...] = state["params"]
+        opt.load_state_dict({"m": state["adam_m"], "v": state["adam_v"],
+                             "t": int(state["adam_t"])})
+        start = int(state["meta"]["step"])
+    if comm is not None:
+        allreduce = GradientAllReduce(comm, model.grads.flat)
+
+    stop = min(config.steps, config.stop_at or config.steps)
+    lead = rank == 0
+    log_file = open(config.log, "a") if (config.log and lead) else None
+    header = {"event": "start", "params": model.num_params(), "vocab_size": tok.vocab_size,
+              "train_chars": int(len(dataset.train)), "val_chars": int(len(dataset.val)),
+              "unigram_entropy": entropy, "start_step": start, "steps": config.steps,
+              "processes": world_size, "threads": n_threads, "replicas": n_replicas,
+              "thread_mode": config.thread_mode,
+              "tokens_per_step": config.batch_size * config.block_size * config.grad_accum,
+              "config": dataclasses.asdict(config)}
+    from .model import kernel_owners
+    replaced = {k: v for k, v in kernel_owners().items() if v != "engine"}
+    header["kernels_replaced"] = replaced
+    if log_file:
+        log_file.write(json.dumps(header) + "\n")
+    if lead:
+        if replaced:
+            say("kernels not the engine's: " + ", ".join(f"{k} ({v})" for k, v in
+                                                        sorted(replaced.items())))
+        say(f"model {model.num_params():,} parameters | corpus {len(dataset.train):,} train / "
+            f"{len(dataset.val):,} val characters, vocabulary {tok.vocab_size} | unigram "
+            f"entropy {entropy:.4f} nats | {world_size} process(es) x {n_threads} "
+            f"thread(s) ({config.thread_mode}) | steps {start}->{stop}")
+
+    history: list[dict] = []
+    K = config.grad_accum
+    tokens_per_step = config.batch_size * config.block_size * K
+    loss_scale = 1.0 / (K * world_size)
+    t_start = time.perf_counter()
+    recent: list[float] = []
+    val_loss = None
+    stopped_early = False
+    step = start
+    for step in range(start, stop):
+        t_step = time.perf_counter()
+        lr = lr_at(step, lr=config.lr, warmup=config.warmup, total=config.steps,
+                   min_ratio=config.min_lr_ratio)
+        batches = [batch_at(dataset.train, config.seed, step * K + k, config.batch_size,
+                            config.block_size) for k in range(K)]
+        record = train_step(model, opt, batches, rows, lr=lr, clip=config.clip,
+                            loss_scale=loss_scale, allreduce=allreduce)
+        train_time = time.perf_counter() - t_step
+        if not (math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])):
+            raise Diverged(f"the loss became {record['loss']} (gradient norm "
+                           f"{record['grad_norm']}) at step {step + 1}; lower --lr (now "
+                           f"{config.lr}) or keep --clip on")
+        record["step"] = step + 1
+        phases = record["phases"]
+        if world_size > 1:
+            record["rank"] = rank
+        done = step + 1 == stop
+        over_time = (config.time_limit is not None
+                     and time.perf_counter() - t_start > config.time_limit)
+        if (step + 1) % config.eval_every == 0 or done or over_time:
+            t0 = time.perf_counter()
+            val_loss = evaluate(model, dataset.val, config, rows, allreduce)
+            phases["evaluation"] = time.perf_counter() - t0
+            record["val_loss"] = val_loss
+        recent = (recent + [train_time])[-20:]
+        record.update(step_time=train_time, tokens_per_s=tokens_per_step / train_time,
+                      phases=phases, elapsed=time.perf_counter() - t_start,
+                      time_left=float(np.median(recent)) * (stop - step - 1))
+        history.append(record)
+        if lead:
+            if log_file:
+                log_file.write(json.dumps(record) + "\n")
+                log_file.flush()
+            if (step + 1) % config.log_every == 0 or "val_loss" in record or done:
+                say(progress_line(record, config.steps))
+        save_now = config.save and (done or over_time or "val_loss" in record or (
+            config.save_every and (step + 1) % config.save_every == 0))
+        if save_now and lead:
+            save_checkpoint(config.save, model, opt, step + 1, config, tok, fingerprint)
+        if callback is not None and callback(record) is False:
+            stopped_early = True
+        if over_time:
+            stopped_early = True
+            if lead:
+                say(f"time limit of {config.time_limit:g} s reached after step {step + 1}")
+        if stopped_early:
+            step += 1
+            break
+    else:
+        step = stop
+    if config.save and lead and history and "val_loss" not in history[-1]:
+        save_checkpoint(config.save, model, opt, step, config, tok, fingerprint)
+
+    text_sample = None
+    if config.prompt is not None and lead:
+        text_sample = sample(model, tok, config.prompt, config.sample_len, config.temperature,
+                             config.seed)
+    elapsed = time.perf_counter() - t_start
+    result = TrainResult(history, model, opt, dataset, config, entropy, val_loss, step,
+                         elapsed, stopped_early, text_sample, rank)
+    if log_file:
+        log_file.write(json.dumps(summary(result)) + "\n")
+        log_file.close()
+    model.close()          # helper threads stop; they restart if result.model is used again
+    return result
+
+
+def summary(result: TrainResult) -> dict:
+    h = result.history
+    times = [r["step_time"] for r in h[1:]] or [r["step_time"] for r in h]
+    return {"event": "end", "step": result.step, "elapsed": result.elapsed,
+            "final_loss": h[-1]["loss"] if h else None, "final_val_loss": result.final_val_loss,
+            "unigram_entropy": result.unigram_entropy,
+            "median_step_ms": float(np.median(times)) * 1e3 if times else None,
+            "median_tokens_per_s": (float(np.median([r["tokens_per_s"] for r in h[1:] or h]))
+                                    if h else None),
+            "phases_total": {k: float(sum(r["phases"][k] for r in h))
+                             for k in ("loss", "backward", "optimizer", "evaluation")},
+            "stopped_early": result.stopped_early, "sample": result.sample}
