@@ -188,8 +188,8 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
 def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention, n_threads,
              thread_mode, replicas, thread_info, seed, data, say):
     from .data import batch_at
-    from .model import GPT, decay_segments, step_flops
-    from .optim import AdamW, clip_scale, global_norm
+    from .model import decay_segments, step_flops
+    from .optim import AdamW
     from .parallel import ThreadReplicas
     B, T = batch_size, cfg.block_size
     dtype = np.float32
@@ -200,106 +200,21 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
 
     model = ThreadReplicas(cfg, B, replicas, params=params, dtype=dtype)
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3, weight_decay=0.1)
-
     phase_s = {"replica 0 forward+backward": 0.0, "all replicas forward+backward": 0.0,
                "clip + AdamW": 0.0}
+    ours = _our_step(model, opt, batches, phase_s)
 
-    def ours(i):
-        x, y = batches[i]
-        model.zero_grad()
-        t0 = time.perf_counter()
-        loss, t_fwd, t_bwd = model.forward_backward(x, y)
-        t1 = time.perf_counter()
-        opt.step(model.grads.flat, grad_scale=clip_scale(global_norm(model.grads.flat), 1.0))
-        phase_s["replica 0 forward+backward"] += t_fwd + t_bwd
-        phase_s["all replicas forward+backward"] += t1 - t0
-        phase_s["clip + AdamW"] += time.perf_counter() - t1
-        return loss
-
-    # -- compile (or cache load): the first step, apart
     say("first step (compiling numba kernels, or loading them from the cache)...")
     t0 = time.perf_counter()
     ours(0)
     first_step = time.perf_counter() - t0
     cache = _cache_stats(_numba_kernels())
 
-    # -- torch twin with the same initial weights
-    report_torch = None
+    twin = None
     if torch is not None:
-        loss_fn, tensors = torch_gpt(cfg, params, torch_attention)
-        decay = [t for n, t in tensors.items() if t.ndim >= 2]
-        no_decay = [t for n, t in tensors.items() if t.ndim < 2]
-        topt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                  {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
-        tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
-        all_t = list(tensors.values())
-
-        def theirs(i):
-            x, y = tbatches[i]
-            topt.zero_grad(set_to_none=True)
-            loss = loss_fn(x, y)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(all_t, 1.0)
-            topt.step()
-            return loss.item()
-
-        # first-step gradients, before any update
-        g_model = GPT(cfg, B, params=params, dtype=dtype)    # one replica: the whole batch
-        x0, y0 = batches[0]
-        g_model.forward(x0, y0)
-        g_model.backward()
-        ref_loss = loss_fn(*tbatches[0])
-        ref_loss.backward()
-        worst, worst_name = 0.0, None
-        for name, g in g_model.named_grads().items():
-            tg = tensors[name].grad.numpy()
-            rel = float(np.abs(g - tg).max() / max(np.abs(tg).max(), 1e-30))
-            if rel > worst:
-                worst, worst_name = rel, name
-        for t in all_t:
-            t.grad = None
-        del g_model
-        say("PyTorch first step...")
-        t0 = time.perf_counter()
-        theirs(0)
-        torch_first = time.perf_counter() - t0
-
-    # -- warm-up, then alternate ours / theirs
-    for i in range(1, warmup + 1):
-        ours(i)
-        if torch is not None:
-            theirs(i)
-    say(f"timing {steps} steps" + (" alternating with PyTorch..." if torch else "..."))
-    t_ours, t_torch = [], []
-    for i in range(warmup + 1, warmup + 1 + steps):
-        t0 = time.perf_counter()
-        ours(i)
-        t_ours.append(time.perf_counter() - t0)
-        if torch is not None:
-            t0 = time.perf_counter()
-            theirs(i)
-            t_torch.append(time.perf_counter() - t0)
-
-    # -- per-kernel breakdown (separate steps: timing each call costs a little)
-    model.profile = {}
-    for key in phase_s:
-        phase_s[key] = 0.0
-    n_prof = max(3, steps // 4)
-    t0 = time.perf_counter()
-    for i in range(n_prof):
-        ours(1 + i % warmup if warmup else 0)
-    prof_wall = (time.perf_counter() - t0) / n_prof
-    per_kernel = {k: v / n_prof * 1e3 for k, v in
-                  sorted(model.profile.items(), key=lambda kv: -kv[1])}
-    model.profile = None
-    kernels_ms = sum(per_kernel.values())
-    phases = {k: v / n_prof * 1e3 for k, v in phase_s.items()}
-    rest = {"replica 0: Python between kernels": phases["replica 0 forward+backward"]
-            - kernels_ms,
-            "waiting for the other replicas, summing their gradients":
-                phases["all replicas forward+backward"] - phases["replica 0 forward+backward"],
-            "clip + AdamW": phases["clip + AdamW"]}
-    matmul_ms = per_kernel.get("matmul", 0.0) + per_kernel.get("linear_forward", 0.0)
+        twin = _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say)
+    t_ours, t_torch = _time_steps(ours, twin and twin["step"], warmup, steps, say)
+    per_kernel, prof_wall, rest, matmul_ms = _profile(model, ours, phase_s, steps, warmup)
 
     flops = step_flops(cfg, B, T)
     ms = _median_ms(t_ours)
@@ -329,16 +244,122 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     lin = report["linear"]
     if lin["in_step_gflops"]:
         lin["share_of_sgemm"] = lin["in_step_gflops"] / lin["sgemm_alone_gflops"]
-    if torch is not None:
+    if twin is not None:
         tms = _median_ms(t_torch)
         report["torch"] = {"version": torch.__version__, "attention": torch_attention,
                            "ms_per_step": tms, "tokens_per_s": B * T / (tms / 1e3),
                            "ms_min": min(t_torch) * 1e3, "speedup_best": min(t_torch) / min(t_ours),
-                           "first_step_s": torch_first, "ms_all": [t * 1e3 for t in t_torch],
+                           "first_step_s": twin["first_step_s"],
+                           "ms_all": [t * 1e3 for t in t_torch],
                            "speedup": tms / ms,
-                           "first_step_grad_max_rel_diff": worst,
-                           "first_step_grad_worst_tensor": worst_name}
+                           "first_step_grad_max_rel_diff": twin["worst"],
+                           "first_step_grad_worst_tensor": twin["worst_name"]}
     return report
+
+
+def _our_step(model, opt, batches, phase_s):
+    """Step i of the benchmark: the trainer's own train_step on batch i, its phases
+    added into phase_s."""
+    from .step import train_step
+
+    def ours(i):
+        t0 = time.perf_counter()
+        record = train_step(model, opt, [batches[i]], lr=1e-3, clip=1.0)
+        wall = time.perf_counter() - t0
+        p = record["phases"]
+        phase_s["replica 0 forward+backward"] += p["loss"] + p["backward"]
+        phase_s["all replicas forward+backward"] += wall - p["optimizer"]
+        phase_s["clip + AdamW"] += p["optimizer"]
+        return record["loss"]
+    return ours
+
+
+def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say) -> dict:
+    """The same model in PyTorch eager with the same initial weights: its step
+    function, the first-step gradient agreement and its first-step time."""
+    from .model import GPT
+    loss_fn, tensors = torch_gpt(cfg, params, torch_attention)
+    decay = [t for n, t in tensors.items() if t.ndim >= 2]
+    no_decay = [t for n, t in tensors.items() if t.ndim < 2]
+    topt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
+    tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
+    all_t = list(tensors.values())
+
+    def theirs(i):
+        x, y = tbatches[i]
+        topt.zero_grad(set_to_none=True)
+        loss = loss_fn(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(all_t, 1.0)
+        topt.step()
+        return loss.item()
+
+    # first-step gradients, before any update
+    g_model = GPT(cfg, B, params=params, dtype=dtype)    # one replica: the whole batch
+    x0, y0 = batches[0]
+    g_model.forward(x0, y0)
+    g_model.backward()
+    ref_loss = loss_fn(*tbatches[0])
+    ref_loss.backward()
+    worst, worst_name = 0.0, None
+    for name, g in g_model.named_grads().items():
+        tg = tensors[name].grad.numpy()
+        rel = float(np.abs(g - tg).max() / max(np.abs(tg).max(), 1e-30))
+        if rel > worst:
+            worst, worst_name = rel, name
+    for t in all_t:
+        t.grad = None
+    del g_model
+    say("PyTorch first step...")
+    t0 = time.perf_counter()
+    theirs(0)
+    return {"step": theirs, "worst": worst, "worst_name": worst_name,
+            "first_step_s": time.perf_counter() - t0}
+
+
+def _time_steps(ours, theirs, warmup, steps, say):
+    """Warm up, then time `steps` steps, alternating ours and theirs (when given)."""
+    for i in range(1, warmup + 1):
+        ours(i)
+        if theirs is not None:
+            theirs(i)
+    say(f"timing {steps} steps" + (" alternating with PyTorch..." if theirs else "..."))
+    t_ours, t_torch = [], []
+    for i in range(warmup + 1, warmup + 1 + steps):
+        t0 = time.perf_counter()
+        ours(i)
+        t_ours.append(time.perf_counter() - t0)
+        if theirs is not None:
+            t0 = time.perf_counter()
+            theirs(i)
+            t_torch.append(time.perf_counter() - t0)
+    return t_ours, t_torch
+
+
+def _profile(model, ours, phase_s, steps, warmup):
+    """Per-kernel ms over separate steps (timing each call costs a little), and
+    where the rest of the step went."""
+    model.profile = {}
+    for key in phase_s:
+        phase_s[key] = 0.0
+    n_prof = max(3, steps // 4)
+    t0 = time.perf_counter()
+    for i in range(n_prof):
+        ours(1 + i % warmup if warmup else 0)
+    prof_wall = (time.perf_counter() - t0) / n_prof
+    per_kernel = {k: v / n_prof * 1e3 for k, v in
+                  sorted(model.profile.items(), key=lambda kv: -kv[1])}
+    model.profile = None
+    kernels_ms = sum(per_kernel.values())
+    phases = {k: v / n_prof * 1e3 for k, v in phase_s.items()}
+    rest = {"replica 0: Python between kernels": phases["replica 0 forward+backward"]
+            - kernels_ms,
+            "waiting for the other replicas, summing their gradients":
+                phases["all replicas forward+backward"] - phases["replica 0 forward+backward"],
+            "clip + AdamW": phases["clip + AdamW"]}
+    matmul_ms = per_kernel.get("matmul", 0.0) + per_kernel.get("linear_forward", 0.0)
+    return per_kernel, prof_wall, rest, matmul_ms
 
 
 def format_report(r: dict) -> str:
