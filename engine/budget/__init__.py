@@ -1,0 +1,103 @@
+"""The training-step budget: parameters, FLOPs and bytes of one optimizer step.
+
+Pure functions over one frozen `BudgetConfig`. The command line
+(`python -m engine.budget`), the widget (`widgets.BudgetWidget`), the tests
+and the lessons all call `budget(config)`, so they all read the same numbers.
+
+What one training step costs
+----------------------------
+FLOPs. A matmul with a (K, M) weight costs 2*K*M FLOPs per token (a
+multiply-add is two), so the forward pass costs 2 FLOPs per weight per token,
+plus the attention term that has no weights: Q @ K^T and P @ V each cost
+2*N*d per token and layer (the full N x N score matrix, as our engine
+computes it). The backward pass runs two matmuls for every forward one
+(dX = dY W^T and dW = X^T dY), so it costs 2x the forward. Recompute adds
+forward work inside the backward: a whole forward with full recompute, the
+attention core with selective recompute.
+
+Memory. Three kinds of bytes live through a step:
+  * fixed, set by the parameter count P: weights, fp32 master weights (only
+    with 16-bit storage), gradients, optimizer state (SGD none, momentum one
+    fp32 buffer, AdamW two). Mixed-precision AdamW: 2 + 2 + 4 + 4 + 4 = 16
+    bytes per parameter;
+  * activations, set by the batch shape: every tensor the backward pass will
+    read, kept from the op that made it until that op's VJP runs;
+  * small working buffers (the gradient flowing back, one op at a time),
+    which we leave out except where the engine measures them.
+
+The peak of a step, and what is resident when:
+  1. before the forward: weights, master weights, optimizer state, and the
+     gradient buffer (allocated once and accumulated into across the K
+     micro-batches, then consumed by the optimizer);
+  2. during the forward the saved activations pile up; they are all alive
+     when the loss is computed;
+  3. the backward walks the tape in reverse and frees each op's saved
+     tensors as its VJP runs, while parameter gradients are summed into the
+     gradient buffer; with recompute, the head and loss are freed first,
+     then one block's (or one attention core's) insides are rebuilt and
+     live for a moment on top of what the blocks kept;
+  4. the optimizer reads the gradients and updates weights and state.
+So the peak is reached at the end of the forward (without recompute) or
+while the last block is rebuilt (with it):
+    peak = weights + master + gradients + optimizer state + activation peak
+    activation peak = saved - freed_first + max(freed_first, one rebuilt block)
+(`Activations`; without recompute it is simply what the forward saved).
+Accumulating K micro-batches adds tokens per step but not memory: the
+activations of one micro-batch are freed before the next begins.
+
+Three models of the activation bytes
+------------------------------------
+  "rule"        the source texts' rule of thumb: k saved tensors of
+                B x N x d per layer. k=4 gives the 7B example's 17 GB,
+                k=16 the 24-layer example's 12.9 GB.
+  "transformer" a per-op count for a GPT block (see `transformer_layer_ops`)
+                that agrees with Korthikanti et al. 2022, "Reducing
+                Activation Recomputation in Large Transformer Models": per
+                layer s*b*h*(34 + 5*a*s/h) bytes at 16-bit with dropout,
+                34*s*b*h with selective recompute, 2*s*b*h with full recompute.
+  "engine"      exactly what our tape engine saves for its reference GPT
+                (`engine.nn.GPT`), tensor by tensor; `engine.memory` measures
+                the same number.
+
+Units: sizes are printed in decimal units (1 MB = 10^6 bytes, 1 GB = 10^9
+bytes), FLOPs in G (10^9) and T (10^12), as the source texts do.
+
+Modules: config (BudgetConfig, presets), counts (parameters, FLOPs, fixed
+memory), activations (the three activation models), measure (the tape's
+measured bytes), total (the Budget and its sweeps), report (units, text),
+cli (`python -m engine.budget`).
+"""
+from __future__ import annotations
+
+from .config import (PRECISIONS, OPTIMIZERS, ACTIVATION_MODELS, RECOMPUTE, STORAGE_BYTES,
+                     MASTER_BYTES, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, MASK_BYTES,
+                     LOGITS_BYTES, BudgetError, BudgetConfig, corpus_vocab_size, PRESET_NAMES,
+                     preset)
+from .counts import (parameter_breakdown, parameter_count, matmul_weights,
+                     attention_flops_per_token, forward_flops_per_token,
+                     recompute_flops_per_token, tokens_per_micro_batch, tokens_per_step, flops,
+                     bytes_per_parameter, fixed_bytes)
+from .activations import (Saved, activation_bytes_per_element, tensor_bytes,
+                          transformer_layer_ops, ATTENTION_CORE, transformer_outside_ops,
+                          korthikanti_layer_bytes, Activations, activations, INDEX_BYTES,
+                          engine_block_saved, engine_outside_saved, engine_saved_tensors,
+                          engine_activations)
+from .measure import (MEASURE_MAX_ACTIVATION_BYTES, MEASURE_MAX_FLOPS, measurable, measure)
+from .total import (Budget, budget, crossover_batch, batch_sweep, recompute_tradeoff)
+from .report import (human_bytes, human_flops, describe, human_count)
+from .cli import (config_from_args, main)
+
+__all__ = ['PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'RECOMPUTE', 'STORAGE_BYTES',
+           'MASTER_BYTES', 'OPTIMIZER_BUFFERS', 'OPTIMIZER_STATE_BYTES', 'MASK_BYTES',
+           'LOGITS_BYTES', 'BudgetError', 'BudgetConfig', 'corpus_vocab_size', 'PRESET_NAMES',
+           'preset', 'parameter_breakdown', 'parameter_count', 'matmul_weights',
+           'attention_flops_per_token', 'forward_flops_per_token', 'recompute_flops_per_token',
+           'tokens_per_micro_batch', 'tokens_per_step', 'flops', 'bytes_per_parameter',
+           'fixed_bytes', 'Saved', 'activation_bytes_per_element', 'tensor_bytes',
+           'transformer_layer_ops', 'ATTENTION_CORE', 'transformer_outside_ops',
+           'korthikanti_layer_bytes', 'Activations', 'activations', 'INDEX_BYTES',
+           'engine_block_saved', 'engine_outside_saved', 'engine_saved_tensors',
+           'engine_activations', 'MEASURE_MAX_ACTIVATION_BYTES', 'MEASURE_MAX_FLOPS',
+           'measurable', 'measure', 'Budget', 'budget', 'crossover_batch', 'batch_sweep',
+           'recompute_tradeoff', 'human_bytes', 'human_flops', 'describe', 'human_count',
+           'config_from_args', 'main']

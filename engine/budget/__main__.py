@@ -1,0 +1,6 @@
+"""`python -m engine.budget`."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,275 @@
+"""The three activation models: the 34sbh+5as^2b rule, the transformer op list, this engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .config import BudgetConfig, BudgetError, LOGITS_BYTES, MASK_BYTES, RECOMPUTE, STORAGE_BYTES
+
+
+# ---------------------------------------------------------------- activations
+@dataclass(frozen=True)
+class Saved:
+    """One kind of tensor kept for the backward pass."""
+    op: str             # the op whose VJP reads it
+    tensor: str         # what it is
+    elements: int       # elements per occurrence
+    itemsize: int       # bytes per element
+    count: int = 1      # occurrences (e.g. one per layer)
+    until_end: bool = False  # kept until the very last VJP (the embedding's)
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * self.itemsize * self.count
+
+
+def activation_bytes_per_element(cfg: BudgetConfig) -> int:
+    return STORAGE_BYTES[cfg.precision]
+
+
+def tensor_bytes(cfg: BudgetConfig) -> int:
+    """One B x N x d activation tensor (the source texts' unit)."""
+    return cfg.micro_batch * cfg.seq_len * cfg.d_model * activation_bytes_per_element(cfg)
+
+
+def transformer_layer_ops(cfg: BudgetConfig) -> list[Saved]:
+    """What one pre-LN GPT block saves for its backward, op by op, with s=N,
+    b=B, h=d, a heads, e bytes per element, f = MLP width:
+
+        op                 saved tensor                 elements   bytes
+        layer norm 1       its input                    sbh        e
+        qkv matmul         its input (LN1 output)       sbh        e
+        Q @ K^T            Q and K                      2sbh       e
+        softmax            its output                   as^2b      e
+        attention dropout  mask                         as^2b      1   (dropout)
+        P @ V              P (dropout output) and V     as^2b+sbh  e   (P: dropout only;
+                                                                    else the softmax output)
+        projection matmul  its input                    sbh        e
+        residual dropout   mask                         sbh        1   (dropout)
+        layer norm 2       its input                    sbh        e
+        fc matmul          its input (LN2 output)       sbh        e
+        GELU               its input                    sbf        e
+        fc-proj matmul     its input (GELU output)      sbf        e
+        residual dropout   mask                         sbh        1   (dropout)
+
+    With e=2, f=4h and dropout this is 34*sbh + 5*as^2*b bytes, the per-layer
+    total of Korthikanti et al. 2022. Selective recompute drops the three
+    as^2b tensors (rebuilt in the backward); full recompute keeps only the
+    block input (the next block's saved LN input is that same tensor, so we
+    count it once per block: 2*sbh at 16-bit).
+    """
+    s, b, h, a, f = cfg.seq_len, cfg.micro_batch, cfg.d_model, cfg.n_head, cfg.ffn
+    e = activation_bytes_per_element(cfg)
+    sbh, scores = s * b * h, a * s * s * b
+    ops = [
+        Saved("layer norm 1", "input", sbh, e),
+        Saved("qkv matmul", "input", sbh, e),
+        Saved("Q @ K^T", "Q and K", 2 * sbh, e),
+        Saved("softmax", "output", scores, e, 1),
+    ]
+    if cfg.dropout:
+        ops += [Saved("attention dropout", "mask", scores, MASK_BYTES),
+                Saved("P @ V", "P (dropout output)", scores, e)]
+    ops += [
+        Saved("P @ V", "V", sbh, e),
+        Saved("projection matmul", "input", sbh, e),
+    ]
+    if cfg.dropout:
+        ops.append(Saved("residual dropout (attention)", "mask", sbh, MASK_BYTES))
+    ops += [
+        Saved("layer norm 2", "input", sbh, e),
+        Saved("fc matmul", "input", sbh, e),
+        Saved("GELU", "input", s * b * f, e),
+        Saved("fc-proj matmul", "input", s * b * f, e),
+    ]
+    if cfg.dropout:
+        ops.append(Saved("residual dropout (mlp)", "mask", sbh, MASK_BYTES))
+    return ops
+
+
+ATTENTION_CORE = ("softmax", "attention dropout")  # rebuilt by selective recompute
+
+
+def _is_attention_core(item: Saved) -> bool:
+    return item.op in ATTENTION_CORE or item.tensor.startswith("P (")
+
+
+def transformer_outside_ops(cfg: BudgetConfig) -> list[Saved]:
+    """What the model saves outside its blocks (our own count; the paper's
+    per-layer formula covers the blocks only): the embedding dropout mask,
+    the final layer norm's input, the head matmul's input and the
+    cross-entropy's softmax over the vocabulary, kept in fp32."""
+    s, b, h = cfg.seq_len, cfg.micro_batch, cfg.d_model
+    e = activation_bytes_per_element(cfg)
+    ops = []
+    if cfg.dropout:
+        ops.append(Saved("embedding dropout", "mask", s * b * h, MASK_BYTES, until_end=True))
+    ops += [
+        Saved("final layer norm", "input", s * b * h, e),
+        Saved("head matmul", "input", s * b * h, e),
+        Saved("cross-entropy", "softmax over the vocabulary", s * b * cfg.vocab_size,
+              LOGITS_BYTES),
+    ]
+    return ops
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, recompute: str = "none") -> int:
+    """The published per-layer activation bytes (16-bit, with dropout):
+    s*b*h*(34 + 5*a*s/h) with no recompute, 34*s*b*h with selective
+    recompute, 2*s*b*h with full recompute. Exact integers."""
+    if recompute == "none":
+        return 34 * s * b * h + 5 * a * s * s * b
+    if recompute == "selective":
+        return 34 * s * b * h
+    if recompute == "full":
+        return 2 * s * b * h
+    raise BudgetError(f"recompute={recompute!r} is unknown; allowed: {', '.join(RECOMPUTE)}.")
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation bytes of one micro-batch under one model.
+
+    `saved` is what is alive when the forward pass ends; `peak` the most that
+    is alive at any moment of the step. They differ only with recompute: the
+    backward first frees what lies after the last block (the head, the loss),
+    then rebuilds one block (or one attention core) at a time on top of what
+    the blocks kept, so
+
+        peak = saved - freed_before_blocks + max(freed_before_blocks, rebuilt)
+
+    where `rebuilt` is one block's (or attention core's) saved tensors.
+    """
+    model: str
+    saved: int            # alive at the end of the forward pass
+    peak: int             # most alive at any moment of the forward and backward
+    items: tuple = ()     # the Saved entries behind `saved`
+
+    @property
+    def transient(self) -> int:
+        """What recompute adds on top of `saved` at the peak."""
+        return self.peak - self.saved
+
+
+def _with_recompute_peak(model: str, kept: list, outside: list, rebuilt: int) -> Activations:
+    """Activations whose peak follows the backward's order (see Activations)."""
+    items = tuple(kept + outside)
+    saved = sum(x.bytes for x in items)
+    freed_first = sum(x.bytes for x in outside if not x.until_end)
+    peak = saved - freed_first + max(freed_first, rebuilt) if rebuilt else saved
+    return Activations(model, saved, peak, items)
+
+
+def _rule_activations(cfg: BudgetConfig) -> Activations:
+    e = activation_bytes_per_element(cfg)
+    unit = tensor_bytes(cfg) // e
+    k, L = cfg.tensors_per_layer, cfg.n_layer
+    if cfg.recompute == "full":  # keep each block's input, rebuild one block's k tensors
+        kept = [Saved("block", "input (checkpoint)", unit, e, L)]
+        return _with_recompute_peak("rule", kept, [], k * unit * e)
+    return _with_recompute_peak("rule", [Saved("block", f"{k} tensors of B x N x d",
+                                               k * unit, e, L)], [], 0)
+
+
+def _transformer_activations(cfg: BudgetConfig) -> Activations:
+    L = cfg.n_layer
+    layer = transformer_layer_ops(cfg)
+    outside = transformer_outside_ops(cfg)
+    e = activation_bytes_per_element(cfg)
+    sbh = cfg.seq_len * cfg.micro_batch * cfg.d_model
+    if cfg.recompute == "full":
+        kept = [Saved("block", "input (checkpoint)", sbh, e, L)]
+        rebuilt = sum(x.bytes for x in layer)
+    elif cfg.recompute == "selective":
+        kept = [replace(x, count=L) for x in layer if not _is_attention_core(x)]
+        rebuilt = sum(x.bytes for x in layer if _is_attention_core(x))
+    else:
+        kept, rebuilt = [replace(x, count=L) for x in layer], 0
+    return _with_recompute_peak("transformer", kept, outside, rebuilt)
+
+
+def activations(cfg: BudgetConfig) -> Activations:
+    """Activation bytes of one micro-batch under `cfg.activation_model`."""
+    cfg.validate()
+    if cfg.activation_model == "rule":
+        return _rule_activations(cfg)
+    if cfg.activation_model == "transformer":
+        return _transformer_activations(cfg)
+    return engine_activations(cfg)
+
+
+# ----------------------------------------------------- "this engine" model
+INDEX_BYTES = 8  # the engine keeps token ids and targets as int64
+
+
+def engine_block_saved(cfg: BudgetConfig) -> list[Saved]:
+    """What one block of `engine.nn.GPT` saves (the list in engine/nn.py's
+    docstring), per block, with f bytes per float element:
+
+        ln1 layer_norm        xhat (B,T,C), rstd (B,T)
+        attn qkv matmul       its input ln1(x) (B,T,C)
+             causal_attention q, k, v: views of one (B,T,3C) buffer, att (B,H,T,T)
+             proj matmul      the merged heads (B,T,C)
+        ln2 layer_norm        xhat (B,T,C), rstd (B,T)
+        mlp fc matmul         its input ln2(x) (B,T,C)
+             gelu             its input (B,T,4C)
+             fcproj matmul    gelu's output (B,T,4C)
+
+    = f * (16*B*T*C + 2*B*T + B*H*T*T). The weights the matmuls keep for dx
+    are parameters, not activations; bias and residual adds save nothing.
+    """
+    B_, T, C, H = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.n_head
+    f = activation_bytes_per_element(cfg)
+    btc, bt = B_ * T * C, B_ * T
+    return [
+        Saved("ln1 layer_norm", "xhat", btc, f), Saved("ln1 layer_norm", "rstd", bt, f),
+        Saved("attn qkv matmul", "input ln1(x)", btc, f),
+        Saved("attn causal_attention", "q, k, v (one buffer)", 3 * btc, f),
+        Saved("attn causal_attention", "att", B_ * H * T * T, f),
+        Saved("attn proj matmul", "merged heads", btc, f),
+        Saved("ln2 layer_norm", "xhat", btc, f), Saved("ln2 layer_norm", "rstd", bt, f),
+        Saved("mlp fc matmul", "input ln2(x)", btc, f),
+        Saved("mlp gelu", "input", 4 * btc, f),
+        Saved("mlp fcproj matmul", "gelu output", 4 * btc, f),
+    ]
+
+
+def engine_outside_saved(cfg: BudgetConfig) -> list[Saved]:
+    """What `engine.nn.GPT` saves outside its blocks: the token ids, the final
+    layer norm, the tied head's input, the loss's probabilities and targets."""
+    B_, T, C, V = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
+    f = activation_bytes_per_element(cfg)
+    return [
+        Saved("embed embedding", "ids", B_ * T, INDEX_BYTES, until_end=True),
+        Saved("lnf layer_norm", "xhat", B_ * T * C, f),
+        Saved("lnf layer_norm", "rstd", B_ * T, f),
+        Saved("head matmul", "input lnf(x)", B_ * T * C, f),
+        Saved("loss cross_entropy", "probs", B_ * T * V, f),
+        Saved("loss cross_entropy", "targets", B_ * T, INDEX_BYTES),
+    ]
+
+
+def engine_saved_tensors(cfg: BudgetConfig) -> list[Saved]:
+    """Every tensor `engine.nn.GPT` keeps for its backward, one entry per kind
+    (`count` = number of blocks). With recompute='full' each block keeps only
+    its input (B,T,C), and its insides are rebuilt during the backward."""
+    block = engine_block_saved(cfg)
+    if cfg.recompute == "full":
+        f = activation_bytes_per_element(cfg)
+        kept = [Saved("block", "input (checkpoint)", cfg.micro_batch * cfg.seq_len
+                      * cfg.d_model, f, cfg.n_layer)]
+    else:
+        kept = [replace(x, count=cfg.n_layer) for x in block]
+    return kept + engine_outside_saved(cfg)
+
+
+def engine_activations(cfg: BudgetConfig) -> Activations:
+    """Exactly the bytes our tape engine saves for `engine.nn.GPT` (float
+    tensors at the policy's bytes per element: fp32 = 4, as the engine runs;
+    ids and targets at 8). `engine.memory` measures the same number."""
+    items = engine_saved_tensors(cfg)
+    n_kept = 1 if cfg.recompute == "full" else len(engine_block_saved(cfg))
+    rebuilt = sum(x.bytes for x in engine_block_saved(cfg)) if cfg.recompute == "full" else 0
+    return _with_recompute_peak("engine", items[:n_kept], items[n_kept:], rebuilt)
+
+
+# Largest run `measure` starts: a few seconds of numpy on a laptop.

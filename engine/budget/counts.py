@@ -1,0 +1,107 @@
+"""Parameters, FLOPs and the fixed memory (weights, gradients, optimizer state) of a step."""
+from __future__ import annotations
+
+from .config import BudgetConfig, BudgetError, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
+
+
+# ----------------------------------------------------------------- parameters
+def parameter_breakdown(cfg: BudgetConfig) -> dict[str, int]:
+    """Parameter counts by part of the model (the formula, even when
+    `n_params` overrides the total)."""
+    L, d, V, f = cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.ffn
+    per_layer = {
+        "layer norms": 4 * d,
+        "attention qkv": 3 * d * d + 3 * d,
+        "attention projection": d * d + d,
+        "mlp": d * f + f + f * d + d,
+    }
+    parts = {
+        "token embedding": V * d,
+        "position embedding": cfg.positions * d,
+        **{k: L * v for k, v in per_layer.items()},
+        "final layer norm": 2 * d,
+    }
+    if not cfg.tied_embedding:
+        parts["output head"] = d * V
+    return parts
+
+
+def parameter_count(cfg: BudgetConfig) -> int:
+    """P: `n_params` when given, else the sum of `parameter_breakdown`."""
+    return cfg.n_params or sum(parameter_breakdown(cfg).values())
+
+
+def matmul_weights(cfg: BudgetConfig) -> int:
+    """The weights that multiply an activation once per token: every block's
+    four matrices and the output head (the token table, when tied). Biases,
+    norm gains and the embedding lookups do no matmul. With a plain parameter
+    count, all of `n_params` is taken to be matmul weights."""
+    if cfg.n_params:
+        return cfg.n_params
+    d = cfg.d_model
+    return cfg.n_layer * (4 * d * d + 2 * d * cfg.ffn) + d * cfg.vocab_size
+
+
+# ---------------------------------------------------------------------- FLOPs
+def attention_flops_per_token(cfg: BudgetConfig) -> int:
+    """Forward FLOPs with no weights: Q @ K^T and P @ V, 2*N*d each per layer
+    (per head 2*N*(d/a), times a heads), over the full N x N matrix."""
+    return cfg.n_layer * 2 * (2 * cfg.seq_len * cfg.d_model)
+
+
+def forward_flops_per_token(cfg: BudgetConfig) -> int:
+    """2 FLOPs per matmul weight per token, plus the attention term."""
+    return 2 * matmul_weights(cfg) + attention_flops_per_token(cfg)
+
+
+def recompute_flops_per_token(cfg: BudgetConfig) -> int:
+    """Forward work redone inside the backward pass."""
+    if cfg.recompute == "full":
+        return forward_flops_per_token(cfg)
+    if cfg.recompute == "selective":
+        return attention_flops_per_token(cfg)
+    return 0
+
+
+def tokens_per_micro_batch(cfg: BudgetConfig) -> int:
+    return cfg.micro_batch * cfg.seq_len
+
+
+def tokens_per_step(cfg: BudgetConfig) -> int:
+    """K micro-batches of B sequences of N tokens feed one optimizer step."""
+    return cfg.accumulation * tokens_per_micro_batch(cfg)
+
+
+def flops(cfg: BudgetConfig) -> dict[str, dict[str, int]]:
+    """Forward, backward (2x forward), recompute and total FLOPs, per token,
+    per micro-batch and per optimizer step."""
+    fwd = forward_flops_per_token(cfg)
+    per_token = {"forward": fwd, "backward": 2 * fwd,
+                 "recompute": recompute_flops_per_token(cfg)}
+    per_token["total"] = sum(per_token.values())
+    scale = {"per_token": 1, "per_micro_batch": tokens_per_micro_batch(cfg),
+             "per_step": tokens_per_step(cfg)}
+    return {where: {k: v * n for k, v in per_token.items()} for where, n in scale.items()}
+
+
+# ------------------------------------------------------------- fixed memory
+def bytes_per_parameter(precision: str, optimizer: str) -> dict[str, int]:
+    """Bytes per parameter of each fixed buffer: weights and gradients in the
+    storage precision, an fp32 master copy for 16-bit storage, fp32 optimizer
+    state. Mixed-precision (bf16/fp16) AdamW: 2 + 2 + 4 + 8 = 16."""
+    if precision not in PRECISIONS:
+        raise BudgetError(f"precision={precision!r} is unknown; allowed: {', '.join(PRECISIONS)}.")
+    if optimizer not in OPTIMIZERS:
+        raise BudgetError(f"optimizer={optimizer!r} is unknown; allowed: {', '.join(OPTIMIZERS)}.")
+    return {
+        "weights": STORAGE_BYTES[precision],
+        "master weights": MASTER_BYTES[precision],
+        "gradients": STORAGE_BYTES[precision],
+        "optimizer state": OPTIMIZER_BUFFERS[optimizer] * OPTIMIZER_STATE_BYTES,
+    }
+
+
+def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
+    """Bytes of weights, master weights, gradients and optimizer state."""
+    P = parameter_count(cfg)
+    return {k: P * b for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer).items()}

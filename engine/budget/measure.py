@@ -1,0 +1,93 @@
+"""Measure a model's activation bytes on the tape (engine.memory), to check the prediction."""
+from __future__ import annotations
+
+from .config import BudgetConfig, BudgetError
+from .counts import flops
+from .activations import engine_activations
+from .total import budget
+from .report import human_bytes, human_flops
+
+
+MEASURE_MAX_ACTIVATION_BYTES = 1_500_000_000
+MEASURE_MAX_FLOPS = 3e11
+
+
+def measurable(cfg: BudgetConfig) -> BudgetConfig:
+    """The configuration `measure` runs: `cfg` as our engine runs it (fp32,
+    the engine activation model), or BudgetError saying what to change."""
+    cfg.validate()
+    if cfg.dropout or not cfg.tied_embedding or (cfg.d_ff and cfg.d_ff != 4 * cfg.d_model):
+        raise BudgetError(
+            "our engine's GPT has no dropout, a tied head and an MLP of width 4d; turn "
+            "dropout off, tie the head and set the MLP width to 0 (4d) to measure.")
+    if cfg.recompute == "selective":
+        raise BudgetError("our engine checkpoints whole blocks only; set recompute 'none' "
+                          "or 'full' to measure.")
+    run = cfg.with_(activation_model="engine", precision="fp32", n_params=0)
+    acts = engine_activations(run).peak
+    work = flops(run)["per_micro_batch"]["forward"] * 3
+    if acts > MEASURE_MAX_ACTIVATION_BYTES or work > MEASURE_MAX_FLOPS:
+        raise BudgetError(
+            f"this shape is too large to measure here ({human_bytes(acts)} of activations, "
+            f"{human_flops(work)} per step; the limits are "
+            f"{human_bytes(MEASURE_MAX_ACTIVATION_BYTES)} and {human_flops(MEASURE_MAX_FLOPS)}). "
+            f"Reduce B, N, L or d, e.g. the 'tiny' preset.")
+    return run
+
+
+def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
+    """Run one forward and backward of `engine.nn.GPT` at this shape under
+    `engine.memory` (with every block checkpointed by `engine.recompute`
+    when recompute='full') and return measured bytes beside the engine
+    model's prediction:
+      * activations alive at the end of the forward, and their peak over the
+        step, from the tape's timeline;
+      * weights and gradients: the nbytes of the real arrays;
+      * the step peak without optimizer state (weights + gradients +
+        activation peak): the engine has no optimizer state to measure, so
+        that part of `budget(...).peak` is left out on both sides;
+      * the timeline itself, as (phase, op, live bytes)."""
+    import numpy as np
+
+    from .. import memory
+    from ..recompute import checkpointed
+    from ..gpt_config import GPTConfig, init_params
+    from ..nn import GPT
+
+    run = measurable(cfg)
+    gcfg = GPTConfig(vocab_size=run.vocab_size, block_size=run.positions,
+                     n_layer=run.n_layer, n_head=run.n_head, n_embd=run.d_model)
+    model = GPT(gcfg, init_params(gcfg, seed=seed, dtype=np.float32))
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
+    targets = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
+    policy = "every" if run.recompute == "full" else "none"
+    with memory.record() as mem:
+        with checkpointed(model, policy):
+            loss = model(ids, targets)
+        loss.backward()
+    timeline = [(p.phase, p.label, p.live_bytes) for p in mem.timeline]
+    first_backward = next(i for i, (phase, _, _) in enumerate(timeline) if phase == "backward")
+    end_of_forward = timeline[first_backward - 1][2]
+    weights = sum(p.data.nbytes for p in model.parameters().values())
+    grads = sum(p.grad.nbytes for p in model.parameters().values() if p.grad is not None)
+    predicted = budget(run)
+    return {
+        "shape": (f"L={run.n_layer} d={run.d_model} H={run.n_head} V={run.vocab_size} "
+                  f"B={run.micro_batch} N={run.seq_len}, fp32"
+                  + (", every block checkpointed" if policy == "every" else "")),
+        "config": run,
+        "predicted_saved": predicted.activations.saved,
+        "measured_saved": end_of_forward,
+        "predicted_peak": predicted.activations.peak,
+        "measured_peak": mem.peak_bytes,
+        "predicted_weights": predicted.fixed["weights"],
+        "measured_weights": weights,
+        "predicted_gradients": predicted.fixed["gradients"],
+        "measured_gradients": grads,
+        "predicted_step_peak": (predicted.fixed["weights"] + predicted.fixed["gradients"]
+                                + predicted.activations.peak),
+        "measured_step_peak": weights + grads + mem.peak_bytes,
+        "timeline": timeline,
+        "loss": float(loss.data),
+    }

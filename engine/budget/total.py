@@ -1,0 +1,107 @@
+"""The whole budget of a training step, and the sweeps built on it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from .config import BudgetConfig
+from .counts import bytes_per_parameter, fixed_bytes, flops, parameter_breakdown, parameter_count, tokens_per_micro_batch, tokens_per_step
+from .activations import Activations, activations, tensor_bytes
+
+
+# --------------------------------------------------------------- the budget
+@dataclass(frozen=True)
+class Budget:
+    """Everything one training step costs, in integers (FLOPs and bytes)."""
+    config: BudgetConfig
+    parameters: int
+    parameter_breakdown: dict
+    flops: dict
+    fixed: dict
+    activations: Activations
+    one_tensor_bytes: int
+
+    @property
+    def fixed_total(self) -> int:
+        return sum(self.fixed.values())
+
+    @property
+    def peak(self) -> int:
+        return self.fixed_total + self.activations.peak
+
+    def memory(self) -> dict[str, int]:
+        """The categories of the stacked bar, in the order they are resident."""
+        return {**self.fixed, "activations": self.activations.saved,
+                "recompute transient": self.activations.transient}
+
+    def as_dict(self) -> dict:
+        cfg = asdict(self.config)
+        return {
+            "config": cfg,
+            "parameters": self.parameters,
+            "parameter_breakdown": self.parameter_breakdown,
+            "tokens": {"per_micro_batch": tokens_per_micro_batch(self.config),
+                       "per_step": tokens_per_step(self.config)},
+            "flops": self.flops,
+            "bytes_per_parameter": bytes_per_parameter(self.config.precision,
+                                                       self.config.optimizer),
+            "memory": {**self.memory(), "fixed_total": self.fixed_total,
+                       "activations_peak": self.activations.peak, "peak": self.peak},
+            "one_tensor_bytes": self.one_tensor_bytes,
+            "activation_items": [{**asdict(x), "bytes": x.bytes} for x in self.activations.items],
+        }
+
+
+def budget(cfg: BudgetConfig) -> Budget:
+    """The whole training-step budget for one configuration."""
+    cfg.validate()
+    return Budget(config=cfg, parameters=parameter_count(cfg),
+                  parameter_breakdown=parameter_breakdown(cfg), flops=flops(cfg),
+                  fixed=fixed_bytes(cfg), activations=activations(cfg),
+                  one_tensor_bytes=tensor_bytes(cfg))
+
+
+def crossover_batch(cfg: BudgetConfig, max_batch: int = 1 << 20) -> int | None:
+    """The smallest micro-batch B (at this N) whose activation peak exceeds
+    the fixed memory (weights + master + gradients + optimizer state), or
+    None if none up to `max_batch` does. Activations grow with B; the fixed
+    memory does not."""
+    fixed = budget(cfg).fixed_total
+
+    def over(b: int) -> bool:
+        return activations(replace(cfg, micro_batch=b)).peak > fixed
+
+    if not over(max_batch):
+        return None
+    lo, hi = 1, max_batch  # over(hi) is true; find the first b with over(b)
+    if over(lo):
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if over(mid) else (mid, hi)
+    return hi
+
+
+def batch_sweep(cfg: BudgetConfig, batches) -> dict[str, list[int]]:
+    """Memory against B x N: for each micro-batch B (at this N) the tokens
+    B*N, the fixed bytes (flat) and the activation peak (growing)."""
+    fixed = budget(cfg).fixed_total
+    rows = {"micro_batch": [], "tokens": [], "fixed": [], "activations": [], "peak": []}
+    for b in batches:
+        acts = activations(cfg.with_(micro_batch=int(b))).peak
+        rows["micro_batch"].append(int(b))
+        rows["tokens"].append(int(b) * cfg.seq_len)
+        rows["fixed"].append(fixed)
+        rows["activations"].append(acts)
+        rows["peak"].append(fixed + acts)
+    return rows
+
+
+def recompute_tradeoff(cfg: BudgetConfig) -> dict[str, int]:
+    """What `cfg.recompute` buys against no recompute: activation-peak bytes
+    saved and FLOPs per step added."""
+    base = budget(cfg.with_(recompute="none"))
+    this = budget(cfg)
+    return {"bytes_saved": base.activations.peak - this.activations.peak,
+            "flops_added": this.flops["per_step"]["total"] - base.flops["per_step"]["total"],
+            "base_activation_peak": base.activations.peak,
+            "base_flops_per_step": base.flops["per_step"]["total"]}
