@@ -25,18 +25,18 @@ def _number(exercise: str, value, what: str) -> float:
 
 # ------------------------------------------------------------------ 07.1
 def _flops_cases():
-    from engine import budget as B
-    return [B.preset("gpt2-small"), B.preset("7b-class"), B.preset("tiny"),
-            B.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=256)]
+    from engine import budget as bm
+    return [bm.preset("gpt2-small"), bm.preset("7b-class"), bm.preset("tiny"),
+            bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=256)]
 
 
 def check_training_flops(training_flops_per_token) -> None:
     """training_flops_per_token(matmul_weights, n_layer, seq_len, d_model):
     forward (2 per weight + attention) plus backward (2x forward)."""
-    from engine import budget as B
+    from engine import budget as bm
     for cfg in _flops_cases():
-        P, L, N, d = B.matmul_weights(cfg), cfg.n_layer, cfg.seq_len, cfg.d_model
-        want = B.flops(cfg)["per_token"]["total"]
+        P, L, N, d = bm.matmul_weights(cfg), cfg.n_layer, cfg.seq_len, cfg.d_model
+        want = bm.flops(cfg)["per_token"]["total"]
         got = _number(EX_FLOPS, attempt(EX_FLOPS, training_flops_per_token, P, L, N, d),
                       "training_flops_per_token(...)")
         if abs(got - want) <= 1e-9 * want:
@@ -60,25 +60,25 @@ def check_training_flops(training_flops_per_token) -> None:
         raise ExerciseError(EX_FLOPS, f"for P={P:,}, L={L}, N={N}, d={d} you have "
                                       f"{got:.6g} FLOPs per token, engine.budget says "
                                       f"{want:.6g}. Hint: {hint}")
-    g = B.preset("gpt2-small")
+    g = bm.preset("gpt2-small")
     passed(EX_FLOPS, f"GPT-2 small at N={g.seq_len}: "
-                     f"{B.human_flops(B.flops(g)['per_token']['total'])} per token.")
+                     f"{bm.human_flops(bm.flops(g)['per_token']['total'])} per token.")
 
 
 # ------------------------------------------------------------------ 07.2
 def check_fixed_bytes_per_parameter(fixed_bytes_per_parameter) -> None:
     """fixed_bytes_per_parameter(precision, optimizer) = weights + master
     weights + gradients + optimizer state, in bytes per parameter."""
-    from engine import budget as B
-    for precision in B.PRECISIONS:
-        for optimizer in B.OPTIMIZERS:
-            parts = B.bytes_per_parameter(precision, optimizer)
+    from engine import budget as bm
+    for precision in bm.PRECISIONS:
+        for optimizer in bm.OPTIMIZERS:
+            parts = bm.bytes_per_parameter(precision, optimizer)
             want = sum(parts.values())
             got = _number(EX_BYTES, attempt(EX_BYTES, fixed_bytes_per_parameter, precision,
                                             optimizer), "fixed_bytes_per_parameter(...)")
             if got == want:
                 continue
-            storage, buffers = B.STORAGE_BYTES[precision], B.OPTIMIZER_BUFFERS[optimizer]
+            storage, buffers = bm.STORAGE_BYTES[precision], bm.OPTIMIZER_BUFFERS[optimizer]
             known = {
                 want - parts["master weights"]:
                     "16-bit training keeps an fp32 master copy of the weights (4 bytes): "
@@ -94,17 +94,17 @@ def check_fixed_bytes_per_parameter(fixed_bytes_per_parameter) -> None:
             raise ExerciseError(EX_BYTES, f"{precision} + {optimizer}: you say {got:g} bytes "
                                           f"per parameter, expected {want}. Hint: {hint}")
     passed(EX_BYTES, "mixed-precision AdamW: 16 bytes per parameter "
-                     f"({' + '.join(str(v) for v in B.bytes_per_parameter('bf16', 'adamw').values())}).")
+                     f"({' + '.join(str(v) for v in bm.bytes_per_parameter('bf16', 'adamw').values())}).")
 
 
 # ------------------------------------------------------------------ 07.3
 def _first_exceeding(cfg, threshold: int, which: str, limit: int = 1 << 20):
     """The first micro-batch whose activations (`which`: 'saved' or 'peak')
     exceed `threshold`, by bisection; the answers of typical slips."""
-    from engine import budget as B
+    from engine import budget as bm
 
     def over(b: int) -> bool:
-        return getattr(B.activations(cfg.with_(micro_batch=b)), which) > threshold
+        return getattr(bm.activations(cfg.with_(micro_batch=b)), which) > threshold
 
     if not over(limit):
         return None
@@ -116,24 +116,24 @@ def _first_exceeding(cfg, threshold: int, which: str, limit: int = 1 << 20):
 
 
 def _crossover_cases():
-    from engine import budget as B
-    return [B.preset("gpt2-small", seq_len=128), B.preset("gpt2-small", recompute="full"),
-            B.preset("24-layer-example", seq_len=256), B.preset("7b-class", seq_len=512),
-            B.preset("tiny", micro_batch=1)]
+    from engine import budget as bm
+    return [bm.preset("gpt2-small", seq_len=128), bm.preset("gpt2-small", recompute="full"),
+            bm.preset("24-layer-example", seq_len=256), bm.preset("7b-class", seq_len=512),
+            bm.preset("tiny", micro_batch=1)]
 
 
 def check_crossover_batch(find_crossover_batch) -> None:
     """find_crossover_batch(cfg) = the smallest micro-batch B whose
     activation peak exceeds weights + master + gradients + optimizer state."""
-    from engine import budget as B
+    from engine import budget as bm
     for cfg in _crossover_cases():
-        want = B.crossover_batch(cfg)
+        want = bm.crossover_batch(cfg)
         got = attempt(EX_CROSS, find_crossover_batch, cfg)
         if got is not None:
             got = int(_number(EX_CROSS, got, "find_crossover_batch(cfg)"))
         if got == want:
             continue
-        b = B.budget(cfg)
+        b = bm.budget(cfg)
         fixed = b.fixed_total
         if want is not None and got == want - 1:
             hint = (f"B={got} is the last batch where the activations still fit under the "
@@ -150,7 +150,7 @@ def check_crossover_batch(find_crossover_batch) -> None:
                     "first B where it is larger than budget(cfg).fixed_total.")
         raise ExerciseError(EX_CROSS, f"for {cfg.name} (N={cfg.seq_len}, recompute "
                                       f"{cfg.recompute}) you say B={got}, expected B={want} "
-                                      f"(fixed memory {B.human_bytes(fixed)}). Hint: {hint}")
+                                      f"(fixed memory {bm.human_bytes(fixed)}). Hint: {hint}")
     first = _crossover_cases()[0]
     passed(EX_CROSS, f"GPT-2 small at N={first.seq_len}: activations overtake the fixed memory "
-                     f"at B={B.crossover_batch(first)}.")
+                     f"at B={bm.crossover_batch(first)}.")

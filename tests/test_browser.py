@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from engine import budget as B
+from engine import budget as bm
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -115,7 +115,7 @@ def lab():
 def test_slider_move_shows_the_engine_budget(lab):
     from playwright.sync_api import expect, sync_playwright
     base, token = lab
-    start = B.preset(PRESET)
+    start = bm.preset(PRESET)
     moved = start.with_(micro_batch=start.micro_batch + 2)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
@@ -128,7 +128,7 @@ def test_slider_move_shows_the_engine_budget(lab):
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
             peak = page.locator(".budget-readout .budget-peak-bytes")
-            expect(peak).to_have_text(f"{B.budget(start).peak:,}", timeout=120_000)
+            expect(peak).to_have_text(f"{bm.budget(start).peak:,}", timeout=120_000)
 
             slider = page.locator(".budget-knob-micro-batch")
             handle = slider.locator(".noUi-handle").first
@@ -137,9 +137,9 @@ def test_slider_move_shows_the_engine_budget(lab):
             page.keyboard.press("ArrowRight")
             expect(slider.locator(".widget-readout")).to_have_text(str(moved.micro_batch),
                                                                    timeout=30_000)
-            expect(peak).to_have_text(f"{B.budget(moved).peak:,}", timeout=60_000)
-            assert B.budget(moved).peak != B.budget(start).peak
+            expect(peak).to_have_text(f"{bm.budget(moved).peak:,}", timeout=60_000)
+            assert bm.budget(moved).peak != bm.budget(start).peak
             readout = page.locator(".budget-readout").inner_text()
-            assert B.human_bytes(B.budget(moved).peak) in readout
+            assert bm.human_bytes(bm.budget(moved).peak) in readout
         finally:
             browser.close()

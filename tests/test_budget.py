@@ -10,7 +10,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine import budget as B
+from engine import budget as bm
 from engine.gpt_config import GPTConfig, num_params
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -56,17 +56,17 @@ def test_cli_knobs_override_the_preset():
 
 def test_mixed_precision_adamw_is_16_bytes_per_parameter():
     for precision in ("bf16", "fp16"):
-        assert sum(B.bytes_per_parameter(precision, "adamw").values()) == 16
-    assert B.bytes_per_parameter("bf16", "adamw") == {
+        assert sum(bm.bytes_per_parameter(precision, "adamw").values()) == 16
+    assert bm.bytes_per_parameter("bf16", "adamw") == {
         "weights": 2, "master weights": 4, "gradients": 2, "optimizer state": 8}
-    assert sum(B.bytes_per_parameter("fp32", "sgd").values()) == 8
-    assert sum(B.bytes_per_parameter("fp32", "momentum").values()) == 12
-    assert sum(B.bytes_per_parameter("bf16", "sgd").values()) == 8
+    assert sum(bm.bytes_per_parameter("fp32", "sgd").values()) == 8
+    assert sum(bm.bytes_per_parameter("fp32", "momentum").values()) == 12
+    assert sum(bm.bytes_per_parameter("bf16", "sgd").values()) == 8
 
 
 # ------------------------------------------------------------ parameters
 def test_gpt2_small_has_its_known_parameter_count():
-    assert B.parameter_count(B.preset("gpt2-small")) == 124_439_808
+    assert bm.parameter_count(bm.preset("gpt2-small")) == 124_439_808
 
 
 @settings(max_examples=40, deadline=None)
@@ -74,15 +74,15 @@ def test_gpt2_small_has_its_known_parameter_count():
        V=st.integers(2, 300), T=st.integers(1, 64))
 def test_parameter_formula_matches_the_shared_gpt_config(L, heads, head_size, V, T):
     d = heads * head_size
-    cfg = B.BudgetConfig(n_layer=L, d_model=d, n_head=heads, vocab_size=V, block_size=T,
+    cfg = bm.BudgetConfig(n_layer=L, d_model=d, n_head=heads, vocab_size=V, block_size=T,
                          seq_len=T)
-    assert B.parameter_count(cfg) == num_params(GPTConfig(V, T, L, heads, d))
+    assert bm.parameter_count(cfg) == num_params(GPTConfig(V, T, L, heads, d))
 
 
 def test_untied_head_adds_one_vocabulary_matrix():
-    tied = B.preset("gpt2-small")
+    tied = bm.preset("gpt2-small")
     untied = tied.with_(tied_embedding=False)
-    assert B.parameter_count(untied) - B.parameter_count(tied) == 768 * 50257
+    assert bm.parameter_count(untied) - bm.parameter_count(tied) == 768 * 50257
 
 
 # ------------------------------------------------------------------ FLOPs
@@ -90,22 +90,22 @@ def test_untied_head_adds_one_vocabulary_matrix():
 @given(L=st.integers(1, 8), heads=st.integers(1, 8), head_size=st.integers(1, 32),
        b=st.integers(1, 8), n=st.integers(1, 256), k=st.integers(1, 4))
 def test_flop_accounting(L, heads, head_size, b, n, k):
-    cfg = B.BudgetConfig(n_layer=L, d_model=heads * head_size, n_head=heads, vocab_size=97,
+    cfg = bm.BudgetConfig(n_layer=L, d_model=heads * head_size, n_head=heads, vocab_size=97,
                          micro_batch=b, seq_len=n, accumulation=k)
-    f = B.flops(cfg)
+    f = bm.flops(cfg)
     tok = f["per_token"]
     assert tok["backward"] == 2 * tok["forward"] and tok["recompute"] == 0
     assert f["per_micro_batch"]["total"] == b * n * tok["total"]
     assert f["per_step"]["total"] == k * f["per_micro_batch"]["total"]
-    full = B.flops(cfg.with_(recompute="full"))["per_token"]
+    full = bm.flops(cfg.with_(recompute="full"))["per_token"]
     assert full["total"] == 4 * tok["forward"]  # one more forward: 3x becomes 4x
-    selective = B.flops(cfg.with_(recompute="selective"))["per_token"]
-    assert selective["recompute"] == B.attention_flops_per_token(cfg) == 4 * L * n * cfg.d_model
+    selective = bm.flops(cfg.with_(recompute="selective"))["per_token"]
+    assert selective["recompute"] == bm.attention_flops_per_token(cfg) == 4 * L * n * cfg.d_model
 
 
 def test_six_flops_per_parameter_per_token_when_attention_is_small():
-    cfg = B.preset("7b-example", seq_len=16, micro_batch=1)
-    tok = B.flops(cfg)["per_token"]
+    cfg = bm.preset("7b-example", seq_len=16, micro_batch=1)
+    tok = bm.flops(cfg)["per_token"]
     assert tok["forward"] + tok["backward"] == pytest.approx(6 * 7e9, rel=1e-3)
 
 
@@ -115,37 +115,37 @@ def test_six_flops_per_parameter_per_token_when_attention_is_small():
        head_size=st.integers(1, 64), L=st.integers(1, 4))
 def test_per_op_transformer_count_equals_korthikanti(s, b, heads, head_size, L):
     h = heads * head_size
-    cfg = B.BudgetConfig(n_layer=L, d_model=h, n_head=heads, micro_batch=b, seq_len=s,
+    cfg = bm.BudgetConfig(n_layer=L, d_model=h, n_head=heads, micro_batch=b, seq_len=s,
                          precision="bf16", dropout=True)
-    layer = sum(x.bytes for x in B.transformer_layer_ops(cfg))
-    assert layer == B.korthikanti_layer_bytes(s, b, h, heads, "none")
+    layer = sum(x.bytes for x in bm.transformer_layer_ops(cfg))
+    assert layer == bm.korthikanti_layer_bytes(s, b, h, heads, "none")
     # the published form sbh(34 + 5as/h), in exact arithmetic
     assert layer * h == s * b * h * (34 * h + 5 * heads * s)
-    outside = sum(x.bytes for x in B.transformer_outside_ops(cfg))
+    outside = sum(x.bytes for x in bm.transformer_outside_ops(cfg))
     for mode in ("none", "selective", "full"):
-        acts = B.activations(cfg.with_(recompute=mode))
-        assert acts.saved == L * B.korthikanti_layer_bytes(s, b, h, heads, mode) + outside
+        acts = bm.activations(cfg.with_(recompute=mode))
+        assert acts.saved == L * bm.korthikanti_layer_bytes(s, b, h, heads, mode) + outside
 
 
 def test_transformer_count_without_dropout_and_in_fp32():
     s, b, h, a = 64, 2, 32, 4
-    cfg = B.BudgetConfig(n_layer=1, d_model=h, n_head=a, micro_batch=b, seq_len=s)
-    layer = sum(x.bytes for x in B.transformer_layer_ops(cfg))
+    cfg = bm.BudgetConfig(n_layer=1, d_model=h, n_head=a, micro_batch=b, seq_len=s)
+    layer = sum(x.bytes for x in bm.transformer_layer_ops(cfg))
     # 16 tensors of s*b*h and the softmax output, 4 bytes each, no masks
     assert layer == 4 * (16 * s * b * h + a * s * s * b)
 
 
 @pytest.mark.parametrize("name", ["gpt2-small", "7b-class"])
 def test_recompute_keeps_less_and_rebuilds_one_block(name):
-    cfg = B.preset(name)
-    none = B.activations(cfg)
-    full = B.activations(cfg.with_(recompute="full"))
+    cfg = bm.preset(name)
+    none = bm.activations(cfg)
+    full = bm.activations(cfg.with_(recompute="full"))
     assert full.saved < none.saved and full.peak < none.peak
     # the head and loss are freed before the last block is rebuilt
-    outside = sum(x.bytes for x in B.transformer_outside_ops(cfg) if not x.until_end)
-    stays = sum(x.bytes for x in B.transformer_outside_ops(cfg) if x.until_end)
-    block = sum(x.bytes for x in B.transformer_layer_ops(cfg))
-    e = B.STORAGE_BYTES[cfg.precision]
+    outside = sum(x.bytes for x in bm.transformer_outside_ops(cfg) if not x.until_end)
+    stays = sum(x.bytes for x in bm.transformer_outside_ops(cfg) if x.until_end)
+    block = sum(x.bytes for x in bm.transformer_layer_ops(cfg))
+    e = bm.STORAGE_BYTES[cfg.precision]
     kept = cfg.n_layer * cfg.micro_batch * cfg.seq_len * cfg.d_model * e
     assert full.saved == kept + stays + outside
     assert full.peak == kept + stays + max(outside, block)
@@ -154,26 +154,26 @@ def test_recompute_keeps_less_and_rebuilds_one_block(name):
 
 
 def test_rule_of_thumb_grows_linearly_in_batch_and_sequence():
-    cfg = B.preset("24-layer-example")
-    base = B.activations(cfg).saved
-    assert B.activations(cfg.with_(micro_batch=16)).saved == 2 * base
-    assert B.activations(cfg.with_(seq_len=4096)).saved == 2 * base
-    assert B.budget(cfg.with_(micro_batch=16)).fixed == B.budget(cfg).fixed
+    cfg = bm.preset("24-layer-example")
+    base = bm.activations(cfg).saved
+    assert bm.activations(cfg.with_(micro_batch=16)).saved == 2 * base
+    assert bm.activations(cfg.with_(seq_len=4096)).saved == 2 * base
+    assert bm.budget(cfg.with_(micro_batch=16)).fixed == bm.budget(cfg).fixed
 
 
 def test_crossover_batch_is_where_activations_overtake_fixed_memory():
     for name in ("gpt2-small", "24-layer-example", "7b-class"):
-        cfg = B.preset(name)
-        cross = B.crossover_batch(cfg)
-        fixed = B.budget(cfg).fixed_total
+        cfg = bm.preset(name)
+        cross = bm.crossover_batch(cfg)
+        fixed = bm.budget(cfg).fixed_total
         assert cross is not None
-        assert B.activations(cfg.with_(micro_batch=cross)).peak > fixed
+        assert bm.activations(cfg.with_(micro_batch=cross)).peak > fixed
         if cross > 1:
-            assert B.activations(cfg.with_(micro_batch=cross - 1)).peak <= fixed
+            assert bm.activations(cfg.with_(micro_batch=cross - 1)).peak <= fixed
 
 
 def test_peak_is_fixed_plus_activation_peak():
-    b = B.budget(B.preset("gpt2-small", recompute="full"))
+    b = bm.budget(bm.preset("gpt2-small", recompute="full"))
     assert b.peak == sum(b.fixed.values()) + b.activations.saved + b.activations.transient
 
 
@@ -182,7 +182,7 @@ def test_peak_is_fixed_plus_activation_peak():
                                      (999, "999 B"), (1_000, "1 kB"), (999_700_000, "1000 MB"),
                                      (0, "0 B")])
 def test_human_bytes(n, text):
-    assert B.human_bytes(n) == text
+    assert bm.human_bytes(n) == text
 
 
 # ----------------------------------------------------------- command line
@@ -191,7 +191,7 @@ def test_cli_help_and_json():
     assert run.returncode == 0 and "--preset" in run.stdout and "--json" in run.stdout
     data = json.loads(cli("--preset", "gpt2-small", "--json").stdout)
     assert data["parameters"] == 124_439_808
-    assert data["memory"]["peak"] == B.budget(B.preset("gpt2-small")).peak
+    assert data["memory"]["peak"] == bm.budget(bm.preset("gpt2-small")).peak
 
 
 @pytest.mark.parametrize("args, says", [
@@ -225,11 +225,11 @@ SMALL_CONFIGS = [  # (L, d, H, V, B, N): shapes chosen to differ in every factor
 @pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("L, d, H, V, b, n", SMALL_CONFIGS)
 def test_engine_model_equals_the_measurement(L, d, H, V, b, n, recompute):
-    cfg = B.BudgetConfig(n_layer=L, d_model=d, n_head=H, vocab_size=V, micro_batch=b,
+    cfg = bm.BudgetConfig(n_layer=L, d_model=d, n_head=H, vocab_size=V, micro_batch=b,
                          seq_len=n, activation_model="engine", recompute=recompute)
-    m = B.measure(cfg, seed=L + n)
+    m = bm.measure(cfg, seed=L + n)
     # saved = alive at the end of the forward pass; without recompute, all the tape saved
-    assert m["measured_saved"] == m["predicted_saved"] == B.activations(cfg).saved
+    assert m["measured_saved"] == m["predicted_saved"] == bm.activations(cfg).saved
     assert m["measured_peak"] == pytest.approx(m["predicted_peak"], rel=0.01)
     assert m["measured_weights"] == m["predicted_weights"]
     assert m["measured_gradients"] == m["predicted_gradients"]
@@ -243,31 +243,31 @@ def test_engine_model_agrees_with_the_engines_own_closed_form():
     from engine.gpt_config import GPTConfig
     from engine.nn import gpt_saved_bytes
     for L, d, H, V, b, n in SMALL_CONFIGS:
-        cfg = B.BudgetConfig(n_layer=L, d_model=d, n_head=H, vocab_size=V, micro_batch=b,
+        cfg = bm.BudgetConfig(n_layer=L, d_model=d, n_head=H, vocab_size=V, micro_batch=b,
                              seq_len=n, activation_model="engine")
-        assert B.activations(cfg).saved == gpt_saved_bytes(GPTConfig(V, n, L, H, d), b, n)
+        assert bm.activations(cfg).saved == gpt_saved_bytes(GPTConfig(V, n, L, H, d), b, n)
 
 
 def test_engine_model_has_the_sixteen_tensors_of_the_source_text():
-    cfg = B.BudgetConfig(n_layer=1, d_model=64, n_head=4, micro_batch=2, seq_len=32,
+    cfg = bm.BudgetConfig(n_layer=1, d_model=64, n_head=4, micro_batch=2, seq_len=32,
                          activation_model="engine")
     btc = 2 * 32 * 64
-    floats = sum(x.elements for x in B.engine_block_saved(cfg))
+    floats = sum(x.elements for x in bm.engine_block_saved(cfg))
     assert floats == 16 * btc + 2 * 2 * 32 + 4 * 2 * 32 * 32
 
 
 def test_measure_refuses_what_the_engine_cannot_run():
-    with pytest.raises(B.BudgetError, match="too large to measure"):
-        B.measure(B.preset("gpt2-small"))
-    with pytest.raises(B.BudgetError, match="no dropout"):
-        B.measure(B.preset("tiny", activation_model="transformer", dropout=True))
-    with pytest.raises(B.BudgetError, match="whole blocks only"):
-        B.measure(B.preset("tiny", activation_model="transformer", recompute="selective"))
+    with pytest.raises(bm.BudgetError, match="too large to measure"):
+        bm.measure(bm.preset("gpt2-small"))
+    with pytest.raises(bm.BudgetError, match="no dropout"):
+        bm.measure(bm.preset("tiny", activation_model="transformer", dropout=True))
+    with pytest.raises(bm.BudgetError, match="whole blocks only"):
+        bm.measure(bm.preset("tiny", activation_model="transformer", recompute="selective"))
 
 
 def test_checkpointing_every_block_cuts_the_measured_peak():
-    plain = B.measure(B.preset("tiny", micro_batch=4))
-    ckpt = B.measure(B.preset("tiny", micro_batch=4, recompute="full"))
+    plain = bm.measure(bm.preset("tiny", micro_batch=4))
+    ckpt = bm.measure(bm.preset("tiny", micro_batch=4, recompute="full"))
     assert ckpt["measured_peak"] * 3 < plain["measured_peak"]
     assert ckpt["measured_saved"] < ckpt["measured_peak"]  # one block rebuilt on top
     assert ckpt["loss"] == plain["loss"]
@@ -279,7 +279,7 @@ def test_cli_tiny_preset_is_the_trainer_config():
     cfg = data["config"]
     assert (cfg["n_layer"], cfg["d_model"], cfg["n_head"], cfg["seq_len"],
             cfg["micro_batch"]) == (4, 128, 4, 128, 16)
-    assert data["parameters"] == num_params(tiny_config(B.corpus_vocab_size()))
+    assert data["parameters"] == num_params(tiny_config(bm.corpus_vocab_size()))
 
 
 # ------------------------------------ the lesson 06-07 checks built on these numbers
@@ -324,13 +324,13 @@ def test_lesson07_checks_accept_the_budget_and_name_the_usual_slips():
     _fails_with(lesson07.check_training_flops, lambda P, L, N, d: 6 * P, "no weights")
 
     def right(precision, optimizer):
-        return sum(B.bytes_per_parameter(precision, optimizer).values())
+        return sum(bm.bytes_per_parameter(precision, optimizer).values())
 
     lesson07.check_fixed_bytes_per_parameter(right)
     _fails_with(lesson07.check_fixed_bytes_per_parameter,
                 lambda p, o: right(p, o) - (4 if p != "fp32" else 0), "07.2", "master copy")
 
-    lesson07.check_crossover_batch(B.crossover_batch)
-    _fails_with(lesson07.check_crossover_batch, lambda cfg: B.crossover_batch(cfg) - 1,
+    lesson07.check_crossover_batch(bm.crossover_batch)
+    _fails_with(lesson07.check_crossover_batch, lambda cfg: bm.crossover_batch(cfg) - 1,
                 "07.3", "the last batch where the activations still fit")
     _fails_with(lesson07.check_crossover_batch, _stub, "07.3", "not done yet")

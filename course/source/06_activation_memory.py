@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 
 import engine
 from engine import Tensor, memory
-from engine import budget as B
+from engine import budget as bm
 from engine.gpt_config import GPTConfig, init_params
 from engine.nn import GPT, MLP
 from coursework import lesson06
@@ -171,13 +171,13 @@ lesson06.check_block_saved_elements(block_saved_elements)
 # corpus) it should match the measurement to the byte.
 
 # %%
-tiny = B.preset("tiny")
+tiny = bm.preset("tiny")
 print(f"tiny: L={tiny.n_layer} C={tiny.d_model} H={tiny.n_head} V={tiny.vocab_size} "
       f"B={tiny.micro_batch} T={tiny.seq_len}")
 print(f"{'op':<24} {'tensor':<22} {'count':>5} {'bytes':>12}")
-for item in B.engine_saved_tensors(tiny):
+for item in bm.engine_saved_tensors(tiny):
     print(f"{item.op:<24} {item.tensor:<22} {item.count:>5} {item.bytes:>12,}")
-measured = B.measure(tiny)
+measured = bm.measure(tiny)
 print(f"predicted {measured['predicted_saved']:,} bytes, measured {measured['measured_saved']:,} "
       f"bytes: equal = {measured['predicted_saved'] == measured['measured_saved']}")
 print(f"the weights of the same model: {measured['measured_weights']:,} bytes")
@@ -192,9 +192,9 @@ print(f"the weights of the same model: {measured['measured_weights']:,} bytes")
 
 # %%
 def measured_bytes(L=2, C=32, H=2, B_=4, T=32, V=50):
-    cfg = B.BudgetConfig(n_layer=L, d_model=C, n_head=H, vocab_size=V, micro_batch=B_,
+    cfg = bm.BudgetConfig(n_layer=L, d_model=C, n_head=H, vocab_size=V, micro_batch=B_,
                          seq_len=T, activation_model="engine")
-    m = B.measure(cfg)
+    m = bm.measure(cfg)
     return m["measured_saved"], m["measured_weights"]
 
 
@@ -218,7 +218,7 @@ for label, change in [("base", {}), ("B x 2", {"B_": 8}), ("T x 2", {"T": 64}),
 # fp32: 16 bytes per parameter, lesson 07):
 
 # %%
-sweep = B.batch_sweep(tiny, [1, 2, 4, 8, 16, 32, 64])
+sweep = bm.batch_sweep(tiny, [1, 2, 4, 8, 16, 32, 64])
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.plot(sweep["micro_batch"], [v / 1e6 for v in sweep["activations"]], "o-",
         label="activations (engine model)")
@@ -229,7 +229,7 @@ ax.set_ylabel("MB")
 ax.set_xscale("log", base=2)
 ax.legend()
 plt.show()
-print(f"activations overtake the fixed memory at B = {B.crossover_batch(tiny)}")
+print(f"activations overtake the fixed memory at B = {bm.crossover_batch(tiny)}")
 
 # %% [markdown]
 # ## The timeline of a step
@@ -242,8 +242,8 @@ print(f"activations overtake the fixed memory at B = {B.crossover_batch(tiny)}")
 # readable; the shape of the curve is the same.)
 
 # %%
-timeline_cfg = B.preset("tiny", micro_batch=4)
-run = B.measure(timeline_cfg)
+timeline_cfg = bm.preset("tiny", micro_batch=4)
+run = bm.measure(timeline_cfg)
 print(f"peak live: measured {run['measured_peak']:,} bytes, predicted "
       f"{run['predicted_peak']:,} bytes")
 print(f"steps: {sum(p == 'forward' for p, _, _ in run['timeline'])} ops forward, "
@@ -290,17 +290,17 @@ lesson06.check_rule_of_thumb_bytes(rule_of_thumb_bytes)
 # Set these numbers beside the fixed memory, in the source texts' terms:
 
 # %%
-seven_b = B.budget(B.preset("7b-example"))
-print(f"7B example: one B x N x d tensor = {B.human_bytes(seven_b.one_tensor_bytes)} "
+seven_b = bm.budget(bm.preset("7b-example"))
+print(f"7B example: one B x N x d tensor = {bm.human_bytes(seven_b.one_tensor_bytes)} "
       f"({seven_b.one_tensor_bytes:,} bytes)")
 print(f"  x {seven_b.config.tensors_per_layer} tensors x {seven_b.config.n_layer} layers = "
-      f"{B.human_bytes(seven_b.activations.saved)} of activations")
-print(f"  weights in 16-bit: {B.human_bytes(seven_b.fixed['weights'])}")
+      f"{bm.human_bytes(seven_b.activations.saved)} of activations")
+print(f"  weights in 16-bit: {bm.human_bytes(seven_b.fixed['weights'])}")
 
-ex24 = B.budget(B.preset("24-layer-example"))
-print(f"24-layer example: {B.human_bytes(ex24.activations.saved)} of activations "
-      f"for {B.human_count(ex24.parameters)} parameters = "
-      f"{B.human_bytes(ex24.fixed['weights'])} of bf16 weights")
+ex24 = bm.budget(bm.preset("24-layer-example"))
+print(f"24-layer example: {bm.human_bytes(ex24.activations.saved)} of activations "
+      f"for {bm.human_count(ex24.parameters)} parameters = "
+      f"{bm.human_bytes(ex24.fixed['weights'])} of bf16 weights")
 
 # %% [markdown]
 # Activations are the larger half of the 7B model's memory, and for the 24-layer model they
@@ -314,16 +314,16 @@ print(f"24-layer example: {B.human_bytes(ex24.activations.saved)} of activations
 # `engine.budget`'s "transformer" model lists it op by op:
 
 # %%
-layer_cfg = B.preset("24-layer-example", activation_model="transformer", dropout=True)
+layer_cfg = bm.preset("24-layer-example", activation_model="transformer", dropout=True)
 s, b, h, a = layer_cfg.seq_len, layer_cfg.micro_batch, layer_cfg.d_model, layer_cfg.n_head
 print(f"{'op':<30} {'tensor':<20} {'bytes':>14}")
-for item in B.transformer_layer_ops(layer_cfg):
+for item in bm.transformer_layer_ops(layer_cfg):
     print(f"{item.op:<30} {item.tensor:<20} {item.bytes:>14,}")
-per_layer = sum(item.bytes for item in B.transformer_layer_ops(layer_cfg))
+per_layer = sum(item.bytes for item in bm.transformer_layer_ops(layer_cfg))
 print(f"per layer {per_layer:,} = sbh(34 + 5as/h) = "
-      f"{B.korthikanti_layer_bytes(s, b, h, a):,}")
-print(f"x {layer_cfg.n_layer} layers = {B.human_bytes(layer_cfg.n_layer * per_layer)} "
-      f"(the rule of thumb with k=16 said {B.human_bytes(ex24.activations.saved)})")
+      f"{bm.korthikanti_layer_bytes(s, b, h, a):,}")
+print(f"x {layer_cfg.n_layer} layers = {bm.human_bytes(layer_cfg.n_layer * per_layer)} "
+      f"(the rule of thumb with k=16 said {bm.human_bytes(ex24.activations.saved)})")
 
 # %% [markdown]
 # At N = 2048 with 16 heads, the attention scores (5·a·s/h = 160 bytes per token and

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import matplotlib.pyplot as plt
 
-from engine import budget as B
+from engine import budget as bm
 from coursework import lesson07
 from widgets.budget import BudgetWidget
 
@@ -40,19 +40,19 @@ from widgets.budget import BudgetWidget
 # and the weighted sum `att @ V` cost 2·N·d each per layer (summed over the heads). Our
 # engine computes the full N×N matrix (the causal mask zeroes half of it afterwards), so the
 # forward term is 4·N·d per layer per token. `engine.budget` counts the matmul weights
-# (`B.matmul_weights`: the blocks' four matrices and the output head; biases, norms and the
+# (`bm.matmul_weights`: the blocks' four matrices and the output head; biases, norms and the
 # embedding lookups do no matmul) and adds that term:
 
 # %%
-gpt2 = B.preset("gpt2-small")
-tok = B.flops(gpt2)["per_token"]
-print(f"GPT-2 small: {B.parameter_count(gpt2):,} parameters, "
-      f"{B.matmul_weights(gpt2):,} of them in matmuls")
-print(f"forward per token: 2 x {B.matmul_weights(gpt2):,} + attention "
-      f"{B.attention_flops_per_token(gpt2):,} = {tok['forward']:,} FLOPs")
+gpt2 = bm.preset("gpt2-small")
+tok = bm.flops(gpt2)["per_token"]
+print(f"GPT-2 small: {bm.parameter_count(gpt2):,} parameters, "
+      f"{bm.matmul_weights(gpt2):,} of them in matmuls")
+print(f"forward per token: 2 x {bm.matmul_weights(gpt2):,} + attention "
+      f"{bm.attention_flops_per_token(gpt2):,} = {tok['forward']:,} FLOPs")
 print(f"backward per token: {tok['backward']:,} FLOPs (2x)")
-print(f"step per token: {B.human_flops(tok['total'])}, vs 6 x parameters = "
-      f"{B.human_flops(6 * B.parameter_count(gpt2))}")
+print(f"step per token: {bm.human_flops(tok['total'])}, vs 6 x parameters = "
+      f"{bm.human_flops(6 * bm.parameter_count(gpt2))}")
 
 # %% [markdown]
 # ## Exercise 07.1 · FLOPs per token of a training step
@@ -81,10 +81,10 @@ lesson07.check_training_flops(training_flops_per_token)
 print(f"{'model':<12} {'N':>6} {'6 x weights':>14} {'with attention':>15} {'attention share':>16}")
 for name in ("gpt2-small", "7b-class"):
     for n in (128, 1024, 2048):
-        cfg = B.preset(name, seq_len=n, block_size=max(n, 1024))
-        total = B.flops(cfg)["per_token"]["total"]
-        six_p = 6 * B.matmul_weights(cfg)
-        print(f"{name:<12} {n:>6} {B.human_flops(six_p):>14} {B.human_flops(total):>15} "
+        cfg = bm.preset(name, seq_len=n, block_size=max(n, 1024))
+        total = bm.flops(cfg)["per_token"]["total"]
+        six_p = 6 * bm.matmul_weights(cfg)
+        print(f"{name:<12} {n:>6} {bm.human_flops(six_p):>14} {bm.human_flops(total):>15} "
               f"{(total - six_p) / total:>15.1%}")
 
 # %% [markdown]
@@ -170,7 +170,7 @@ calculator.controls["precision"].value = "fp32"
 #
 # Write `find_crossover_batch(cfg)`: the smallest micro-batch B at which the activation peak
 # of `cfg` (at its sequence length) is larger than the fixed memory. Use
-# `B.budget(cfg).fixed_total`, `B.activations(cfg.with_(micro_batch=b)).peak`, and search:
+# `bm.budget(cfg).fixed_total`, `bm.activations(cfg.with_(micro_batch=b)).peak`, and search:
 # step through b = 1, 2, 3, ... or, faster, double b until it is over and then bisect. The
 # check tries five configurations, one of them with recompute.
 
@@ -178,10 +178,10 @@ calculator.controls["precision"].value = "fp32"
 def find_crossover_batch(cfg):
     """Smallest micro-batch whose activation peak exceeds the fixed memory."""
     ### BEGIN SOLUTION
-    fixed = B.budget(cfg).fixed_total
+    fixed = bm.budget(cfg).fixed_total
 
     def over(b):
-        return B.activations(cfg.with_(micro_batch=b)).peak > fixed
+        return bm.activations(cfg.with_(micro_batch=b)).peak > fixed
 
     hi = 1
     while not over(hi):
@@ -205,16 +205,16 @@ lesson07.check_crossover_batch(find_crossover_batch)
 
 # %%
 print(f"{'preset':<18} {'N':>5} {'fixed':>9} {'act. per sequence':>18} {'crossover B':>12}")
-for name in B.PRESET_NAMES:
-    cfg = B.preset(name)
-    one = B.activations(cfg.with_(micro_batch=1)).peak
-    print(f"{name:<18} {cfg.seq_len:>5} {B.human_bytes(B.budget(cfg).fixed_total):>9} "
-          f"{B.human_bytes(one):>18} {B.crossover_batch(cfg):>12}")
+for name in bm.PRESET_NAMES:
+    cfg = bm.preset(name)
+    one = bm.activations(cfg.with_(micro_batch=1)).peak
+    print(f"{name:<18} {cfg.seq_len:>5} {bm.human_bytes(bm.budget(cfg).fixed_total):>9} "
+          f"{bm.human_bytes(one):>18} {bm.crossover_batch(cfg):>12}")
 
 # %%
-cfg = B.preset("gpt2-small", seq_len=512)
-sweep = B.batch_sweep(cfg, list(range(1, 25)))
-cross = B.crossover_batch(cfg)
+cfg = bm.preset("gpt2-small", seq_len=512)
+sweep = bm.batch_sweep(cfg, list(range(1, 25)))
+cross = bm.crossover_batch(cfg)
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.plot(sweep["tokens"], [v / 1e9 for v in sweep["fixed"]], label="weights + grads + AdamW")
 ax.plot(sweep["tokens"], [v / 1e9 for v in sweep["activations"]], label="activations")
@@ -235,15 +235,15 @@ plt.show()
 # are most of the memory at long sequences but cheap to recompute.
 
 # %%
-base = B.preset("7b-class", seq_len=2048, micro_batch=1)
+base = bm.preset("7b-class", seq_len=2048, micro_batch=1)
 print(f"{'recompute':<10} {'act. peak':>10} {'saved':>10} {'FLOPs/step':>11} {'added':>8}")
-for mode in B.RECOMPUTE:
+for mode in bm.RECOMPUTE:
     cfg = base.with_(recompute=mode)
-    t = B.recompute_tradeoff(cfg)
-    b = B.budget(cfg)
-    print(f"{mode:<10} {B.human_bytes(b.activations.peak):>10} "
-          f"{B.human_bytes(t['bytes_saved']):>10} "
-          f"{B.human_flops(b.flops['per_step']['total']):>11} "
+    t = bm.recompute_tradeoff(cfg)
+    b = bm.budget(cfg)
+    print(f"{mode:<10} {bm.human_bytes(b.activations.peak):>10} "
+          f"{bm.human_bytes(t['bytes_saved']):>10} "
+          f"{bm.human_flops(b.flops['per_step']['total']):>11} "
           f"{t['flops_added'] / t['base_flops_per_step']:>8.1%}")
 
 # %% [markdown]
@@ -260,15 +260,15 @@ for mode in B.RECOMPUTE:
 
 # %%
 for k in (1, 4, 16):
-    b = B.budget(B.preset("gpt2-small", accumulation=k))
-    print(f"K={k:>2}: {B.tokens_per_step(b.config):>7,} tokens per step, "
-          f"{B.human_flops(b.flops['per_step']['total']):>10} per step, peak {B.human_bytes(b.peak)}")
+    b = bm.budget(bm.preset("gpt2-small", accumulation=k))
+    print(f"K={k:>2}: {bm.tokens_per_step(b.config):>7,} tokens per step, "
+          f"{bm.human_flops(b.flops['per_step']['total']):>10} per step, peak {bm.human_bytes(b.peak)}")
 
 # %% [markdown]
 # ## Predicted against measured
 #
 # The "engine" activation model of `engine.budget` lists exactly the tensors our reference GPT
-# saves; `B.measure` runs that GPT under `engine.memory` and compares: the activations alive
+# saves; `bm.measure` runs that GPT under `engine.memory` and compares: the activations alive
 # at the end of the forward, and their peak over the whole step. With `recompute="full"`
 # it checkpoints every block with `engine.recompute` (lesson 08): the forward keeps only the
 # blocks' inputs, and the backward rebuilds one block at a time after the head and the loss
@@ -279,7 +279,7 @@ print(f"{'shape':<62} {'saved: predicted':>16} {'measured':>11} {'peak: predicte
       f"{'measured':>11}")
 for changes in ({}, {"micro_batch": 4}, {"seq_len": 64}, {"n_layer": 2, "n_head": 8},
                 {"recompute": "full"}, {"recompute": "full", "micro_batch": 4}):
-    m = B.measure(B.preset("tiny", **changes))
+    m = bm.measure(bm.preset("tiny", **changes))
     print(f"{m['shape']:<62} {m['predicted_saved']:>16,} {m['measured_saved']:>11,} "
           f"{m['predicted_peak']:>16,} {m['measured_peak']:>11,}")
 print(f"weights {m['measured_weights']:,} bytes and gradients {m['measured_gradients']:,} "
