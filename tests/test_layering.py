@@ -1,0 +1,110 @@
+"""The layout's promises, checked on the import statements of engine/.
+
+* The library does not know the course: nothing under engine/ imports the
+  exercise checks (`coursework`) or anything of `course/`.
+* The two engines never import each other: the fused trainer (engine/trainer/
+  and its entry modules engine/train.py, engine/bench.py) imports nothing of
+  the tape, and the tape nothing of the trainer. Both may use SHARED.
+* There is no import cycle among engine modules.
+"""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = ROOT / "engine"
+
+# Helpers both engines may import.
+SHARED = {"engine", "engine._versions", "engine.gpt_config", "engine.timing",
+          "engine.numba_config"}
+# Modules of the trainer wing outside engine/trainer/: the command-line entries.
+TRAINER_ENTRIES = {"engine.train", "engine.bench"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def engine_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ENGINE.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """Absolute names of every module `path` imports (at any depth of the file)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module
+            found.add(stem)
+            for alias in node.names:   # `from . import rules` imports engine.rules
+                found.add(f"{stem}.{alias.name}")
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = engine_modules()
+    return {name: {m for m in imports_of(name, path) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def is_trainer(name: str) -> bool:
+    return name.startswith("engine.trainer") or name in TRAINER_ENTRIES
+
+
+def test_the_library_imports_nothing_of_the_course():
+    for name, path in engine_modules().items():
+        for imported in imports_of(name, path):
+            top = imported.split(".")[0]
+            assert top not in ("coursework", "course"), f"{name} imports {imported}"
+        text = path.read_text()
+        for marker in ("my_pieces", "BACKPROP_PIECES_DIR", "exercises"):
+            assert marker not in text, f"{name} mentions {marker!r}, which is course material"
+
+
+def test_the_trainer_and_the_tape_do_not_import_each_other():
+    for name, deps in graph().items():
+        for dep in deps - SHARED:
+            if name in SHARED:
+                assert not dep.startswith("engine.trainer"), f"shared {name} imports {dep}"
+                continue
+            assert is_trainer(name) == is_trainer(dep), (
+                f"{name} ({'trainer' if is_trainer(name) else 'tape'}) imports {dep} "
+                f"({'trainer' if is_trainer(dep) else 'tape'})")
+
+
+def test_no_import_cycle_among_engine_modules():
+    edges = graph()
+    # a package's __init__ importing its own submodules is not a cycle
+    edges = {n: {d for d in deps if not (d.startswith(n + ".") and n != "engine")}
+             for n, deps in edges.items()}
+    edges["engine"] = set()       # the top package re-exports; modules import it lazily
+    state: dict[str, int] = {}
+
+    def visit(node, path):
+        state[node] = 1
+        for dep in sorted(edges.get(node, ())):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[node] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_the_checks_are_outside_the_library():
+    assert not (ENGINE / "exercises").exists()
+    assert (ROOT / "coursework" / "pieces.py").exists()
