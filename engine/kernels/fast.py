@@ -11,24 +11,18 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
-from numba import njit, prange
 
-try:  # the threading layer the project standardises on; keep numba's choice otherwise
-    if numba.config.THREADING_LAYER == "default":
-        from numba.np.ufunc import omppool  # noqa: F401  (raises if OpenMP is missing)
-        numba.config.THREADING_LAYER = "omp"
-except ImportError:
-    pass
+# numba_config sets the threading layer and the OpenMP wait policy (once, for
+# both kernel folders) before numba starts its threads.
+from ..constants import GELU_A, GELU_K  # noqa: F401
+from ..numba_config import TAPE_FASTMATH as FAST
+from ..numba_config import prange
+from numba import njit  # noqa: E402
 
-# Let LLVM reorder sums (so dot products and row sums use SIMD) and fuse
+# FAST lets LLVM reorder sums (so dot products and row sums use SIMD) and fuse
 # multiply-adds. Not "nnan"/"ninf": -inf starts the row maxima, and NaN must
 # stay visible to detect_anomaly. The embedding gradient keeps strict order.
-FAST = {"reassoc", "contract"}
-
-GELU_K = math.sqrt(2.0 / math.pi)
-GELU_A = 0.044715
 
 
 # ------------------------------------------------------------------ layer norm

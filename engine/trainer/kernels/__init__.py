@@ -23,7 +23,7 @@ compiles one version per dtype on first use and caches it on disk.
 (numba's and BLAS's); see engine/trainer/parallel.py for why the trainer prefers one
 single-threaded model replica per core.
 """
-from ._jit import THREADING_LAYER
+from ...numba_config import THREADING_LAYER
 from .adamw import adamw_update, clip_scale, global_norm, work_items
 from .attention import attention_backward, attention_forward
 from .crossentropy import crossentropy_loss, crossentropy_softmax

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._jit import REDUCE_CHUNKS, parallel_kernel, prange
+from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
 
 WORK_ITEM = 1 << 14   # elements per parallel task
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output
-from ._jit import kernel, parallel_kernel, prange
-from ._math import exp
+from ...numba_config import kernel, parallel_kernel, prange
+from ...fast_math import exp
 
 TILE = 16   # column padding: one AVX-512 register of float32
 

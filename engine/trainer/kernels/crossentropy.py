@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ._jit import parallel_kernel, prange
-from ._math import exp
+from ...numba_config import parallel_kernel, prange
+from ...fast_math import exp
 
 
 @parallel_kernel

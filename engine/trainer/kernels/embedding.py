@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ._jit import parallel_kernel, prange
+from ...numba_config import parallel_kernel, prange
 
 COLUMN_BLOCK = 16   # columns per task: one 64-byte cache line of float32
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ._jit import REDUCE_CHUNKS, parallel_kernel, prange
-from ._math import tanh
+from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
+from ...fast_math import tanh
 
-GELU_K = float(np.sqrt(2.0 / np.pi))
-GELU_A = 0.044715
+from ...constants import GELU_A, GELU_K  # noqa: F401  (one copy for every kernel)
 
 
 @parallel_kernel

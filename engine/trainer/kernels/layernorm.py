@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ._jit import REDUCE_CHUNKS, parallel_kernel, prange
+from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
 
 
 @parallel_kernel

@@ -25,7 +25,7 @@ from numba import types
 from numba.extending import get_cython_function_address
 
 from ._buffers import float_dtype, output
-from ._jit import kernel, parallel_kernel, prange
+from ...numba_config import kernel, parallel_kernel, prange
 
 # The compiled kernels call the routines by name; the names are bound to
 # SciPy's addresses at every import, which keeps the machine code cacheable.

@@ -1,4 +1,5 @@
-"""How every fused kernel is compiled, in one place.
+"""How numba is set up for both kernel folders (engine/kernels/ of the tape and
+engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
 
 * `kernel` compiles a serial function, `parallel_kernel` one whose `prange`
   loops run on all cores. Both cache the machine code on disk
@@ -39,6 +40,10 @@ _quiet_idle_threads()
 import numba  # noqa: E402
 
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+# The tape's kernels (engine/kernels/fast.py) reorder sums and fuse multiply-adds
+# only: -inf starts their row maxima, and their results are compared digit for
+# digit with the numpy reference in the lessons.
+TAPE_FASTMATH = {"reassoc", "contract"}
 
 
 def _prefer_omp_threads() -> str:
@@ -62,6 +67,9 @@ _OPTIONS = dict(cache=True, fastmath=FASTMATH, error_model="numpy", nogil=True)
 kernel = functools.partial(numba.njit, **_OPTIONS)
 parallel_kernel = functools.partial(numba.njit, parallel=True, **_OPTIONS)
 prange = numba.prange
+
+# The tape's kernels (engine/kernels/fast.py) are numba.njit with these options.
+TAPE_OPTIONS = dict(cache=True, fastmath=TAPE_FASTMATH)
 
 # Column reductions (bias gradients, LayerNorm gains) are summed in this many
 # fixed row chunks, then the chunks in order: the result does not depend on
