@@ -655,7 +655,7 @@ class LayerNorm(Op):
         self.has_weight, self.has_bias = weight is not None, bias is not None
         w = weight if weight is not None else np.ones(C, dtype=x.dtype)
         b = bias if bias is not None else np.zeros(C, dtype=x.dtype)
-        out, xhat, rstd = kernels.layer_norm_forward(x.reshape(-1, C), w, b, eps)
+        out, xhat, rstd = kernels.layer_norm_xhat_forward(x.reshape(-1, C), w, b, eps)
         self.save(xhat=xhat.reshape(x.shape), rstd=rstd.reshape(x.shape[:-1]))
         if self.needs[0] and weight is not None:
             self.save(weight=weight)
@@ -668,7 +668,7 @@ class LayerNorm(Op):
         C = g.shape[-1]
         # weight was saved only if dx is wanted; dw and db never need it
         w = self._weight(g) if self.needs[0] else np.ones(C, dtype=g.dtype)
-        dx, dw, db = kernels.layer_norm_backward(g.reshape(-1, C), self.xhat.reshape(-1, C),
+        dx, dw, db = kernels.layer_norm_xhat_backward(g.reshape(-1, C), self.xhat.reshape(-1, C),
                                                  self.rstd.reshape(-1), w)
         return (dx.reshape(g.shape) if self.needs[0] else None,
                 dw if self.needs[1] else None,
@@ -706,7 +706,7 @@ class Embedding(Op):
 
     def vjp(self, g):
         V, C = self.table_shape
-        return (None, kernels.embedding_backward(self.ids.reshape(-1), g.reshape(-1, C), V))
+        return (None, kernels.embedding_table_grad(self.ids.reshape(-1), g.reshape(-1, C), V))
 
     def jvp(self, _, ttable):
         return ttable[self.ids]
@@ -733,7 +733,7 @@ class CausalAttention(Op):
         T, D = q.shape[-2:]
         self.scale = 1.0 / np.sqrt(D)
         flat = (-1, T, D)
-        out, att = kernels.attention_forward(q.reshape(flat), k.reshape(flat),
+        out, att = kernels.attention_probs_forward(q.reshape(flat), k.reshape(flat),
                                              v.reshape(flat), self.scale)
         self.save(q=q, k=k, v=v, att=att.reshape(q.shape[:-1] + (T,)))
         return out.reshape(q.shape)
@@ -741,7 +741,7 @@ class CausalAttention(Op):
     def vjp(self, g):
         T, D = self.shape[-2:]
         flat = (-1, T, D)
-        dq, dk, dv = kernels.attention_backward(
+        dq, dk, dv = kernels.attention_probs_backward(
             g.reshape(flat), self.q.reshape(flat), self.k.reshape(flat),
             self.v.reshape(flat), self.att.reshape(-1, T, T), self.scale)
         return tuple(d.reshape(self.shape) if need else None

@@ -509,10 +509,10 @@ def layer_norm_backward_one_pass(g, xhat, rstd, w, n_chunks=16):
 
 x_ln = rng.normal(size=(64, 128))
 w_ln, b_ln = rng.normal(size=128), rng.normal(size=128)
-_, xhat_ln, rstd_ln = reference.layer_norm_forward(x_ln, w_ln, b_ln, 1e-5)
+_, xhat_ln, rstd_ln = reference.layer_norm_xhat_forward(x_ln, w_ln, b_ln, 1e-5)
 g_ln = rng.normal(size=x_ln.shape)
 ours = layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln)
-theirs = reference.layer_norm_backward(g_ln, xhat_ln, rstd_ln, w_ln)
+theirs = reference.layer_norm_xhat_backward(g_ln, xhat_ln, rstd_ln, w_ln)
 for name, a_, b_ in zip(["dx", "dw", "db"], ours, theirs):
     print(f"{name}: equals the reference to 1e-12: {np.allclose(a_, b_, rtol=1e-12, atol=1e-12)}")
 
@@ -522,11 +522,11 @@ rows_ln = 65536                              # 65536 x 128 float32 = 34 MB per a
 x_ln = rng.normal(size=(rows_ln, 128)).astype(np.float32)
 w_ln = rng.normal(size=128).astype(np.float32)
 b_ln = np.zeros(128, np.float32)
-_, xhat_ln, rstd_ln = reference.layer_norm_forward(x_ln, w_ln, b_ln, 1e-5)
+_, xhat_ln, rstd_ln = reference.layer_norm_xhat_forward(x_ln, w_ln, b_ln, 1e-5)
 xhat_ln, rstd_ln = xhat_ln.astype(np.float32), rstd_ln.astype(np.float32)
 g_ln = rng.normal(size=x_ln.shape).astype(np.float32)
 layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln)
-t_ref = median_seconds(lambda: reference.layer_norm_backward(g_ln, xhat_ln, rstd_ln, w_ln), 5)
+t_ref = median_seconds(lambda: reference.layer_norm_xhat_backward(g_ln, xhat_ln, rstd_ln, w_ln), 5)
 t_one = median_seconds(lambda: layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln), 5)
 array_bytes = x_ln.nbytes
 print(f"numpy reference: {t_ref*1e3:.1f} ms [timed], about 22 array passes "

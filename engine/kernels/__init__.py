@@ -13,6 +13,11 @@ picks a version:
 Switch with `engine.kernels.use("numpy")` (a context manager, or a plain call)
 or the environment variable ENGINE_KERNELS=numpy|numba|auto. numba is only
 imported when a fast kernel is first needed, so `import engine` stays quick.
+
+The names say what the tape keeps, so they never collide with the fused
+trainer's kernels (engine/trainer/kernels/), whose contracts differ:
+`layer_norm_xhat_*` saves the normalised input, `attention_probs_*` the full
+attention probabilities, `embedding_table_grad` returns a new table gradient.
 """
 from __future__ import annotations
 
@@ -34,8 +39,9 @@ MIN_ELEMENTS = 16_384
 # SVML) are scalar, so softmax, log-softmax, the cross-entropy forward and the
 # GELU forward stay in numpy.
 AUTO_NUMBA = {
-    "layer_norm_forward", "layer_norm_backward", "gelu_backward", "attention_forward",
-    "attention_backward", "embedding_backward", "cross_entropy_backward",
+    "layer_norm_xhat_forward", "layer_norm_xhat_backward", "gelu_backward",
+    "attention_probs_forward", "attention_probs_backward", "embedding_table_grad",
+    "cross_entropy_backward",
 }
 
 _mode = os.environ.get("ENGINE_KERNELS", "auto")
@@ -81,12 +87,12 @@ def _c(a):
 
 # Each wrapper below only chooses a version and makes the arrays contiguous;
 # the maths lives in reference.py and fast.py.
-def layer_norm_forward(x, w, b, eps):
-    return _pick("layer_norm_forward", x.size)(_c(x), _c(w), _c(b), float(eps))
+def layer_norm_xhat_forward(x, w, b, eps):
+    return _pick("layer_norm_xhat_forward", x.size)(_c(x), _c(w), _c(b), float(eps))
 
 
-def layer_norm_backward(g, xhat, rstd, w):
-    return _pick("layer_norm_backward", g.size)(_c(g), _c(xhat), _c(rstd), _c(w))
+def layer_norm_xhat_backward(g, xhat, rstd, w):
+    return _pick("layer_norm_xhat_backward", g.size)(_c(g), _c(xhat), _c(rstd), _c(w))
 
 
 def softmax_forward(x):
@@ -121,14 +127,14 @@ def gelu_backward(g, x):
     return _pick("gelu_backward", g.size)(_c(g), _c(x))
 
 
-def attention_forward(q, k, v, scale):
-    return _pick("attention_forward", q.size * q.shape[1])(_c(q), _c(k), _c(v), float(scale))
+def attention_probs_forward(q, k, v, scale):
+    return _pick("attention_probs_forward", q.size * q.shape[1])(_c(q), _c(k), _c(v), float(scale))
 
 
-def attention_backward(g, q, k, v, att, scale):
-    return _pick("attention_backward", g.size * g.shape[1])(_c(g), _c(q), _c(k), _c(v), _c(att),
+def attention_probs_backward(g, q, k, v, att, scale):
+    return _pick("attention_probs_backward", g.size * g.shape[1])(_c(g), _c(q), _c(k), _c(v), _c(att),
                                                    float(scale))
 
 
-def embedding_backward(ids, g, vocab_size):
-    return _pick("embedding_backward", g.size)(_c(ids), _c(g), int(vocab_size))
+def embedding_table_grad(ids, g, vocab_size):
+    return _pick("embedding_table_grad", g.size)(_c(ids), _c(g), int(vocab_size))

@@ -41,26 +41,26 @@ def cases(B: int, T: int, C: int, H: int, V: int, dtype):
 
     N, hs = B * T, C // H
     x, w, b, g = r(N, C), r(C), r(C), r(N, C)
-    _, xhat, rstd = reference.layer_norm_forward(x, w, b, 1e-5)
+    _, xhat, rstd = reference.layer_norm_xhat_forward(x, w, b, 1e-5)
     logits = r(N, V)
     targets = rng.integers(0, V, N)
     _, probs = reference.cross_entropy_forward(logits, targets)
     u, gu = r(N, 4 * C), r(N, 4 * C)
     q, k, v, ga = r(B * H, T, hs), r(B * H, T, hs), r(B * H, T, hs), r(B * H, T, hs)
     scale = 1.0 / np.sqrt(hs)
-    _, att = reference.attention_forward(q, k, v, scale)
+    _, att = reference.attention_probs_forward(q, k, v, scale)
     ids = rng.integers(0, V, N)
     return [
-        ("layer_norm_forward", (x, w, b, 1e-5)),
-        ("layer_norm_backward", (g, xhat, rstd, w)),
+        ("layer_norm_xhat_forward", (x, w, b, 1e-5)),
+        ("layer_norm_xhat_backward", (g, xhat, rstd, w)),
         ("softmax_forward", (logits,)),
         ("cross_entropy_forward", (logits, targets)),
         ("cross_entropy_backward", (probs, targets, 1.0 / N)),
         ("gelu_forward", (u,)),
         ("gelu_backward", (gu, u)),
-        ("attention_forward", (q, k, v, scale)),
-        ("attention_backward", (ga, q, k, v, att, scale)),
-        ("embedding_backward", (ids, g, V)),
+        ("attention_probs_forward", (q, k, v, scale)),
+        ("attention_probs_backward", (ga, q, k, v, att, scale)),
+        ("embedding_table_grad", (ids, g, V)),
     ]
 
 

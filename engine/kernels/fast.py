@@ -27,7 +27,7 @@ from numba import njit  # noqa: E402
 
 # ------------------------------------------------------------------ layer norm
 @njit(cache=True, parallel=True, fastmath=FAST)
-def layer_norm_forward(x, w, b, eps):
+def layer_norm_xhat_forward(x, w, b, eps):
     N, C = x.shape
     out = np.empty_like(x)
     xhat = np.empty_like(x)
@@ -81,7 +81,7 @@ def _column_sums(g, xhat):
     return dw.astype(g.dtype), db.astype(g.dtype)
 
 
-def layer_norm_backward(g, xhat, rstd, w):
+def layer_norm_xhat_backward(g, xhat, rstd, w):
     dx = _layer_norm_dx(g, xhat, rstd, w)
     dw, db = _column_sums(g, xhat)
     return dx, dw, db
@@ -211,7 +211,7 @@ def gelu_backward(g, x):
 
 # ----------------------------------------------------------- causal attention
 @njit(cache=True, parallel=True, fastmath=FAST)
-def attention_forward(q, k, v, scale):
+def attention_probs_forward(q, k, v, scale):
     """Only the causal half (s <= t) is computed; the rest of att stays 0."""
     BH, T, D = q.shape
     out = np.zeros_like(q)
@@ -241,7 +241,7 @@ def attention_forward(q, k, v, scale):
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
-def attention_backward(g, q, k, v, att, scale):
+def attention_probs_backward(g, q, k, v, att, scale):
     """One (batch, head) per parallel iteration: no two iterations share an output."""
     BH, T, D = q.shape
     dq = np.zeros_like(q)
@@ -272,7 +272,7 @@ EMBED_COLUMNS = 16  # columns per parallel chunk
 
 
 @njit(cache=True, parallel=True)
-def embedding_backward(ids, g, vocab_size):
+def embedding_table_grad(ids, g, vocab_size):
     """Scatter-add, parallel over column chunks: within a chunk the tokens are
     added in order n = 0, 1, ..., exactly as np.add.at does, so the result
     is bitwise the same as the oracle for any number of threads."""

@@ -18,7 +18,7 @@ from ..constants import GELU_A, GELU_K  # noqa: F401  (one copy for every kernel
 
 
 # ------------------------------------------------------------------ layer norm
-def layer_norm_forward(x, w, b, eps):
+def layer_norm_xhat_forward(x, w, b, eps):
     """y = xhat * w + b with xhat = (x - mean) / sqrt(var + eps), per row.
 
     Returns y, xhat and rstd = 1/sqrt(var + eps): the two the backward needs."""
@@ -30,7 +30,7 @@ def layer_norm_forward(x, w, b, eps):
     return xhat * w + b, xhat, rstd[:, 0]
 
 
-def layer_norm_backward(g, xhat, rstd, w):
+def layer_norm_xhat_backward(g, xhat, rstd, w):
     """dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)); dw, db summed over rows."""
     gw = g * w
     dx = rstd[:, None] * (gw - gw.mean(axis=1, keepdims=True)
@@ -92,7 +92,7 @@ def gelu_backward(g, x):
 
 
 # ----------------------------------------------------------- causal attention
-def attention_forward(q, k, v, scale):
+def attention_probs_forward(q, k, v, scale):
     """out = softmax(mask(q k^T * scale)) v per (batch*head); returns out, att."""
     T = q.shape[1]
     scores = np.matmul(q, k.transpose(0, 2, 1)) * scale
@@ -103,7 +103,7 @@ def attention_forward(q, k, v, scale):
     return np.matmul(att, v), att
 
 
-def attention_backward(g, q, k, v, att, scale):
+def attention_probs_backward(g, q, k, v, att, scale):
     """Back through out = att v, att = softmax(s), s = q k^T * scale."""
     dv = np.matmul(att.transpose(0, 2, 1), g)
     datt = np.matmul(g, v.transpose(0, 2, 1))
@@ -114,7 +114,7 @@ def attention_backward(g, q, k, v, att, scale):
 
 
 # ------------------------------------------------------------------ embedding
-def embedding_backward(ids, g, vocab_size):
+def embedding_table_grad(ids, g, vocab_size):
     """Scatter-add: row ids[n] of the table gets g[n], in the order n = 0, 1, ...
 
     np.add.at adds repeated ids one after another (unlike `d[ids] += g`,

@@ -48,10 +48,10 @@ def test_layer_norm(N, C, seed):
     rng = np.random.default_rng(seed)
     x, w, b, g = (3 * rng.standard_normal((N, C)) + 1, rng.standard_normal(C),
                   rng.standard_normal(C), rng.standard_normal((N, C)))
-    pairs("layer_norm_forward", x, w, b, 1e-5)
-    _, xhat, rstd = reference.layer_norm_forward(x, w, b, 1e-5)
+    pairs("layer_norm_xhat_forward", x, w, b, 1e-5)
+    _, xhat, rstd = reference.layer_norm_xhat_forward(x, w, b, 1e-5)
     # dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) can cancel to almost 0
-    pairs("layer_norm_backward", g, xhat, rstd, w, scale=np.abs(rstd[:, None] * g * w).max())
+    pairs("layer_norm_xhat_backward", g, xhat, rstd, w, scale=np.abs(rstd[:, None] * g * w).max())
 
 
 @SETTINGS
@@ -98,11 +98,11 @@ def test_causal_attention(BH, T, D, seed):
     rng = np.random.default_rng(seed)
     q, k, v, g = (rng.standard_normal((BH, T, D)) for _ in range(4))
     scale = 1.0 / np.sqrt(D)
-    pairs("attention_forward", q, k, v, scale)
-    _, att = reference.attention_forward(q, k, v, scale)
+    pairs("attention_probs_forward", q, k, v, scale)
+    _, att = reference.attention_probs_forward(q, k, v, scale)
     assert np.all(np.triu(att[0], k=1) == 0)  # no position sees the future
     terms = np.abs(g).max() * max(np.abs(v).max(), 1.0) * max(np.abs(q).max(), np.abs(k).max())
-    pairs("attention_backward", g, q, k, v, att, scale, scale=terms)
+    pairs("attention_probs_backward", g, q, k, v, att, scale, scale=terms)
 
 
 @SETTINGS
@@ -110,7 +110,7 @@ def test_causal_attention(BH, T, D, seed):
 def test_embedding_scatter_add_equals_np_add_at_bit_for_bit(N, V, C, seed):
     rng = np.random.default_rng(seed)
     ids, g = rng.integers(0, V, N), rng.standard_normal((N, C))
-    got, want = both("embedding_backward", ids, g, V)
+    got, want = both("embedding_table_grad", ids, g, V)
     assert np.array_equal(got, want)
 
 
@@ -127,10 +127,10 @@ def test_embedding_backward_is_bitwise_identical_across_runs_and_thread_counts()
             for threads in sorted({1, 2, numba.config.NUMBA_NUM_THREADS}):
                 numba.set_num_threads(threads)
                 for _ in range(2):
-                    results.append(fast.embedding_backward(ids, g, 50))
+                    results.append(fast.embedding_table_grad(ids, g, 50))
         finally:
             numba.set_num_threads(before)
-        results.append(reference.embedding_backward(ids, g, 50))
+        results.append(reference.embedding_table_grad(ids, g, 50))
         for r in results[1:]:
             assert r.tobytes() == results[0].tobytes()
 
