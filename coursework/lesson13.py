@@ -148,10 +148,10 @@ def _variants():
 
 
 def _setup(seed=3):
-    from engine.trainer.model import GPT
+    from engine.trainer.model import FusedGPT
     from engine.gpt_config import GPTConfig
     cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=8)
-    model = GPT(cfg, batch_size=2, seed=seed, dtype=np.float32)
+    model = FusedGPT(cfg, batch_size=2, seed=seed, dtype=np.float32)
     return model, FlatAdamW(model)
 
 

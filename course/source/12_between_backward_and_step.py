@@ -123,12 +123,12 @@ lesson12.check_clip_global_norm(clip_global_norm)
 
 # %%
 from engine.trainer.data import Dataset, batch_at, builtin_text
-from engine.trainer.model import GPT
+from engine.trainer.model import FusedGPT
 from engine.gpt_config import tiny_config
 
 dataset = Dataset.from_text(builtin_text())
 cfg = tiny_config(dataset.tokenizer.vocab_size)
-model = GPT(cfg, batch_size=8, seed=0)
+model = FusedGPT(cfg, batch_size=8, seed=0)
 x_batch, y_batch = batch_at(dataset.train, 0, 0, 8, cfg.block_size)
 model.zero_grad()
 model.forward(x_batch, y_batch)
@@ -383,7 +383,7 @@ import numpy as np
 from mpi4py import MPI
 
 from engine.trainer.kernels.threads import set_threads
-from engine.trainer.model import GPT
+from engine.trainer.model import FusedGPT
 from engine.gpt_config import tiny_config
 from engine.trainer.parallel import GradientAllReduce
 
@@ -398,7 +398,7 @@ rows = slice(rank * B, (rank + 1) * B)            # this rank's share of every b
 rng = np.random.default_rng(0)                    # the same data on every rank
 ids = rng.integers(0, cfg.vocab_size, size=(K, B_GLOBAL, T))
 targets = rng.integers(0, cfg.vocab_size, size=(K, B_GLOBAL, T))
-model = GPT(cfg, B, seed=0)
+model = FusedGPT(cfg, B, seed=0)
 grads = model.grads.flat
 allreduce = GradientAllReduce(comm, grads)
 
@@ -472,7 +472,7 @@ last = grads.copy()
 
 # 4. rank 0 checks the sum against one process running the whole global batch
 if rank == 0:
-    single = GPT(cfg, B_GLOBAL, seed=0)
+    single = FusedGPT(cfg, B_GLOBAL, seed=0)
     single.zero_grad()
     for k in range(K):
         single.forward(ids[k], targets[k], loss_scale=1.0 / K)

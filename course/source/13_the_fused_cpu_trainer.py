@@ -30,7 +30,7 @@ from engine import budget
 from engine.trainer import kernels as fused
 from engine.trainer.data import Dataset, batch_at, builtin_text, eval_batches, unigram_entropy
 from coursework import lesson13
-from engine.trainer.model import GPT, decay_segments, kernel_owners, reset_kernels, use_kernel
+from engine.trainer.model import FusedGPT, decay_segments, kernel_owners, reset_kernels, use_kernel
 from engine.gpt_config import tiny_config
 from engine.trainer.optim import lr_at
 from engine.train import sample
@@ -254,7 +254,7 @@ print("kernel registry:", {k: v for k, v in kernel_owners().items() if v != "eng
 # characters drawn almost at random.
 
 # %%
-model = GPT(cfg, batch_size=B, seed=0)
+model = FusedGPT(cfg, batch_size=B, seed=0)
 optimizer = make_optimizer(model)
 
 

@@ -5,7 +5,7 @@ It never imports the tape (engine.tensor and friends); the two engines share
 only engine.gpt_config (the model's shape and initial weights), engine.timing
 and engine.numba_config.
 
-    model.py             GPT (fused): buffers, forward, backward, kernel registry
+    model.py             FusedGPT: buffers, forward, backward, kernel registry
     kernels/             the fused numba kernels, each backward beside its forward
     optim.py             AdamW over the flat parameter buffer, lr schedule
     parallel.py          one model replica per thread; MPI gradient all-reduce

@@ -277,7 +277,7 @@ def _our_step(model, opt, batches, phase_s):
 def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say) -> dict:
     """The same model in PyTorch eager with the same initial weights: its step
     function, the first-step gradient agreement and its first-step time."""
-    from .model import GPT
+    from .model import FusedGPT
     loss_fn, tensors = torch_gpt(cfg, params, torch_attention)
     decay = [t for n, t in tensors.items() if t.ndim >= 2]
     no_decay = [t for n, t in tensors.items() if t.ndim < 2]
@@ -296,7 +296,7 @@ def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say) -> 
         return loss.item()
 
     # first-step gradients, before any update
-    g_model = GPT(cfg, B, params=params, dtype=dtype)    # one replica: the whole batch
+    g_model = FusedGPT(cfg, B, params=params, dtype=dtype)    # one replica: the whole batch
     x0, y0 = batches[0]
     g_model.forward(x0, y0)
     g_model.backward()

@@ -1,11 +1,11 @@
-"""The GPT of engine.gpt_config on the fused kernels of engine.trainer.kernels.
+"""FusedGPT: the GPT of engine.gpt_config on the fused kernels of engine.trainer.kernels.
 
 Memory is laid out once, when the model is built for a micro-batch shape:
 
 * `params.flat` holds every parameter in the order of `param_shapes(cfg)`;
   `params["h0.qkv_w"]` is a view into it. `grads` has the same layout, so the
   optimizer, clipping and the data-parallel all-reduce each see one array.
-* `Activations` holds every tensor the backward needs (per layer, or one
+* `StepBuffers` holds every tensor the backward needs (per layer, or one
   shared layer set when activation checkpointing recomputes them), and
   the backward's scratch. A training step writes into these buffers and
   allocates no new arrays.
@@ -224,7 +224,7 @@ def decay_segments(buffer: FlatBuffer):
 
 
 # --------------------------------------------------------------------- activations
-class LayerActivations:
+class LayerBuffers:
     """What one block's backward needs, for a micro-batch of N = B*T rows."""
 
     def __init__(self, cfg: GPTConfig, B: int, T: int, dtype):
@@ -243,7 +243,7 @@ class LayerActivations:
         return sum(v.nbytes for v in vars(self).values())
 
 
-class Activations:
+class StepBuffers:
     """Every buffer a training step uses, allocated once for (B, T)."""
 
     def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, checkpointing: bool):
@@ -252,7 +252,7 @@ class Activations:
         self.B, self.T, self.checkpointing = B, T, checkpointing
         self.res = z(L + 1, N, C)                    # the residual stream entering each block
         n_sets = 1 if checkpointing else L
-        self.layer_sets = [LayerActivations(cfg, B, T, dtype) for _ in range(n_sets)]
+        self.layer_sets = [LayerBuffers(cfg, B, T, dtype) for _ in range(n_sets)]
         self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
         self.logits = z(N, V)                        # becomes dlogits in place
         self.losses = z(N)
@@ -264,7 +264,7 @@ class Activations:
         self.dqkv = z(B, T, 3 * C)
         self.dgelu = z(N, 4 * C)
 
-    def layer(self, index: int) -> LayerActivations:
+    def layer(self, index: int) -> LayerBuffers:
         return self.layer_sets[0 if self.checkpointing else index]
 
     def saved_nbytes(self) -> int:
@@ -274,8 +274,8 @@ class Activations:
 
 
 # ---------------------------------------------------------------------------- model
-class GPT:
-    """GPT(cfg, batch_size) -> a model whose training step allocates nothing.
+class FusedGPT:
+    """FusedGPT(cfg, batch_size) -> a model whose training step allocates nothing.
 
     params: a dict name -> array (e.g. from init_params), or None for
     init_params(cfg, seed). dtype float32 trains; float64 checks gradients.
@@ -288,22 +288,22 @@ class GPT:
         self.cfg = cfg
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
-            raise TypeError(f"GPT: dtype {self.dtype} is not supported; use float32 or float64")
+            raise TypeError(f"FusedGPT: dtype {self.dtype} is not supported; use float32 or float64")
         self.B, self.T = int(batch_size), int(seq_len or cfg.block_size)
         if self.B < 1 or not 1 <= self.T <= cfg.block_size:
-            raise ValueError(f"GPT: need batch_size >= 1 and 1 <= seq_len <= "
+            raise ValueError(f"FusedGPT: need batch_size >= 1 and 1 <= seq_len <= "
                              f"{cfg.block_size}, got {batch_size} and {seq_len}")
         shapes = param_shapes(cfg)
         self.grads = FlatBuffer(shapes, self.dtype)
         if shared_params is not None:          # a replica: read another model's weights
             if shared_params.layout != self.grads.layout or shared_params.flat.dtype != self.dtype:
-                raise ValueError("GPT: shared_params has another layout or dtype than this config")
+                raise ValueError("FusedGPT: shared_params has another layout or dtype than this config")
             self.params = shared_params
         else:
             self.params = FlatBuffer(shapes, self.dtype)
             self.load_params(init_params(cfg, seed, self.dtype) if params is None else params)
         self.checkpointing = checkpointing
-        self.acts = Activations(cfg, self.B, self.T, self.dtype, checkpointing)
+        self.acts = StepBuffers(cfg, self.B, self.T, self.dtype, checkpointing)
         self.profile: dict[str, float] | None = None   # set to {} to time every kernel
         self._ids = self._targets = None
         self._grad_ready = None
@@ -312,11 +312,11 @@ class GPT:
     def load_params(self, params: dict[str, np.ndarray]) -> None:
         for name, view in self.params.views.items():
             if name not in params:
-                raise KeyError(f"GPT.load_params: {name!r} missing; build params with "
+                raise KeyError(f"FusedGPT.load_params: {name!r} missing; build params with "
                                f"engine.gpt_config.init_params(cfg)")
             value = np.asarray(params[name])
             if value.shape != view.shape:
-                raise ValueError(f"GPT.load_params: {name} has shape {value.shape}, the config "
+                raise ValueError(f"FusedGPT.load_params: {name} has shape {value.shape}, the config "
                                  f"needs {view.shape}")
             view[...] = value
 
@@ -336,10 +336,10 @@ class GPT:
     def _check_batch(self, ids, targets=None):
         ids = np.asarray(ids)
         if ids.shape != (self.B, self.T):
-            raise ValueError(f"GPT: ids has shape {ids.shape}; this model was laid out for "
+            raise ValueError(f"FusedGPT: ids has shape {ids.shape}; this model was laid out for "
                              f"(B, T) = ({self.B}, {self.T}); build one per batch shape")
         if targets is not None and np.shape(targets) != ids.shape:
-            raise ValueError(f"GPT: targets shape {np.shape(targets)} != ids shape {ids.shape}")
+            raise ValueError(f"FusedGPT: targets shape {np.shape(targets)} != ids shape {ids.shape}")
         return ids
 
     # -- forward
@@ -424,7 +424,7 @@ class GPT:
         flat range of gradients is final: last block first, embeddings last (this
         is what lets a data-parallel all-reduce overlap the rest of the backward)."""
         if self._ids is None:
-            raise RuntimeError("GPT.backward: call forward(ids, targets) first (a forward "
+            raise RuntimeError("FusedGPT.backward: call forward(ids, targets) first (a forward "
                                "without targets, or loss(), prepares no gradient)")
         p, g, a, L = self.params, self.grads, self.acts, self.cfg.n_layer
         # head: logits = lnf @ wte^T, a.logits already holds dlogits

@@ -128,7 +128,7 @@ class ThreadReplicas:
     """
 
     def __init__(self, cfg, batch_size: int, n_replicas: int, **gpt_kwargs):
-        from .model import GPT, FlatBuffer, gradient_buckets
+        from .model import FusedGPT, FlatBuffer, gradient_buckets
         from ..gpt_config import param_shapes
         from .kernels.threads import concurrent_kernels_ok
         if n_replicas < 1 or batch_size % n_replicas:
@@ -141,10 +141,10 @@ class ThreadReplicas:
                                "replica (--thread-mode kernels)")
         self.cfg, self.B, self.n = cfg, batch_size, n_replicas
         per = batch_size // n_replicas
-        first = GPT(cfg, per, **gpt_kwargs)
+        first = FusedGPT(cfg, per, **gpt_kwargs)
         extra = {k: v for k, v in gpt_kwargs.items() if k in ("dtype", "checkpointing",
                                                                "seq_len")}
-        self.replicas = [first] + [GPT(cfg, per, shared_params=first.params, **extra)
+        self.replicas = [first] + [FusedGPT(cfg, per, shared_params=first.params, **extra)
                                    for _ in range(n_replicas - 1)]
         self.params, self.dtype = first.params, first.dtype
         self.grads = first.grads if n_replicas == 1 else FlatBuffer(param_shapes(cfg),

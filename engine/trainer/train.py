@@ -65,11 +65,11 @@ def sample(model, tokenizer: CharTokenizer, prompt: str, length: int = 200,
     Runs a batch-1 copy of the model on a window of the last T characters,
     padded on the right: attention is causal, so the padding cannot change the
     logits at the last real position, and one buffer layout serves every length."""
-    from .model import GPT
+    from .model import FusedGPT
     if temperature <= 0:
         raise ValueError(f"sample: temperature must be positive, got {temperature}")
     cfg = model.cfg
-    gen = GPT(cfg, 1, params=model.named_params(), dtype=model.dtype)
+    gen = FusedGPT(cfg, 1, params=model.named_params(), dtype=model.dtype)
     rng = np.random.default_rng(seed)
     ids = list(tokenizer.encode(prompt)) if prompt else [0]
     window = np.zeros((1, cfg.block_size), np.int64)

@@ -54,12 +54,12 @@ def test_two_processes_give_the_losses_of_one():
 
 def test_buckets_are_reduced_during_the_last_backward_only():
     MPI = pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed")
-    from engine.trainer.model import GPT, gradient_buckets
+    from engine.trainer.model import FusedGPT, gradient_buckets
     from engine.gpt_config import GPTConfig
     from engine.trainer.parallel import GradientAllReduce
 
     cfg = GPTConfig(vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8)
-    model = GPT(cfg, 2, dtype=np.float64)
+    model = FusedGPT(cfg, 2, dtype=np.float64)
     reducer = GradientAllReduce(MPI.COMM_SELF, model.grads.flat)
     events = []
     original = model._block_backward

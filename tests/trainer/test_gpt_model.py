@@ -32,7 +32,7 @@ def test_one_step_gradients_equal_the_reference_engine():
     nn = pytest.importorskip("engine.nn", reason="engine.nn (the reference GPT) is missing")
     params = init_params(CFG, seed=3, dtype=np.float64)
     x, y = batch(0)
-    loss, grads = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y)
+    loss, grads = grads_of(G.FusedGPT(CFG, 4, params=params, dtype=np.float64), x, y)
     ref = nn.GPT(CFG, params)
     ref_loss = ref(x, y)
     ref_loss.backward()
@@ -45,7 +45,7 @@ def test_one_step_gradients_equal_the_reference_engine():
 
 def test_logits_without_targets_and_loss_agree():
     params = init_params(CFG, seed=1, dtype=np.float64)
-    m = G.GPT(CFG, 4, params=params, dtype=np.float64)
+    m = G.FusedGPT(CFG, 4, params=params, dtype=np.float64)
     x, y = batch(1)
     logits = m.forward(x).copy()
     z = logits.reshape(-1, CFG.vocab_size)
@@ -59,18 +59,18 @@ def test_logits_without_targets_and_loss_agree():
 def test_checkpointing_recomputes_the_same_bits():
     params = init_params(CFG, seed=2)
     x, y = batch(2)
-    plain = grads_of(G.GPT(CFG, 4, params=params), x, y)
-    ckpt_model = G.GPT(CFG, 4, params=params, checkpointing=True)
+    plain = grads_of(G.FusedGPT(CFG, 4, params=params), x, y)
+    ckpt_model = G.FusedGPT(CFG, 4, params=params, checkpointing=True)
     ckpt = grads_of(ckpt_model, x, y)
     assert plain[0] == ckpt[0]
     assert all(np.array_equal(plain[1][k], ckpt[1][k]) for k in plain[1])
-    full = G.GPT(CFG, 4, params=params)
+    full = G.FusedGPT(CFG, 4, params=params)
     assert ckpt_model.acts.saved_nbytes() < full.acts.saved_nbytes()
 
 
 def test_loss_scale_scales_the_gradient_and_accumulation_adds():
     params = init_params(CFG, seed=4, dtype=np.float64)
-    m = G.GPT(CFG, 4, params=params, dtype=np.float64)
+    m = G.FusedGPT(CFG, 4, params=params, dtype=np.float64)
     x, y = batch(4)
     _, once = grads_of(m, x, y)
     m.zero_grad()
@@ -84,7 +84,7 @@ def test_loss_scale_scales_the_gradient_and_accumulation_adds():
 def test_thread_replicas_equal_one_model_with_the_whole_batch():
     params = init_params(CFG, seed=5, dtype=np.float64)
     x, y = batch(5)
-    loss, want = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y)
+    loss, want = grads_of(G.FusedGPT(CFG, 4, params=params, dtype=np.float64), x, y)
     reps = ThreadReplicas(CFG, 4, 2, params=params, dtype=np.float64)
     try:
         reps.zero_grad()
@@ -102,7 +102,7 @@ def test_a_training_step_allocates_no_arrays():
     buffer was laid out when the model was built (numpy reports its data
     allocations to tracemalloc)."""
     cfg = GPTConfig(vocab_size=30, block_size=32, n_layer=2, n_head=4, n_embd=32)
-    m = G.GPT(cfg, 8)
+    m = G.FusedGPT(cfg, 8)
     x, y = batch(6, 8, cfg)
     grads_of(m, x, y)                        # warm-up: compile, first touches
     tracemalloc.start()
@@ -126,11 +126,11 @@ def test_a_plugged_pure_kernel_runs_and_is_reported():
 
     params = init_params(CFG, seed=7, dtype=np.float64)
     x, y = batch(7)
-    want = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y)
+    want = grads_of(G.FusedGPT(CFG, 4, params=params, dtype=np.float64), x, y)
     G.use_kernel("bias_gelu_forward", my_bias_gelu, owner="learner")
     try:
         assert G.kernel_owners()["bias_gelu_forward"] == "learner"
-        got = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y)
+        got = grads_of(G.FusedGPT(CFG, 4, params=params, dtype=np.float64), x, y)
     finally:
         G.reset_kernels()
     assert G.kernel_owners()["bias_gelu_forward"] == "engine"
@@ -142,7 +142,7 @@ def test_a_plugged_pure_kernel_runs_and_is_reported():
 
 
 def test_wrong_batch_shape_is_named():
-    m = G.GPT(CFG, 4)
+    m = G.FusedGPT(CFG, 4)
     with pytest.raises(ValueError, match=r"laid out for \(B, T\) = \(4, 8\)"):
         m.forward(np.zeros((2, 8), np.int64))
 
@@ -166,11 +166,11 @@ def test_learner_style_crossentropy_and_scatter_add_plug_in():
 
     params = init_params(CFG, seed=8, dtype=np.float64)
     x, y = batch(8)
-    want = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y, loss_scale=0.5)
+    want = grads_of(G.FusedGPT(CFG, 4, params=params, dtype=np.float64), x, y, loss_scale=0.5)
     G.use_kernel("crossentropy_softmax", my_crossentropy, owner="you (10.2)")
     G.use_kernel("embedding_backward", my_scatter_add, owner="you (11.1)")
     try:
-        got = grads_of(G.GPT(CFG, 4, params=params, dtype=np.float64), x, y, loss_scale=0.5)
+        got = grads_of(G.FusedGPT(CFG, 4, params=params, dtype=np.float64), x, y, loss_scale=0.5)
         owners = G.kernel_owners()
     finally:
         G.reset_kernels()
