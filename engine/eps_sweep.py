@@ -20,7 +20,7 @@ the valley (`predicted_best_eps`):
 
 for a function whose value and derivatives are of order one.
 
-`eps_sweep` measures the curve; `widgets.gradcheck_plot.EpsSweep` is the
+`eps_sweep` measures the curve; `widgets.eps_sweep.EpsSweep` is the
 notebook widget over it. Everything the widget shows comes from these pure
 functions, so the lesson's plot, the widget and the tests read the same numbers.
 """

@@ -17,9 +17,9 @@ the two precisions (three decades apart) and the two methods cleanly.
 import numpy as np
 import pytest
 
-from widgets.gradcheck_plot import (DEFAULT_EPS, DEFAULT_X, SMOOTH_FUNCTIONS, EpsSweep,
-                                    eps_sweep, finite_difference, predicted_best_eps,
-                                    relative_error, sweep_both)
+from engine.eps_sweep import (DEFAULT_EPS, DEFAULT_X, SMOOTH_FUNCTIONS, eps_sweep,
+                              finite_difference, predicted_best_eps, relative_error, sweep_both)
+from widgets.eps_sweep import EpsSweep
 
 FUNCTIONS = list(SMOOTH_FUNCTIONS)
 

@@ -215,7 +215,7 @@ def test_04_4_names_the_mistake(answer, phrase):
 
 
 def test_04_4_answer_agrees_with_the_measured_sweep():
-    from widgets.gradcheck_plot import sweep_both
+    from engine.eps_sweep import sweep_both
     sweeps = sweep_both()
     for name, u in (("float64", 2.0 ** -53), ("float32", 2.0 ** -24)):
         best = (3 * u) ** (1 / 3)

@@ -10,7 +10,7 @@ _WHERE = {
     "draw_graph": "widgets.graph",
     "GraphView": "widgets.graph",
     "MemoryTimeline": "widgets.memory_timeline",
-    "EpsSweep": "widgets.gradcheck_plot",
+    "EpsSweep": "widgets.eps_sweep",
     "TrainerDashboard": "widgets.trainer",
 }
 

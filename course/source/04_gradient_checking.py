@@ -29,7 +29,8 @@ import engine
 from engine import Tensor
 import engine.functional as F
 from coursework import lesson04
-from widgets.gradcheck_plot import EpsSweep, plot_sweeps, predicted_best_eps, sweep_both
+from engine.eps_sweep import predicted_best_eps, sweep_both
+from widgets.eps_sweep import EpsSweep, plot_sweeps
 
 np.set_printoptions(precision=4, suppress=True)
 
@@ -238,7 +239,7 @@ for seed in range(40):
 #   the difference itself shrinks; dividing by 2ε blows it up: about `u·|f|/ε`.
 #
 # Add them and the total error is U-shaped in ε. `eps_sweep(f, x, grad, eps_values, dtype)`
-# (in `widgets.gradcheck_plot`, a pure function the widget below also calls) measures the
+# (in `engine.eps_sweep`, a pure function the widget below also calls) measures the
 # curve: it computes every element's central difference in the given precision at each ε and
 # records the worst relative error against the exact gradient. The function is
 # `f(x) = Σ sin(x)·exp(x/2)` at six points in [-1, 1].

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.eps_sweep import (DEFAULT_EPS, DEFAULT_X, METHODS, SMOOTH_FUNCTIONS,  # noqa: F401
-                              UNIT_ROUNDOFF, SweepResult, eps_sweep, finite_difference,
-                              predicted_best_eps, relative_error, sweep_both)
+from engine.eps_sweep import DEFAULT_X, METHODS, SMOOTH_FUNCTIONS, sweep_both
 
 
 def plot_sweeps(sweeps, ax=None, marked_eps=None):
