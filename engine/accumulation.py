@@ -16,13 +16,12 @@ large, the same as a K times larger learning rate.
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
 from .tensor import Tensor
 
-__all__ = ["split_batch", "accumulate_gradients", "grad_norm", "time_accumulated_step"]
+__all__ = ["split_batch", "accumulate_gradients", "grad_norm"]
 
 
 def split_batch(ids, targets, n_micro: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -77,14 +76,3 @@ def grad_norm(parameters: dict) -> float:
                              for p in parameters.values() if p.grad is not None)))
 
 
-def time_accumulated_step(model, ids, targets, n_micro: int, repeats: int = 3) -> float:
-    """Best-of-`repeats` seconds for forward+backward of the whole batch done as
-    `n_micro` micro-batches (no optimizer step)."""
-    micro = split_batch(ids, targets, n_micro)
-    params = model.parameters()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        accumulate_gradients(params, lambda b: model(*b), micro)
-        best = min(best, time.perf_counter() - t0)
-    return best

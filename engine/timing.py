@@ -1,7 +1,10 @@
-"""Wall-clock timing the way every lesson, benchmark and check does it.
+"""Wall-clock timing as a median of several runs.
 
-One number per measurement: the median of several runs, so that a single run
-slowed down by something else on the machine does not decide the result.
+The lessons' timing cells, the exercise checks and the sgemm and matmul
+references of `python -m engine.bench` use `median_seconds`, so a single run
+slowed down by something else on the machine does not decide the result. The
+trainer's own per-phase and per-kernel times are read off `time.perf_counter`
+inside the step, where a median of repeats is not possible.
 """
 from __future__ import annotations
 

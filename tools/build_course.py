@@ -69,12 +69,6 @@ def strip_solutions(source: str) -> str:
         source).rstrip("\n")
 
 
-def without_markers(source: str) -> str:
-    """The solution as the solution notebook shows it (marker lines kept: they
-    show the learner exactly which lines were the exercise)."""
-    return source
-
-
 def make_notebook(cells: list[tuple[str, str]], student: bool) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata = {

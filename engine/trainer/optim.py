@@ -18,7 +18,7 @@ import numpy as np
 
 from .kernels.adamw import adamw_update, clip_scale, global_norm, work_items
 
-__all__ = ["AdamW", "global_norm", "clip_scale", "clip_grad_norm", "lr_at"]
+__all__ = ["AdamW", "global_norm", "clip_scale", "lr_at"]
 
 
 class AdamW:
@@ -55,10 +55,6 @@ class AdamW:
                      lr=self.lr if lr is None else lr, step=self.t, beta1=self.betas[0],
                      beta2=self.betas[1], eps=self.eps, grad_scale=grad_scale)
 
-    def state_dict(self) -> dict:
-        return {"t": self.t, "m": self.m.copy(), "v": self.v.copy(), "lr": self.lr,
-                "betas": list(self.betas), "eps": self.eps, "weight_decay": self.weight_decay}
-
     def load_state_dict(self, state: dict) -> None:
         for key in ("m", "v"):
             if state[key].shape != self.params.shape:
@@ -66,16 +62,6 @@ class AdamW:
                                  f"the parameters {self.params.shape}")
             getattr(self, key)[...] = state[key]
         self.t = int(state["t"])
-
-
-def clip_grad_norm(grads: np.ndarray, max_norm: float) -> float:
-    """Scale the flat gradient buffer in place so its global norm is at most
-    max_norm; returns the norm measured before clipping."""
-    norm = global_norm(grads)
-    scale = clip_scale(norm, max_norm)
-    if scale != 1.0:
-        grads *= grads.dtype.type(scale)
-    return norm
 
 
 def lr_at(step: int, *, lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
