@@ -146,13 +146,44 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
 
 def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads, n_replicas):
     """train() once processes and threads are settled: data, model, the loop."""
-    from .model import decay_segments
-    from .optim import AdamW, lr_at
-    from .parallel import GradientAllReduce, ThreadReplicas
-    allreduce = None
-    local_batch = rows.stop - rows.start
+    from .parallel import GradientAllReduce
+    dataset, fingerprint, entropy = _load_data(config, dataset)
+    tok = dataset.tokenizer
+    model, opt, start = _build_model(config, tok, fingerprint, rows.stop - rows.start,
+                                     n_replicas)
+    allreduce = GradientAllReduce(comm, model.grads.flat) if comm is not None else None
+    stop = min(config.steps, config.stop_at or config.steps)
+    lead = rank == 0
+    log_file = open(config.log, "a") if (config.log and lead) else None
+    header = _header(config, model, dataset, entropy, start, world_size, n_threads, n_replicas)
+    if log_file:
+        log_file.write(json.dumps(header) + "\n")
+    if lead:
+        _announce(say, header, model, dataset, config, stop)
 
-    # -- data
+    t_start = time.perf_counter()
+    history, val_loss, step, stopped_early = _loop(
+        config, callback, say, dataset, model, opt, allreduce, rows, rank, world_size,
+        start, stop, fingerprint, log_file, t_start)
+    if config.save and lead and history and "val_loss" not in history[-1]:
+        save_checkpoint(config.save, model, opt, step, config, tok, fingerprint)
+
+    text_sample = None
+    if config.prompt is not None and lead:
+        text_sample = sample(model, tok, config.prompt, config.sample_len, config.temperature,
+                             config.seed)
+    elapsed = time.perf_counter() - t_start
+    result = TrainResult(history, model, opt, dataset, config, entropy, val_loss, step,
+                         elapsed, stopped_early, text_sample, rank)
+    if log_file:
+        log_file.write(json.dumps(summary(result)) + "\n")
+        log_file.close()
+    model.close()          # helper threads stop; they restart if result.model is used again
+    return result
+
+
+def _load_data(config, dataset):
+    """The dataset (read from config.data unless given), its fingerprint and unigram entropy."""
     try:
         text = load_corpus(config.data) if dataset is None else None
         if dataset is None:
@@ -163,14 +194,17 @@ def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads
     fingerprint = corpus_fingerprint(text if text is not None else
                                      dataset.tokenizer.decode(np.concatenate(
                                          [dataset.train, dataset.val])))
-    tok = dataset.tokenizer
-    entropy = unigram_entropy(dataset.train, tok.vocab_size)
+    return dataset, fingerprint, unigram_entropy(dataset.train, dataset.tokenizer.vocab_size)
 
-    # -- model, optimizer, resumed state
+
+def _build_model(config, tok, fingerprint, local_batch, n_replicas):
+    """Model replicas and AdamW, restored from config.resume when set; also the first step."""
+    from .model import decay_segments
+    from .optim import AdamW
+    from .parallel import ThreadReplicas
     cfg = config.model_config(tok.vocab_size)
-    dtype = np.dtype(config.dtype)
-    model = ThreadReplicas(cfg, local_batch, n_replicas, seed=config.seed, dtype=dtype,
-                           checkpointing=config.checkpointing)
+    model = ThreadReplicas(cfg, local_batch, n_replicas, seed=config.seed,
+                           dtype=np.dtype(config.dtype), checkpointing=config.checkpointing)
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=config.lr,
                 betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
     start = 0
@@ -184,38 +218,45 @@ def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads
         opt.load_state_dict({"m": state["adam_m"], "v": state["adam_v"],
                              "t": int(state["adam_t"])})
         start = int(state["meta"]["step"])
-    if comm is not None:
-        allreduce = GradientAllReduce(comm, model.grads.flat)
+    return model, opt, start
 
-    stop = min(config.steps, config.stop_at or config.steps)
-    lead = rank == 0
-    log_file = open(config.log, "a") if (config.log and lead) else None
-    header = {"event": "start", "params": model.num_params(), "vocab_size": tok.vocab_size,
-              "train_chars": int(len(dataset.train)), "val_chars": int(len(dataset.val)),
-              "unigram_entropy": entropy, "start_step": start, "steps": config.steps,
-              "processes": world_size, "threads": n_threads, "replicas": n_replicas,
-              "thread_mode": config.thread_mode,
-              "tokens_per_step": config.batch_size * config.block_size * config.grad_accum,
-              "config": dataclasses.asdict(config)}
+
+def _header(config, model, dataset, entropy, start, world_size, n_threads, n_replicas) -> dict:
+    """The run's first log record."""
     from .model import kernel_owners
-    replaced = {k: v for k, v in kernel_owners().items() if v != "engine"}
-    header["kernels_replaced"] = replaced
-    if log_file:
-        log_file.write(json.dumps(header) + "\n")
-    if lead:
-        if replaced:
-            say("kernels not the engine's: " + ", ".join(f"{k} ({v})" for k, v in
-                                                        sorted(replaced.items())))
-        say(f"model {model.num_params():,} parameters | corpus {len(dataset.train):,} train / "
-            f"{len(dataset.val):,} val characters, vocabulary {tok.vocab_size} | unigram "
-            f"entropy {entropy:.4f} nats | {world_size} process(es) x {n_threads} "
-            f"thread(s) ({config.thread_mode}) | steps {start}->{stop}")
+    return {"event": "start", "params": model.num_params(),
+            "vocab_size": dataset.tokenizer.vocab_size,
+            "train_chars": int(len(dataset.train)), "val_chars": int(len(dataset.val)),
+            "unigram_entropy": entropy, "start_step": start, "steps": config.steps,
+            "processes": world_size, "threads": n_threads, "replicas": n_replicas,
+            "thread_mode": config.thread_mode,
+            "tokens_per_step": config.batch_size * config.block_size * config.grad_accum,
+            "config": dataclasses.asdict(config),
+            "kernels_replaced": {k: v for k, v in kernel_owners().items() if v != "engine"}}
 
+
+def _announce(say, header, model, dataset, config, stop) -> None:
+    replaced = header["kernels_replaced"]
+    if replaced:
+        say("kernels not the engine's: " + ", ".join(f"{k} ({v})" for k, v in
+                                                    sorted(replaced.items())))
+    say(f"model {model.num_params():,} parameters | corpus {len(dataset.train):,} train / "
+        f"{len(dataset.val):,} val characters, vocabulary {header['vocab_size']} | unigram "
+        f"entropy {header['unigram_entropy']:.4f} nats | {header['processes']} process(es) x "
+        f"{header['threads']} thread(s) ({config.thread_mode}) | steps "
+        f"{header['start_step']}->{stop}")
+
+
+def _loop(config, callback, say, dataset, model, opt, allreduce, rows, rank, world_size,
+          start, stop, fingerprint, log_file, t_start):
+    """Steps start..stop: train, evaluate, log, save. Returns (history, last validation
+    loss, the step reached, whether it stopped early)."""
+    from .optim import lr_at
+    lead = rank == 0
     history: list[dict] = []
     K = config.grad_accum
     tokens_per_step = config.batch_size * config.block_size * K
     loss_scale = 1.0 / (K * world_size)
-    t_start = time.perf_counter()
     recent: list[float] = []
     val_loss = None
     stopped_early = False
@@ -251,15 +292,12 @@ def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads
                       time_left=float(np.median(recent)) * (stop - step - 1))
         history.append(record)
         if lead:
-            if log_file:
-                log_file.write(json.dumps(record) + "\n")
-                log_file.flush()
-            if (step + 1) % config.log_every == 0 or "val_loss" in record or done:
-                say(progress_line(record, config.steps))
+            _log(say, log_file, record, config, done)
         save_now = config.save and (done or over_time or "val_loss" in record or (
             config.save_every and (step + 1) % config.save_every == 0))
         if save_now and lead:
-            save_checkpoint(config.save, model, opt, step + 1, config, tok, fingerprint)
+            save_checkpoint(config.save, model, opt, step + 1, config, dataset.tokenizer,
+                            fingerprint)
         if callback is not None and callback(record) is False:
             stopped_early = True
         if over_time:
@@ -271,21 +309,15 @@ def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads
             break
     else:
         step = stop
-    if config.save and lead and history and "val_loss" not in history[-1]:
-        save_checkpoint(config.save, model, opt, step, config, tok, fingerprint)
+    return history, val_loss, step, stopped_early
 
-    text_sample = None
-    if config.prompt is not None and lead:
-        text_sample = sample(model, tok, config.prompt, config.sample_len, config.temperature,
-                             config.seed)
-    elapsed = time.perf_counter() - t_start
-    result = TrainResult(history, model, opt, dataset, config, entropy, val_loss, step,
-                         elapsed, stopped_early, text_sample, rank)
+
+def _log(say, log_file, record, config, done) -> None:
     if log_file:
-        log_file.write(json.dumps(summary(result)) + "\n")
-        log_file.close()
-    model.close()          # helper threads stop; they restart if result.model is used again
-    return result
+        log_file.write(json.dumps(record) + "\n")
+        log_file.flush()
+    if record["step"] % config.log_every == 0 or "val_loss" in record or done:
+        say(progress_line(record, config.steps))
 
 
 def summary(result: TrainResult) -> dict:
