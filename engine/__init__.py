@@ -7,11 +7,50 @@
     loss = F.relu(Tensor(x) @ w).sum()
     loss.backward()          # w.grad now holds dloss/dw
 
-Pieces: `Tensor` and the tape (engine/tensor.py), every op's forward and
-VJP (engine/rules.py), the ops as functions (`engine.functional`, also
-`engine.F`), `gradcheck`, forward mode `jvp`, the `memory` recorder,
-`detect_anomaly`, the scalar engine of the first lessons (`engine.scalar`),
-layers and the reference GPT (`engine.nn`), numba kernels (engine/kernels/).
+Two engines live here and never import each other (tests/test_layering.py):
+
+* the tape (this folder): `Tensor` and the tape (tensor.py), every op's
+  forward and VJP (rules.py), the ops as functions (`engine.functional`, also
+  `engine.F`), `gradcheck`, forward mode `jvp`, the `memory` recorder,
+  `detect_anomaly`, the scalar engine (`engine.scalar`), layers and the
+  reference GPT (`engine.nn`), numba kernels (kernels/), the budget model
+  (`engine.budget`, `python -m engine.budget`); lessons 00-09;
+* the fused trainer (engine/trainer/): `FusedGPT` on hand-written kernels,
+  AdamW, threads/MPI, the training step, `python -m engine.train` and
+  `python -m engine.bench`; lessons 10-13.
+
+They share gpt_config (shape and initial weights), timing, numba_config,
+fast_math, constants. The exercise checks and the learner's pieces live
+outside the library, in the `coursework` package; the library never imports it.
+
+Lesson <-> module:
+
+    lesson  concept
+    00      why gradients, timing                    tape: timing.py
+    01, 02  scalar autograd by hand                  tape: scalar.py
+    02, 03  the tape, graph nodes                    tape: tensor.py (Tensor, apply,
+                                                           TapeObserver)
+    03      VJP rules, ops as functions              tape: rules.py, functional.py, kernels/
+    04      gradient checking, eps, forward mode     tape: gradcheck.py, eps_sweep.py,
+                                                           forward_mode.py
+    05      NaN/Inf, broken gradients                tape: anomaly.py
+    06      activation memory, measured              tape: memory.py, nn.py (GPT)
+    07      the training-step budget                 tape: budget/
+    08      accumulation, activation recompute       tape: accumulation.py, recompute.py
+                                                     trainer: model.py (checkpointing=True)
+    09      precision                                tape: precision.py
+    10      fused kernels                            tape: kernels/ (numpy oracle + numba)
+                                                     trainer: kernels/, model.py (FusedGPT)
+    11      embeddings, deterministic scatter-add    tape: kernels/ (embedding_table_grad)
+                                                     trainer: kernels/embedding.py, data.py
+    12      between backward and step                tape: -
+                                                     trainer: optim.py, kernels/adamw.py,
+                                                              parallel.py
+    13      the CPU trainer                          tape: -
+                                                     trainer: step.py, train.py, cli.py, bench.py,
+                                                              checkpoint_files.py
+
+Adding an op to the tape: see CONTRIBUTING.md ("Adding an op").
 """
 from ._versions import check_versions
 

@@ -37,7 +37,8 @@ class Diverged(TrainError):
 
 @dataclass
 class TrainConfig:
-    """Every setting of a run. The defaults train the `tiny` model (`engine.gpt_config.tiny_config`)."""
+    """Every setting of a run. The defaults train the `tiny` model
+    (`engine.gpt_config.tiny_config`)."""
     data: str | None = None            # None: the built-in corpus (pydoc_data.topics)
     steps: int = 1000                  # optimizer steps; the learning-rate schedule spans them
     stop_at: int | None = None         # stop after this step (resume later with --resume)

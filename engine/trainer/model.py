@@ -288,7 +288,8 @@ class FusedGPT:
         self.cfg = cfg
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
-            raise TypeError(f"FusedGPT: dtype {self.dtype} is not supported; use float32 or float64")
+            raise TypeError(f"FusedGPT: dtype {self.dtype} is not supported; "
+                            f"use float32 or float64")
         self.B, self.T = int(batch_size), int(seq_len or cfg.block_size)
         if self.B < 1 or not 1 <= self.T <= cfg.block_size:
             raise ValueError(f"FusedGPT: need batch_size >= 1 and 1 <= seq_len <= "
@@ -297,7 +298,8 @@ class FusedGPT:
         self.grads = FlatBuffer(shapes, self.dtype)
         if shared_params is not None:          # a replica: read another model's weights
             if shared_params.layout != self.grads.layout or shared_params.flat.dtype != self.dtype:
-                raise ValueError("FusedGPT: shared_params has another layout or dtype than this config")
+                raise ValueError("FusedGPT: shared_params has another layout or dtype "
+                                 "than this config")
             self.params = shared_params
         else:
             self.params = FlatBuffer(shapes, self.dtype)
@@ -316,7 +318,8 @@ class FusedGPT:
                                f"engine.gpt_config.init_params(cfg)")
             value = np.asarray(params[name])
             if value.shape != view.shape:
-                raise ValueError(f"FusedGPT.load_params: {name} has shape {value.shape}, the config "
+                raise ValueError(f"FusedGPT.load_params: {name} has shape {value.shape}, "
+                                 f"the config "
                                  f"needs {view.shape}")
             view[...] = value
 
@@ -339,7 +342,8 @@ class FusedGPT:
             raise ValueError(f"FusedGPT: ids has shape {ids.shape}; this model was laid out for "
                              f"(B, T) = ({self.B}, {self.T}); build one per batch shape")
         if targets is not None and np.shape(targets) != ids.shape:
-            raise ValueError(f"FusedGPT: targets shape {np.shape(targets)} != ids shape {ids.shape}")
+            raise ValueError(f"FusedGPT: targets shape {np.shape(targets)} != ids shape "
+                             f"{ids.shape}")
         return ids
 
     # -- forward
