@@ -319,8 +319,7 @@ class FusedGPT:
             value = np.asarray(params[name])
             if value.shape != view.shape:
                 raise ValueError(f"FusedGPT.load_params: {name} has shape {value.shape}, "
-                                 f"the config "
-                                 f"needs {view.shape}")
+                                 f"the config needs {view.shape}")
             view[...] = value
 
     def zero_grad(self) -> None:
