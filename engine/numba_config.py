@@ -67,6 +67,7 @@ _OPTIONS = dict(cache=True, fastmath=FASTMATH, error_model="numpy", nogil=True)
 kernel = functools.partial(numba.njit, **_OPTIONS)
 parallel_kernel = functools.partial(numba.njit, parallel=True, **_OPTIONS)
 prange = numba.prange
+njit = numba.njit
 
 # The tape's kernels (engine/kernels/fast.py) are numba.njit with these options.
 TAPE_OPTIONS = dict(cache=True, fastmath=TAPE_FASTMATH)

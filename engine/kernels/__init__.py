@@ -35,9 +35,10 @@ MIN_ELEMENTS = 16_384
 # numba wins where numpy makes many temporaries or wastes work: layer norm
 # (3x), the GELU gradient (3x), attention (2x: it skips the masked half), the
 # embedding scatter-add (10x and more over np.add.at). numpy wins where the
-# work is one exp per element: its exp/tanh are SIMD, numba's (without Intel
-# SVML) are scalar, so softmax, log-softmax, the cross-entropy forward and the
-# GELU forward stay in numpy.
+# work is one exp per element: its exp/tanh are SIMD, and these kernels sum in
+# float64, where engine.fast_math's exp is np.exp (scalar in numba without
+# Intel SVML), so softmax, log-softmax, the cross-entropy forward and the GELU
+# forward stay in numpy.
 AUTO_NUMBA = {
     "layer_norm_xhat_forward", "layer_norm_xhat_backward", "gelu_backward",
     "attention_probs_forward", "attention_probs_backward", "embedding_table_grad",

@@ -13,13 +13,14 @@ import math
 
 import numpy as np
 
+from ..constants import GELU_A, GELU_K
+from ..fast_math import exp
 # numba_config sets the threading layer and the OpenMP wait policy (once, for
 # both kernel folders) before numba starts its threads.
-from ..constants import GELU_A, GELU_K  # noqa: F401
 from ..numba_config import TAPE_FASTMATH as FAST
-from ..numba_config import prange
-from numba import njit  # noqa: E402
+from ..numba_config import njit, prange
 
+# exp is engine.fast_math's: vectorised in float32, np.exp in float64.
 # FAST lets LLVM reorder sums (so dot products and row sums use SIMD) and fuse
 # multiply-adds. Not "nnan"/"ninf": -inf starts the row maxima, and NaN must
 # stay visible to detect_anomaly. The embedding gradient keeps strict order.
@@ -97,7 +98,7 @@ def _softmax_row(x, out):
         m = max(m, x[j])
     total = 0.0
     for j in range(x.shape[0]):
-        e = math.exp(x[j] - m)
+        e = exp(x[j] - m)
         out[j] = e
         total += e
     inv = 1.0 / total
@@ -138,7 +139,7 @@ def log_softmax_forward(x):
             m = max(m, x[i, j])
         total = 0.0
         for j in range(V):
-            total += math.exp(x[i, j] - m)
+            total += exp(x[i, j] - m)
         lse = m + math.log(total)
         for j in range(V):
             out[i, j] = x[i, j] - lse
@@ -154,7 +155,7 @@ def log_softmax_backward(g, y):
         for j in range(V):
             total += g[i, j]
         for j in range(V):
-            dx[i, j] = g[i, j] - math.exp(y[i, j]) * total
+            dx[i, j] = g[i, j] - exp(y[i, j]) * total
     return dx
 
 
@@ -190,7 +191,7 @@ def gelu_forward(x):
     for i in prange(flat.size):
         v = flat[i]
         u = GELU_K * (v + GELU_A * v * v * v)
-        out[i] = v / (1.0 + math.exp(-2.0 * u))
+        out[i] = v / (1.0 + exp(-2.0 * u))
     return out.reshape(x.shape)
 
 
@@ -202,7 +203,7 @@ def gelu_backward(g, x):
     for i in prange(xf.size):
         v = xf[i]
         u = GELU_K * (v + GELU_A * v * v * v)
-        s = 1.0 / (1.0 + math.exp(-2.0 * u))          # 0.5 (1 + tanh u)
+        s = 1.0 / (1.0 + exp(-2.0 * u))          # 0.5 (1 + tanh u)
         du = GELU_K * (1.0 + 3.0 * GELU_A * v * v)
         # d/dv [v s] = s + v * ds/du * du/dv, with ds/du = 2 s (1 - s)
         out[i] = gf[i] * (s + v * 2.0 * s * (1.0 - s) * du)
@@ -228,7 +229,7 @@ def attention_probs_forward(q, k, v, scale):
                 m = max(m, acc)
             total = 0.0
             for s in range(t + 1):
-                e = math.exp(att[bh, t, s] - m)
+                e = exp(att[bh, t, s] - m)
                 att[bh, t, s] = e
                 total += e
             inv = 1.0 / total

@@ -14,7 +14,7 @@ import numpy as np
 
 # The tanh form of GELU: 0.5 x (1 + tanh(K (x + A x^3))). Plain Python floats,
 # so float32 arrays stay float32 (a numpy float64 scalar would promote them).
-from ..constants import GELU_A, GELU_K  # noqa: F401  (one copy for every kernel)
+from ..constants import GELU_A, GELU_K  # one copy for every kernel
 
 
 # ------------------------------------------------------------------ layer norm

@@ -22,7 +22,7 @@ from ._buffers import float_dtype, output, rows
 from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
 from ...fast_math import tanh
 
-from ...constants import GELU_A, GELU_K  # noqa: F401  (one copy for every kernel)
+from ...constants import GELU_A, GELU_K  # one copy for every kernel
 
 
 @parallel_kernel
