@@ -188,7 +188,7 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
 def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention, n_threads,
              thread_mode, replicas, thread_info, seed, data, say):
     from .data import batch_at
-    from .model import decay_segments, step_flops
+    from .model import decay_segments
     from .optim import AdamW
     from .parallel import ThreadReplicas
     B, T = batch_size, cfg.block_size
@@ -216,18 +216,29 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     t_ours, t_torch = _time_steps(ours, twin and twin["step"], warmup, steps, say)
     per_kernel, prof_wall, rest, matmul_ms = _profile(model, ours, phase_s, steps, warmup)
 
-    flops = step_flops(cfg, B, T)
-    ms = _median_ms(t_ours)
     gemm_alone = sgemm_rate(cfg, B, T, dtype, replicas)
     model.close()
+    setup = {**cfg.to_dict(), "batch_size": B, "dtype": "float32", "threads": n_threads,
+             "thread_mode": thread_mode, "replicas": replicas,
+             "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"]}
+    report = _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms,
+                     per_kernel, prof_wall, rest, replicas, torch_reason)
+    if twin is not None:
+        report["torch"] = _torch_report(torch, torch_attention, twin, t_torch, t_ours, B * T)
+    return report
+
+
+def _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms, per_kernel,
+            prof_wall, rest, replicas, torch_reason) -> dict:
+    from .model import step_flops
+    flops = step_flops(cfg, B, T)
+    ms = _median_ms(t_ours)
     report = {
-        "config": {**cfg.to_dict(), "batch_size": B, "dtype": "float32",
-                   "threads": n_threads, "thread_mode": thread_mode, "replicas": replicas,
-                   "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"]},
+        "config": setup,
         "compile": {"first_step_s": first_step, **cache},
         "ours": {"ms_per_step": ms, "tokens_per_s": B * T / (ms / 1e3),
                  "ms_min": min(t_ours) * 1e3,
-                 "gflops": flops["total"] / (ms / 1e3) / 1e9, "steps": steps,
+                 "gflops": flops["total"] / (ms / 1e3) / 1e9, "steps": len(t_ours),
                  "ms_all": [t * 1e3 for t in t_ours]},
         "flops_per_step": flops,
         "linear": {"sgemm_alone_gflops": gemm_alone["gflops"],
@@ -244,17 +255,17 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     lin = report["linear"]
     if lin["in_step_gflops"]:
         lin["share_of_sgemm"] = lin["in_step_gflops"] / lin["sgemm_alone_gflops"]
-    if twin is not None:
-        tms = _median_ms(t_torch)
-        report["torch"] = {"version": torch.__version__, "attention": torch_attention,
-                           "ms_per_step": tms, "tokens_per_s": B * T / (tms / 1e3),
-                           "ms_min": min(t_torch) * 1e3, "speedup_best": min(t_torch) / min(t_ours),
-                           "first_step_s": twin["first_step_s"],
-                           "ms_all": [t * 1e3 for t in t_torch],
-                           "speedup": tms / ms,
-                           "first_step_grad_max_rel_diff": twin["worst"],
-                           "first_step_grad_worst_tensor": twin["worst_name"]}
     return report
+
+
+def _torch_report(torch, torch_attention, twin, t_torch, t_ours, tokens) -> dict:
+    tms, ms = _median_ms(t_torch), _median_ms(t_ours)
+    return {"version": torch.__version__, "attention": torch_attention,
+            "ms_per_step": tms, "tokens_per_s": tokens / (tms / 1e3),
+            "ms_min": min(t_torch) * 1e3, "speedup_best": min(t_torch) / min(t_ours),
+            "first_step_s": twin["first_step_s"], "ms_all": [t * 1e3 for t in t_torch],
+            "speedup": tms / ms, "first_step_grad_max_rel_diff": twin["worst"],
+            "first_step_grad_worst_tensor": twin["worst_name"]}
 
 
 def _our_step(model, opt, batches, phase_s):
@@ -374,7 +385,7 @@ def format_report(r: dict) -> str:
              f"{r['compile']['loaded_from_cache']})", ""]
     o, t = r["ours"], r["torch"]
     lines.append(f"{'':24}{'ms/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}{'best ms':>10}")
-    lines.append(f"{'fused (engine.trainer.model)':24}{o['ms_per_step']:>10.1f}{o['tokens_per_s']:>12,.0f}"
+    lines.append(f"{'fused (FusedGPT)':24}{o['ms_per_step']:>10.1f}{o['tokens_per_s']:>12,.0f}"
                  f"{o['gflops']:>10.1f}{o['ms_min']:>10.1f}")
     if t:
         gf = r["flops_per_step"]["total"] / (t["ms_per_step"] / 1e3) / 1e9
