@@ -290,10 +290,10 @@ def measure_bias_gelu(rows, cols=512, repeats=5):
         "two kernels": lambda: gelu_kernel(bias_add(x, b, u), y),
         "fused": lambda: bias_gelu_fused(x, b, y),
         "fused, SIMD exp": lambda: bias_gelu_fused_simd(x, b, y),
-        "engine.trainer.kernels": lambda: fused.bias_gelu_forward(x, b, out=y),
+        "trainer kernel": lambda: fused.bias_gelu_forward(x, b, out=y),
         "bias add alone": lambda: bias_add(x, b, u),
     }
-    traffic = {**BYTES_PER_ELEMENT, "fused, SIMD exp": 8, "engine.trainer.kernels": 8, "bias add alone": 8}
+    traffic = {**BYTES_PER_ELEMENT, "fused, SIMD exp": 8, "trainer kernel": 8, "bias add alone": 8}
     flops = {**{name: FLOPS_PER_ELEMENT for name in traffic}, "bias add alone": 1}
     result = {}
     for name, fn in versions.items():
@@ -323,7 +323,7 @@ ai = np.logspace(-2, 3, 200)
 ax.loglog(ai, np.minimum(PEAK_FLOPS, BANDWIDTH * ai) / 1e9, "k-", lw=2,
           label="roofline: min(peak, bandwidth × intensity)")
 markers = {"numpy, 10 passes": "o", "two kernels": "s", "fused": "D", "fused, SIMD exp": "P",
-           "engine.trainer.kernels": "X", "bias add alone": "^"}
+           "trainer kernel": "X", "bias add alone": "^"}
 for (shape, table), fill in zip(measured.items(), ["none", "full"]):
     for k, (name, m) in enumerate(table.items()):
         ax.loglog(m["intensity"], m["gflops"], markers[name], ms=9, fillstyle=fill,
@@ -363,8 +363,8 @@ for name, m in measured["(32768, 512), 64 MB"].items():
 #   cache (the 4 MB shape, the one the trainer runs) numpy's passes are cheap too.
 # - **fused, SIMD exp** removes that third limit: the same single pass, with arithmetic the
 #   compiler vectorises. With the engine's kernel it is the fastest at both sizes, and
-#   beyond the caches they come closest to the memory roof. **engine.trainer.kernels** is the
-#   trainer's own kernel, built the same way: its float32 `exp` splits off a power of two,
+#   beyond the caches they come closest to the memory roof. **trainer kernel** is the
+#   trainer's own kernel (`engine.trainer.kernels`), built the same way: its float32 `exp` splits off a power of two,
 #   takes a polynomial for the rest and assembles 2^n from its bits, accurate to about one
 #   unit in the last place.
 # - **two kernels** pays one extra round trip of `u` (8 more bytes per element) against the
