@@ -234,3 +234,33 @@ def test_layer_norm_parameters_get_gradients_when_x_needs_none():
     xhat = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(w.grad, xhat.sum(0), rtol=1e-10)
     np.testing.assert_allclose(b.grad, np.full(4, 3.0))
+
+
+def test_a_tape_observer_sees_every_op_forward_and_backward():
+    import numpy as np
+
+    from engine import F, Tensor
+    from engine.tensor import TapeObserver, observe
+
+    class Log(TapeObserver):
+        def __init__(self):
+            self.events = []
+
+        def after_forward(self, op, inputs, result, recorded):
+            self.events.append(("forward", op.name, recorded))
+
+        def after_backward(self, node, g, grads, released):
+            self.events.append(("backward", node.name, released))
+
+    x = Tensor(np.ones((2, 3)), requires_grad=True)
+    with observe(Log()) as log:
+        loss = F.exp(x).sum()
+        loss.backward()
+    names = [e[1] for e in log.events]
+    assert [e[0] for e in log.events] == ["forward", "forward", "backward", "backward"]
+    assert names[:2] == names[2:][::-1]            # backward visits the ops in reverse
+    assert all(e[2] for e in log.events)           # recorded, then released
+    assert log.events[0][1] != "op"                # nodes carry their op's name
+    loss2 = F.exp(x).sum()                         # outside the block: not observed
+    loss2.backward()
+    assert len(log.events) == 4
