@@ -16,10 +16,19 @@ ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 venv: $(STAMP)
 
+# Optional extras installed where their wheels install (mpi: a real MPI for lesson 12 and
+# the data-parallel tests). Where one does not install, the lessons and tests that need it
+# say so and run without it. `make test OPTIONAL_EXTRAS=` is the bare configuration.
+OPTIONAL_EXTRAS ?= mpi
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@for extra in $(OPTIONAL_EXTRAS); do \
+	    $(BIN)/python -m pip install -q -e ".[$$extra]" \
+	    || echo "The optional extra '$$extra' does not install here; what needs it will say so."; \
+	done
 	@touch $(STAMP)
 
 lab: $(STAMP)

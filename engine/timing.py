@@ -1,16 +1,30 @@
-"""Wall-clock timing as a median of several runs.
+"""Wall-clock timing for the lessons, the checks and the benchmark.
+
+Two rules make a timing mean something on a shared, busy machine:
+
+* `median_seconds`: one number per measurement, the median of several runs,
+  so that a single run slowed down by something else does not decide it;
+* `fixed_threads`: inside the measurement the thread pools (BLAS and numba)
+  have a fixed size, so the result does not depend on how many cores happen
+  to be free or on where BLAS decides to switch from one thread to several.
 
 The lessons' timing cells, the exercise checks and the sgemm and matmul
-references of `python -m engine.bench` use `median_seconds`, so a single run
-slowed down by something else on the machine does not decide the result. The
-trainer's own per-phase and per-kernel times are read off `time.perf_counter`
-inside the step, where a median of repeats is not possible.
+references of `python -m engine.bench` use them. The trainer's own per-phase
+and per-kernel times are read off `time.perf_counter` inside the step, where
+a median of repeats is not possible.
 """
 from __future__ import annotations
 
+import ctypes
 import time
+from contextlib import contextmanager
 
 import numpy as np
+
+_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                 "openblas_set_num_threads64_", "openblas_set_num_threads")
+_BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                 "openblas_get_num_threads64_", "openblas_get_num_threads")
 
 
 def median_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
@@ -26,3 +40,64 @@ def median_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
+
+
+def _openblas_entry_points(names):
+    """(library path, function) for every OpenBLAS mapped into this process that
+    has one of `names`, SciPy's first (it runs the engine's matrix products);
+    numpy and SciPy each load their own copy."""
+    import scipy.linalg.blas  # noqa: F401  (load SciPy's BLAS as well as numpy's)
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f
+                     if "openblas" in line.lower() and line.split()[-1].startswith("/")}
+    except OSError:                      # not Linux: leave BLAS as it is
+        return []
+    found = []
+    for path in sorted(paths, key=lambda p: ("scipy.libs" not in p, p)):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        fn = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
+        if fn is not None:
+            found.append((path, fn))
+    return found
+
+
+def blas_threads() -> int | None:
+    """Threads of SciPy's OpenBLAS, or None when it cannot be asked (another BLAS)."""
+    getters = _openblas_entry_points(_BLAS_GETTERS)
+    return int(getters[0][1]()) if getters else None
+
+
+def set_blas_threads(n: int) -> dict:
+    """Give every OpenBLAS in the process `n` threads; returns {library path:
+    previous thread count} for `restore_blas_threads` ({} with another BLAS)."""
+    previous = {path: int(get()) for path, get in _openblas_entry_points(_BLAS_GETTERS)}
+    for _, set_ in _openblas_entry_points(_BLAS_SETTERS):
+        set_(ctypes.c_int(int(n)))
+    return previous
+
+
+def restore_blas_threads(previous: dict) -> None:
+    """Undo `set_blas_threads` (pass what it returned)."""
+    for path, set_ in _openblas_entry_points(_BLAS_SETTERS):
+        if previous.get(path, 0) > 0:
+            set_(ctypes.c_int(previous[path]))
+
+
+@contextmanager
+def fixed_threads(n: int = 1):
+    """Run BLAS (every OpenBLAS in the process) and numba kernels on `n` threads
+    inside the block; the previous sizes come back afterwards."""
+    import numba
+    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    blas_before = set_blas_threads(n)
+    numba_before = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        numba.set_num_threads(numba_before)
+        restore_blas_threads(blas_before)

@@ -20,3 +20,33 @@ def test_median_ignores_one_slow_run_and_warmup_is_untimed():
 def test_repeats_must_be_positive():
     with pytest.raises(ValueError, match="repeats must be at least 1, got 0"):
         median_seconds(lambda: None, repeats=0)
+
+
+def test_fixed_threads_sets_every_blas_and_numba_then_restores():
+    import numba
+
+    from engine.timing import _BLAS_GETTERS, _openblas_entry_points, fixed_threads
+
+    def blas_sizes():
+        return {path: get() for path, get in _openblas_entry_points(_BLAS_GETTERS)}
+
+    before_blas, before_numba = blas_sizes(), numba.get_num_threads()
+    assert before_blas, "numpy's and SciPy's OpenBLAS should both be found on Linux"
+    with fixed_threads(1) as n:
+        assert n == 1
+        assert set(blas_sizes().values()) == {1}       # numpy's BLAS and SciPy's alike
+        assert numba.get_num_threads() == 1
+    assert blas_sizes() == before_blas
+    assert numba.get_num_threads() == before_numba
+
+
+def test_fixed_threads_restores_after_an_exception():
+    import numba
+
+    from engine.timing import fixed_threads
+
+    before = numba.get_num_threads()
+    with pytest.raises(RuntimeError):
+        with fixed_threads(1):
+            raise RuntimeError("inside the measurement")
+    assert numba.get_num_threads() == before

@@ -205,8 +205,15 @@ exact = float(np.dot(a.astype(np.float64), b.astype(np.float64)))
 fp32_acc = float(P.matmul_mixed(a[None, :], b[:, None], "fp32")[0, 0])
 bf16_acc = P.sequential_sum(P.round_to_bf16(a * b), "bf16")
 print(f"dot product of two bf16 vectors of length 4096: exact {exact:.4f}")
-print(f"  fp32 accumulator: {fp32_acc:.4f}   (error {abs(fp32_acc - exact):.2g})")
+# The fp32 sum runs through the matrix library, whose order of additions (and so the last
+# bits) differs between CPUs: print its size class, and the exact figure below.
+print(f"  fp32 accumulator: {fp32_acc:.2f}   (error below 1e-4: {abs(fp32_acc - exact) < 1e-4})")
 print(f"  bf16 accumulator: {bf16_acc:.4f}   (error {abs(bf16_acc - exact):.2g})")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (the last bits of an fp32 sum depend on the order the matrix library adds in)
+print(f"fp32 accumulator on this machine: {fp32_acc!r}, error {abs(fp32_acc - exact):.2g}")
 
 # %% [markdown]
 # So real mixed-precision kernels read bf16 or fp16 inputs and accumulate inner products in
@@ -235,8 +242,10 @@ print(f"  bf16 accumulator: {bf16_acc:.4f}   (error {abs(bf16_acc - exact):.2g})
 problem = P.make_classification()
 runs = {name: P.train_classifier(P.POLICIES[name], problem, steps=600, lr=1.0)
         for name in ("fp32", "bf16 weights only", "bf16 + fp32 master")}
+# fp32 matrix products differ in their last bits between CPUs, and 600 steps carry that
+# into the fourth digit of the loss: three decimals are the same on every machine.
 for name, log in runs.items():
-    print(f"{name:<20} loss after 600 steps {log.losses[-1]:.4f}   share of the update kept "
+    print(f"{name:<20} loss after 600 steps {log.losses[-1]:.3f}   share of the update kept "
           f"(last 100 steps) {np.mean(log.update_kept[-100:]):.2f}")
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
@@ -455,9 +464,25 @@ policy = P.PrecisionPolicy("fp16", master_weights=True, loss_scale=2.0 ** 30,
 fp16_run = P.train_classifier(policy, problem, steps=300, lr=1.0)
 fp32_run = P.train_classifier(P.POLICIES["fp32"], problem, steps=300, lr=1.0)
 skipped_at = [step for step, applied in enumerate(fp16_run.applied) if not applied]
+search = [step for step in skipped_at if step < 20]              # the way down from 2^30
+probes = [step for step in skipped_at if step >= 20]             # later: a doubling overshot
+def just_doubled(step, within=3):
+    """Whether the scale doubled on one of the `within` steps up to `step`."""
+    return any(fp16_run.scales[t] == 2 * fp16_run.scales[t - 1] for t in range(step - within + 1, step + 1))
+
+
+after_doubling = all(just_doubled(step) for step in probes)
+print(f"skipped on the way down from 2^{np.log2(fp16_run.scales[0]):.0f}: {len(search)} steps "
+      f"(steps {search[0]}-{search[-1]}), scale then 2^{np.log2(fp16_run.scales[search[-1] + 1]):.0f}")
+print(f"a few later skips (1 to 9): {0 < len(probes) < 10}; each within 3 steps of a doubling "
+      f"of the scale: {after_doubling}")
+print(f"loss after 300 steps: fp16 + scaler within 25% of fp32, a few steps behind: "
+      f"{abs(fp16_run.losses[-1] - fp32_run.losses[-1]) < 0.25 * fp32_run.losses[-1]}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (exactly which late steps overflow depends on the last bits of fp32 products, so on the CPU)
 print(f"skipped steps: {fp16_run.skipped}, at steps {skipped_at}")
-print(f"scale: started at 2^{np.log2(fp16_run.scales[0]):.0f}, settled between "
-      f"2^{np.log2(min(fp16_run.scales[20:])):.0f} and 2^{np.log2(max(fp16_run.scales[20:])):.0f}")
 print(f"loss after 300 steps: fp16 + scaler {fp16_run.losses[-1]:.4f}, "
       f"fp32 {fp32_run.losses[-1]:.4f}")
 
@@ -486,9 +511,12 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (timings differ from run to run and machine to machine)
+from engine.timing import fixed_threads
+
 wide = P.make_classification(n=4096, d_in=256, d_hidden=512, classes=64)
-t_fp32 = P.time_training_step(P.POLICIES["fp32"], wide, repeats=5)
-t_bf16 = P.time_training_step(P.POLICIES["bf16 + fp32 master"], wide, repeats=5)
+with fixed_threads(1):   # one thread: a busy machine slows both alike
+    t_fp32 = P.time_training_step(P.POLICIES["fp32"], wide, repeats=5)
+    t_bf16 = P.time_training_step(P.POLICIES["bf16 + fp32 master"], wide, repeats=5)
 print(f"training step: fp32 {t_fp32 * 1e3:.1f} ms [timed], emulated bf16 mixed "
       f"{t_bf16 * 1e3:.1f} ms [timed] -> {t_bf16 / t_fp32:.1f}x the fp32 time")
 
@@ -505,12 +533,17 @@ def best_time(fn, repeats=5):
     return best
 
 
-t_mm = best_time(lambda: A @ B)
-t_mm_mixed = best_time(lambda: P.matmul_mixed(A, B, "bf16"))
-t_round = best_time(lambda: P.round_to_bf16(A))
+with fixed_threads(1):
+    t_mm = best_time(lambda: A @ B)
+    t_mm_mixed = best_time(lambda: P.matmul_mixed(A, B, "bf16"))
+    t_round = best_time(lambda: P.round_to_bf16(A))
 print(f"1024x1024 matmul: fp32 {t_mm * 1e3:.1f} ms [timed], bf16 storage emulated "
       f"{t_mm_mixed * 1e3:.1f} ms [timed]; rounding one 1024x1024 array {t_round * 1e3:.1f} ms [timed]")
 print("this CPU's low-precision instruction flags:", P.cpu_flags_for_low_precision() or "none found")
+
+# The emulation does the fp32 work plus rounding passes, so it can only be slower.
+assert t_bf16 > t_fp32, "the emulated bf16 step does strictly more work than the fp32 step"
+assert t_mm_mixed > t_mm, "rounding inputs and output adds passes to the same fp32 matmul"
 
 # %% [markdown]
 # The emulation never wins: it runs the same fp32 arithmetic *plus* rounding passes (about
