@@ -191,16 +191,25 @@ def step_seconds(K):
     return time.perf_counter() - t0
 
 
-# Single-threaded numpy kernels: we compare amounts of work, and multi-threaded kernels on a
-# busy machine make timings jumpy. Rounds interleave the K values, so a busy moment hits
-# all of them alike; the best of 5 rounds counts.
+# Single-threaded numpy kernels and one BLAS thread (engine.timing.fixed_threads): we compare
+# amounts of work, and multi-threaded kernels on a busy machine make timings jumpy. Rounds
+# interleave the K values, so a busy moment hits all of them alike; the best of 5 rounds counts.
+from engine.timing import fixed_threads
+
 tokens = 16 * speed_cfg.block_size
-with engine.kernels.use("numpy"):
+with engine.kernels.use("numpy"), fixed_threads(1):
     step_seconds(1)                    # warm-up: first calls pay one-time costs
     best = {K: float("inf") for K in (1, 2, 4, 8, 16)}
     for _ in range(5):
         for K in best:
             best[K] = min(best[K], step_seconds(K))
+    # the split changes the time, never the result: K=16 accumulates K=1's gradient
+    grads_k = {}
+    for K in (1, 16):
+        step_seconds(K)
+        grads_k[K] = {n: p.grad.copy() for n, p in speed_params.items()}
+assert all(np.allclose(grads_k[16][n], g, rtol=1e-4, atol=1e-5 * np.abs(g).max())
+           for n, g in grads_k[1].items()), "16 micro-batches of 1 changed the gradient"
 rates = {K: tokens / seconds for K, seconds in best.items()}
 for K, seconds in best.items():
     print(f"K={K:>2} micro-batches of {16 // K:>2}: {seconds * 1e3:7.1f} ms [timed] per step, "
@@ -215,9 +224,10 @@ plt.show()
 # %% [markdown]
 # Read the bars from left to right. On a CPU a moderate split often costs little or even
 # nothing: a smaller micro-batch's activations fit better in the caches, which can offset
-# the extra calls. The smallest micro-batches always lose: every op's fixed cost is paid K
-# times, and a matmul over a handful of rows cannot keep the vector units busy. On an
-# accelerator, whose speed comes from large matmuls, the loss starts much earlier.
+# the extra calls (on a busy machine neighbouring bars can swap by a few percent). The
+# smallest micro-batches usually lose clearly: every op's fixed cost is paid K times, and a
+# matmul over a handful of rows cannot keep the vector units busy. On an accelerator, whose
+# speed comes from large matmuls, the loss starts much earlier.
 # Accumulation trades throughput for the ability to run a large-batch recipe at all, so the
 # rule is: use the largest micro-batch that runs efficiently and fits, and accumulate only the
 # rest of the way to the batch size the recipe needs.
@@ -390,12 +400,18 @@ def step_time(policy):
     return t1 - t0, time.perf_counter() - t1
 
 
-with engine.kernels.use("numpy"):      # single-threaded: see the accumulation timing above
+with engine.kernels.use("numpy"), fixed_threads(1):   # as in the accumulation timing above
     step_time("none"), step_time("every")   # warm-up
     best = {"none": (float("inf"),) * 2, "every": (float("inf"),) * 2}
     for _ in range(5):                 # interleaved rounds, the fastest of 5 counts
         for policy in best:
             best[policy] = min(best[policy], step_time(policy), key=sum)
+    # the recompute changes the time, never the result: both policies give the same gradient
+    step_time("none")
+    plain_grads = {n: p.grad.copy() for n, p in timed_model.parameters().items()}
+    step_time("every")
+assert all(np.allclose(p.grad, plain_grads[n], rtol=1e-5, atol=1e-6 * np.abs(plain_grads[n]).max())
+           for n, p in timed_model.parameters().items()), "checkpointing changed the gradient"
 (f_plain, b_plain), (f_ckpt, b_ckpt) = best["none"], best["every"]
 print(f"plain step:        forward {f_plain * 1e3:6.1f} ms [timed] + backward {b_plain * 1e3:6.1f} "
       f"ms [timed] (backward/forward = {b_plain / f_plain:.2f})")
@@ -411,7 +427,8 @@ print(f"extra time: +{(f_ckpt + b_ckpt) / (f_plain + b_plain) - 1:.0%} measured;
 # reuses what the forward saved), so one more forward is a larger share of the step, and
 # the measured overhead tends to come out above +33%. At the sizes of real models matmuls
 # dominate both passes, the 2:1 ratio holds and so does +33%. Either way, the trade is: here
-# about 5x less activation memory for between a third and a half more time.
+# about 5x less activation memory for roughly a third to a half more time (a busy machine
+# can push one measurement outside that range; the memory figure does not move).
 #
 # ## Choosing the boundaries
 #

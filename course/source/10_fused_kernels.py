@@ -81,6 +81,7 @@ t_numpy_copy = best_seconds(lambda: np.copyto(big_dst, big_src), repeats=15)
 t_numba_copy = best_seconds(lambda: parallel_copy(big_src, big_dst), repeats=15)
 moved = 2 * big_src.nbytes                      # every byte is read once and written once
 BANDWIDTH = moved / min(t_numpy_copy, t_numba_copy)
+assert np.array_equal(big_dst, big_src), "the parallel copy lost or changed elements"
 del big_src, big_dst
 
 n = 1024
@@ -302,6 +303,14 @@ def measure_bias_gelu(rows, cols=512, repeats=5):
         result[name] = dict(seconds=seconds, gbs=traffic[name] * x.size / seconds / 1e9,
                             gflops=flops[name] * x.size / seconds / 1e9,
                             intensity=flops[name] / traffic[name])
+    # what the timings compare is the same result: every version equals numpy's
+    want = bias_gelu_numpy(x, b)
+    for name, fn in versions.items():
+        if name != "bias add alone":
+            y.fill(np.nan)
+            got = fn()
+            assert np.allclose(got, want, rtol=1e-4, atol=1e-5), f"{name} differs from numpy"
+    assert np.array_equal(bias_add(x, b, u), x + b), "bias add alone differs from x + b"
     return result
 
 
@@ -362,9 +371,10 @@ for name, m in measured["(32768, 512), 64 MB"].items():
 #   Saving passes over memory does not help a kernel that is not waiting for memory. In
 #   cache (the 4 MB shape, the one the trainer runs) numpy's passes are cheap too.
 # - **fused, SIMD exp** removes that third limit: the same single pass, with arithmetic the
-#   compiler vectorises. With the engine's kernel it is the fastest at both sizes, and
-#   beyond the caches they come closest to the memory roof. **trainer kernel** is the
-#   trainer's own kernel (`engine.trainer.kernels`), built the same way: its float32 `exp` splits off a power of two,
+#   compiler vectorises. With the engine's kernel it is usually the fastest at both sizes
+#   (on a busy machine two close entries can swap places), and beyond the caches they come
+#   closest to the memory roof. **trainer kernel** is the trainer's own kernel
+#   (`engine.trainer.kernels`), built the same way: its float32 `exp` splits off a power of two,
 #   takes a polynomial for the rest and assembles 2^n from its bits, accurate to about one
 #   unit in the last place.
 # - **two kernels** pays one extra round trip of `u` (8 more bytes per element) against the
@@ -437,6 +447,10 @@ t_recompute = median_seconds(lambda: gelu_backward_recompute(g_big, u_big, dx_bi
 print(f"backward reading saved t: {t_save*1e3:.1f} ms [timed] (reads g, u, t; writes dx)")
 print(f"backward recomputing t:   {t_recompute*1e3:.1f} ms [timed] (reads g, u; writes dx)")
 print(f"recompute / save time: {t_recompute / t_save:.2f}")
+dx_saved = gelu_backward_saved(g_big, u_big, t_saved, np.empty_like(g_big))
+assert np.allclose(gelu_backward_recompute(g_big, u_big, dx_big), dx_saved, rtol=1e-4,
+                   atol=1e-5), "saving t and recomputing it give different gradients"
+del dx_saved
 
 # %%
 def saved_tanh_bytes(tokens, width, layers, bytes_per_value):
@@ -534,6 +548,11 @@ print(f"numpy reference: {t_ref*1e3:.1f} ms [timed], about 22 array passes "
 print(f"one pass:        {t_one*1e3:.1f} ms [timed], 3 array passes "
       f"= {3 * array_bytes / t_one / 1e9:.1f} GB/s")
 print(f"speedup {t_ref / t_one:.1f}x; bandwidth of this machine {BANDWIDTH / 1e9:.1f} GB/s")
+for name, a_, b_ in zip(["dx", "dw", "db"],
+                        layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln),
+                        reference.layer_norm_backward(g_ln, xhat_ln, rstd_ln, w_ln)):
+    assert np.allclose(a_, b_, rtol=1e-3, atol=1e-4 * np.abs(b_).max()), \
+        f"one-pass {name} differs from the reference at the timed size"
 
 # %% [markdown]
 # ## Fused softmax + cross-entropy
@@ -634,6 +653,8 @@ print(f"unfused (numpy): {t_unfused*1e3:.1f} ms [timed]")
 print(f"fused (numba):   {t_fused*1e3:.1f} ms [timed] (including a {t_copy*1e3:.1f} ms [timed] "
       f"copy that the trainer does not need)")
 print(f"speedup: {t_unfused / t_fused:.1f}x")
+assert math.isclose(float(softmax_cross_entropy_fused(logits.copy(), targets)), loss_unfused,
+                    rel_tol=1e-5), "the timed fused kernel gives another loss"
 
 # %% [markdown]
 # The fused kernel's time runs into the same scalar `exp` as exercise 10.1, while numpy's

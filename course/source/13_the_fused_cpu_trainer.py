@@ -361,6 +361,8 @@ for step in range(STEPS):
 dashboard.finish()
 elapsed = time.perf_counter() - t_start
 val_after = history[-1]["val_loss"]
+assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in history), \
+    "a training step produced a NaN or inf loss or gradient norm"
 step_times = [r["step_time"] for r in history[1:]]
 print(f"{len(history)} steps in {elapsed:.0f} s [timed]; median step {np.median(step_times) * 1e3:.0f} ms "
       f"[timed], {B * T / np.median(step_times):,.0f} tokens/s")
