@@ -550,7 +550,7 @@ print(f"one pass:        {t_one*1e3:.1f} ms [timed], 3 array passes "
 print(f"speedup {t_ref / t_one:.1f}x; bandwidth of this machine {BANDWIDTH / 1e9:.1f} GB/s")
 for name, a_, b_ in zip(["dx", "dw", "db"],
                         layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln),
-                        reference.layer_norm_backward(g_ln, xhat_ln, rstd_ln, w_ln)):
+                        reference.layer_norm_xhat_backward(g_ln, xhat_ln, rstd_ln, w_ln)):
     assert np.allclose(a_, b_, rtol=1e-3, atol=1e-4 * np.abs(b_).max()), \
         f"one-pass {name} differs from the reference at the timed size"
 
