@@ -61,7 +61,12 @@ class Op:
         self.is_view = False  # True when the output shares memory with input 0
 
     def save(self, **values) -> None:
-        """Keep values for the backward; they become attributes (self.x, ...)."""
+        """Keep values for the backward; they become attributes (self.x, ...).
+
+        A plain ndarray input saved here is replaced by a private copy when
+        the op is recorded (`engine.tensor.apply`), so the caller may reuse
+        it; an array passed as an option rather than an input is the rule's
+        to copy, as GetItem does with its index."""
         for key, value in values.items():
             setattr(self, key, value)
             if key not in self.saved_names:

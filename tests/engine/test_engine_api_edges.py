@@ -134,6 +134,9 @@ def test_a_cast_to_an_integer_dtype_leaves_the_graph(dtype):
     assert not ids.requires_grad and ids.is_leaf
     with pytest.raises(RuntimeError, match="does not require grad"):
         ids.sum().backward()
+    _, tangent = engine.jvp(lambda t: t.astype(dtype), [np.array([0.5, 1.5])],
+                            [np.array([2.7, 3.2])])
+    assert not tangent.any()                  # forward mode agrees: no derivative
 
 
 def test_a_cast_between_float_dtypes_stays_on_the_graph():
@@ -258,3 +261,15 @@ def test_the_memory_recorder_keeps_no_parameter_alive():
     del w
     gc.collect()
     assert param() is None and mem.live_bytes == 0
+
+
+def test_a_graph_kept_by_retain_graph_is_released_when_dropped():
+    w = leaf(np.ones((4, 4)))
+    with engine.memory.record() as mem:
+        loss = F.tanh(Tensor(np.ones((8, 4))) @ w).sum()
+        loss.backward(retain_graph=True)
+        assert mem.live_bytes == (8 * 4 + 8 * 4) * 8     # still kept for a second backward
+        del loss
+        gc.collect()
+        assert mem.live_bytes == 0
+    assert [p.phase for p in mem.timeline[-2:]] == ["dropped", "dropped"]
