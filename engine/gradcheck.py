@@ -88,6 +88,10 @@ def gradcheck(fn, inputs, eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1
     raise_on_failure: raise GradcheckError (carrying the report) on failure;
         if False, return the report either way.
     """
+    if samples is not None and (isinstance(samples, bool) or not isinstance(
+            samples, (int, np.integer)) or samples < 1):
+        raise ValueError(f"gradcheck: samples={samples!r} must be a whole number, at least 1 "
+                         f"(elements checked per input), or None to check every element")
     rng = np.random.default_rng(seed)
     args, checked_inputs = [], []
     for i, x in enumerate(inputs):
@@ -95,6 +99,12 @@ def gradcheck(fn, inputs, eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1
         if np.issubdtype(data.dtype, np.floating):
             wants = wrt is None or i in wrt
             name = (x.name if isinstance(x, Tensor) else None) or f"input {i}"
+            if wants and data.size == 0:
+                label = f"'{x.name}'" if isinstance(x, Tensor) and x.name else name
+                raise ValueError(
+                    f"gradcheck: {label} has shape {data.shape}, no elements, so there is "
+                    f"nothing to check. Pass a non-empty input, or leave this one out of the "
+                    f"check with wrt=[...] (the indices of the inputs to check)")
             t = Tensor(data, requires_grad=wants, dtype=dtype, name=name)
             args.append(t)
             if wants:
@@ -108,6 +118,10 @@ def gradcheck(fn, inputs, eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1
     out = fn(*args)
     if not isinstance(out, Tensor):
         raise TypeError(f"gradcheck: fn must return a Tensor, got {type(out).__name__}")
+    if out.size == 0:
+        raise ValueError(f"gradcheck: fn returned a tensor of shape {out.shape}, which holds "
+                         f"no elements, so every gradient is trivially zero and nothing would "
+                         f"be compared; check the function (a slice past the end?)")
     # A fixed random upstream gradient makes one scalar L = sum(out * R).
     R = None if out.size == 1 else rng.standard_normal(out.shape).astype(dtype)
 

@@ -23,11 +23,16 @@ How bytes are counted, so the numbers mean memory:
   `saved_bytes` and `peak_bytes` count activations only (inputs and
   intermediate results, integer ids and targets included).
 * A buffer is live from the op that first saved it until backward has run
-  every node that saved it. `timeline` holds the live activation bytes
-  after each recorded op (forward) and after each node's VJP (backward).
+  every node that saved it, or until the graph is dropped without a
+  backward (its nodes are garbage collected). `timeline` holds the live
+  activation bytes after each recorded op (forward), after each node's VJP
+  (backward) and after each dropped node that saved something ("dropped").
+* The recorder keeps sizes and identities, never the arrays: a forward you
+  drop frees its memory while you record.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -56,7 +61,7 @@ class SavedTensor:
 
 @dataclass
 class TimelinePoint:
-    phase: str           # "forward" or "backward"
+    phase: str           # "forward", "backward" or "dropped"
     node: int
     label: str           # scope/op
     live_bytes: int      # activation bytes held by the tape after this step
@@ -68,19 +73,30 @@ class MemoryRecorder(TapeObserver):
     def __init__(self):
         self.saved: list[SavedTensor] = []
         self.timeline: list[TimelinePoint] = [TimelinePoint("start", 0, "", 0)]
-        self._live: dict[int, list] = {}      # buffer id -> [buffer, users, kind]
-        self._param_buffers: dict[int, tuple[np.ndarray, str]] = {}  # id -> (buffer, name)
+        # Only sizes, ids and weak references: holding a buffer would keep it alive.
+        # An id stays valid while its buffer lives, and a saved buffer lives while
+        # the node that saved it does, until `_node_dropped` forgets it.
+        self._live: dict[int, list] = {}      # buffer id -> [nbytes, users, kind]
+        self._param_buffers: dict[int, tuple] = {}  # id -> (weakref to buffer, name)
         self._node_buffers: dict[int, list[int]] = {}
+        self._recording = False
         self.live_bytes = 0
         self.peak_bytes = 0
 
     # ------------------------------------------------------------ recording
     def __enter__(self):
         add_observer(self)
+        self._recording = True
         return self
 
     def __exit__(self, *exc):
+        self._recording = False
         remove_observer(self)
+
+    def _parameter_name(self, buf: np.ndarray):
+        """The parameter's name if buf is a parameter's buffer (None if not)."""
+        entry = self._param_buffers.get(id(buf))
+        return entry[1] if entry is not None and entry[0]() is buf else None
 
     def after_forward(self, op, inputs, result, recorded) -> None:
         if not recorded:
@@ -89,7 +105,7 @@ class MemoryRecorder(TapeObserver):
         for x in inputs:
             if isinstance(x, Tensor) and x.requires_grad and x.is_leaf:
                 buf = root_buffer(x.data)
-                self._param_buffers[id(buf)] = (buf, x.name or "")
+                self._param_buffers[id(buf)] = (weakref.ref(buf), x.name or "")
             if isinstance(x, Tensor) and x.name:
                 names[id(x.data)] = x.name
         buffers = []
@@ -99,23 +115,26 @@ class MemoryRecorder(TapeObserver):
                 continue
             buf = root_buffer(value)
             key = id(buf)
-            kind = "parameter" if key in self._param_buffers else "activation"
+            param_name = self._parameter_name(buf)
+            kind = "activation" if param_name is None else "parameter"
             if key in self._live:
                 self._live[key][1] += 1
                 counted = 0
             else:
-                self._live[key] = [buf, 1, kind]
+                self._live[key] = [buf.nbytes, 1, kind]
                 counted = buf.nbytes
                 if kind == "activation":
                     self.live_bytes += counted
             buffers.append(key)
             self.saved.append(SavedTensor(
                 node=op.node_id, op=op.name, scope=op.scope, slot=slot,
-                tensor=names.get(id(value)) or self._param_buffers.get(key, (0, ""))[1],
+                tensor=names.get(id(value)) or param_name or "",
                 shape=tuple(value.shape),
                 dtype=str(value.dtype), nbytes=int(value.nbytes), counted_bytes=int(counted),
                 kind=kind))
         self._node_buffers[id(op)] = buffers
+        # forget them if the graph is dropped without a backward
+        weakref.finalize(op, self._node_dropped, id(op), op.node_id, _where(op)).atexit = False
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         self.timeline.append(TimelinePoint("forward", op.node_id, _where(op), self.live_bytes))
 
@@ -123,14 +142,26 @@ class MemoryRecorder(TapeObserver):
         if id(op) not in self._node_buffers:
             return  # recorded before this recorder started
         if released:
-            for key in self._node_buffers.pop(id(op)):
-                entry = self._live[key]
-                entry[1] -= 1
-                if entry[1] == 0:
-                    if entry[2] == "activation":
-                        self.live_bytes -= entry[0].nbytes
-                    del self._live[key]
+            self._let_go(self._node_buffers.pop(id(op)))
         self.timeline.append(TimelinePoint("backward", op.node_id, _where(op), self.live_bytes))
+
+    def _node_dropped(self, op_id: int, node: int, label: str) -> None:
+        """A node died before backward released it: its saved buffers are gone."""
+        keys = self._node_buffers.pop(op_id, None)
+        if keys is None:
+            return  # backward released it already
+        self._let_go(keys)
+        if keys and self._recording:
+            self.timeline.append(TimelinePoint("dropped", node, label, self.live_bytes))
+
+    def _let_go(self, keys) -> None:
+        for key in keys:
+            entry = self._live[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                if entry[2] == "activation":
+                    self.live_bytes -= entry[0]
+                del self._live[key]
 
     # -------------------------------------------------------------- results
     @property

@@ -30,7 +30,10 @@ What the recompute must reproduce (or the gradient belongs to another
 function): the same inputs (an in-place change of a saved input is caught
 by the tape's version check), the same parameters, the same randomness
 (`F.dropout` takes an explicit seed, so a rerun draws the same mask) and no
-side effects inside `fn`.
+side effects inside `fn`. Every tensor that needs a gradient enters `fn` as
+an input or is a parameter (a leaf): a result of the outer tape read from
+`fn`'s closure would make the recompute's backward run through the outer
+graph a second time, so the first forward refuses it.
 
 The cost: each checkpointed segment's forward runs twice, so a training step
 costs about 4 forward passes instead of 3 (+33%) when every block is
@@ -44,12 +47,34 @@ from contextlib import contextmanager
 import numpy as np
 
 from .rules import Op
-from .tensor import Tensor, apply, enable_grad, name_scope, no_grad
+from .tensor import (TapeObserver, Tensor, apply, enable_grad, name_scope, no_grad, observe,
+                     op_label)
 
 __all__ = ["Checkpoint", "checkpoint", "replay", "checkpoint_sequential", "segment_size",
            "segments", "checkpointed", "CheckpointedSegment", "POLICIES"]
 
 POLICIES = ("none", "every", "sqrt")
+
+
+class _OuterResultGuard(TapeObserver):
+    """Watches a segment's first forward (run under no_grad, so everything made
+    inside needs no gradient) for an op reading a non-leaf that does: a result
+    of the outer tape that is not an input of the segment."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def after_forward(self, op, inputs, result, recorded) -> None:
+        for x in inputs:
+            if isinstance(x, Tensor) and x.requires_grad and x._node is not None:
+                name = f" '{x.name}'" if x.name else ""
+                raise RuntimeError(
+                    f"checkpoint({self.label}): the segment reads a tensor made outside it by "
+                    f"{op_label(x._node)}{name}, shape {x.shape}, which needs a gradient but is "
+                    f"not one of its inputs (it comes from the function's closure). The "
+                    f"recompute would backpropagate through the outer graph a second time. "
+                    f"Pass it as an input, checkpoint(fn, x, z) with fn(x, z), or use "
+                    f"z.detach() inside if no gradient should flow through it")
 
 
 def replay(fn, saved_input: np.ndarray, grad_output: np.ndarray) -> np.ndarray:
@@ -81,7 +106,7 @@ class Checkpoint(Op):
         # tape's version check protects them (and the parameters) from
         # in-place changes before the recompute.
         self.save(**{f"input{i}": a for i, a in enumerate(arrays)})
-        with no_grad():
+        with no_grad(), observe(_OuterResultGuard(label)):
             out = fn(*[Tensor._from_op(a, False) if isinstance(a, np.ndarray) else a
                        for a in arrays[:n_inputs]])
         if not isinstance(out, Tensor):

@@ -61,7 +61,12 @@ class Op:
         self.is_view = False  # True when the output shares memory with input 0
 
     def save(self, **values) -> None:
-        """Keep values for the backward; they become attributes (self.x, ...)."""
+        """Keep values for the backward; they become attributes (self.x, ...).
+
+        A plain ndarray input saved here is replaced by a private copy when
+        the op is recorded (`engine.tensor.apply`), so the caller may reuse
+        it; an array passed as an option rather than an input is the rule's
+        to copy, as GetItem does with its index."""
         for key, value in values.items():
             setattr(self, key, value)
             if key not in self.saved_names:
@@ -230,19 +235,32 @@ class Neg(Op):
 
 
 class Pow(Op):
-    """z = a ** p for a constant number p.  dz/da = p a^(p-1)."""
+    """z = a ** p for a constant number p.  dz/da = p a^(p-1).
+
+    For p = 0, z = 1 everywhere and the derivative is 0 everywhere; the
+    formula would give 0 * 0^-1 = NaN at a = 0, so that case is written out
+    (and saves nothing)."""
     name = "pow"
 
     def forward(self, a, p):
-        self.p = p
-        self.save(a=a)
-        return np.power(a, p)
+        if np.ndim(p) != 0:
+            raise TypeError(f"pow: the exponent must be one number, got an array of shape "
+                            f"{np.shape(p)}; for a tensor exponent write F.exp(b * F.log(a))")
+        self.p = p.item() if isinstance(p, (np.ndarray, np.generic)) else p
+        if self.p != 0:
+            self.save(a=a)
+        return np.power(a, self.p)
+
+    def _slope(self, like):
+        if self.p == 0:
+            return np.zeros_like(like)
+        return self.p * np.power(self.a, self.p - 1)
 
     def vjp(self, g):
-        return (g * (self.p * np.power(self.a, self.p - 1)),)
+        return (g * self._slope(g),)
 
     def jvp(self, ta):
-        return ta * (self.p * np.power(self.a, self.p - 1))
+        return ta * self._slope(ta)
 
 
 # ======================================================= elementwise maths
@@ -330,7 +348,11 @@ class Gelu(Op):
 
 
 class Cast(Op):
-    """z = a converted to another float dtype. The gradient converts back."""
+    """z = a converted to another dtype. The gradient converts back.
+
+    A cast to an integer or boolean dtype has no gradient: the tape does not
+    record it (`engine.tensor.apply` drops every integer result from the
+    graph), so the result does not require grad."""
     name = "cast"
 
     def forward(self, a, dtype):
@@ -441,11 +463,13 @@ class GetItem(Op):
 
     Backward: a zero array of a's shape receives g at the indexed places.
     Integer-array indices may repeat a position, so those use np.add.at,
-    which adds the repeats instead of keeping only one."""
+    which adds the repeats instead of keeping only one.
+    Saves a private copy of each index array (`index0`, ...): the caller's
+    array, or an index Tensor, may change after the forward."""
     name = "getitem"
 
     def forward(self, a, index):
-        self.in_shape, self.index = a.shape, index
+        self.in_shape = a.shape
         self.advanced = _is_advanced(index)
         try:
             out = a[index]
@@ -453,18 +477,31 @@ class GetItem(Op):
             raise IndexError(f"getitem: index {index!r} does not fit a tensor of shape "
                              f"{a.shape}: {exc}") from None
         self.is_view = not self.advanced
+        self.is_tuple = isinstance(index, tuple)
+        # (saved, part) per index part: slices, integers and None are immutable
+        self.parts = []
+        for i, part in enumerate(index if self.is_tuple else (index,)):
+            if isinstance(part, (list, np.ndarray)) and any(self.needs):
+                self.save(**{f"index{i}": np.array(part)})
+                self.parts.append((True, f"index{i}"))
+            else:
+                self.parts.append((False, part))
         return out
+
+    def _index(self):
+        parts = tuple(getattr(self, p) if saved else p for saved, p in self.parts)
+        return parts if self.is_tuple else parts[0]
 
     def vjp(self, g):
         grad = np.zeros(self.in_shape, dtype=g.dtype)
         if self.advanced:
-            np.add.at(grad, self.index, g)
+            np.add.at(grad, self._index(), g)
         else:
-            grad[self.index] = g
+            grad[self._index()] = g
         return (grad,)
 
     def jvp(self, ta):
-        return ta[self.index]
+        return ta[self._index()]
 
 
 # ================================================================= matmul
@@ -526,6 +563,32 @@ class MatMul(Op):
 
 
 # ============================================================ softmax & loss
+def _refuse_empty(op: str, what: str, shape: tuple) -> None:
+    """Normalising ops (softmax, layer norm, attention) need at least one element."""
+    if 0 in shape:
+        empty = ", ".join(f"axis {i}" for i, n in enumerate(shape) if n == 0)
+        raise ShapeError(
+            f"{op}: {what} shape {shape}, which holds no elements ({empty} has length 0), "
+            f"so there is nothing to normalise. An empty batch, a sequence of length 0 or a "
+            f"slice past the end usually causes this: check the shape of what you pass in")
+
+
+def _softmax_axis(op: str, x: np.ndarray, axis) -> int:
+    """The axis to normalise, checked: one integer in range, on a non-empty input."""
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"{op}: axis must be one integer (the axis to normalise), got "
+                        f"{axis!r}; the classes are usually the last axis, axis=-1")
+    if x.ndim == 0:
+        raise ShapeError(f"{op}: the input is a single number (shape ()), so it has no axis "
+                         f"to normalise; give it one, e.g. x.reshape(1)")
+    if not -x.ndim <= axis < x.ndim:
+        raise ShapeError(f"{op}: axis {axis} is out of range for a tensor of shape {x.shape} "
+                         f"(valid: {-x.ndim}..{x.ndim - 1}); the classes are usually the last "
+                         f"axis, axis=-1")
+    _refuse_empty(op, "the input has", x.shape)
+    return int(axis)
+
+
 def _rows(a, axis):
     """View `a` with `axis` moved last and flattened to 2-D rows (for kernels)."""
     moved = np.moveaxis(a, axis, -1)
@@ -542,7 +605,7 @@ class Softmax(Op):
     name = "softmax"
 
     def forward(self, x, axis=-1):
-        self.axis = axis
+        self.axis = axis = _softmax_axis(self.name, x, axis)
         x2, self.moved = _rows(x, axis)
         out = _unrows(kernels.softmax_forward(x2), self.moved, axis)
         self.save(out=out)
@@ -562,7 +625,7 @@ class LogSoftmax(Op):
     name = "log_softmax"
 
     def forward(self, x, axis=-1):
-        self.axis = axis
+        self.axis = axis = _softmax_axis(self.name, x, axis)
         x2, self.moved = _rows(x, axis)
         out = _unrows(kernels.log_softmax_forward(x2), self.moved, axis)
         self.save(out=out)
@@ -646,7 +709,11 @@ class LayerNorm(Op):
     name = "layer_norm"
 
     def forward(self, x, weight, bias, eps=1e-5):
-        C = x.shape[-1] if x.ndim else 0
+        if x.ndim == 0:
+            raise ShapeError("layer_norm: x is a single number (shape ()); layer norm "
+                             "normalises the last axis, so x needs at least one axis")
+        _refuse_empty(self.name, "the input x has", x.shape)
+        C = x.shape[-1]
         for what, p in (("weight", weight), ("bias", bias)):
             if p is not None and _shape(p) != (C,):
                 raise ShapeError(f"layer_norm: {what} has shape {_shape(p)} but x has shape "
@@ -729,6 +796,7 @@ class CausalAttention(Op):
             raise ShapeError(
                 f"causal_attention: q, k and v must have the same shape (..., T, D), e.g. "
                 f"(batch, heads, T, head_size); got q {q.shape}, k {k.shape}, v {v.shape}")
+        _refuse_empty(self.name, "q, k and v have", q.shape)
         self.shape = q.shape
         T, D = q.shape[-2:]
         self.scale = 1.0 / np.sqrt(D)

@@ -20,6 +20,11 @@ What the tape keeps, and when it lets go:
   `x[i] = ...`, `zero_()`, ...). A node records the version of each tensor
   it saved; if it changed before backward, backward raises and names the op
   and the tensor. Writing into `.data` directly bypasses the counter.
+* A plain ndarray passed to an op has no counter, so a node that needs one
+  keeps a private copy (index arrays of `x[idx]` too): changing your array
+  after the forward cannot change the gradient. The copy is saved memory.
+* A result with an integer or boolean dtype (`x.astype(np.int64)`) has no
+  gradient: it leaves the graph, as in PyTorch.
 
 Modes: `no_grad()` records nothing (for evaluation and optimizer steps);
 `detach()` returns a tensor sharing data but cut from the graph.
@@ -419,8 +424,15 @@ def apply(op_class, *inputs, **options) -> Tensor:
     out = op.forward(*arrays, **options)
     if not isinstance(out, np.ndarray):
         out = np.asarray(out)
+    if not np.issubdtype(out.dtype, np.floating):
+        # Integer or boolean results (a cast to int, say) have no gradient: they leave the graph.
+        tracked = [False] * len(inputs)
+        has_tangent = [False] * len(inputs)
+    if op.is_view and not isinstance(inputs[0], Tensor):
+        out = out.copy()  # a view of the caller's array would let their later writes in
+        op.is_view = False
     result = Tensor._from_op(out, any(tracked))
-    if op.is_view and isinstance(inputs[0], Tensor):
+    if op.is_view:
         result._version = inputs[0]._version
     if any(has_tangent):
         tangent = op.jvp(*[x._tangent if isinstance(x, Tensor) else None for x in inputs])
@@ -435,11 +447,36 @@ def apply(op_class, *inputs, **options) -> Tensor:
         op.input_meta = tuple((np.shape(a), getattr(a, "dtype", None)) for a in arrays)
         op.output_ref = weakref.ref(result)
         op.freed = False
+        _snapshot_caller_arrays(op, inputs)
         op.saved_versions = _saved_versions(op, inputs, result)
         result._node = op
     for observer in observers:
         observer.after_forward(op, inputs, result, any(tracked))
     return result
+
+
+def _snapshot_caller_arrays(op, inputs) -> None:
+    """Replace each saved array that is (a view of) a plain ndarray the caller passed
+    in by a private copy.
+
+    A Tensor's memory is guarded by its version counter; a plain array has no
+    counter, and the caller may reuse it after the forward (a batch buffer, a
+    mask), which would silently change the gradient. The copy is what the tape
+    keeps, so engine.memory counts it."""
+    caller = {id(root_buffer(x)) for x in inputs if isinstance(x, np.ndarray)}
+    if not caller:
+        return
+    guarded = {id(root_buffer(x.data)) for x in inputs if isinstance(x, Tensor)}
+    copies = {}  # one copy per array, even when two slots saved it
+    for key in op.saved_names:
+        value = getattr(op, key)
+        if not isinstance(value, np.ndarray):
+            continue
+        memory = id(root_buffer(value))
+        if memory in caller and memory not in guarded:
+            if id(value) not in copies:
+                copies[id(value)] = value.copy()
+            setattr(op, key, copies[id(value)])
 
 
 def _saved_versions(op, inputs, result):
