@@ -55,11 +55,19 @@ def largest_micro_batch(cfg: BudgetConfig, fixed_per_device: int, memory: int,
 def device_fit(cfg: BudgetConfig, name: str, memory: int, flops_per_second: float,
                fixed_per_device: int, peak: int, flops_per_step: int,
                tokens_per_step_all: int) -> DeviceFit:
-    seconds = flops_per_step / (cfg.mfu * flops_per_second) if flops_per_second else None
+    seconds = _ratio(flops_per_step, cfg.mfu * flops_per_second) if flops_per_second else None
     return DeviceFit(
         device=name, memory=memory, flops_per_second=flops_per_second, peak=peak,
         fits=(peak <= memory) if memory else None,
         largest_micro_batch=(largest_micro_batch(cfg, fixed_per_device, memory)
                              if memory else None),
         step_seconds=seconds,
-        tokens_per_second=tokens_per_step_all / seconds if seconds else None)
+        tokens_per_second=_ratio(tokens_per_step_all, seconds) if seconds else None)
+
+
+def _ratio(a, b) -> float:
+    """a / b as a float; sizes beyond float range give inf, not an OverflowError."""
+    try:
+        return a / b
+    except OverflowError:
+        return float("inf")
