@@ -53,8 +53,8 @@ def read_hf_config(path) -> dict:
 def _whole(data: dict, key: str, source: str, default=None) -> int:
     value = data.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BudgetError(f"{source}: {key}={value!r} is not a positive whole number; "
-                          f"a {data.get('model_type')} config.json has one there.")
+        raise BudgetError(f'{source}: "{key}": {json.dumps(value)} is not a positive whole '
+                          f"number; a {data.get('model_type')} config.json has one there.")
     return value
 
 
@@ -75,15 +75,17 @@ def config_from_hf(data: dict, source: str = "config.json", **changes) -> Budget
                                     default=shape["n_head"])
         for key in ("attention_bias", "mlp_bias"):
             if data.get(key, False) is not False:
-                raise BudgetError(f"{source}: {key}={data[key]!r}; the LLaMA block here has "
-                                  f"no biases, so only configs with {key}=false are read.")
+                raise BudgetError(f'{source}: "{key}": {json.dumps(data[key])}; the LLaMA '
+                                  f'block here has no biases, so only configs with "{key}": '
+                                  f"false are read.")
         tied = data.get("tie_word_embeddings", False)
         shape["architecture"] = "llama"
     else:
-        raise BudgetError(f"{source}: model_type={kind!r} is not read here; the GPT-2 "
-                          f"('gpt2') and LLaMA ('llama') families are.")
+        raise BudgetError(f'{source}: "model_type": {json.dumps(kind)} is not read here; '
+                          f"the GPT-2 ('gpt2') and LLaMA ('llama') families are.")
     if not isinstance(tied, bool):
-        raise BudgetError(f"{source}: tie_word_embeddings={tied!r} must be true or false.")
+        raise BudgetError(f'{source}: "tie_word_embeddings": {json.dumps(tied)} must be '
+                          f"true or false.")
     start = {"name": f"{kind} from {source}",  # the file's text is shown nowhere
              "tied_embedding": tied, "micro_batch": 1, "seq_len": shape["block_size"],
              "precision": "bf16", **shape}
