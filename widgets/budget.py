@@ -248,7 +248,8 @@ class BudgetWidget:
             top = max(value, {"d_model": 32768, "micro_batch": 4096, "seq_len": 131072}[name])
             powers = sorted({1 << k for k in range(top.bit_length()) if (1 << k) <= top}
                             | {value})
-            stepper.options = powers
+            if list(stepper.options) != powers:  # a new list re-renders the slider
+                stepper.options = powers
             stepper.value = value
         model, devices = c["activation_model"].value, c["devices"].value
         disabled = {
