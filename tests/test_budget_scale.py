@@ -254,5 +254,9 @@ def test_absurd_sizes_print_instead_of_overflowing():
               "--seq", "16", "--positions", "16", "--device", "A100-80GB")
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
     assert "e+" in run.stdout and "fits       no" in run.stdout
+    data = json.loads(cli("--preset", "gpt2-small", "--width", "1" + "0" * 200, "--heads",
+                          "1", "--seq", "16", "--positions", "16", "--device", "A100-80GB",
+                          "--json").stdout)
+    assert data["device"]["fits"] is False and data["device"]["step_seconds"] is None
     assert bm.human_bytes(10**400) == "1.00e+400 B"
     assert bm.human_count(10**300).startswith("1.00e+300")

@@ -487,6 +487,8 @@ def draw_memory_curve(ax, b: B.Budget, points: int = 24) -> None:
                     textcoords="offset points", fontsize=8,
                     color=CATEGORY_COLORS["activations"], va="top")
     _capacity(ax, b, scale)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(5))  # tick labels that fit the width
     ax.set_xlim(tokens[0], tokens[-1])
     ax.set_ylim(0, 1.12 * largest / scale)
     ax.set_xlabel(f"tokens per micro-batch B x N (N={c.seq_len})")

@@ -72,10 +72,16 @@ class Budget:
                               "tokens_per_step_all_devices":
                                   self.tokens_per_step_all_devices,
                               "communication": list(self.communication)},
-            "device": asdict(self.device) if self.device else None,
+            "device": _finite(asdict(self.device)) if self.device else None,
             "one_tensor_bytes": self.one_tensor_bytes,
             "activation_items": [{**asdict(x), "bytes": x.bytes} for x in self.activations.items],
         }
+
+
+def _finite(row: dict) -> dict:
+    """JSON has no infinity: a step time beyond float range becomes null."""
+    return {k: None if isinstance(v, float) and v in (float("inf"), float("-inf")) else v
+            for k, v in row.items()}
 
 
 def budget(cfg: BudgetConfig) -> Budget:
