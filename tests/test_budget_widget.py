@@ -252,3 +252,14 @@ def test_any_setting_gives_a_readout_or_a_message(data):
         assert widget.result is None and str(exc)[:40] in html.unescape(widget.message.value)
     else:
         assert widget.message.value == "" and shown_peak_bytes(widget) == want.peak
+
+
+@pytest.mark.parametrize("name", B.PRESET_NAMES)
+def test_every_preset_loads_exactly_through_the_constrained_controls(widget, name):
+    """Heads among divisors, power-of-two sliders and K/V choices still hold each
+    preset's own values (d=1600, 25 heads, 8 K/V heads of 64, ...)."""
+    widget.preset.value = name
+    cfg = B.preset(name)
+    assert {n: c.value for n, c in widget.controls.items()} == {
+        n: getattr(cfg, n) for n in widget.controls}
+    assert widget.message.value == "" and shown_peak_bytes(widget) == B.budget(cfg).peak
