@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # JupyterLab refuses to run as root unless told it may.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: lab test course venv clean-venv
+.PHONY: lab test course venv clean-venv budget-app
 
 venv: $(STAMP)
 
@@ -43,6 +43,13 @@ test: $(STAMP)
 # Rebuild student and solution notebooks from course/source (LESSONS="00 01" for some).
 course: $(STAMP)
 	$(BIN)/python tools/build_course.py $(LESSONS)
+
+# The budget calculator as a page of its own (Voila, the optional extra `app`), on
+# http://127.0.0.1:8866; e.g. make budget-app APP_ARGS="--preset llama2-7b --no-browser"
+APP_ARGS ?=
+budget-app: $(STAMP)
+	@$(BIN)/python -c "import voila" 2>/dev/null || $(BIN)/python -m pip install -q -e '.[app]'
+	$(BIN)/python -m widgets.budget_app $(APP_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -2,9 +2,12 @@
 
 Starts JupyterLab on 127.0.0.1 (random free port, random token) over a
 temporary folder holding a two-cell notebook that shows `BudgetWidget`,
-opens it in headless Debian Chromium through Playwright, runs all cells,
-moves the micro-batch slider with the keyboard and checks that the readout
-shows exactly the peak `engine.budget` computes for the new batch size.
+opens it in headless Debian Chromium through Playwright on a 1280 x 800
+screen, runs all cells, checks the controls and the plots are side by side
+in view, steps the micro-batch's power-of-two slider with the keyboard,
+checks that the readout shows exactly the peak `engine.budget` computes for
+the new batch size and that the cell keeps its height, then picks a device
+and reads the fit line.
 
 Needs /usr/bin/chromium (`apt-get install -y chromium`; `.ci/run` installs
 it) and the `playwright` package; without them the test is skipped and says
@@ -112,34 +115,66 @@ def lab():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_slider_move_shows_the_engine_budget(lab):
+def test_controls_drive_the_engine_budget_and_the_fit_line(lab):
+    """On a 1280 x 800 screen: controls left and plots right, both in view;
+    the micro-batch's power-of-two slider steps 8 -> 16 -> 32 and the readout
+    shows engine.budget's peak; the plot keeps its height; heads offer only
+    divisors of the width; choosing a device in the devices tab shows the
+    fit line engine.budget computes for it."""
     from playwright.sync_api import expect, sync_playwright
     base, token = lab
     start = bm.preset(PRESET)
-    moved = start.with_(micro_batch=start.micro_batch + 2)
+    moved = start.with_(micro_batch=4 * start.micro_batch)  # two powers of two up
+    on_device = moved.with_(device="A100-40GB")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
                                     args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1000})
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.goto(f"{base}/lab/tree/budget.ipynb?token={token}&reset")
             page.locator(".jp-NotebookPanel").first.wait_for(timeout=120_000)
             page.locator("#jp-main-statusbar >> text=Idle").first.wait_for(timeout=120_000)
+            page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
             peak = page.locator(".budget-readout .budget-peak-bytes")
             expect(peak).to_have_text(f"{bm.budget(start).peak:,}", timeout=120_000)
+            page.locator(".budget-tabs").first.scroll_into_view_if_needed()
 
-            slider = page.locator(".budget-knob-micro-batch")
-            handle = slider.locator(".noUi-handle").first
-            handle.focus()
+            # both halves side by side, in view
+            tabs = page.locator(".budget-tabs").first.bounding_box()
+            fit = page.locator(".budget-fit").first
+            image = page.locator(".budget-readout ~ .widget-hbox img").first
+            expect(image).to_be_visible(timeout=60_000)
+            plot = image.bounding_box()
+            assert tabs["x"] + tabs["width"] <= plot["x"] + 1, (tabs, plot)
+            assert plot["x"] + plot["width"] <= 1280 and tabs["x"] >= 0, plot
+            assert 0 <= plot["y"] and plot["y"] + plot["height"] <= 800, plot
+            heads = page.locator(".budget-knob-n-head select option").all_inner_texts()
+            assert [int(h) for h in heads] == [h for h in range(1, 257) if 768 % h == 0]
+
+            page.locator(".budget-tabs .lm-TabBar-tab", has_text="training").click()
+            cell_height = page.locator(".jp-OutputArea-output").last.bounding_box()["height"]
+            stepper = page.locator(".budget-step-micro-batch .noUi-handle").first
+            stepper.focus()
             page.keyboard.press("ArrowRight")
             page.keyboard.press("ArrowRight")
-            expect(slider.locator(".widget-readout")).to_have_text(str(moved.micro_batch),
-                                                                   timeout=30_000)
+            expect(page.locator(".budget-knob-micro-batch input")).to_have_value(
+                str(moved.micro_batch), timeout=30_000)
             expect(peak).to_have_text(f"{bm.budget(moved).peak:,}", timeout=60_000)
-            assert bm.budget(moved).peak != bm.budget(start).peak
-            readout = page.locator(".budget-readout").inner_text()
-            assert bm.human_bytes(bm.budget(moved).peak) in readout
+            assert bm.human_bytes(bm.budget(moved).peak) in page.locator(
+                ".budget-readout").inner_text()
+            after = page.locator(".jp-OutputArea-output").last.bounding_box()["height"]
+            assert abs(after - cell_height) <= 2, (cell_height, after)  # no collapse
+
+            expect(fit).to_contain_text("no device chosen")
+            page.locator(".budget-tabs .lm-TabBar-tab", has_text="devices").click()
+            page.locator(".budget-knob-device select").select_option("A100-40GB")
+            want = bm.budget(on_device).device
+            verdict = "fits" if want.fits else "does not fit"
+            expect(fit).to_contain_text(f"{verdict} on A100-40GB", timeout=60_000)
+            expect(fit).to_contain_text(f"B={want.largest_micro_batch}")
+            expect(fit).to_contain_text(f"{want.tokens_per_second:,.0f} tokens/s")
+            assert page.locator(".budget-knob-zero button").first.is_disabled()  # 1 device
         finally:
             browser.close()

@@ -6,10 +6,12 @@ import html
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from engine import budget as B
-from widgets.budget import BudgetWidget
+from matplotlib.colors import to_hex
+
+from widgets.budget import CATEGORY_COLORS, BudgetWidget
 
 
 def shown_peak_bytes(widget: BudgetWidget) -> int:
@@ -64,13 +66,88 @@ def test_recompute_toggle_reports_bytes_saved_and_flops_added(widget):
 
 def test_invalid_settings_show_a_message_not_a_traceback(widget):
     good = widget.readout.value
-    widget.controls["n_head"].value = 5
+    widget.controls["seq_len"].value = 2048  # GPT-2 small has 1024 learned positions
     assert widget.result is None
-    assert "does not divide" in widget.message.value and "Allowed head counts" in widget.message.value
-    assert widget.readout.value == good  # the last valid readout stays
-    widget.controls["n_head"].value = 8
+    assert "longer than block_size=1024" in html.unescape(widget.message.value)
+    assert widget.readout.value == good  # the last valid readout stays, greyed out
+    assert "budget-stale" in widget.readout._dom_classes
+    assert "budget-stale" in widget.fit._dom_classes
+    widget.controls["seq_len"].value = 512
+    assert widget.message.value == "" and "budget-stale" not in widget.readout._dom_classes
+    assert shown_peak_bytes(widget) == B.budget(B.preset("gpt2-small", seq_len=512)).peak
+
+
+def test_heads_are_chosen_among_the_divisors_of_the_width(widget):
+    heads = widget.controls["n_head"]
+    assert list(heads.options) == [h for h in range(1, 257) if 768 % h == 0]
+    widget.controls["d_model"].value = 1000   # 12 does not divide 1000: nearest divisor
+    assert 1000 % heads.value == 0 and heads.value == 10
     assert widget.message.value == ""
-    assert shown_peak_bytes(widget) == B.budget(B.preset("gpt2-small", n_head=8)).peak
+    assert shown_peak_bytes(widget) == B.budget(B.preset("gpt2-small", d_model=1000,
+                                                         n_head=10)).peak
+
+
+def test_sizes_step_through_powers_of_two_and_keep_exact_values(widget):
+    step = widget.steppers["micro_batch"]
+    assert {1, 2, 4, 8, 16, 1024} <= set(step.options)
+    assert all(v & (v - 1) == 0 for v in step.options)  # 8 is the preset's own value
+    step.value = 32
+    assert widget.controls["micro_batch"].value == 32
+    assert shown_peak_bytes(widget) == B.budget(B.preset("gpt2-small", micro_batch=32)).peak
+    widget.controls["micro_batch"].value = 3  # an exact value joins the slider's stops
+    assert widget.steppers["micro_batch"].value == 3
+    w = BudgetWidget(preset="gpt2-xl", plots=False)  # d=1600 is not a power of two
+    assert w.steppers["d_model"].value == 1600 and w.controls["n_head"].value == 25
+
+
+def test_knobs_that_do_nothing_are_disabled(widget):
+    c = widget.controls
+    assert c["tensors_per_layer"].disabled and c["n_kv_head"].disabled
+    assert c["zero"].disabled and c["grad_precision"].disabled  # one device, fp32
+    c["activation_model"].value = "rule"
+    assert not c["tensors_per_layer"].disabled
+    c["devices"].value = 8
+    c["precision"].value = "bf16"
+    assert not c["zero"].disabled and not c["grad_precision"].disabled
+    widget.preset.value = "llama2-70b"
+    assert not c["n_kv_head"].disabled and c["n_kv_head"].value == 8
+    c["architecture"].value = "gpt2"  # GPT-2 blocks: back to one K/V head per head
+    assert c["n_kv_head"].value == 0 and c["n_kv_head"].disabled
+
+
+def test_device_fit_line_and_capacity():
+    w = BudgetWidget(preset="llama2-7b")
+    assert "no device chosen" in w.fit.value
+    w.controls["device"].value = "A100-80GB"
+    want = B.budget(B.preset("llama2-7b", device="A100-80GB"))
+    assert want.device.fits is False
+    assert "does not fit" in w.fit.value and "A100-80GB" in w.fit.value
+    w.controls["devices"].value = 8
+    w.controls["zero"].value = 3
+    want = B.budget(B.preset("llama2-7b", device="A100-80GB", devices=8, zero=3))
+    assert want.device.fits and ">fits</b>" in w.fit.value
+    assert f"B={want.device.largest_micro_batch}" in w.fit.value
+    assert f"{want.device.tokens_per_second:,.0f} tokens/s" in w.fit.value
+    assert "reduce-scatter gradients" in w.parallel.value
+    assert shown_peak_bytes(w) == want.peak
+    bar, curve = w._figures
+    capacity = [l for l in bar.axes[0].lines if l.get_label() == "A100-80GB memory"]
+    assert capacity and capacity[0].get_ydata()[0] == pytest.approx(80 * 2**30 / 1e9)
+    w.controls["device"].value = "none"
+    assert "no device chosen" in w.fit.value
+
+
+def test_each_memory_item_keeps_its_colour_in_table_bar_and_curve():
+    w = BudgetWidget(preset="gpt2-small", precision="bf16")
+    bar, curve = w._figures
+    for name in ("weights", "master weights", "gradients", "optimizer state",
+                 "activations"):
+        assert B.budget(w.config()).memory()[name] > 0
+        assert CATEGORY_COLORS[name] in w.memory_table.value
+        bars = [c for c in bar.axes[0].containers if c.get_label() == name]
+        assert bars and to_hex(bars[0].patches[0].get_facecolor()) == CATEGORY_COLORS[name]
+        areas = [p for p in curve.axes[0].collections if p.get_label() == name]
+        assert areas and to_hex(areas[0].get_facecolor()[0]) == CATEGORY_COLORS[name]
 
 
 def test_choosing_a_preset_loads_all_its_knobs(widget):
@@ -82,19 +159,24 @@ def test_choosing_a_preset_loads_all_its_knobs(widget):
     assert "134 MB" in widget.readout.value
 
 
-def test_plots_are_drawn_into_output_models():
+def test_plots_are_redrawn_in_place_into_image_models():
     w = BudgetWidget(preset="24-layer-example")
-    assert len(w.bar.outputs) == 1 and len(w.curve.outputs) == 1
+    assert bytes(w.bar.value[:4]) == bytes(w.curve.value[:4]) == b"\x89PNG"
     bar, curve = w._figures
     assert curve.axes[0].get_title() == "activations overtake the fixed memory"
     stacked = sum(patch.get_height() for patch in bar.axes[0].patches)
-    assert stacked == pytest.approx(w.result.peak / 1e9)
+    assert stacked == pytest.approx(w.result.peak / 1e9)  # GB: the unit it reaches
+    assert bar.axes[0].get_ylabel() == "GB"
+    before = w.curve.value
     w.controls["micro_batch"].value = 2
-    assert len(w.curve.outputs) == 1  # replaced, not appended
+    assert w._figures[0] is bar and w._figures[1] is curve  # the same figures, redrawn
+    assert bytes(w.curve.value) != bytes(before) and w.curve.layout.height == "280px"
+    tiny = BudgetWidget(preset="tiny")
+    assert tiny._figures[0].axes[0].get_ylabel() == "MB"  # units follow the size
 
 
 def test_measure_needs_valid_settings(widget):
-    widget.controls["n_head"].value = 7
+    widget.controls["seq_len"].value = 4096
     widget.measure()
     assert "Fix the settings first" in widget.measure_result.value
 
@@ -108,6 +190,26 @@ def test_measure_shows_engine_bytes_beside_the_prediction():
     assert "+0.00%" in w.measure_result.value
     w.controls["micro_batch"].value = 3   # a new shape clears the old measurement
     assert w.measured is None and w.measure_result.value == ""
+    assert not w.measure_button.disabled
+
+
+def test_measure_says_it_is_working_and_drops_a_stale_result(monkeypatch):
+    w = BudgetWidget(preset="tiny", plots=False, micro_batch=2, seq_len=32, n_layer=2)
+    seen = {}
+    real = B.measure
+
+    def slow_measure(cfg, seed=0):  # a knob moves while the engine runs
+        seen["button"] = (w.measure_button.disabled, w.measure_button.description)
+        seen["text"] = w.measure_result.value
+        result = real(cfg, seed)
+        w.controls["micro_batch"].value = 4
+        return result
+
+    monkeypatch.setattr(B, "measure", slow_measure)
+    w.measure()
+    assert seen["button"] == (True, "measuring...") and "running" in seen["text"]
+    assert w.measured is None and "settings changed" in w.measure_result.value
+    assert not w.measure_button.disabled
 
 
 def test_measure_with_checkpointing_shows_the_higher_peak():
@@ -124,18 +226,21 @@ def test_measure_of_a_huge_shape_says_why_not(widget):
     assert "too large to measure" in widget.measure_result.value
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_any_setting_gives_a_readout_or_a_message(widget, data):
+def test_any_setting_gives_a_readout_or_a_message(data):
     """Whatever a learner sets, the widget shows either engine.budget's numbers or
     engine.budget's message: it never raises."""
+    widget = BudgetWidget(preset="gpt2-small", plots=False)
     for name, control in widget.controls.items():
         if data.draw(st.booleans(), label=f"change {name}"):
             if hasattr(control, "options"):
-                value = data.draw(st.sampled_from(list(control.options)), label=name)
+                values = [o[1] if isinstance(o, tuple) else o for o in control.options]
+                value = data.draw(st.sampled_from(values), label=name)
             elif isinstance(control.value, bool):
                 value = data.draw(st.booleans(), label=name)
+            elif isinstance(control.value, float):
+                value = data.draw(st.floats(control.min, control.max), label=name)
             else:
                 value = data.draw(st.integers(control.min, min(control.max, 5000)), label=name)
             control.value = value
@@ -147,3 +252,14 @@ def test_any_setting_gives_a_readout_or_a_message(widget, data):
         assert widget.result is None and str(exc)[:40] in html.unescape(widget.message.value)
     else:
         assert widget.message.value == "" and shown_peak_bytes(widget) == want.peak
+
+
+@pytest.mark.parametrize("name", B.PRESET_NAMES)
+def test_every_preset_loads_exactly_through_the_constrained_controls(widget, name):
+    """Heads among divisors, power-of-two sliders and K/V choices still hold each
+    preset's own values (d=1600, 25 heads, 8 K/V heads of 64, ...)."""
+    widget.preset.value = name
+    cfg = B.preset(name)
+    assert {n: c.value for n, c in widget.controls.items()} == {
+        n: getattr(cfg, n) for n in widget.controls}
+    assert widget.message.value == "" and shown_peak_bytes(widget) == B.budget(cfg).peak

@@ -2,24 +2,35 @@
 
 Every number on screen comes from `engine.budget`: the widget turns its
 controls into a `BudgetConfig`, asks `budget(config)` and writes the answer
-into widget models (`.value`, `Output.outputs`), never printing, so a notebook
-that shows it replays cleanly under nbval.
+into widget models (`.value`), never printing, so a notebook that shows it
+replays cleanly under nbval.
 
-What it shows:
+Layout: the controls on the left (in three tabs: model, training, devices),
+what they cost on the right, so both fit a 1280 x 800 screen.
   * the readout (DOM class `budget-readout`): peak, parameters, fixed and
-    activation bytes; the peak in exact bytes sits in a span of class
-    `budget-peak-bytes` for tests that read the page (each control carries
-    the class `budget-knob-<field>`, e.g. `budget-knob-micro-batch`);
-  * FLOPs per token, per micro-batch and per optimizer step;
-  * what the recompute setting saves (activation bytes) and adds (FLOPs);
-  * a stacked bar of the memory categories;
-  * memory against B x N, with the batch where activations overtake the
-    fixed memory (weights + master + gradients + optimizer state) marked;
+    activation bytes of one device; the peak in exact bytes sits in a span
+    of class `budget-peak-bytes` for tests that read the page (each control
+    carries the class `budget-knob-<field>`, e.g. `budget-knob-micro-batch`;
+    the power-of-two slider beside a size box `budget-step-<field>`);
+  * the fit line (`budget-fit`): fits / does not fit the chosen device, the
+    largest micro-batch that does, the step time and tokens/s;
+  * the memory of one device, item by item, each item in its own colour in
+    the table, the bar and the curve;
+  * FLOPs per token, per micro-batch and per optimizer step, what the
+    recompute setting saves and adds, and the collectives of data parallel;
+  * a stacked bar of the memory items and the memory against B x N, with
+    the device's capacity as a line: two images redrawn from two figures
+    kept for the widget's life, so a move swaps the picture in place;
   * "measure": runs our engine's GPT at the current shape (when it is small
-    enough for this machine) and shows measured bytes beside predicted ones.
-Impossible settings (heads not dividing the width, ...) show the message of
-`engine.budget` in the widget instead of a traceback.
+    enough for this machine) and shows measured bytes beside predicted ones;
+    the button says it is working, and a result is shown only while the
+    settings it was measured at are the ones on screen.
+Sizes (batch, sequence, width) have a box for the exact value and a slider
+that steps through powers of two; heads are chosen among the divisors of the
+width; knobs that do nothing in the current mode are disabled. Impossible
+settings show the message of `engine.budget` and grey out the last numbers.
 """
+
 from __future__ import annotations
 
 import html
@@ -30,10 +41,11 @@ CATEGORY_COLORS = {
     "weights": "#4c72b0", "master weights": "#8172b3", "gradients": "#55a868",
     "optimizer state": "#ccb974", "activations": "#c44e52", "recompute transient": "#e8a0a2",
 }
+_THIS_MACHINE: dict = {}  # "this machine" as a device, once measured
 
 
 class BudgetWidget:
-    """Sliders and dropdowns for every knob of `engine.budget.BudgetConfig`.
+    """Controls for every knob of `engine.budget.BudgetConfig`.
 
     `BudgetWidget(preset="gpt2-small", micro_batch=4)` starts from a preset
     with some knobs changed; `.ui` is the widget to display (displaying the
@@ -49,20 +61,24 @@ class BudgetWidget:
         self._loading = False
         self._figures: list = []
         start = B.preset(preset, **changes)
-        wide = {"description_width": "150px"}
-        layout = w.Layout(width="420px")
+        wide = {"description_width": "140px"}
+        layout = w.Layout(width="400px")
 
         def slider(description, lo, hi, step=1):
             return w.IntSlider(min=lo, max=hi, step=step, description=description,
                                style=wide, layout=layout, continuous_update=False)
 
-        def number(description, lo=0, hi=10**13):
+        def number(description, lo=0, hi=10**13, width="400px"):
             return w.BoundedIntText(min=lo, max=hi, description=description, style=wide,
-                                    layout=layout)
+                                    layout=w.Layout(width=width))
 
         def choice(description, options):
             return w.Dropdown(options=list(options), description=description, style=wide,
                               layout=layout)
+
+        def toggles(description, options):
+            return w.ToggleButtons(options=list(options), description=description,
+                                   style={"button_width": "62px", **wide})
 
         self.preset = choice("preset", B.PRESET_NAMES)
         self.preset.value = preset
@@ -70,39 +86,65 @@ class BudgetWidget:
         # preset and reading the screen back are one loop each.
         self.controls = {
             "n_layer": slider("layers L", 1, 128),
-            "d_model": slider("width d", 32, 16384, 32),
-            "n_head": slider("heads a", 1, 128),
+            "d_model": number("width d", 1, 1 << 20, "250px"),
+            "n_head": choice("heads a", [start.n_head]),
             "vocab_size": number("vocabulary V", 1, 10**7),
-            "d_ff": number("MLP width (0: 4d)"),
+            "d_ff": number("MLP width (0: rule)"),
             "block_size": number("positions (0: N)"),
             "tied_embedding": w.Checkbox(description="tied output head", style=wide),
             "n_params": number("params (0: formula)"),
-            "micro_batch": slider("micro-batch B", 1, 1024),
-            "seq_len": slider("sequence N", 16, 32768, 16),
+            "micro_batch": number("micro-batch B", 1, 1 << 20, "250px"),
+            "seq_len": number("sequence N", 1, 1 << 22, "250px"),
             "accumulation": slider("accumulation K", 1, 256),
-            "precision": choice("precision", B.PRECISIONS),
-            "optimizer": choice("optimizer", B.OPTIMIZERS),
-            "activation_model": choice("activation model", B.ACTIVATION_MODELS),
+            "precision": toggles("precision", B.PRECISIONS),
+            "optimizer": toggles("optimizer", B.OPTIMIZERS),
+            "activation_model": toggles("activation model", B.ACTIVATION_MODELS),
             "tensors_per_layer": slider("rule: tensors/layer", 1, 64),
             "dropout": w.Checkbox(description="dropout masks", style=wide),
-            "recompute": w.ToggleButtons(options=list(B.RECOMPUTE), description="recompute",
-                                         style={"button_width": "80px", **wide}),
+            "recompute": toggles("recompute", B.RECOMPUTE),
+            "architecture": toggles("architecture", B.ARCHITECTURES),
+            "n_kv_head": choice("key/value heads", [("one per head", 0)]),
+            "grad_precision": toggles("gradients", B.GRAD_PRECISIONS),
+            "devices": number("data-parallel devices", 1, 1 << 20),
+            "zero": toggles("ZeRO stage", B.ZERO_STAGES),
+            "device": choice("device", ["none", *B.DEVICES, B.THIS_MACHINE]),
+            "device_memory": number("memory bytes (0: device's)", 0, 10**15),
+            "device_flops": number("FLOP/s (0: device's)", 0, 10**18),
+            "mfu": w.FloatSlider(min=0.05, max=1.0, step=0.05, description="MFU",
+                                 style=wide, layout=layout, continuous_update=False),
         }
         for name, control in self.controls.items():  # stable handles for browser tests
             control.add_class(f"budget-knob-{name.replace('_', '-')}")
+        # Power-of-two sliders beside the exact boxes of the sizes.
+        self.steppers = {name: w.SelectionSlider(options=[1], description="", readout=False,
+                                                 continuous_update=False,
+                                                 layout=w.Layout(width="150px"))
+                         for name in ("d_model", "micro_batch", "seq_len")}
+        for name, stepper in self.steppers.items():
+            stepper.add_class(f"budget-step-{name.replace('_', '-')}")
+            stepper.observe(self._on_step, names="value")
         self.readout = w.HTML()
         self.readout.add_class("budget-readout")
+        self.fit = w.HTML()
+        self.fit.add_class("budget-fit")
         self.message = w.HTML()
         self.message.add_class("budget-message")
+        self.memory_table = w.HTML()
         self.flops_table = w.HTML()
         self.tradeoff = w.HTML()
         self.tradeoff.add_class("budget-recompute")
-        self.bar = w.Output()
-        self.curve = w.Output()
+        self.parallel = w.HTML()
+        self.parallel.add_class("budget-parallel")
+        # Images keep their size while their picture is swapped: no blank, no collapse.
+        self.bar = w.Image(format="png", layout=w.Layout(width="250px", height="280px"))
+        self.curve = w.Image(format="png", layout=w.Layout(width="430px", height="280px"))
         self.measure_button = w.Button(description="measure on our engine",
                                        button_style="info", layout=w.Layout(width="220px"))
+        self.measure_button.add_class("budget-measure")
         self.measure_result = w.HTML()
         self.measure_result.add_class("budget-measured")
+        self._results = [self.readout, self.fit, self.memory_table, self.flops_table,
+                         self.tradeoff, self.parallel, self.bar, self.curve]
 
         self._load(start)
         self.preset.observe(self._on_preset, names="value")
@@ -111,13 +153,29 @@ class BudgetWidget:
         self.measure_button.on_click(self.measure)
         self._update()
 
-        knobs = list(self.controls.values())
-        self.ui = w.VBox([
-            w.HBox([w.VBox([self.preset] + knobs[:10]), w.VBox(knobs[10:])]),
-            self.message, self.readout, self.flops_table, self.tradeoff,
-            w.HBox([self.bar, self.curve]),
-            w.HBox([self.measure_button, self.measure_result]),
-        ])
+        c = self.controls
+        sized = {n: w.HBox([c[n], self.steppers[n]]) for n in self.steppers}
+        model = w.VBox([c["architecture"], c["n_layer"], sized["d_model"], c["n_head"],
+                        c["n_kv_head"], c["vocab_size"], c["d_ff"], c["block_size"],
+                        c["tied_embedding"], c["n_params"]])
+        training = w.VBox([sized["micro_batch"], sized["seq_len"], c["accumulation"],
+                           c["precision"], c["grad_precision"], c["optimizer"],
+                           c["activation_model"], c["tensors_per_layer"], c["dropout"],
+                           c["recompute"]])
+        devices = w.VBox([c["device"], c["device_memory"], c["device_flops"], c["mfu"],
+                          c["devices"], c["zero"]])
+        tabs = w.Tab(children=[model, training, devices])
+        for i, title in enumerate(("model", "training", "devices")):
+            tabs.set_title(i, title)
+        tabs.add_class("budget-tabs")
+        style = w.HTML("<style>.budget-stale{opacity:0.35;filter:grayscale(1)}"
+                       ".budget-fit{font-size:1.05em}</style>")
+        left = w.VBox([self.preset, tabs], layout=w.Layout(width="440px", flex="0 0 440px"))
+        right = w.VBox([self.message, self.readout, self.fit, w.HBox([self.bar, self.curve]),
+                        self.memory_table, self.flops_table, self.tradeoff, self.parallel,
+                        w.HBox([self.measure_button, self.measure_result])],
+                       layout=w.Layout(flex="1 1 auto"))
+        self.ui = w.HBox([style, left, right])
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
@@ -143,8 +201,10 @@ class BudgetWidget:
         """Put a configuration on screen without recomputing after each knob."""
         self._loading = True
         try:
+            self._set_choices(cfg.d_model, cfg.n_head)
             for name, control in self.controls.items():
                 control.value = getattr(cfg, name)
+            self._sync()
         finally:
             self._loading = False
 
@@ -152,10 +212,81 @@ class BudgetWidget:
         self._load(B.preset(change["new"]))
         self._update()
 
+    def _on_step(self, change) -> None:
+        """A power-of-two slider moved: put its value in the exact box."""
+        if self._loading:
+            return
+        name = next(n for n, s in self.steppers.items() if s is change["owner"])
+        self.controls[name].value = change["new"]
+
+    # ------------------------------------------------- dependent controls
+    def _set_choices(self, d_model: int, n_head: int) -> None:
+        """Heads among the divisors of the width, K/V heads among those of the heads."""
+        heads = [h for h in range(1, min(d_model, 256) + 1) if d_model % h == 0]
+        if n_head not in heads:  # keep the nearest divisor
+            n_head = min(heads, key=lambda h: (abs(h - n_head), h))
+        control = self.controls["n_head"]
+        if list(control.options) != heads:
+            control.options = heads
+        control.value = n_head
+        kv = [("one per head", 0)] + [(str(k), k) for k in range(1, n_head)
+                                      if n_head % k == 0]
+        kv_control = self.controls["n_kv_head"]
+        if [v for _, v in kv] != [v for _, v in kv_control.options]:
+            keep = kv_control.value if kv_control.value in [v for _, v in kv] else 0
+            kv_control.options = kv
+            kv_control.value = keep
+
+    def _sync(self) -> None:
+        """Choices, power-of-two sliders and enabled knobs that follow the others."""
+        c = self.controls
+        self._set_choices(c["d_model"].value, c["n_head"].value)
+        if c["architecture"].value != "llama":
+            c["n_kv_head"].value = 0  # GPT-2 blocks have one K/V head per head
+        for name, stepper in self.steppers.items():
+            value = c[name].value
+            top = max(value, {"d_model": 32768, "micro_batch": 4096, "seq_len": 131072}[name])
+            powers = sorted({1 << k for k in range(top.bit_length()) if (1 << k) <= top}
+                            | {value})
+            if list(stepper.options) != powers:  # a new list re-renders the slider
+                stepper.options = powers
+            stepper.value = value
+        model, devices = c["activation_model"].value, c["devices"].value
+        disabled = {
+            "tensors_per_layer": model != "rule",
+            "dropout": model == "engine",
+            "n_kv_head": c["architecture"].value != "llama",
+            "grad_precision": c["precision"].value == "fp32",
+            "zero": devices == 1,
+            "mfu": c["device"].value == "none" and not c["device_flops"].value,
+        }
+        for name, off in disabled.items():
+            c[name].disabled = off
+
+    def _on_device(self) -> None:
+        """A device chosen by name brings its own figures; "this machine" is measured."""
+        c = self.controls
+        if c["device"].value == B.THIS_MACHINE:
+            if not _THIS_MACHINE:  # measured once per session
+                self.fit.value = "measuring this machine (one large sgemm)..."
+                _THIS_MACHINE.update(B.this_machine())
+            c["device_memory"].value = _THIS_MACHINE["device_memory"]
+            c["device_flops"].value = _THIS_MACHINE["device_flops"]
+        else:
+            c["device_memory"].value = 0
+            c["device_flops"].value = 0
+
     # ----------------------------------------------------------- update
     def _update(self, change=None) -> None:
         if self._loading:
             return
+        self._loading = True
+        try:
+            if change is not None and change["owner"] is self.controls["device"]:
+                self._on_device()
+            self._sync()
+        finally:
+            self._loading = False
         self.measure_result.value = ""
         self.measured = None
         try:
@@ -164,37 +295,71 @@ class BudgetWidget:
             self.result = None
             self.message.value = (f"<b style='color:#b00'>Cannot compute this budget:</b> "
                                   f"{html.escape(str(exc))}")
+            for shown in self._results:  # the old numbers stay, greyed out
+                shown.add_class("budget-stale")
             return
         self.message.value = ""
+        for shown in self._results:
+            shown.remove_class("budget-stale")
         self.readout.value = readout_html(self.result)
+        self.fit.value = fit_html(self.result)
+        self.memory_table.value = memory_html(self.result)
         self.flops_table.value = flops_html(self.result)
         self.tradeoff.value = tradeoff_html(self.result)
+        self.parallel.value = parallel_html(self.result)
         if self.plots:
             self._draw()
 
     def _draw(self) -> None:
-        import matplotlib.pyplot as plt
-        for fig in self._figures:
-            plt.close(fig)
-        self._figures = [memory_bar_figure(self.result), memory_curve_figure(self.result)]
-        for out, fig in zip((self.bar, self.curve), self._figures):
-            out.outputs = ()
-            out.append_display_data(fig)
+        """Redraw the two figures kept for the widget's life and swap the images."""
+        import io
+        if not self._figures:
+            import matplotlib.pyplot as plt
+            self._figures = [plt.figure(figsize=(2.8, 3.1), dpi=90),
+                             plt.figure(figsize=(4.8, 3.1), dpi=90)]
+            for fig in self._figures:
+                fig.add_subplot()
+                plt.close(fig)  # drawn on request only, never shown by pyplot
+        bar, curve = self._figures
+        draw_memory_bar(bar.axes[0], self.result)
+        draw_memory_curve(curve.axes[0], self.result)
+        for image, fig in ((self.bar, bar), (self.curve, curve)):
+            fig.tight_layout()
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png")
+            image.value = buffer.getvalue()
 
     # ---------------------------------------------------------- measure
     def measure(self, button=None) -> None:
         """Run our engine's GPT at the shape on screen and show measured
-        against predicted bytes (the "engine" activation model)."""
+        against predicted bytes (the "engine" activation model). The button
+        says it is working; a result measured at settings no longer on
+        screen is not shown."""
         if self.result is None:
             self.measure_result.value = "Fix the settings first (see the message above)."
             return
+        settings = self.result.config
         try:
-            self.measured = B.measure(self.result.config)
+            B.measurable(settings)
         except B.BudgetError as exc:
             self.measured = None
             self.measure_result.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
             return
-        self.measure_result.value = measured_html(self.measured)
+        self.measure_button.disabled = True
+        self.measure_button.description = "measuring..."
+        self.measure_result.value = "running one forward and backward of our engine's GPT..."
+        try:
+            measured = B.measure(settings)
+        finally:
+            self.measure_button.disabled = False
+            self.measure_button.description = "measure on our engine"
+        if self.result is None or self.result.config != settings:
+            self.measured = None
+            self.measure_result.value = ("The settings changed during the measurement; "
+                                         "press measure again.")
+            return
+        self.measured = measured
+        self.measure_result.value = measured_html(measured)
 
 
 # --------------------------------------------------------------- rendering
@@ -249,48 +414,154 @@ def measured_html(m: dict) -> str:
             f"<th>measured bytes</th><th>difference</th></tr>{body}</table>")
 
 
-def memory_bar_figure(b: B.Budget):
-    """One stacked bar of the memory categories, in the order they become resident."""
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(3.6, 3.6))
+def _unit(largest: float) -> tuple[float, str]:
+    """The decimal byte unit a plot's axis reads in, from its largest value."""
+    for scale, name in ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if largest >= scale:
+            return scale, name
+    return 1.0, "B"
+
+
+def _capacity(ax, b: B.Budget, scale: float) -> None:
+    """The device's memory as a horizontal line, when a device is chosen."""
+    d = b.device
+    if d and d.memory:
+        ax.axhline(d.memory / scale, color="black", ls="-.", lw=1.2,
+                   label=f"{d.device} memory")
+
+
+def draw_memory_bar(ax, b: B.Budget) -> None:
+    """One stacked bar of one device's memory items, in the order they become
+    resident, each in its colour; the device's capacity as a line."""
+    ax.clear()
+    items = {k: v for k, v in b.memory().items() if v}
+    top = max(b.peak, b.device.memory if b.device and b.device.memory else 0, 1)
+    scale, unit = _unit(top)
     bottom = 0.0
-    for name, value in b.memory().items():
-        if value:
-            ax.bar(["peak"], [value / 1e9], bottom=bottom / 1e9, label=name,
-                   color=CATEGORY_COLORS[name])
-            bottom += value
-    ax.set_ylabel("GB")
+    for name, value in items.items():
+        ax.bar(["one device"], [value / scale], bottom=bottom / scale, label=name,
+               color=CATEGORY_COLORS[name], width=0.6)
+        bottom += value
+    _capacity(ax, b, scale)
+    ax.set_ylim(0, 1.12 * top / scale)
+    ax.set_ylabel(unit)
     ax.set_title(f"peak {B.human_bytes(b.peak)}", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if b.device and b.device.memory:  # the items' colours are keyed in the table beside
+        ax.legend(fontsize=7, loc="upper left", frameon=False)
+
+
+def memory_bar_figure(b: B.Budget):
+    """The stacked bar as a figure of its own."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(2.8, 3.1))
+    draw_memory_bar(ax, b)
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+def draw_memory_curve(ax, b: B.Budget, points: int = 24) -> None:
+    """One device's memory against B x N (B varied at this N), stacked in the
+    items' colours: the fixed items flat, the activations growing; the
+    crossover batch and the device's capacity marked."""
+    ax.clear()
+    c = b.config
+    cross = B.crossover_batch(c)
+    fit = b.device.largest_micro_batch if b.device else None
+    top_b = max(2 * c.micro_batch, 2 * cross if cross else 0, (fit or 0) + 1, 8)
+    batches = sorted({max(1, round(top_b * i / points)) for i in range(points + 1)})
+    rows = B.batch_sweep(c, batches)
+    largest = max(rows["peak"][-1], b.device.memory if b.device and b.device.memory else 0)
+    scale, unit = _unit(largest)
+    tokens = rows["tokens"]
+    layers = [(name, [v / scale] * len(tokens)) for name, v in b.fixed_per_device.items() if v]
+    layers.append(("activations", [v / scale for v in rows["activations"]]))
+    ax.stackplot(tokens, *[v for _, v in layers], labels=[n for n, _ in layers],
+                 colors=[CATEGORY_COLORS[n] for n, _ in layers], alpha=0.9)
+    ax.axvline(B.tokens_per_micro_batch(c), color="0.3", lw=1, ls="--",
+               label=f"B={c.micro_batch} (set)")
+    if cross:
+        ax.axvline(cross * c.seq_len, color=CATEGORY_COLORS["activations"], ls=":", lw=1.5)
+        ax.annotate(f"crossover B={cross}", (cross * c.seq_len, 0.5),
+                    xycoords=("data", "axes fraction"), xytext=(4, 0),
+                    textcoords="offset points", fontsize=8,
+                    color=CATEGORY_COLORS["activations"], va="top")
+    _capacity(ax, b, scale)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(5))  # tick labels that fit the width
+    ax.set_xlim(tokens[0], tokens[-1])
+    ax.set_ylim(0, 1.12 * largest / scale)
+    ax.set_xlabel(f"tokens per micro-batch B x N (N={c.seq_len})")
+    ax.set_ylabel(unit)
+    ax.set_title("activations overtake the fixed memory" if cross else
+                 "activations stay below the fixed memory", fontsize=10)
+    ax.legend(fontsize=6, loc="upper left", frameon=False, ncol=2)
 
 
 def memory_curve_figure(b: B.Budget, points: int = 24):
-    """Fixed and activation memory against B x N (B varied at this N), with
-    the crossover batch marked."""
+    """The memory curve as a figure of its own."""
     import matplotlib.pyplot as plt
-    c = b.config
-    cross = B.crossover_batch(c)
-    top = max(2 * c.micro_batch, 2 * cross if cross else 0, 8)
-    batches = sorted({max(1, round(top * i / points)) for i in range(points + 1)})
-    rows = B.batch_sweep(c, batches)
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    ax.plot(rows["tokens"], [v / 1e9 for v in rows["fixed"]], label="weights+grads+optimizer")
-    ax.plot(rows["tokens"], [v / 1e9 for v in rows["activations"]], label="activations")
-    ax.plot(rows["tokens"], [v / 1e9 for v in rows["peak"]], "k--", lw=1, label="peak")
-    ax.axvline(B.tokens_per_micro_batch(c), color="0.6", lw=1, label=f"B={c.micro_batch} (set)")
-    if cross:
-        ax.axvline(cross * c.seq_len, color="#c44e52", ls=":", lw=1.5)
-        ax.annotate(f"crossover B={cross}", (cross * c.seq_len, 0.96),
-                    xycoords=("data", "axes fraction"), xytext=(4, 0),
-                    textcoords="offset points", fontsize=8, color="#c44e52", va="top")
-    ax.set_xlabel(f"tokens per micro-batch B x N (N={c.seq_len})")
-    ax.set_ylabel("GB")
-    ax.set_title("activations overtake the fixed memory" if cross else
-                 "activations stay below the fixed memory", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    fig, ax = plt.subplots(figsize=(4.8, 3.1))
+    draw_memory_curve(ax, b, points)
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+def _swatch(name: str) -> str:
+    return (f"<span style='display:inline-block;width:0.8em;height:0.8em;"
+            f"background:{CATEGORY_COLORS[name]};margin-right:0.3em'></span>")
+
+
+def memory_html(b: B.Budget) -> str:
+    """One device's memory items, each with its colour, beside the whole model's."""
+    c = b.config
+    sharded = c.devices > 1
+    head = "<tr><th>memory of one device</th><th>bytes</th>" + (
+        "<th>whole model</th>" if sharded else "") + "</tr>"
+    rows = []
+    for name, value in b.memory().items():
+        whole = b.fixed.get(name, value)
+        rows.append(f"<tr><td>{_swatch(name)}{name}</td>"
+                    f"<td style='text-align:right'>{B.human_bytes(value)}</td>"
+                    + (f"<td style='text-align:right'>{B.human_bytes(whole)}</td>"
+                       if sharded else "") + "</tr>")
+    return f"<table class='budget-memory'>{head}{''.join(rows)}</table>"
+
+
+def fit_html(b: B.Budget) -> str:
+    """Fits / does not fit the device, the largest micro-batch, the step time."""
+    d, c = b.device, b.config
+    if d is None:
+        return ("<span class='budget-fit-verdict'>no device chosen</span>: pick one in "
+                "the devices tab to see whether a step fits and how long it takes.")
+    parts = []
+    if d.fits is not None:
+        verdict = ("fits" if d.fits else "does not fit")
+        colour = "#2a7d2a" if d.fits else "#b00"
+        parts.append(f"<b class='budget-fit-verdict' style='color:{colour}'>{verdict}</b> "
+                     f"on {html.escape(d.device)}: peak {B.human_bytes(d.peak)} of "
+                     f"{B.human_bytes(d.memory)}")
+        parts.append("largest micro-batch that fits: "
+                     + (f"<b>B={d.largest_micro_batch}</b>" if d.largest_micro_batch
+                        else "none (shard with ZeRO, recompute, or shorten N)"))
+    if d.step_seconds is not None:
+        parts.append(f"step {B.human_seconds(d.step_seconds)} at MFU {c.mfu:g}, "
+                     f"{d.tokens_per_second:,.0f} tokens/s"
+                     + (f" over {c.devices} devices" if c.devices > 1 else ""))
+    return " &nbsp;|&nbsp; ".join(parts)
+
+
+def parallel_html(b: B.Budget) -> str:
+    """The collectives of one optimizer step under data parallel."""
+    c = b.config
+    if not b.communication:
+        return "one device: no communication."
+    rows = "".join(
+        f"<tr><td>{r['collective']} {r['buffer']}</td>"
+        f"<td style='text-align:right'>{B.human_bytes(r['bytes'])}</td>"
+        f"<td style='text-align:right'>x {r['times_per_step']}</td>"
+        f"<td style='text-align:right'>{B.human_bytes(r['sent_per_device'])}</td></tr>"
+        for r in b.communication)
+    return (f"<table><tr><th>ZeRO stage {c.zero} over {c.devices} devices</th><th>buffer</th>"
+            f"<th>per step</th><th>sent per device</th></tr>{rows}</table>")

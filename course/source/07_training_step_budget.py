@@ -128,13 +128,17 @@ lesson07.check_fixed_bytes_per_parameter(fixed_bytes_per_parameter)
 #
 # ## The calculator
 #
-# Every knob of the budget, with presets: the source texts' two examples, GPT-2 small, a
-# 7B-class model (the GPT-3 6.7B shape) and the trainer's tiny config. The bar stacks the
-# memory in the order it becomes resident; the curve on the right shows memory against the
-# tokens per micro-batch, with the batch where activations overtake the fixed memory marked.
-# "measure on our engine" runs the reference GPT at the shape on screen (when it is small
-# enough) and shows the measured bytes beside the prediction. Invalid settings (try 5 heads
-# on width 768) say what is wrong instead of failing.
+# Every knob of the budget, with presets: the source texts' two examples, GPT-2 small to
+# XL, LLaMA-2 7B to 70B, a 7B-class model (the GPT-3 6.7B shape) and the trainer's tiny
+# config. The controls sit on the left in three tabs (model, training, devices); the bar
+# stacks one device's memory in the order it becomes resident, each item in its own colour;
+# the curve shows memory against the tokens per micro-batch, with the batch where
+# activations overtake the fixed memory marked. Pick a device to see whether a step fits,
+# the largest micro-batch that does and the step time; spread the run over data-parallel
+# devices with a ZeRO stage to shard the fixed memory. "measure on our engine" runs the
+# reference GPT at the shape on screen (when it is small enough) and shows the measured
+# bytes beside the prediction. Invalid settings (try N=2048 on GPT-2's 1024 positions) say
+# what is wrong instead of failing.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -152,9 +156,9 @@ calculator.controls["micro_batch"].value = 16
 print("B=16:        ", calculator.summary())
 calculator.controls["precision"].value = "bf16"
 print("bf16:        ", calculator.summary())
-calculator.controls["n_head"].value = 5
-print("5 heads:     ", calculator.summary())
-calculator.controls["n_head"].value = 12
+calculator.controls["seq_len"].value = 2048
+print("N=2048:      ", calculator.summary())
+calculator.controls["seq_len"].value = 1024
 calculator.controls["micro_batch"].value = 8
 calculator.controls["precision"].value = "fp32"
 

@@ -62,14 +62,31 @@ Three models of the activation bytes
 Units: sizes are printed in decimal units (1 MB = 10^6 bytes, 1 GB = 10^9
 bytes), FLOPs in G (10^9) and T (10^12), as the source texts do.
 
+Beyond one device
+-----------------
+Data parallel over N devices with ZeRO stage 0-3 (`sharding`): each device
+runs its own micro-batches, so activations stay per device, while the fixed
+memory is split N ways item by item (stage 1 the optimizer state with the
+master weights, 2 the gradients too, 3 the weights too); the collectives of
+a step are counted in bytes. A device (`devices`: data-sheet presets, or
+"this machine" measured by an sgemm timing) gives its memory and FLOP/s:
+the budget says whether one device's peak fits, the largest micro-batch
+that does, and a step time at a stated model FLOP utilization (`fit`).
+
+Architectures: GPT-2 blocks and LLaMA blocks (RMSNorm, SwiGLU, no biases,
+grouped-query attention), with presets of both families and a reader for
+Hugging Face config.json files (`hf`).
+
 Modules: config (BudgetConfig, presets), counts (parameters, FLOPs, fixed
 memory), activations (the three activation models), measure (the tape's
-measured bytes), total (the Budget and its sweeps), report (units, text),
-cli (`python -m engine.budget`).
+measured bytes), sharding (ZeRO, collectives), devices (device figures),
+fit (fits, largest micro-batch, step time), hf (config.json), total (the
+Budget and its sweeps), report (units, text), cli (`python -m engine.budget`).
 """
 from __future__ import annotations
 
-from .config import (PRECISIONS, OPTIMIZERS, ACTIVATION_MODELS, RECOMPUTE, STORAGE_BYTES,
+from .config import (PRECISIONS, OPTIMIZERS, ACTIVATION_MODELS, RECOMPUTE, ARCHITECTURES,
+                     GRAD_PRECISIONS, ZERO_STAGES, STORAGE_BYTES,
                      MASTER_BYTES, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, MASK_BYTES,
                      LOGITS_BYTES, BudgetError, BudgetConfig, corpus_vocab_size, PRESET_NAMES,
                      preset)
@@ -81,10 +98,14 @@ from .activations import (Saved, activation_bytes_per_element, tensor_bytes,
                           transformer_layer_ops, ATTENTION_CORE, transformer_outside_ops,
                           korthikanti_layer_bytes, Activations, activations, INDEX_BYTES,
                           engine_block_saved, engine_outside_saved, engine_saved_tensors,
-                          engine_activations)
+                          engine_activations, llama_layer_ops, layer_ops)
+from .devices import Device, DEVICES, THIS_MACHINE, device_figures, sgemm_flops, this_machine
+from .sharding import SHARDED, per_device_fixed, communication
+from .fit import DeviceFit, largest_micro_batch
+from .hf import read_hf_config, config_from_hf
 from .measure import (MEASURE_MAX_ACTIVATION_BYTES, MEASURE_MAX_FLOPS, measurable, measure)
 from .total import (Budget, budget, crossover_batch, batch_sweep, recompute_tradeoff)
-from .report import (human_bytes, human_flops, describe, human_count)
+from .report import (human_bytes, human_flops, describe, human_count, human_seconds)
 from .cli import (config_from_args, main)
 
 __all__ = ['PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'RECOMPUTE', 'STORAGE_BYTES',
@@ -100,4 +121,8 @@ __all__ = ['PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'RECOMPUTE', 'STORAG
            'engine_activations', 'MEASURE_MAX_ACTIVATION_BYTES', 'MEASURE_MAX_FLOPS',
            'measurable', 'measure', 'Budget', 'budget', 'crossover_batch', 'batch_sweep',
            'recompute_tradeoff', 'human_bytes', 'human_flops', 'describe', 'human_count',
-           'config_from_args', 'main']
+           'config_from_args', 'main', 'ARCHITECTURES', 'GRAD_PRECISIONS', 'ZERO_STAGES',
+           'llama_layer_ops', 'layer_ops', 'Device', 'DEVICES', 'THIS_MACHINE',
+           'device_figures', 'sgemm_flops', 'this_machine', 'SHARDED', 'per_device_fixed',
+           'communication', 'DeviceFit', 'largest_micro_batch', 'read_hf_config',
+           'config_from_hf', 'human_seconds']

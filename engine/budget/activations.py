@@ -86,6 +86,60 @@ def transformer_layer_ops(cfg: BudgetConfig) -> list[Saved]:
     return ops
 
 
+def llama_layer_ops(cfg: BudgetConfig) -> list[Saved]:
+    """What one LLaMA block saves, in the notation of `transformer_layer_ops`
+    with k = kv_heads * head_dim, the width of K and V:
+
+        op                 saved tensor                 elements   bytes
+        rms norm 1         its input                    sbh        e
+        q/k/v matmuls      their input (norm 1 output)  sbh        e
+        Q @ K^T            Q and K (rotated; rotary     sbh+sbk    e
+                           embedding itself keeps none)
+        softmax            its output                   as^2b      e
+        P @ V              V                            sbk        e
+        output matmul      its input                    sbh        e
+        rms norm 2         its input                    sbh        e
+        gate/up matmuls    their input (norm 2 output)  sbh        e
+        SiLU               its input (gate output)      sbf        e
+        gate * up          SiLU output and up output    2sbf       e
+        down matmul        its input (the product)      sbf        e
+
+    plus the attention and residual dropout masks (and P after dropout) when
+    `dropout` is on, as in the GPT block. LLaMA trains without dropout.
+    """
+    s, b, h, a, f = cfg.seq_len, cfg.micro_batch, cfg.d_model, cfg.n_head, cfg.ffn
+    k = cfg.kv_heads * cfg.head_dim
+    e = activation_bytes_per_element(cfg)
+    sbh, scores = s * b * h, a * s * s * b
+    ops = [
+        Saved("rms norm 1", "input", sbh, e),
+        Saved("q/k/v matmuls", "input", sbh, e),
+        Saved("Q @ K^T", "Q and K", sbh + s * b * k, e),
+        Saved("softmax", "output", scores, e, 1),
+    ]
+    if cfg.dropout:
+        ops += [Saved("attention dropout", "mask", scores, MASK_BYTES),
+                Saved("P @ V", "P (dropout output)", scores, e)]
+    ops += [Saved("P @ V", "V", s * b * k, e), Saved("output matmul", "input", sbh, e)]
+    if cfg.dropout:
+        ops.append(Saved("residual dropout (attention)", "mask", sbh, MASK_BYTES))
+    ops += [
+        Saved("rms norm 2", "input", sbh, e),
+        Saved("gate/up matmuls", "input", sbh, e),
+        Saved("SiLU", "input", s * b * f, e),
+        Saved("gate * up", "SiLU output and up output", 2 * s * b * f, e),
+        Saved("down matmul", "input", s * b * f, e),
+    ]
+    if cfg.dropout:
+        ops.append(Saved("residual dropout (mlp)", "mask", sbh, MASK_BYTES))
+    return ops
+
+
+def layer_ops(cfg: BudgetConfig) -> list[Saved]:
+    """The per-op list of one block of `cfg.architecture`."""
+    return llama_layer_ops(cfg) if cfg.architecture == "llama" else transformer_layer_ops(cfg)
+
+
 ATTENTION_CORE = ("softmax", "attention dropout")  # rebuilt by selective recompute
 
 
@@ -172,7 +226,7 @@ def _rule_activations(cfg: BudgetConfig) -> Activations:
 
 def _transformer_activations(cfg: BudgetConfig) -> Activations:
     L = cfg.n_layer
-    layer = transformer_layer_ops(cfg)
+    layer = layer_ops(cfg)
     outside = transformer_outside_ops(cfg)
     e = activation_bytes_per_element(cfg)
     sbh = cfg.seq_len * cfg.micro_batch * cfg.d_model

@@ -6,9 +6,14 @@ import json
 import re
 import sys
 
-from .config import ACTIVATION_MODELS, BudgetConfig, BudgetError, OPTIMIZERS, PRECISIONS, PRESET_NAMES, RECOMPUTE, preset
+from .config import (ACTIVATION_MODELS, ARCHITECTURES, BudgetConfig, BudgetError,
+                     GRAD_PRECISIONS, OPTIMIZERS, PRECISIONS, PRESET_NAMES, RECOMPUTE, preset)
+from .devices import DEVICES, this_machine
+from .hf import config_from_hf, read_hf_config
 from .total import budget
 from .report import describe
+
+THIS_MACHINE_FLAG = "this-machine"
 
 
 # ------------------------------------------------------------ command line
@@ -24,7 +29,33 @@ _KNOBS = {  # flag -> (config field, type, help)
     "--seq": ("seq_len", int, "sequence length N (tokens)"),
     "--accum": ("accumulation", int, "micro-batches per optimizer step K"),
     "--tensors-per-layer": ("tensors_per_layer", int, "k of the rule of thumb"),
+    "--kv-heads": ("n_kv_head", int, "key/value heads of grouped-query attention (llama; "
+                   "0: one per head)"),
+    "--devices": ("devices", int, "data-parallel devices N (each runs its own micro-batches)"),
 }
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+
+
+def _with_unit(text: str, units: dict, what: str, example: str) -> float:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if not m or m.group(2) not in units or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not {what}; write a positive number with an optional unit, "
+            f"e.g. {example}")
+    return float(m.group(1)) * units[m.group(2)]
+
+
+def memory_size(text: str) -> int:
+    """'80GB' -> 80e9 bytes, '24GiB' -> 24 * 2^30; a plain number is bytes."""
+    return int(_with_unit(text, _SIZE_UNITS, "a memory size", "80GB, 24GiB, 40e9"))
+
+
+def flop_rate(text: str) -> int:
+    """'312T' -> 312e12 FLOP/s; a plain number is FLOP/s."""
+    return int(_with_unit(text, _RATE_UNITS, "a FLOP/s figure", "312T, 1.5e14"))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,15 +67,42 @@ def _parser() -> argparse.ArgumentParser:
                     "activations, peak). Start from a preset and change any knob.",
         epilog="examples:\n  python -m engine.budget --preset 7b-example\n"
                "  python -m engine.budget --preset gpt2-small --batch 4 --precision bf16 "
-               "--recompute full\n  python -m engine.budget --preset tiny --json",
+               "--recompute full\n  python -m engine.budget --preset tiny --json\n"
+               "  python -m engine.budget --preset llama2-7b --devices 8 --zero 3 "
+               "--device A100-80GB\n"
+               "  python -m engine.budget --hf-config path/to/config.json --seq 2048 "
+               "--device H100-80GB-SXM",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="tiny",
-                    help=f"starting configuration: {', '.join(PRESET_NAMES)} (default: tiny)")
+    ap.add_argument("--preset",
+                    help=f"starting configuration: {', '.join(PRESET_NAMES)} (default: tiny, "
+                         f"or the shape of --hf-config)")
+    ap.add_argument("--hf-config", metavar="FILE",
+                    help="read the model shape from a Hugging Face config.json (GPT-2 and "
+                         "LLaMA families); batch and policy from the other flags")
     for flag, (_, typ, text) in _KNOBS.items():
         ap.add_argument(flag, type=typ, help=text)
-    ap.add_argument("--untied", action="store_true", help="separate output head (default tied)")
+    ap.add_argument("--arch", dest="architecture",
+                    help=f"block architecture: {', '.join(ARCHITECTURES)} (llama: RMSNorm, "
+                         "SwiGLU, no biases, rotary positions)")
+    head = ap.add_mutually_exclusive_group()
+    head.add_argument("--untied", action="store_true", help="separate output head")
+    head.add_argument("--tied", action="store_true", help="output head tied to the token "
+                      "embedding (the presets say which they use)")
     ap.add_argument("--precision", help=f"one of {', '.join(PRECISIONS)} "
                     "(16-bit ones keep fp32 master weights)")
+    ap.add_argument("--grad-precision", help=f"one of {', '.join(GRAD_PRECISIONS)}: "
+                    "gradients in the weights' precision, or accumulated in fp32 (mixed-"
+                    "precision AdamW: 16 or 18 bytes/param)")
+    ap.add_argument("--zero", type=int, help="ZeRO stage over --devices: 0 replicate, 1 "
+                    "shard optimizer state, 2 and gradients, 3 and weights")
+    ap.add_argument("--device", help=f"check against: {', '.join(DEVICES)}, or "
+                    f"{THIS_MACHINE_FLAG} (measured now by an sgemm timing)")
+    ap.add_argument("--device-memory", type=memory_size, metavar="SIZE",
+                    help="device memory, e.g. 80GB or 24GiB (overrides --device's)")
+    ap.add_argument("--device-flops", type=flop_rate, metavar="RATE",
+                    help="dense FLOP/s at this precision, e.g. 312T (overrides --device's)")
+    ap.add_argument("--mfu", type=float, help="model FLOP utilization of the step-time "
+                    "estimate (default 0.4)")
     ap.add_argument("--optimizer", help=f"one of {', '.join(OPTIMIZERS)}")
     ap.add_argument("--activations", dest="activation_model",
                     help=f"activation model: {', '.join(ACTIVATION_MODELS)}")
@@ -59,24 +117,48 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
     changes = {field_: getattr(args, flag.lstrip("-").replace("-", "_"))
                for flag, (field_, _, _) in _KNOBS.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
-    for knob in ("precision", "optimizer", "activation_model", "recompute"):
+    for knob in ("precision", "optimizer", "activation_model", "recompute", "architecture",
+                 "grad_precision", "zero", "device_memory", "device_flops", "mfu"):
         if getattr(args, knob) is not None:
             changes[knob] = getattr(args, knob)
     if args.untied:
         changes["tied_embedding"] = False
+    if args.tied:
+        changes["tied_embedding"] = True
     if args.dropout is not None:
         changes["dropout"] = args.dropout == "on"
-    return preset(args.preset, **changes)
+    if args.device is not None and args.device != THIS_MACHINE_FLAG:
+        changes["device"] = args.device
+    if args.hf_config is not None:
+        if args.preset is not None:
+            raise BudgetError("give --preset or --hf-config, not both: both set the model.")
+        cfg = config_from_hf(read_hf_config(args.hf_config), source=args.hf_config,
+                             **changes)
+    else:
+        cfg = preset(args.preset or "tiny", **changes)
+    if args.device == THIS_MACHINE_FLAG:  # measured only once the rest is known to be valid
+        measured = this_machine()
+        cfg = cfg.with_(**{**measured, **{k: changes[k] for k in
+                                          ("device_memory", "device_flops") if k in changes}})
+    return cfg
 
 
 _FLAG_OF = {**{field_: flag for flag, (field_, _, _) in _KNOBS.items()},
             "activation_model": "--activations", "precision": "--precision",
             "optimizer": "--optimizer", "recompute": "--recompute", "dropout": "--dropout",
-            "tied_embedding": "--untied"}
+            "architecture": "--arch", "grad_precision": "--grad-precision", "zero": "--zero",
+            "device_memory": "--device-memory", "device_flops": "--device-flops",
+            "mfu": "--mfu"}
+# Whole phrases first: the head's switch is a pair of flags, not a value.
+_PHRASES = {"set tied_embedding=True": "leave out --untied (or pass --tied)",
+            "set tied_embedding=False": "pass --untied",
+            "device=": "--device "}  # only with '=': "device" is also an English word
 
 
 def _with_flags(message: str) -> str:
     """Say `--batch 0` where the library says `micro_batch=0`."""
+    for phrase, flags in _PHRASES.items():
+        message = message.replace(phrase, flags)
     for field_, flag in _FLAG_OF.items():
         message = re.sub(rf"(?<![\w-]){field_}[= ]", f"{flag} ", message)
     return message

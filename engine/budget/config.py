@@ -4,11 +4,21 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field, replace
 
+from .devices import DEVICES
+
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
 ACTIVATION_MODELS = ("rule", "transformer", "engine")
 RECOMPUTE = ("none", "selective", "full")
+# gpt2: learned positions, LayerNorm, GELU MLP, biases. llama: rotary positions
+# (no table), RMSNorm, SwiGLU MLP, no biases, grouped-query attention.
+ARCHITECTURES = ("gpt2", "llama")
+# Gradients in the weights' storage precision, or accumulated in fp32.
+GRAD_PRECISIONS = ("storage", "fp32")
+# ZeRO stages: 0 plain data parallel, 1 shards the optimizer state (with the
+# fp32 master weights), 2 also the gradients, 3 also the weights.
+ZERO_STAGES = (0, 1, 2, 3)
 
 # Bytes per element of the activations and of the parameter copy the model
 # computes with. 16-bit policies keep an fp32 master copy for the optimizer.
@@ -30,12 +40,29 @@ class BudgetError(ValueError):
 class BudgetConfig:
     """Every knob of the budget. Sizes are counts, not bytes.
 
-    Model: a GPT-2 style decoder (learned positions, pre-LN, biases) with
-    `n_layer` blocks of width `d_model`, `n_head` heads, an MLP of width
-    `d_ff` (0 means 4 * d_model), vocabulary `vocab_size`, position table of
-    `block_size` rows (0 means `seq_len`), tied or untied output head. Set
-    `n_params` to use a plain parameter count instead of the formula (the
-    shape is then only used for the activations and the attention FLOPs).
+    Model: a pre-norm decoder of `architecture` "gpt2" (learned positions,
+    LayerNorm, GELU MLP, biases) or "llama" (rotary positions, RMSNorm, SwiGLU
+    MLP, no biases, `n_kv_head` key/value heads shared by groups of query
+    heads; 0 means one per head) with `n_layer` blocks of width `d_model`,
+    `n_head` heads, an MLP of width `d_ff` (0 means 4 * d_model for gpt2 and
+    LLaMA's rule, 8d/3 rounded up to a multiple of 256, for llama),
+    vocabulary `vocab_size`, `block_size` positions (0 means `seq_len`), tied
+    or untied output head. Set `n_params` to use a plain parameter count
+    instead of the formula (the shape is then only used for the activations
+    and the attention FLOPs).
+
+    Training: micro-batch, sequence, accumulation, `precision` of the weights
+    and activations, `grad_precision` ("storage": gradients in that precision,
+    "fp32": accumulated in fp32), optimizer, activation model, recompute.
+
+    Data parallel: `devices` replicas, each running its own micro-batches,
+    with ZeRO stage `zero` (0-3) sharding the fixed memory among them.
+
+    Device: `device`, a name from `DEVICES` or a label of your own, with
+    `device_memory` (bytes) and `device_flops` (dense FLOP/s at this
+    precision) overriding the named device's figures (0: the named device's;
+    "none" and no figures: no device); `mfu`, the fraction of those FLOP/s a
+    step achieves.
     """
     n_layer: int = 4
     d_model: int = 128
@@ -54,6 +81,15 @@ class BudgetConfig:
     tensors_per_layer: int = 16
     dropout: bool = False
     recompute: str = "none"
+    architecture: str = "gpt2"
+    n_kv_head: int = 0
+    grad_precision: str = "storage"
+    devices: int = 1
+    zero: int = 0
+    device: str = "none"
+    device_memory: int = 0
+    device_flops: int = 0
+    mfu: float = 0.4
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
@@ -66,22 +102,35 @@ class BudgetConfig:
     # Sizes read by the formulas; `ffn` and `positions` resolve the 0 defaults.
     @property
     def ffn(self) -> int:
-        return self.d_ff or 4 * self.d_model
+        if self.d_ff:
+            return self.d_ff
+        if self.architecture == "llama":  # LLaMA's rule: 2/3 of 4d, to a multiple of 256
+            return 256 * -(-(8 * self.d_model // 3) // 256)
+        return 4 * self.d_model
 
     @property
     def positions(self) -> int:
         return self.block_size or self.seq_len
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
     def validate(self) -> "BudgetConfig":
         """Return self, or raise BudgetError naming the knob, its value and the fix."""
         positive = ("n_layer", "d_model", "n_head", "vocab_size", "micro_batch",
-                    "seq_len", "accumulation", "tensors_per_layer")
+                    "seq_len", "accumulation", "tensors_per_layer", "devices")
         for knob in positive:
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise BudgetError(f"{knob}={value!r} is not allowed: it must be a "
                                   f"positive whole number (1, 2, 3, ...).")
-        for knob in ("d_ff", "block_size", "n_params"):
+        for knob in ("d_ff", "block_size", "n_params", "n_kv_head", "device_memory",
+                     "device_flops"):
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise BudgetError(f"{knob}={value!r} is not allowed: it must be a "
@@ -92,23 +141,57 @@ class BudgetConfig:
                 f"n_head={self.n_head} does not divide d_model={self.d_model}: every head "
                 f"gets an equal share of the width. Allowed head counts for d_model="
                 f"{self.d_model} include {divisors}.")
-        if self.block_size and self.block_size < self.seq_len:
-            raise BudgetError(
-                f"seq_len={self.seq_len} is longer than block_size={self.block_size}, the "
-                f"number of learned positions; use seq_len <= {self.block_size} or a larger "
-                f"block_size (0 means block_size = seq_len).")
         for knob, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                               ("activation_model", ACTIVATION_MODELS),
-                              ("recompute", RECOMPUTE)):
+                              ("recompute", RECOMPUTE), ("architecture", ARCHITECTURES),
+                              ("grad_precision", GRAD_PRECISIONS), ("zero", ZERO_STAGES)):
             if getattr(self, knob) not in allowed:
                 raise BudgetError(f"{knob}={getattr(self, knob)!r} is unknown; allowed: "
-                                  f"{', '.join(allowed)}.")
+                                  f"{', '.join(map(str, allowed))}.")
+        if isinstance(self.zero, bool):
+            raise BudgetError(f"zero={self.zero!r} is not allowed: it must be a ZeRO stage, "
+                              f"0, 1, 2 or 3.")
+        if self.block_size and self.block_size < self.seq_len:
+            what = ("number of learned positions" if self.architecture == "gpt2"
+                    else "context length the model was trained for")
+            raise BudgetError(
+                f"seq_len={self.seq_len} is longer than block_size={self.block_size}, the "
+                f"{what}; use seq_len <= {self.block_size} or a larger "
+                f"block_size (0 means block_size = seq_len).")
+        if self.n_head % self.kv_heads:
+            divisors = [k for k in range(1, self.n_head + 1) if self.n_head % k == 0]
+            raise BudgetError(
+                f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head}: each "
+                f"key/value head serves an equal group of query heads; allowed: {divisors} "
+                f"(0 means one per head).")
+        if self.architecture == "gpt2" and self.kv_heads != self.n_head:
+            raise BudgetError(
+                f"n_kv_head={self.n_kv_head}: GPT-2 blocks keep one key/value head per "
+                f"head; choose architecture 'llama' for grouped-query attention, or set "
+                f"n_kv_head to 0.")
+        if (isinstance(self.mfu, bool) or not isinstance(self.mfu, numbers.Real)
+                or not 0 < self.mfu <= 1):
+            raise BudgetError(f"mfu={self.mfu!r} is not allowed: it is the fraction of the "
+                              f"device's FLOP/s a step achieves, above 0 and at most 1 "
+                              f"(0.4 is typical of large training runs).")
+        if not isinstance(self.device, str):
+            raise BudgetError(f"device={self.device!r} must be a device name.")
+        if (self.device not in DEVICES and self.device != "none"
+                and not (self.device_memory and self.device_flops)):
+            raise BudgetError(
+                f"device={self.device!r} is not a known device ({', '.join(DEVICES)}); "
+                f"name one of those, or give both device_memory (bytes) and "
+                f"device_flops (FLOP/s) for your own.")
         if self.recompute == "selective" and self.activation_model == "rule":
             raise BudgetError(
                 "recompute='selective' needs to know which tensors belong to the attention "
                 "core, and the rule of thumb ('rule') does not; choose activation_model "
                 "'transformer', or recompute 'none' or 'full'.")
         if self.activation_model == "engine":
+            if self.architecture != "gpt2":
+                raise BudgetError(
+                    "the engine's reference GPT is a GPT-2 style model; with "
+                    "activation_model='engine' set architecture 'gpt2'.")
             if self.recompute == "selective":
                 raise BudgetError(
                     "our engine checkpoints whole blocks only; with activation_model="
@@ -124,7 +207,7 @@ class BudgetConfig:
                     f"{4 * self.d_model}.")
             if not self.tied_embedding:
                 raise BudgetError("the engine's reference GPT ties its output head to the "
-                                  "token embedding; set tied_embedding on.")
+                                  "token embedding; set tied_embedding=True.")
         return self
 
     def with_(self, **changes) -> "BudgetConfig":
@@ -162,6 +245,30 @@ def _presets() -> dict[str, BudgetConfig]:
         "7b-class": BudgetConfig(
             name="7b-class", n_layer=32, d_model=4096, n_head=32, vocab_size=50257,
             micro_batch=1, seq_len=2048, precision="bf16", dropout=True),
+        # GPT-2 medium, large and XL (355M, 774M, 1.56B), same block as small.
+        "gpt2-medium": BudgetConfig(
+            name="gpt2-medium", n_layer=24, d_model=1024, n_head=16, vocab_size=50257,
+            block_size=1024, micro_batch=8, seq_len=1024, precision="bf16"),
+        "gpt2-large": BudgetConfig(
+            name="gpt2-large", n_layer=36, d_model=1280, n_head=20, vocab_size=50257,
+            block_size=1024, micro_batch=4, seq_len=1024, precision="bf16"),
+        "gpt2-xl": BudgetConfig(
+            name="gpt2-xl", n_layer=48, d_model=1600, n_head=25, vocab_size=50257,
+            block_size=1024, micro_batch=2, seq_len=1024, precision="bf16"),
+        # LLaMA-2 (Touvron et al. 2023; the released config.json files): V=32000,
+        # 4096 positions, untied head; 70B shares each K/V head among 8 query heads.
+        "llama2-7b": BudgetConfig(
+            name="llama2-7b", architecture="llama", n_layer=32, d_model=4096, n_head=32,
+            d_ff=11008, vocab_size=32000, block_size=4096, tied_embedding=False,
+            micro_batch=1, seq_len=4096, precision="bf16"),
+        "llama2-13b": BudgetConfig(
+            name="llama2-13b", architecture="llama", n_layer=40, d_model=5120, n_head=40,
+            d_ff=13824, vocab_size=32000, block_size=4096, tied_embedding=False,
+            micro_batch=1, seq_len=4096, precision="bf16"),
+        "llama2-70b": BudgetConfig(
+            name="llama2-70b", architecture="llama", n_layer=80, d_model=8192, n_head=64,
+            n_kv_head=8, d_ff=28672, vocab_size=32000, block_size=4096,
+            tied_embedding=False, micro_batch=1, seq_len=4096, precision="bf16"),
         # The trainer's tiny config (engine/gpt_config.py tiny_config), as our engine runs it.
         "tiny": BudgetConfig(
             name="tiny", n_layer=4, d_model=128, n_head=4, vocab_size=corpus_vocab_size(),
@@ -170,7 +277,8 @@ def _presets() -> dict[str, BudgetConfig]:
     }
 
 
-PRESET_NAMES = ("7b-example", "24-layer-example", "gpt2-small", "7b-class", "tiny")
+PRESET_NAMES = ("7b-example", "24-layer-example", "gpt2-small", "gpt2-medium", "gpt2-large",
+                "gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b", "7b-class", "tiny")
 
 
 def preset(name: str, **changes) -> BudgetConfig:

@@ -1,13 +1,15 @@
 """Parameters, FLOPs and the fixed memory (weights, gradients, optimizer state) of a step."""
 from __future__ import annotations
 
-from .config import BudgetConfig, BudgetError, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
+from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
 
 
 # ----------------------------------------------------------------- parameters
 def parameter_breakdown(cfg: BudgetConfig) -> dict[str, int]:
     """Parameter counts by part of the model (the formula, even when
     `n_params` overrides the total)."""
+    if cfg.architecture == "llama":
+        return _llama_breakdown(cfg)
     L, d, V, f = cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.ffn
     per_layer = {
         "layer norms": 4 * d,
@@ -26,6 +28,24 @@ def parameter_breakdown(cfg: BudgetConfig) -> dict[str, int]:
     return parts
 
 
+def _llama_breakdown(cfg: BudgetConfig) -> dict[str, int]:
+    """LLaMA: no position table (rotary), RMSNorm gains only, no biases, K and
+    V projections of n_kv_head * head_dim columns, SwiGLU's three matrices."""
+    L, d, V, f = cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.ffn
+    kv = cfg.kv_heads * cfg.head_dim
+    per_layer = {
+        "rms norms": 2 * d,
+        "attention q and output": 2 * d * d,
+        "attention k and v": 2 * d * kv,
+        "mlp gate, up and down": 3 * d * f,
+    }
+    parts = {"token embedding": V * d, **{k: L * v for k, v in per_layer.items()},
+             "final rms norm": d}
+    if not cfg.tied_embedding:
+        parts["output head"] = d * V
+    return parts
+
+
 def parameter_count(cfg: BudgetConfig) -> int:
     """P: `n_params` when given, else the sum of `parameter_breakdown`."""
     return cfg.n_params or sum(parameter_breakdown(cfg).values())
@@ -39,13 +59,17 @@ def matmul_weights(cfg: BudgetConfig) -> int:
     if cfg.n_params:
         return cfg.n_params
     d = cfg.d_model
+    if cfg.architecture == "llama":
+        kv = cfg.kv_heads * cfg.head_dim
+        return cfg.n_layer * (2 * d * d + 2 * d * kv + 3 * d * cfg.ffn) + d * cfg.vocab_size
     return cfg.n_layer * (4 * d * d + 2 * d * cfg.ffn) + d * cfg.vocab_size
 
 
 # ---------------------------------------------------------------------- FLOPs
 def attention_flops_per_token(cfg: BudgetConfig) -> int:
     """Forward FLOPs with no weights: Q @ K^T and P @ V, 2*N*d each per layer
-    (per head 2*N*(d/a), times a heads), over the full N x N matrix."""
+    (per head 2*N*(d/a), times a heads), over the full N x N matrix. Grouped
+    K/V heads change no product: every query head still scores every key."""
     return cfg.n_layer * 2 * (2 * cfg.seq_len * cfg.d_model)
 
 
@@ -85,23 +109,31 @@ def flops(cfg: BudgetConfig) -> dict[str, dict[str, int]]:
 
 
 # ------------------------------------------------------------- fixed memory
-def bytes_per_parameter(precision: str, optimizer: str) -> dict[str, int]:
-    """Bytes per parameter of each fixed buffer: weights and gradients in the
-    storage precision, an fp32 master copy for 16-bit storage, fp32 optimizer
-    state. Mixed-precision (bf16/fp16) AdamW: 2 + 2 + 4 + 8 = 16."""
+def bytes_per_parameter(precision: str, optimizer: str,
+                        grad_precision: str = "storage") -> dict[str, int]:
+    """Bytes per parameter of each fixed buffer: weights in the storage
+    precision, gradients in it too ("storage") or in fp32 ("fp32"), an fp32
+    master copy for 16-bit storage, fp32 optimizer state. Mixed-precision
+    (bf16/fp16) AdamW: 2 + 2 + 4 + 8 = 16, or 2 + 4 + 4 + 8 = 18 with fp32
+    gradients."""
     if precision not in PRECISIONS:
         raise BudgetError(f"precision={precision!r} is unknown; allowed: {', '.join(PRECISIONS)}.")
     if optimizer not in OPTIMIZERS:
         raise BudgetError(f"optimizer={optimizer!r} is unknown; allowed: {', '.join(OPTIMIZERS)}.")
+    if grad_precision not in GRAD_PRECISIONS:
+        raise BudgetError(f"grad_precision={grad_precision!r} is unknown; allowed: "
+                          f"{', '.join(GRAD_PRECISIONS)}.")
     return {
         "weights": STORAGE_BYTES[precision],
         "master weights": MASTER_BYTES[precision],
-        "gradients": STORAGE_BYTES[precision],
+        "gradients": STORAGE_BYTES["fp32" if grad_precision == "fp32" else precision],
         "optimizer state": OPTIMIZER_BUFFERS[optimizer] * OPTIMIZER_STATE_BYTES,
     }
 
 
 def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
-    """Bytes of weights, master weights, gradients and optimizer state."""
+    """Bytes of weights, master weights, gradients and optimizer state (the
+    whole model, before any sharding)."""
     P = parameter_count(cfg)
-    return {k: P * b for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer).items()}
+    return {k: P * b for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer,
+                                                     cfg.grad_precision).items()}

@@ -1,6 +1,8 @@
 """Human-readable output: byte, FLOP and count units, the budget as text."""
 from __future__ import annotations
 
+from decimal import Decimal
+
 from .config import MASTER_BYTES
 from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step
 from .total import Budget
@@ -11,8 +13,12 @@ _BYTE_UNITS = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 _FLOP_UNITS = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
-def _scaled(value: float, units, suffix: str) -> str:
-    """Three significant digits in the largest unit the value reaches."""
+def _scaled(value, units, suffix: str) -> str:
+    """Three significant digits in the largest unit the value reaches;
+    beyond 1000 of the largest unit, powers of ten (any size of integer)."""
+    if value >= 1000 * units[0][0]:
+        return f"{Decimal(value):.2e} {suffix}"
+    value = float(value)
     for scale, unit in units:
         if value >= scale:
             shown = value / scale
@@ -23,30 +29,44 @@ def _scaled(value: float, units, suffix: str) -> str:
 
 def human_bytes(n: float) -> str:
     """Decimal units, three significant digits: 134217728 -> '134 MB'."""
-    return _scaled(float(n), _BYTE_UNITS, "B")
+    return _scaled(n, _BYTE_UNITS, "B")
 
 
 def human_flops(n: float) -> str:
     """FLOPs with G/T prefixes, three significant digits: 7.5e11 -> '750 GFLOP'."""
-    return _scaled(float(n), _FLOP_UNITS, "FLOP")
+    return _scaled(n, _FLOP_UNITS, "FLOP")
+
+
+def human_seconds(t: float) -> str:
+    """0.0123 -> '12.3 ms', 1.51 -> '1.51 s', 7200 -> '2 h'."""
+    if t != t or t == float("inf"):
+        return "inf s"
+    for scale, unit in ((3600, "h"), (60, "min"), (1, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if t >= scale:
+            return f"{t / scale:.3g} {unit}"
+    return f"{t:.3g} s"
 
 
 def describe(b: Budget) -> str:
     """The human-readable report the command line prints."""
     c = b.config
-    shape = (f"L={c.n_layer} d={c.d_model} heads={c.n_head} V={c.vocab_size} "
-             f"d_ff={c.ffn} positions={c.positions} "
+    shape = (f"{c.architecture} L={c.n_layer} d={c.d_model} heads={c.n_head}"
+             + (f" kv-heads={c.kv_heads}" if c.kv_heads != c.n_head else "")
+             + f" V={c.vocab_size} d_ff={c.ffn} positions={c.positions} "
              f"{'tied' if c.tied_embedding else 'untied'} head")
     source = "given" if c.n_params else "from the shape"
+    grads = "fp32 gradients" if c.grad_precision == "fp32" else f"{c.precision} gradients"
     lines = [
         f"model      {c.name}: {shape}",
         f"parameters {b.parameters:,} ({human_count(b.parameters)}, {source})",
         f"batch      B={c.micro_batch} x N={c.seq_len}, accumulation K={c.accumulation}: "
         f"{tokens_per_micro_batch(c):,} tokens per micro-batch, "
-        f"{tokens_per_step(c):,} per optimizer step",
+        f"{tokens_per_step(c):,} per optimizer step"
+        + (f" per device, {b.tokens_per_step_all_devices:,} over {c.devices} devices"
+           if c.devices > 1 else ""),
         f"policy     {c.precision} storage"
         + (" + fp32 master weights" if MASTER_BYTES[c.precision] else "")
-        + f", {c.optimizer}, activations: {c.activation_model} model"
+        + f", {grads}, {c.optimizer}, activations: {c.activation_model} model"
         + (f" ({c.tensors_per_layer} tensors per layer)" if c.activation_model == "rule" else "")
         + (", dropout" if c.dropout else "") + f", recompute {c.recompute}",
         "",
@@ -56,22 +76,71 @@ def describe(b: Budget) -> str:
         row = [b.flops[w][k] for w in ("per_token", "per_micro_batch", "per_step")]
         lines.append(f"  {k:<10}" + "".join(f"{human_flops(v):>{w}}"
                                             for v, w in zip(row, (14, 18, 16))))
-    bpp = bytes_per_parameter(c.precision, c.optimizer)
-    lines += ["", "memory"]
-    for k, v in b.fixed.items():
-        lines.append(f"  {k:<22}{human_bytes(v):>12}   ({bpp[k]} bytes/param)")
+    bpp = bytes_per_parameter(c.precision, c.optimizer, c.grad_precision)
+    sharded = c.devices > 1 and c.zero > 0
+    lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices)"
+                              if c.devices > 1 else "")]
+    for k, v in b.fixed_per_device.items():
+        note = f"({bpp[k]} bytes/param"
+        if sharded and v != b.fixed[k]:
+            note += f"; 1/{c.devices} of {human_bytes(b.fixed[k])}"
+        lines.append(f"  {k:<22}{human_bytes(v):>12}   {note})")
     lines.append(f"  {'fixed total':<22}{human_bytes(b.fixed_total):>12}   "
-                 f"({sum(bpp.values())} bytes/param)")
+                 + (f"(of {human_bytes(sum(b.fixed.values()))} for the whole model)" if sharded
+                    else f"({sum(bpp.values())} bytes/param)"))
     lines.append(f"  {'one B x N x d tensor':<22}{human_bytes(b.one_tensor_bytes):>12}")
     lines.append(f"  {'activations (saved)':<22}{human_bytes(b.activations.saved):>12}")
     if b.activations.transient:
         lines.append(f"  {'recompute transient':<22}{human_bytes(b.activations.transient):>12}")
     lines.append(f"  {'peak of the step':<22}{human_bytes(b.peak):>12}   "
                  f"(fixed total + activation peak)")
+    if b.communication:
+        lines += ["", f"communication per optimizer step (ring collectives over "
+                      f"{c.devices} devices)"]
+        for row in b.communication:
+            lines.append(f"  {row['collective'] + ' ' + row['buffer']:<30}"
+                         f"{human_bytes(row['bytes']):>12} x {row['times_per_step']}"
+                         f"   sends {human_bytes(row['sent_per_device'])} per device")
+        lines.append(f"  {'total sent per device':<30}"
+                     f"{human_bytes(sum(r['sent_per_device'] for r in b.communication)):>12}")
+    if b.device:
+        lines += ["", *describe_device(b)]
     return "\n".join(lines)
 
 
+def describe_device(b: Budget) -> list[str]:
+    """The device lines: does it fit, the largest micro-batch, the step time."""
+    d, c = b.device, b.config
+    figures = []
+    if d.memory:
+        gib = f"{d.memory / 2**30:g} GiB = " if d.memory % 2**30 == 0 else ""
+        figures.append(gib + human_bytes(d.memory))
+    if d.flops_per_second:
+        figures.append(f"{human_flops(d.flops_per_second)}/s dense {c.precision}")
+    lines = [f"device     {d.device}: {', '.join(figures)}"]
+    if d.fits is not None:
+        if d.fits:
+            lines.append(f"fits       yes: peak {human_bytes(d.peak)} of "
+                         f"{human_bytes(d.memory)} ({human_bytes(d.headroom)} free)")
+        else:
+            lines.append(f"fits       no: peak {human_bytes(d.peak)} is "
+                         f"{human_bytes(-d.headroom)} more than {human_bytes(d.memory)}")
+        lines.append(f"largest    micro-batch that fits at N={c.seq_len}: "
+                     + (f"B={d.largest_micro_batch}" if d.largest_micro_batch else
+                        "none (even B=1 does not fit; shard with --zero, recompute, or "
+                        "use more devices)"))
+    if d.step_seconds is not None:
+        lines.append(f"step time  {human_seconds(d.step_seconds)} at MFU {c.mfu:g} "
+                     f"(compute only, communication assumed overlapped): "
+                     f"{d.tokens_per_second:,.0f} tokens/s"
+                     + (f" over {c.devices} devices" if c.devices > 1 else ""))
+    return lines
+
+
 def human_count(n: int) -> str:
+    """7_000_000_000 -> '7B', 124_439_808 -> '124M'."""
+    if n >= 1e12:
+        return f"{Decimal(n):.2e}"
     for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
         if n >= scale:
             return f"{n / scale:.3g}{unit}"

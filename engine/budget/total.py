@@ -6,12 +6,20 @@ from dataclasses import asdict, dataclass, replace
 from .config import BudgetConfig
 from .counts import bytes_per_parameter, fixed_bytes, flops, parameter_breakdown, parameter_count, tokens_per_micro_batch, tokens_per_step
 from .activations import Activations, activations, tensor_bytes
+from .devices import device_figures
+from .fit import DeviceFit, device_fit
+from .sharding import communication, per_device_fixed
 
 
 # --------------------------------------------------------------- the budget
 @dataclass(frozen=True)
 class Budget:
-    """Everything one training step costs, in integers (FLOPs and bytes)."""
+    """Everything one training step costs, in integers (FLOPs and bytes).
+
+    `fixed` is the whole model's fixed memory; `fixed_per_device` what one of
+    `config.devices` holds under its ZeRO stage (the same on one device).
+    `flops` are per device (each runs its own micro-batches). `peak` and
+    `memory()` are one device's."""
     config: BudgetConfig
     parameters: int
     parameter_breakdown: dict
@@ -19,18 +27,30 @@ class Budget:
     fixed: dict
     activations: Activations
     one_tensor_bytes: int
+    fixed_per_device: dict = None
+    communication: tuple = ()
+    device: DeviceFit | None = None
+
+    def __post_init__(self):
+        if self.fixed_per_device is None:
+            object.__setattr__(self, "fixed_per_device", dict(self.fixed))
 
     @property
     def fixed_total(self) -> int:
-        return sum(self.fixed.values())
+        """Fixed bytes of one device (the whole model's on one device)."""
+        return sum(self.fixed_per_device.values())
 
     @property
     def peak(self) -> int:
         return self.fixed_total + self.activations.peak
 
+    @property
+    def tokens_per_step_all_devices(self) -> int:
+        return self.config.devices * tokens_per_step(self.config)
+
     def memory(self) -> dict[str, int]:
-        """The categories of the stacked bar, in the order they are resident."""
-        return {**self.fixed, "activations": self.activations.saved,
+        """One device's categories of the stacked bar, in the order they are resident."""
+        return {**self.fixed_per_device, "activations": self.activations.saved,
                 "recompute transient": self.activations.transient}
 
     def as_dict(self) -> dict:
@@ -43,21 +63,46 @@ class Budget:
                        "per_step": tokens_per_step(self.config)},
             "flops": self.flops,
             "bytes_per_parameter": bytes_per_parameter(self.config.precision,
-                                                       self.config.optimizer),
+                                                       self.config.optimizer,
+                                                       self.config.grad_precision),
             "memory": {**self.memory(), "fixed_total": self.fixed_total,
                        "activations_peak": self.activations.peak, "peak": self.peak},
+            "model_fixed": self.fixed,
+            "data_parallel": {"devices": self.config.devices, "zero": self.config.zero,
+                              "tokens_per_step_all_devices":
+                                  self.tokens_per_step_all_devices,
+                              "communication": list(self.communication)},
+            "device": _finite(asdict(self.device)) if self.device else None,
             "one_tensor_bytes": self.one_tensor_bytes,
             "activation_items": [{**asdict(x), "bytes": x.bytes} for x in self.activations.items],
         }
 
 
+def _finite(row: dict) -> dict:
+    """JSON has no infinity: a step time beyond float range becomes null."""
+    return {k: None if isinstance(v, float) and v in (float("inf"), float("-inf")) else v
+            for k, v in row.items()}
+
+
 def budget(cfg: BudgetConfig) -> Budget:
     """The whole training-step budget for one configuration."""
     cfg.validate()
+    fixed = fixed_bytes(cfg)
+    mine = per_device_fixed(cfg, fixed)
+    acts = activations(cfg)
+    step_flops = flops(cfg)
+    figures = device_figures(cfg)
+    fit = None
+    if figures:
+        memory, rate = figures
+        fit = device_fit(cfg, cfg.device, memory, rate, sum(mine.values()),
+                         sum(mine.values()) + acts.peak, step_flops["per_step"]["total"],
+                         cfg.devices * tokens_per_step(cfg))
     return Budget(config=cfg, parameters=parameter_count(cfg),
-                  parameter_breakdown=parameter_breakdown(cfg), flops=flops(cfg),
-                  fixed=fixed_bytes(cfg), activations=activations(cfg),
-                  one_tensor_bytes=tensor_bytes(cfg))
+                  parameter_breakdown=parameter_breakdown(cfg), flops=step_flops,
+                  fixed=fixed, activations=acts, one_tensor_bytes=tensor_bytes(cfg),
+                  fixed_per_device=mine, communication=tuple(communication(cfg, fixed)),
+                  device=fit)
 
 
 def crossover_batch(cfg: BudgetConfig, max_batch: int = 1 << 20) -> int | None:
