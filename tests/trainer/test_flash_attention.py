@@ -1,0 +1,121 @@
+"""The tiled attention kernel equals the textbook attention (float64, 1e-10
+relative), passes a central-difference check, keeps O(T) numbers per head, and
+gives a FusedGPT the same gradients as the standard kernel."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine.trainer.kernels as F
+from engine.gpt_config import GPTConfig, init_params
+from engine.trainer.kernels.flash_attention import TILE
+from engine.trainer.model import FusedGPT
+from . import reference as ref
+
+RTOL = 1e-10
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(17)
+
+
+# odd T, T not a multiple of the tile, T of exactly one and of several tiles,
+# one head, head size 1
+SHAPES = [(2, 7, 2, 6), (1, 33, 3, 12), (2, TILE, 4, 8), (1, 2 * TILE + 5, 1, 5),
+          (2, 19, 3, 3), (1, 1, 1, 1), (1, 3 * TILE, 2, 40)]
+
+
+@pytest.mark.parametrize("B,T,H,C", SHAPES)
+def test_flash_forward_equals_reference_and_saves_the_row_logsumexp(rng, B, T, H, C):
+    qkv = rng.standard_normal((B, T, 3 * C)) * 2
+    out, lse = F.flash_attention_forward(qkv, H)
+    want, _ = ref.attention(qkv, H)
+    assert rel(out, want) < RTOL
+    q, k, _ = ref.split_heads(qkv, H)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(C // H)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    top = s.max(-1)
+    want_lse = top + np.log(np.exp(s - top[..., None]).sum(-1))
+    assert lse.shape == (B, H, T) and rel(lse, want_lse) < RTOL
+
+
+@pytest.mark.parametrize("B,T,H,C", SHAPES)
+def test_flash_backward_equals_reference_and_passes_gradcheck(rng, B, T, H, C):
+    qkv = rng.standard_normal((B, T, 3 * C))
+    out, lse = F.flash_attention_forward(qkv, H)
+    dout = rng.standard_normal(out.shape)
+    dqkv = F.flash_attention_backward(dout, qkv, out, lse)
+    assert rel(dqkv, ref.attention_grad(dout, qkv, H)) < RTOL
+    loss = lambda z: float((F.flash_attention_forward(z, H)[0] * dout).sum())  # noqa: E731
+    assert ref.directional_check(loss, qkv, dqkv, rng) < 1e-6
+
+
+def test_flash_survives_large_scores(rng):
+    """The running maximum keeps exp from overflowing where a naive softmax would."""
+    qkv = rng.standard_normal((1, 40, 3 * 8)) * 30
+    out, lse = F.flash_attention_forward(qkv, 2)
+    assert np.all(np.isfinite(out)) and rel(out, ref.attention(qkv, 2)[0]) < RTOL
+
+
+def test_float32_flash_matches_the_standard_kernel(rng):
+    qkv = rng.standard_normal((2, 45, 3 * 32)).astype(np.float32)
+    dout = rng.standard_normal((2, 45, 32)).astype(np.float32)
+    out, probs = F.attention_forward(qkv, 4)
+    fout, lse = F.flash_attention_forward(qkv, 4)
+    assert fout.dtype == np.float32 and lse.dtype == np.float32
+    assert rel(fout, out) < 1e-5
+    assert rel(F.flash_attention_backward(dout, qkv, fout, lse),
+               F.attention_backward(dout, qkv, probs)) < 1e-5
+
+
+def test_saved_statistic_is_linear_in_T(rng):
+    for T in (16, 64):
+        qkv = rng.standard_normal((1, T, 3 * 8)).astype(np.float32)
+        _, probs = F.attention_forward(qkv, 2)
+        _, lse = F.flash_attention_forward(qkv, 2)
+        assert lse.nbytes == 2 * T * 4 and probs.nbytes == 2 * T * T * 4
+
+
+def test_mismatched_shapes_are_named(rng):
+    qkv = rng.standard_normal((1, 10, 12))
+    out, lse = F.flash_attention_forward(qkv, 2)
+    with pytest.raises(ValueError, match="lse"):
+        F.flash_attention_backward(out, qkv, out, lse[:, :, :5])
+    with pytest.raises(ValueError, match="divisible"):
+        F.flash_attention_forward(qkv, 3)
+
+
+# ------------------------------------------------------------------ in the model
+CFG = GPTConfig(vocab_size=11, block_size=20, n_layer=2, n_head=2, n_embd=8)
+
+
+def _grads(attention, dtype, checkpointing=False):
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 11, (3, 20)), rng.integers(0, 11, (3, 20))
+    model = FusedGPT(CFG, 3, params=init_params(CFG, 0, dtype), dtype=dtype,
+                     attention=attention, checkpointing=checkpointing)
+    loss = model.forward(x, y)
+    model.backward()
+    return loss, model.grads.flat.copy(), model
+
+
+def test_fused_gpt_with_flash_attention_has_the_standard_gradients():
+    loss_std, g_std, m_std = _grads("standard", np.float64)
+    loss_fl, g_fl, m_fl = _grads("flash", np.float64)
+    assert abs(loss_fl - loss_std) < 1e-12 and rel(g_fl, g_std) < RTOL
+    _, g_ck, _ = _grads("flash", np.float64, checkpointing=True)
+    assert rel(g_ck, g_fl) < RTOL
+    # what the two keep: (B, H, T, T) probabilities against (B, H, T) statistics
+    B, H, T, L = 3, CFG.n_head, CFG.block_size, CFG.n_layer
+    saved_gap = m_std.acts.saved_nbytes() - m_fl.acts.saved_nbytes()
+    assert saved_gap == L * B * H * (T * T - T) * 8
+
+
+def test_unknown_attention_kind_is_refused():
+    with pytest.raises(ValueError, match="attention='fast'.*standard.*flash"):
+        FusedGPT(CFG, 2, attention="fast")
