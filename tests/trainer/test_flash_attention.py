@@ -119,3 +119,57 @@ def test_fused_gpt_with_flash_attention_has_the_standard_gradients():
 def test_unknown_attention_kind_is_refused():
     with pytest.raises(ValueError, match="attention='fast'.*standard.*flash"):
         FusedGPT(CFG, 2, attention="fast")
+
+
+# ------------------------------------------------------------ trainer and bench
+def test_trainer_with_flash_attention_follows_the_standard_run():
+    from engine import train as T
+    from engine.trainer.data import Dataset, load_corpus
+    data = Dataset.from_text(load_corpus()[:20_000])
+    small = dict(n_layer=1, n_head=2, n_embd=16, block_size=24, batch_size=4, steps=3,
+                 eval_every=3, eval_batches=1, threads=1, dtype="float64")
+    runs = {kind: [r["loss"] for r in T.train(attention=kind, dataset=data, **small).history]
+            for kind in ("standard", "flash")}
+    assert np.allclose(runs["flash"], runs["standard"], rtol=1e-10, atol=0)
+
+
+def test_train_cli_refuses_an_unknown_attention_kernel(capsys):
+    from engine import train as T
+    with pytest.raises(SystemExit):
+        T.main(["--attention", "sparse", "--steps", "1"])
+    assert "--attention" in capsys.readouterr().err
+
+
+def test_bench_reports_activation_bytes_for_either_kernel(capsys):
+    import json
+    from engine import bench
+    reports = {}
+    for kind in ("standard", "flash"):
+        assert bench.main(["--no-torch", "--steps", "1", "--warmup", "0", "--n-layer", "1",
+                           "--n-embd", "16", "--n-head", "2", "--block-size", "32",
+                           "--batch-size", "2", "--vocab-size", "12", "--json",
+                           "--attention", kind]) == 0
+        reports[kind] = json.loads(capsys.readouterr().out)
+    std, fl = reports["standard"], reports["flash"]
+    assert std["config"]["attention"] == "standard" and fl["config"]["attention"] == "flash"
+    assert std["attention_saved_bytes"] == 2 * 2 * 32 * 32 * 4      # B H T T float32
+    assert fl["attention_saved_bytes"] == 2 * 2 * 32 * 4            # B H T
+    assert std["activation_bytes"] - fl["activation_bytes"] == 2 * 2 * (32 * 32 - 32) * 4
+
+
+def test_attention_sweep_shows_quadratic_against_linear_bytes():
+    from engine.trainer.bench import format_sweep, sweep_attention
+    cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=8)
+    r = sweep_attention(cfg, (16, 32), tokens=32, repeats=1, threads=1)
+    short, long_ = r["rows"]
+    assert (short["B"], long_["B"]) == (2, 1)
+    # same tokens per batch: the probabilities double with T, the statistics stay put
+    kept = {kind: [row[kind]["attention_saved_bytes"] for row in r["rows"]]
+            for kind in ("standard", "flash")}
+    assert kept["standard"][1] == 2 * kept["standard"][0]
+    assert kept["flash"][1] == kept["flash"][0]
+    for row in r["rows"]:
+        assert row["standard"]["ms"] > 0 and row["flash"]["ms"] > 0
+        if "torch_sdpa" in row:
+            assert row["torch_sdpa"]["activation_bytes"] > 0
+    assert "flash" in format_sweep(r)
