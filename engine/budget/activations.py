@@ -248,11 +248,18 @@ def engine_outside_saved(cfg: BudgetConfig) -> list[Saved]:
     ]
 
 
+def _is_engine_attention_core(item: Saved) -> bool:
+    return item.tensor == "att"      # what selective recompute rebuilds
+
+
 def engine_saved_tensors(cfg: BudgetConfig) -> list[Saved]:
     """Every tensor `engine.nn.GPT` keeps for its backward, one entry per kind
     (`count` = number of blocks). With recompute='full' each block keeps only
-    its input (B,T,C), and its insides are rebuilt during the backward."""
+    its input (B,T,C), and its insides are rebuilt during the backward; with
+    recompute='selective' each block keeps all but its probabilities att."""
     block = engine_block_saved(cfg)
+    if cfg.recompute == "selective":
+        block = [x for x in block if not _is_engine_attention_core(x)]
     if cfg.recompute == "full":
         f = activation_bytes_per_element(cfg)
         kept = [Saved("block", "input (checkpoint)", cfg.micro_batch * cfg.seq_len
@@ -267,9 +274,26 @@ def engine_activations(cfg: BudgetConfig) -> Activations:
     tensors at the policy's bytes per element: fp32 = 4, as the engine runs;
     ids and targets at 8). `engine.memory` measures the same number."""
     items = engine_saved_tensors(cfg)
+    if cfg.recompute == "selective":
+        return _engine_selective_activations(cfg, items)
     n_kept = 1 if cfg.recompute == "full" else len(engine_block_saved(cfg))
     rebuilt = sum(x.bytes for x in engine_block_saved(cfg)) if cfg.recompute == "full" else 0
     return _with_recompute_peak("engine", items[:n_kept], items[n_kept:], rebuilt)
+
+
+def _engine_selective_activations(cfg: BudgetConfig, items: list) -> Activations:
+    """Selective recompute's peak, in the backward's order: the last block's
+    probabilities are rebuilt once the head, the loss and everything that
+    block kept after its attention core (projection input, ln2, MLP) have
+    been consumed and freed; each earlier block rebuilds the same bytes with
+    less alive. So the peak is the larger of the end of the forward and that
+    moment."""
+    block = engine_block_saved(cfg)
+    rebuilt = sum(x.bytes for x in block if _is_engine_attention_core(x))
+    after_core = sum(x.bytes for x in block if x.op.startswith(("attn proj", "ln2", "mlp")))
+    saved = sum(x.bytes for x in items)
+    freed = after_core + sum(x.bytes for x in engine_outside_saved(cfg) if not x.until_end)
+    return Activations("engine", saved, max(saved, saved - freed + rebuilt), tuple(items))
 
 
 # Largest run `measure` starts: a few seconds of numpy on a laptop.

@@ -109,10 +109,6 @@ class BudgetConfig:
                 "core, and the rule of thumb ('rule') does not; choose activation_model "
                 "'transformer', or recompute 'none' or 'full'.")
         if self.activation_model == "engine":
-            if self.recompute == "selective":
-                raise BudgetError(
-                    "our engine checkpoints whole blocks only; with activation_model="
-                    "'engine' choose recompute 'none' or 'full'.")
             if self.dropout:
                 raise BudgetError(
                     "the engine's reference GPT has no dropout; with activation_model="
