@@ -297,3 +297,52 @@ def _engine_selective_activations(cfg: BudgetConfig, items: list) -> Activations
 
 
 # Largest run `measure` starts: a few seconds of numpy on a laptop.
+
+
+# ------------------------------------------- the fused trainer's attention kernels
+FUSED_ATTENTION_KERNELS = ("standard", "flash")
+
+
+def fused_attention_saved(cfg: BudgetConfig, attention: str = "standard") -> Saved:
+    """What one block of engine.trainer's FusedGPT keeps for attention's
+    backward beyond Q, K, V and the output: the probabilities, (B, H, T, T),
+    with the standard kernel, or one log-sum-exp per row, (B, H, T), with the
+    flash kernel, which rebuilds the probabilities tile by tile. O(T^2)
+    against O(T) per head."""
+    B_, T, H = cfg.micro_batch, cfg.seq_len, cfg.n_head
+    f = activation_bytes_per_element(cfg)
+    if attention == "standard":
+        return Saved("attention", "probabilities", B_ * H * T * T, f)
+    if attention == "flash":
+        return Saved("flash attention", "row log-sum-exp", B_ * H * T, f)
+    raise BudgetError(f"attention={attention!r} is not a kernel of the fused trainer; "
+                      f"choose one of {', '.join(FUSED_ATTENTION_KERNELS)}.")
+
+
+def fused_trainer_saved(cfg: BudgetConfig, attention: str = "standard") -> list[Saved]:
+    """The buffers engine.trainer's FusedGPT keeps from forward to backward
+    (its StepBuffers.saved_nbytes), N = B*T rows:
+
+        residual stream entering each block and leaving the last  (L+1) N C
+        per block: ln1 out, mean, rstd; qkv (3C); attention's own   15 N C + 4 N
+          (see fused_attention_saved); its output; the residual      + attention
+          after attention; ln2 out, mean, rstd; fc out, gelu out (4C each)
+        final layer norm out, mean, rstd; the logits               N C + 2 N + N V
+
+    recompute='full' is the trainer's --checkpointing: one block's buffers,
+    shared by all blocks, refilled in the backward."""
+    if cfg.recompute == "selective":
+        raise BudgetError("the fused trainer recomputes whole blocks (recompute 'full') or "
+                          "nothing; for attention without the T x T matrix choose "
+                          "attention='flash' instead of recompute='selective'.")
+    B_, T, C, V, L = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, cfg.n_layer
+    f, N = activation_bytes_per_element(cfg), cfg.micro_batch * cfg.seq_len
+    sets = 1 if cfg.recompute == "full" else L
+    return [
+        Saved("residual stream", "block inputs and output", N * C, f, L + 1),
+        Saved("block", "layer norms, qkv, attention output, residual, MLP", 15 * N * C + 4 * N,
+              f, sets),
+        replace(fused_attention_saved(cfg, attention), count=sets),
+        Saved("final layer norm", "output, mean, rstd", N * C + 2 * N, f),
+        Saved("head", "logits (become their gradient)", N * V, f),
+    ]

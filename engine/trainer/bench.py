@@ -569,7 +569,7 @@ def main(argv=None) -> int:
     p.add_argument("--sweep-attention", action="store_true",
                    help="instead: saved bytes and forward+backward ms of both kernels and "
                         "PyTorch SDPA at T = " + ", ".join(map(str, SWEEP_LENGTHS))
-                        + " (B = 2048 // T)")
+                        + " (B = 2048 // T; median of --steps forward+backward passes)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
@@ -585,7 +585,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     if args.sweep_attention:
-        sweep = sweep_attention(cfg, threads=args.threads, with_torch=not args.no_torch,
+        sweep = sweep_attention(cfg, repeats=args.steps, threads=args.threads,
+                                with_torch=not args.no_torch,
                                 progress=None if args.json else
                                 (lambda s: print(s, file=sys.stderr)))
         print(json.dumps(sweep, indent=2) if args.json else format_sweep(sweep))

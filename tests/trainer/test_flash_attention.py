@@ -173,3 +173,30 @@ def test_attention_sweep_shows_quadratic_against_linear_bytes():
         if "torch_sdpa" in row:
             assert row["torch_sdpa"]["activation_bytes"] > 0
     assert "flash" in format_sweep(r)
+
+
+# ------------------------------------------------------------------ the budget
+@pytest.mark.parametrize("attention", ["standard", "flash"])
+@pytest.mark.parametrize("L, C, H, V, B, T, recompute", [
+    (2, 8, 2, 11, 3, 20, "none"), (1, 12, 3, 7, 2, 33, "none"), (3, 8, 1, 5, 1, 48, "full")])
+def test_budget_predicts_the_fused_trainers_saved_bytes(attention, L, C, H, V, B, T, recompute):
+    from engine.budget import BudgetConfig
+    from engine.budget.activations import fused_trainer_saved
+    cfg = BudgetConfig(n_layer=L, d_model=C, n_head=H, vocab_size=V, micro_batch=B,
+                       seq_len=T, recompute=recompute)
+    predicted = sum(x.bytes for x in fused_trainer_saved(cfg, attention))
+    model = FusedGPT(GPTConfig(V, T, L, H, C), B, attention=attention,
+                     checkpointing=recompute == "full")
+    assert predicted == model.acts.saved_nbytes()
+
+
+def test_budget_attention_models_are_quadratic_and_linear_in_T():
+    from engine.budget import BudgetConfig, BudgetError
+    from engine.budget.activations import fused_attention_saved
+    short, long_ = (BudgetConfig(n_layer=1, d_model=8, n_head=2, micro_batch=1, seq_len=T)
+                    for T in (64, 128))
+    assert fused_attention_saved(long_).bytes == 4 * fused_attention_saved(short).bytes
+    assert (fused_attention_saved(long_, "flash").bytes
+            == 2 * fused_attention_saved(short, "flash").bytes)
+    with pytest.raises(BudgetError, match="not a kernel"):
+        fused_attention_saved(short, "sparse")
