@@ -167,15 +167,18 @@ def activation_bytes(models) -> dict:
     return {"activation_bytes": total, "attention_saved_bytes": attention}
 
 
-def torch_saved_bytes(loss_fn, ids, targets) -> int:
+def torch_saved_bytes(loss_fn, ids, targets, params=()) -> int:
     """Bytes of the distinct tensors PyTorch's autograd saves for one backward
-    (counted through saved_tensors_hooks; views of one storage counted once)."""
+    (counted through saved_tensors_hooks; views of one storage counted once;
+    the parameters' own storages left out, as activation_bytes leaves them)."""
     import torch
+    weights = {p.untyped_storage().data_ptr() for p in params}
     storages = {}
 
     def pack(t):
         s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
+        if s.data_ptr() not in weights:
+            storages[s.data_ptr()] = s.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -228,12 +231,13 @@ def sweep_attention(cfg: GPTConfig, lengths=SWEEP_LENGTHS, tokens: int = 2048, *
                 del model
             if torch is not None:
                 say(f"T={T} B={B}: PyTorch SDPA...")
-                loss_fn, _ = torch_gpt(c, params, "sdpa")
+                loss_fn, tensors = torch_gpt(c, params, "sdpa")
                 tids, ttargets = torch.from_numpy(ids), torch.from_numpy(targets)
                 row["torch_sdpa"] = {
                     "ms": median_seconds(lambda: loss_fn(tids, ttargets).backward(), repeats,
                                          warmup=1) * 1e3,
-                    "activation_bytes": torch_saved_bytes(loss_fn, tids, ttargets)}
+                    "activation_bytes": torch_saved_bytes(loss_fn, tids, ttargets,
+                                                          tensors.values())}
             rows.append(row)
     finally:
         restore_threads(info)
