@@ -336,7 +336,8 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
 
     twin = None
     if torch is not None:
-        twin = _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say)
+        twin = _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say,
+                           attention)
     t_ours, t_torch = _time_steps(ours, twin and twin["step"], warmup, steps, say)
     per_kernel, prof_wall, rest, matmul_ms = _profile(model, ours, phase_s, steps, warmup)
 
@@ -410,7 +411,8 @@ def _our_step(model, opt, batches, phase_s):
     return ours
 
 
-def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say) -> dict:
+def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say,
+                attention="standard") -> dict:
     """The same model in PyTorch eager with the same initial weights: its step
     function, the first-step gradient agreement and its first-step time."""
     from .model import FusedGPT
@@ -432,7 +434,8 @@ def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say) -> 
         return loss.item()
 
     # first-step gradients, before any update
-    g_model = FusedGPT(cfg, B, params=params, dtype=dtype)    # one replica: the whole batch
+    g_model = FusedGPT(cfg, B, params=params, dtype=dtype,    # one replica: the whole batch
+                       attention=attention)
     x0, y0 = batches[0]
     g_model.forward(x0, y0)
     g_model.backward()
@@ -498,6 +501,10 @@ def _profile(model, ours, phase_s, steps, warmup):
     return per_kernel, prof_wall, rest, matmul_ms
 
 
+def _kib_or_mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def format_report(r: dict) -> str:
     c = r["config"]
     mode = (f"{c['replicas']} replicas x 1 thread" if c["thread_mode"] == "replicas"
@@ -510,8 +517,8 @@ def format_report(r: dict) -> str:
              f"{r['compile']['loaded_from_cache']})", ""]
     o, t = r["ours"], r["torch"]
     if "activation_bytes" in r:
-        lines.insert(2, f"activations kept for the backward: {r['activation_bytes'] / 2**20:.1f} "
-                        f"MiB, attention's share {r['attention_saved_bytes'] / 2**20:.1f} MiB "
+        lines.insert(2, f"activations kept for the backward: {_kib_or_mib(r['activation_bytes'])}, "
+                        f"attention's share {_kib_or_mib(r['attention_saved_bytes'])} "
                         f"({c.get('attention', 'standard')} kernel)")
     lines.append(f"{'':24}{'ms/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}{'best ms':>10}")
     lines.append(f"{'fused (FusedGPT)':24}{o['ms_per_step']:>10.1f}{o['tokens_per_s']:>12,.0f}"

@@ -155,6 +155,7 @@ def test_bench_reports_activation_bytes_for_either_kernel(capsys):
     assert std["attention_saved_bytes"] == 2 * 2 * 32 * 32 * 4      # B H T T float32
     assert fl["attention_saved_bytes"] == 2 * 2 * 32 * 4            # B H T
     assert std["activation_bytes"] - fl["activation_bytes"] == 2 * 2 * (32 * 32 - 32) * 4
+    assert "attention's share 0.5 KiB (flash kernel)" in bench.format_report(fl)
 
 
 def test_attention_sweep_shows_quadratic_against_linear_bytes():
