@@ -32,14 +32,16 @@ dQ += dS K, dK += dS^T Q. The price: S and P are computed twice (forward and
 backward), two more products of the five per tile.
 
 The (batch, head) pairs run in parallel; each pair works on zero-padded copies
-of its Q, K, V (O(T * hs) scratch) and (TILE x TILE) tiles.
+of its Q, K, V (O(T * hs) scratch) and (TILE x TILE) tiles, and every tile
+product goes through the standard kernel's `_rows4_product` (four rows per
+pass, so each loaded element feeds four multiply-adds).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ._buffers import float_dtype, output
-from .attention import _check_qkv, _load_cols, _load_rows, _padded
+from .attention import _check_qkv, _load_cols, _load_rows, _padded, _rows4_product
 from ...numba_config import kernel, parallel_kernel, prange
 from ...fast_math import exp
 
@@ -59,34 +61,27 @@ def _tile_scores(s, a, bt, i0, j0):
     """s[r, c] = sum_d a[i0 + r, d] bt[d, j0 + c] over one TILE x TILE tile
     (S = scale Q K^T with the scale folded into K^T, and dP = dY V^T)."""
     s[:, :] = 0
-    for r in range(TILE):
-        row, arow = s[r], a[i0 + r]
-        for d in range(a.shape[1]):
-            x, brow = arow[d], bt[d, j0:j0 + TILE]
-            for c in range(TILE):
-                row[c] += x * brow[c]
+    rows, cols = a[i0:i0 + TILE], bt[:, j0:j0 + TILE]
+    for r in range(0, TILE, 4):
+        _rows4_product(s, rows, cols, r, 0, a.shape[1], 0, TILE)
 
 
 @kernel
 def _tile_times(out, o0, m, x, x0):
     """out[o0 + r, :] += sum_c m[r, c] x[x0 + c, :]  (acc += P V, dQ += dS K)."""
-    for r in range(TILE):
-        orow = out[o0 + r]
-        for c in range(TILE):
-            w, xrow = m[r, c], x[x0 + c]
-            for d in range(x.shape[1]):
-                orow[d] += w * xrow[d]
+    rows, xs = out[o0:o0 + TILE], x[x0:x0 + TILE]
+    for r in range(0, TILE, 4):
+        _rows4_product(rows, m, xs, r, 0, TILE, 0, x.shape[1])
 
 
 @kernel
-def _tile_transposed_times(out, o0, m, x, x0):
-    """out[o0 + c, :] += sum_r m[r, c] x[x0 + r, :]  (dV += P^T dY, dK += dS^T Q)."""
+def _tile_transposed_times(out, o0, m, x, x0, mt):
+    """out[o0 + c, :] += sum_r m[r, c] x[x0 + r, :]  (dV += P^T dY, dK += dS^T Q);
+    mt is scratch for the transposed tile."""
     for r in range(TILE):
-        xrow = x[x0 + r]
         for c in range(TILE):
-            w, orow = m[r, c], out[o0 + c]
-            for d in range(x.shape[1]):
-                orow[d] += w * xrow[d]
+            mt[c, r] = m[r, c]
+    _tile_times(out, o0, mt, x, x0)
 
 
 @kernel
@@ -168,7 +163,7 @@ def _head_backward(dy, qkv, y, lse, dqkv, b, h):
         rowdot[t] = acc
         row_lse[t] = lse[b, h, t]
     dq, dk, dv = np.zeros((Tp, hp), dt), np.zeros((Tp, hp), dt), np.zeros((Tp, hp), dt)
-    p, ds = np.empty((TILE, TILE), dt), np.empty((TILE, TILE), dt)
+    p, ds, tr = np.empty((TILE, TILE), dt), np.empty((TILE, TILE), dt), np.empty((TILE, TILE), dt)
     for i0 in range(0, Tp, TILE):
         for j0 in range(0, i0 + 1, TILE):
             _tile_scores(p, q, kt, i0, j0)                 # S again
@@ -179,13 +174,13 @@ def _head_backward(dy, qkv, y, lse, dqkv, b, h):
                 _mask_above_diagonal(p, zero)
             for r in range(max(0, T - i0), TILE):           # padding rows past T
                 p[r, :] = 0
-            _tile_transposed_times(dv, j0, p, g, i0)       # dV += P^T dY
+            _tile_transposed_times(dv, j0, p, g, i0, tr)   # dV += P^T dY
             _tile_scores(ds, g, vt, i0, j0)                # dP = dY V^T
             for r in range(TILE):                          # dS = scale * P * (dP - D)
                 for c in range(TILE):
                     ds[r, c] = scale * p[r, c] * (ds[r, c] - rowdot[i0 + r])
             _tile_times(dq, i0, ds, k, j0)                 # dQ += dS K
-            _tile_transposed_times(dk, j0, ds, q, i0)      # dK += dS^T Q
+            _tile_transposed_times(dk, j0, ds, q, i0, tr)  # dK += dS^T Q
     for t in range(T):
         r = row0 + t
         for d in range(hs):
