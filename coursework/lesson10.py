@@ -9,6 +9,13 @@
 10.2 fused softmax + cross-entropy: the mean loss is returned and the
      logits' buffer is overwritten with the gradient of that mean, so the
      probabilities and the gradient never exist as separate (N, V) arrays.
+10.3 attention with the online softmax: tile by tile, keeping a running
+     maximum, sum and output per row; returns the output and each row's
+     log-sum-exp. The check compares both with the full masked softmax
+     (T shorter than a tile, not a multiple of it, one head, head size 1),
+     recognises a missing rescale or a missing mask, and measures with
+     tracemalloc that no (T x T) array was made. Saved as the trainer's
+     flash_attention_forward piece.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ from .pieces import save_piece
 
 EX_GELU = "10.1 (bias_gelu_fused)"
 EX_XENT = "10.2 (softmax_cross_entropy_fused)"
+EX_FLASH = "10.3 (online_softmax_attention)"
 
 GELU_K = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
@@ -262,3 +270,89 @@ def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
     save_piece("softmax_cross_entropy", softmax_cross_entropy_fused, EX_XENT)
     passed(EX_XENT, "loss and in-place gradient match the reference, also for logits near "
                     "1000 and in float32.")
+
+
+# --------------------------------------------------------------- 10.3
+def attention_reference(qkv, n_head):
+    """(out (B, T, C), lse (B, H, T)) of causal attention with the whole masked
+    (T x T) score matrix: what the online softmax must reproduce."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // n_head
+    q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, T, n_head, hs).transpose(0, 2, 1, 3)
+               for i in range(3))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hs)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    top = s.max(-1, keepdims=True)
+    e = np.exp(s - top)
+    total = e.sum(-1, keepdims=True)
+    out = (e / total) @ v
+    lse = (top + np.log(total))[..., 0]
+    return out.transpose(0, 2, 1, 3).reshape(B, T, C), lse
+
+
+def _flash_case(fn, B, T, H, C, seed, tile=None):
+    rng = np.random.default_rng(seed)
+    qkv = rng.normal(size=(B, T, 3 * C))
+    got = attempt(EX_FLASH, fn, qkv, H) if tile is None else attempt(EX_FLASH, fn, qkv, H, tile)
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise ExerciseError(EX_FLASH, "return two arrays: (out of shape (B, T, C), lse of "
+                                      "shape (B, H, T)).")
+    out, lse = (np.asarray(x) for x in got)
+    want_out, want_lse = attention_reference(qkv, H)
+    where = f"B={B} T={T} H={H} C={C}" + (f" tile={tile}" if tile else "")
+    if out.shape != want_out.shape or lse.shape != want_lse.shape:
+        raise ExerciseError(EX_FLASH, f"{where}: out has shape {out.shape} and lse {lse.shape}; "
+                                      f"expected {want_out.shape} and {want_lse.shape}.")
+    if not np.all(np.isfinite(out)):
+        raise ExerciseError(EX_FLASH, f"{where}: the output holds inf or nan. Start each row's "
+                                      "running maximum from the first tile's maximum (column 0 "
+                                      "is never masked), and mask with -inf before exp, not "
+                                      "after.")
+    if not np.allclose(out, want_out, rtol=1e-9, atol=1e-12):
+        if np.allclose(lse, want_lse, rtol=1e-9, atol=1e-12):
+            hint = ("the log-sum-exp is right, so the sum is; the output is not. When a tile "
+                    "raises the maximum from m to m', multiply the running output by "
+                    "exp(m - m') too, before adding this tile's exp(s - m') @ v.")
+        else:
+            full = qkv.shape[1]
+            hint = ("compare one row with the reference: is the running sum rescaled by "
+                    "exp(m - m') when the maximum grows? Are the future columns (j > i) "
+                    f"masked in the diagonal tile? Does the loop over tiles reach column i "
+                    f"(T = {full} is not always a multiple of the tile)?")
+        raise ExerciseError(EX_FLASH, f"{where}: the output differs from the full softmax; "
+                                      f"{hint}")
+    if not np.allclose(lse, want_lse, rtol=1e-9, atol=1e-12):
+        raise ExerciseError(EX_FLASH, f"{where}: the output is right but lse is not; lse_i is "
+                                      "m + log(l) with m the final running maximum and l the "
+                                      "final running sum of row i.")
+
+
+def check_online_softmax(online_softmax_attention) -> None:
+    """Equal to the full softmax; no (T x T) array; saved as a trainer piece."""
+    import tracemalloc
+    for case in ((2, 5, 2, 6), (1, 37, 3, 12), (2, 16, 1, 4), (1, 19, 2, 2), (1, 1, 1, 1)):
+        _flash_case(online_softmax_attention, *case, seed=sum(case))
+    _flash_case(online_softmax_attention, 1, 23, 2, 8, seed=3, tile=7)
+    # memory: at T = 1024 one head's score matrix is 8 MB; the tiles are 16 x 16
+    rng = np.random.default_rng(103)
+    T, C = 1024, 16
+    qkv = rng.normal(size=(1, T, 3 * C))
+    tracemalloc.start()
+    try:
+        attempt(EX_FLASH, online_softmax_attention, qkv, 1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    square = T * T * 8
+    if peak >= square // 4:
+        raise ExerciseError(EX_FLASH, f"right answers, but at T={T} the function allocated "
+                                      f"{peak / 1e6:.1f} MB at its peak, a (T x T) matrix "
+                                      f"being {square / 1e6:.1f} MB. Compute scores one "
+                                      f"(tile x tile) block at a time; never the whole row "
+                                      f"block against all keys at once.")
+    save_piece("flash_attention_forward", online_softmax_attention, EX_FLASH)
+    passed(EX_FLASH, f"equal to the full masked softmax (output and log-sum-exp) for odd T, "
+                     f"T shorter than a tile and not a multiple of it, one head, head size 1; "
+                     f"at T={T} its allocations stayed below a quarter of one (T x T) "
+                     f"matrix ({square / 1e6:.1f} MB).")

@@ -33,6 +33,10 @@ activation entries in 11 buffers:
          fcproj matmul    gelu(u) (B,T,4C)
     (bias adds, residual adds, the head split/merge reshapes: nothing)
   => elements per block: 16*B*T*C + 2*B*T + B*H*T*T, times f   (`block_saved_bytes`)
+  With selective recompute (`block.recompute_attention`, engine.recompute.
+  selective_recompute) causal_attention becomes a checkpoint node that keeps
+  q, k, v only (the same buffer): att (B,H,T,T) is rebuilt in the backward,
+  and a block keeps 16*B*T*C + 2*B*T elements.
 
 Whole GPT, L blocks, vocabulary V:
     embedding            ids (B,T) int64                        8 * B*T
@@ -51,6 +55,7 @@ import numpy as np
 
 from . import functional as F
 from .gpt_config import GPTConfig
+from .recompute import checkpoint
 from .tensor import Tensor, name_scope
 
 
@@ -160,10 +165,13 @@ class MLP(Module):
 class Block(Module):
     """One pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
 
-    `params` maps the names of engine.gpt_config (prefix 'h{i}.') to tensors."""
+    `params` maps the names of engine.gpt_config (prefix 'h{i}.') to tensors.
+    recompute_attention=True: keep q, k, v and rebuild the attention
+    probabilities in the backward (selective recompute, engine.recompute)."""
 
     def __init__(self, cfg: GPTConfig, params: dict[str, Tensor], index: int):
         self.cfg, self.index = cfg, index
+        self.recompute_attention = False
         self.prefix = f"h{index}."
         self.p = {k[len(self.prefix):]: v for k, v in params.items()
                   if k.startswith(self.prefix)}
@@ -180,7 +188,10 @@ class Block(Module):
             qkv = h @ p["qkv_w"] + p["qkv_b"]                       # (B, T, 3C)
             q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, T, H, hs).transpose(1, 2)
                        for i in range(3))                           # (B, H, T, hs) views
-            y = F.causal_attention(q, k, v)                         # (B, H, T, hs)
+            if self.recompute_attention:                            # keep q, k, v only
+                y = checkpoint(F.causal_attention, q, k, v, label="attention core")
+            else:
+                y = F.causal_attention(q, k, v)                     # (B, H, T, hs)
             y = y.transpose(1, 2).reshape(B, T, C)                  # heads side by side
             x = x + (y @ p["proj_w"] + p["proj_b"])
         with name_scope(self.prefix + "ln2"):

@@ -7,6 +7,8 @@
     with checkpointed(model, "every"):        # a GPT whose blocks are checkpointed
         loss = model(ids, targets)
     loss.backward()
+    with selective_recompute(model):          # only attention's softmax is rebuilt
+        loss = model(ids, targets)
 
 How it works on the tape. `checkpoint(fn, *inputs)` records ONE node, a
 `Checkpoint` op, in place of everything `fn` does:
@@ -38,6 +40,14 @@ graph a second time, so the first forward refuses it.
 The cost: each checkpointed segment's forward runs twice, so a training step
 costs about 4 forward passes instead of 3 (+33%) when every block is
 checkpointed.
+
+Selective recompute (Korthikanti et al. 2022) checkpoints a much smaller
+segment: the attention core, softmax(q k^T / sqrt(hs)) v (with its dropout,
+where a model has one). Its inputs q, k, v are views of the qkv buffer the
+block keeps anyway, so the node adds nothing, and the (B, H, T, T)
+probabilities, the block's only tensor that grows with T^2, are never kept:
+the backward rebuilds them, one block at a time, for two products of
+T^2 * hs multiply-adds per head, a few percent of a block's work at short T.
 """
 from __future__ import annotations
 
@@ -51,7 +61,8 @@ from .tensor import (TapeObserver, Tensor, apply, enable_grad, name_scope, no_gr
                      op_label)
 
 __all__ = ["Checkpoint", "checkpoint", "replay", "checkpoint_sequential", "segment_size",
-           "segments", "checkpointed", "CheckpointedSegment", "POLICIES"]
+           "segments", "checkpointed", "CheckpointedSegment", "POLICIES",
+           "selective_recompute"]
 
 POLICIES = ("none", "every", "sqrt")
 
@@ -257,3 +268,29 @@ def checkpointed(model, policy="every", replay_fn=None):
         yield model
     finally:
         model.blocks = original
+
+
+@contextmanager
+def selective_recompute(model, enabled: bool = True):
+    """Inside the `with`, each block of the model checkpoints its attention core
+    only (see the module docstring): the probabilities are rebuilt in the
+    backward instead of kept. Works with models whose blocks have a
+    `recompute_attention` switch, as engine.nn.GPT's do; restored on exit.
+    Build the loss inside the `with`; backward may run after it.
+    enabled=False leaves the model as it is (so callers can pass a flag)."""
+    if not enabled:
+        yield model
+        return
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not all(hasattr(b, "recompute_attention") for b in blocks):
+        raise TypeError(f"selective_recompute: {type(model).__name__} has no blocks with a "
+                        f"`recompute_attention` switch (engine.nn.Block has one); use "
+                        f"checkpoint(F.causal_attention, q, k, v) inside your own block")
+    before = [b.recompute_attention for b in blocks]
+    for b in blocks:
+        b.recompute_attention = True
+    try:
+        yield model
+    finally:
+        for b, was in zip(blocks, before):
+            b.recompute_attention = was

@@ -261,8 +261,6 @@ def test_measure_refuses_what_the_engine_cannot_run():
         bm.measure(bm.preset("gpt2-small"))
     with pytest.raises(bm.BudgetError, match="no dropout"):
         bm.measure(bm.preset("tiny", activation_model="transformer", dropout=True))
-    with pytest.raises(bm.BudgetError, match="whole blocks only"):
-        bm.measure(bm.preset("tiny", activation_model="transformer", recompute="selective"))
 
 
 def test_checkpointing_every_block_cuts_the_measured_peak():

@@ -11,7 +11,9 @@
 # 4. decided, with numbers, whether GELU's backward should *save* its tanh or *recompute* it;
 # 5. seen layer-norm backward done in one pass over memory instead of a dozen;
 # 6. written the fused softmax + cross-entropy whose gradient overwrites the logits
-#    (exercise 10.2), and measured the memory that saves.
+#    (exercise 10.2), and measured the memory that saves;
+# 7. derived the online softmax and built attention on it (exercise 10.3), measured the
+#    saved memory go from quadratic to linear in T, and what the backward's recompute costs.
 #
 # The backward pass costs about twice the forward in FLOPs, but many of its kernels do very
 # few FLOPs per byte they touch. For those, the number of *passes over memory* decides the
@@ -670,6 +672,215 @@ for vocab in (32_000, 50_257, 128_000, 256_000):
           f"({3 * one / 1e9:5.1f} GB), fused 1 ({one / 1e9:5.1f} GB)")
 
 # %% [markdown]
+# ## Attention without the T × T matrix
+#
+# One row of the failure table in the source texts reads: *OOM only on long sequences; the
+# [N, N] scores; fused attention backward*. The trainer's attention kernel
+# (`engine/trainer/kernels/attention.py`) saves its probabilities P, (B, H, T, T) numbers per
+# layer, for the backward. Everything else a block keeps grows like T; P grows like T².
+# The budget (`engine.budget`) counts it for a GPT-2-small shape (12 layers, 12 heads,
+# width 768, B = 8, 16-bit activations) as the sequence grows:
+
+# %%
+from engine.budget import BudgetConfig
+from engine.budget.activations import fused_attention_saved
+
+print(f"{'T':>6} {'probabilities, 12 layers':>26} {'one number per row':>20}")
+for T in (1024, 2048, 4096, 8192, 16384):
+    shape = BudgetConfig(n_layer=12, d_model=768, n_head=12, micro_batch=8, seq_len=T,
+                         precision="bf16")
+    probs = 12 * fused_attention_saved(shape, "standard").bytes
+    rows = 12 * fused_attention_saved(shape, "flash").bytes
+    print(f"{T:>6} {probs / 2**30:>22.1f} GiB {rows / 2**20:>16.1f} MiB")
+
+# %% [markdown]
+# At T = 1024 the probabilities are two GiB; at T = 16 384 they are more than any
+# accelerator holds, while the rest of the model has only grown sixteen-fold. The fix is
+# not to keep P at all, and, in the forward, never to hold a whole row of scores either.
+#
+# **The online softmax.** For one query row i, with scores $s_j = q_i \cdot k_j / \sqrt{hs}$
+# for the keys $j \le i$, attention is
+#
+# $$y_i = \frac{\sum_j e^{s_j - m}\, v_j}{\sum_j e^{s_j - m}}, \qquad m = \max_j s_j .$$
+#
+# Any m gives the same $y_i$; the maximum only keeps every exponential at most 1. Now let
+# the keys arrive in tiles. After some tiles, keep three things per row: the largest score
+# seen so far $m$, the sum $l = \sum e^{s_j - m}$ and the unnormalised output
+# $a = \sum e^{s_j - m} v_j$, both over the keys seen. The next tile has maximum
+# $\tilde m$; the new maximum is $m' = \max(m, \tilde m)$. Every term already summed carries
+# the factor $e^{-m}$, and we want $e^{-m'}$: multiply by $e^{m - m'}$ (at most 1, so it never
+# overflows), then add the tile:
+#
+# $$l \leftarrow l\, e^{m - m'} + \sum_{j \in \text{tile}} e^{s_j - m'}, \qquad
+#   a \leftarrow a\, e^{m - m'} + \sum_{j \in \text{tile}} e^{s_j - m'} v_j, \qquad
+#   m \leftarrow m'.$$
+#
+# After the last tile, $y_i = a / l$, exactly the softmax, and $\mathrm{lse}_i = m + \log l$ is
+# the row's log-sum-exp. That one number per row is all the backward needs to rebuild any
+# probability: $p_{ij} = e^{s_{ij} - \mathrm{lse}_i}$. No score outlives its tile.
+#
+# ## Exercise 10.3 · Attention with the online softmax
+#
+# Write `online_softmax_attention(qkv, n_head, tile=16)` in numpy. `qkv` is (B, T, 3C) as the
+# trainer lays it out (queries, keys, values side by side); return `out` (B, T, C) and `lse`
+# (B, H, T). Work on one block of `tile` query rows at a time (all batches and heads at
+# once, numpy broadcasts over them), and inside it on one block of `tile` keys at a time,
+# from the first up to the block that holds the diagonal. In that last block, mask the keys
+# j > i with −inf *before* the exponential. Start each row with m = −inf, l = 0, a = 0:
+# the first tile always has column 0, so m becomes finite at once, and
+# $e^{-\infty} = 0$ wipes the empty start. The check compares you with the full masked
+# softmax and measures that you never made a (T × T) array.
+
+# %%
+def online_softmax_attention(qkv, n_head, tile=16):
+    """Causal attention of qkv (B, T, 3C), tile by tile: returns (out (B, T, C), lse (B, H, T))."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // n_head
+    q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, T, n_head, hs).transpose(0, 2, 1, 3)
+               for i in range(3))                                   # (B, H, T, hs) each
+    out = np.empty((B, n_head, T, hs))
+    lse = np.empty((B, n_head, T))
+    scale = 1.0 / np.sqrt(hs)
+    ### BEGIN SOLUTION
+    for i0 in range(0, T, tile):
+        rows = np.arange(i0, min(i0 + tile, T))
+        qi = q[:, :, rows] * scale                                  # (B, H, r, hs)
+        m = np.full(qi.shape[:-1], -np.inf)                         # running maximum
+        l = np.zeros(qi.shape[:-1])                                 # running sum
+        acc = np.zeros(qi.shape)                                    # running output
+        for j0 in range(0, rows[-1] + 1, tile):
+            cols = np.arange(j0, min(j0 + tile, T))
+            s = qi @ k[:, :, cols].transpose(0, 1, 3, 2)            # (B, H, r, c): one tile
+            s = np.where(cols[None, :] <= rows[:, None], s, -np.inf)
+            m_new = np.maximum(m, s.max(-1))
+            rescale = np.exp(m - m_new)
+            p = np.exp(s - m_new[..., None])
+            l = l * rescale + p.sum(-1)
+            acc = acc * rescale[..., None] + p @ v[:, :, cols]
+            m = m_new
+        out[:, :, rows] = acc / l[..., None]
+        lse[:, :, rows] = m + np.log(l)
+    ### END SOLUTION
+    return out.transpose(0, 2, 1, 3).reshape(B, T, C), lse
+
+# %%
+# CHECK 10.3
+lesson10.check_online_softmax(online_softmax_attention)
+
+# %% [markdown]
+# Your function fills the trainer's `flash_attention_forward` slot: it takes the kernel's
+# inputs and returns its outputs. The trainer's `FusedGPT(attention="flash")` keeps your
+# `lse` instead of P, and its backward (`engine/trainer/kernels/flash_attention.py`) rebuilds
+# the probabilities from it, tile by tile. Plugged in, in float64, a step's gradients are
+# those of the standard kernel:
+
+# %%
+from engine.gpt_config import GPTConfig, init_params
+from engine.trainer.model import FusedGPT, kernel_owners, reset_kernels, use_kernel
+
+small = GPTConfig(vocab_size=13, block_size=40, n_layer=2, n_head=2, n_embd=16)
+ids, next_ids = np.random.default_rng(10).integers(0, 13, (2, 3, 40))
+
+
+def step_gradients(attention):
+    model = FusedGPT(small, 3, params=init_params(small, 0, np.float64), dtype=np.float64,
+                     attention=attention)
+    loss = model.forward(ids, next_ids)
+    model.backward()
+    return loss, model.grads.flat.copy()
+
+
+loss_standard, grads_standard = step_gradients("standard")
+use_kernel("flash_attention_forward", online_softmax_attention, owner="you")
+try:
+    loss_yours, grads_yours = step_gradients("flash")
+    owner = kernel_owners()["flash_attention_forward"]
+finally:
+    reset_kernels("flash_attention_forward")
+gap = np.abs(grads_yours - grads_standard).max() / np.abs(grads_standard).max()
+print(f"flash_attention_forward run by: {owner}")
+print(f"same loss: {math.isclose(loss_yours, loss_standard, rel_tol=1e-12)}; "
+      f"gradients within 1e-10: {gap < 1e-10}")
+
+# %% [markdown]
+# **The memory curve, measured.** The trainer's models report the bytes they keep from
+# forward to backward (`engine.trainer.bench.activation_bytes`, what
+# `python -m engine.bench --json` prints as `activation_bytes`). One sequence, growing:
+
+# %%
+from engine.trainer.bench import activation_bytes
+
+curve = GPTConfig(vocab_size=64, block_size=2048, n_layer=2, n_head=4, n_embd=64)
+kept = {}
+print(f"{'T':>5} | {'standard: attention':>20} {'all kept':>10} | "
+      f"{'flash: attention':>17} {'all kept':>10}   (KiB)")
+for T in (128, 256, 512, 1024, 2048):
+    kept[T] = {kind: activation_bytes([FusedGPT(curve, 1, seq_len=T, attention=kind)])
+               for kind in ("standard", "flash")}
+    s, f = kept[T]["standard"], kept[T]["flash"]
+    print(f"{T:>5} | {s['attention_saved_bytes'] / 1024:>20,.0f} "
+          f"{s['activation_bytes'] / 1024:>10,.0f} | {f['attention_saved_bytes'] / 1024:>17,.0f} "
+          f"{f['activation_bytes'] / 1024:>10,.0f}")
+attention_kept = {kind: [kept[T][kind]["attention_saved_bytes"] for T in kept]
+                  for kind in ("standard", "flash")}
+for shorter, longer in zip(attention_kept["standard"], attention_kept["standard"][1:]):
+    assert longer == 4 * shorter
+for shorter, longer in zip(attention_kept["flash"], attention_kept["flash"][1:]):
+    assert longer == 2 * shorter
+print("each doubling of T: the probabilities grow 4x, the row statistics 2x")
+
+# %% [markdown]
+# The probabilities go from about a third of what the model keeps at T = 128 to nearly nine
+# tenths at T = 2048; with the flash kernel, attention's own share stays a few KiB.
+#
+# **What the backward pays.** The standard backward reads P and runs four products per
+# pair of tiles (dP = dY Vᵀ, dV = Pᵀ dY, dQ = dS K, dK = dSᵀ Q). The flash backward has no P:
+# it first computes $D_i = \sum_j p_{ij}\, dp_{ij}$, the softmax backward's row sum, as
+# $dy_i \cdot y_i$ (because $y_i = \sum_j p_{ij} v_j$ and $dp_{ij} = dy_i \cdot v_j$), then per
+# tile recomputes S = Q Kᵀ and P = exp(S − lse) before the same four products: five
+# products and a tile of exponentials instead of four. Measured, kernel against kernel:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from engine.timing import fixed_threads
+
+qkv = np.random.default_rng(11).normal(size=(2, 512, 3 * 128)).astype(np.float32)
+dy = np.random.default_rng(12).normal(size=(2, 512, 128)).astype(np.float32)
+y_std, probs = fused.attention_forward(qkv, 4)
+y_fl, row_lse = fused.flash_attention_forward(qkv, 4)
+with fixed_threads(1):
+    t_fwd_std = median_seconds(lambda: fused.attention_forward(qkv, 4), repeats=5, warmup=1)
+    t_fwd_fl = median_seconds(lambda: fused.flash_attention_forward(qkv, 4), repeats=5,
+                              warmup=1)
+    t_bwd_std = median_seconds(lambda: fused.attention_backward(dy, qkv, probs), repeats=5,
+                               warmup=1)
+    t_bwd_fl = median_seconds(lambda: fused.flash_attention_backward(dy, qkv, y_fl, row_lse),
+                              repeats=5, warmup=1)
+print(f"B=2 T=512 H=4 C=128 float32, one thread   forward   backward   saved for backward")
+print(f"standard (keeps P)             {t_fwd_std * 1e3:7.1f} ms {t_bwd_std * 1e3:7.1f} ms   "
+      f"{probs.nbytes / 2**20:6.2f} MiB [timed]")
+print(f"flash (recomputes P)          {t_fwd_fl * 1e3:7.1f} ms {t_bwd_fl * 1e3:7.1f} ms   "
+      f"{row_lse.nbytes / 2**20:6.2f} MiB [timed]")
+print(f"the backward's recompute costs {t_bwd_fl / t_bwd_std:.1f}x the standard backward "
+      f"here [timed]")
+assert t_bwd_fl > t_bwd_std, "recomputing S and P should make the flash backward slower"
+
+# %% [markdown]
+# On a CPU the flash backward is slower, usually by more than the 5-to-4 count of products
+# suggests: our standard kernel is tuned (four rows per pass, one large product per head),
+# the flash kernel works on small 16 × 16 tiles. The trade is still the right one where
+# memory runs out: a step that does not fit is infinitely slow. On a GPU the same tiles sit in fast
+# on-chip memory, and the kernel that never writes P to main memory is also the faster one.
+# `python -m engine.bench --sweep-attention` measures both kernels and PyTorch's
+# `scaled_dot_product_attention` from T = 128 to 2048.
+#
+# The tape engine has the other answer to the same row of the failure table: *selective
+# recompute* (`engine.recompute.selective_recompute`) keeps q, k, v and rebuilds only the
+# probabilities in the backward, block by block, the cheap-to-redo and large-to-keep part
+# that Korthikanti et al. single out; `engine.budget.measure` now measures it.
+
+# %% [markdown]
 # ## What you built, and what it costs
 #
 # - **Two limits, measured**: this machine's memory bandwidth (a large copy) and its matmul
@@ -688,6 +899,10 @@ for vocab in (32_000, 50_257, 128_000, 256_000):
 # - **Fused softmax + cross-entropy** (your piece `softmax_cross_entropy`): the loss comes
 #   out, the gradient overwrites the logits, and the largest tensor of the model exists
 #   once instead of three times.
+# - **Attention with the online softmax** (your piece `flash_attention_forward`): a running
+#   maximum, sum and output per row, one log-sum-exp kept per row instead of a (T × T)
+#   matrix; the backward recomputes the probabilities tile by tile, for one more product
+#   per tile.
 #
 # The rule behind all of them: for memory-bound kernels, count passes over memory, not
 # FLOPs. Lesson 11 turns to a kernel whose problem is not bandwidth but *order*: the

@@ -302,11 +302,18 @@ def engine_outside_saved(cfg: BudgetConfig) -> list[Saved]:
     ]
 
 
+def _is_engine_attention_core(item: Saved) -> bool:
+    return item.tensor == "att"      # what selective recompute rebuilds
+
+
 def engine_saved_tensors(cfg: BudgetConfig) -> list[Saved]:
     """Every tensor `engine.nn.GPT` keeps for its backward, one entry per kind
     (`count` = number of blocks). With recompute='full' each block keeps only
-    its input (B,T,C), and its insides are rebuilt during the backward."""
+    its input (B,T,C), and its insides are rebuilt during the backward; with
+    recompute='selective' each block keeps all but its probabilities att."""
     block = engine_block_saved(cfg)
+    if cfg.recompute == "selective":
+        block = [x for x in block if not _is_engine_attention_core(x)]
     if cfg.recompute == "full":
         f = activation_bytes_per_element(cfg)
         kept = [Saved("block", "input (checkpoint)", cfg.micro_batch * cfg.seq_len
@@ -321,9 +328,75 @@ def engine_activations(cfg: BudgetConfig) -> Activations:
     tensors at the policy's bytes per element: fp32 = 4, as the engine runs;
     ids and targets at 8). `engine.memory` measures the same number."""
     items = engine_saved_tensors(cfg)
+    if cfg.recompute == "selective":
+        return _engine_selective_activations(cfg, items)
     n_kept = 1 if cfg.recompute == "full" else len(engine_block_saved(cfg))
     rebuilt = sum(x.bytes for x in engine_block_saved(cfg)) if cfg.recompute == "full" else 0
     return _with_recompute_peak("engine", items[:n_kept], items[n_kept:], rebuilt)
 
 
+def _engine_selective_activations(cfg: BudgetConfig, items: list) -> Activations:
+    """Selective recompute's peak, in the backward's order: the last block's
+    probabilities are rebuilt once the head, the loss and everything that
+    block kept after its attention core (projection input, ln2, MLP) have
+    been consumed and freed; each earlier block rebuilds the same bytes with
+    less alive. So the peak is the larger of the end of the forward and that
+    moment."""
+    block = engine_block_saved(cfg)
+    rebuilt = sum(x.bytes for x in block if _is_engine_attention_core(x))
+    after_core = sum(x.bytes for x in block if x.op.startswith(("attn proj", "ln2", "mlp")))
+    saved = sum(x.bytes for x in items)
+    freed = after_core + sum(x.bytes for x in engine_outside_saved(cfg) if not x.until_end)
+    return Activations("engine", saved, max(saved, saved - freed + rebuilt), tuple(items))
+
+
 # Largest run `measure` starts: a few seconds of numpy on a laptop.
+
+
+# ------------------------------------------- the fused trainer's attention kernels
+FUSED_ATTENTION_KERNELS = ("standard", "flash")
+
+
+def fused_attention_saved(cfg: BudgetConfig, attention: str = "standard") -> Saved:
+    """What one block of engine.trainer's FusedGPT keeps for attention's
+    backward beyond Q, K, V and the output: the probabilities, (B, H, T, T),
+    with the standard kernel, or one log-sum-exp per row, (B, H, T), with the
+    flash kernel, which rebuilds the probabilities tile by tile. O(T^2)
+    against O(T) per head."""
+    B_, T, H = cfg.micro_batch, cfg.seq_len, cfg.n_head
+    f = activation_bytes_per_element(cfg)
+    if attention == "standard":
+        return Saved("attention", "probabilities", B_ * H * T * T, f)
+    if attention == "flash":
+        return Saved("flash attention", "row log-sum-exp", B_ * H * T, f)
+    raise BudgetError(f"attention={attention!r} is not a kernel of the fused trainer; "
+                      f"choose one of {', '.join(FUSED_ATTENTION_KERNELS)}.")
+
+
+def fused_trainer_saved(cfg: BudgetConfig, attention: str = "standard") -> list[Saved]:
+    """The buffers engine.trainer's FusedGPT keeps from forward to backward
+    (its StepBuffers.saved_nbytes), N = B*T rows:
+
+        residual stream entering each block and leaving the last  (L+1) N C
+        per block: ln1 out, mean, rstd; qkv (3C); attention's own   15 N C + 4 N
+          (see fused_attention_saved); its output; the residual      + attention
+          after attention; ln2 out, mean, rstd; fc out, gelu out (4C each)
+        final layer norm out, mean, rstd; the logits               N C + 2 N + N V
+
+    recompute='full' is the trainer's --checkpointing: one block's buffers,
+    shared by all blocks, refilled in the backward."""
+    if cfg.recompute == "selective":
+        raise BudgetError("the fused trainer recomputes whole blocks (recompute 'full') or "
+                          "nothing; for attention without the T x T matrix choose "
+                          "attention='flash' instead of recompute='selective'.")
+    B_, T, C, V, L = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, cfg.n_layer
+    f, N = activation_bytes_per_element(cfg), cfg.micro_batch * cfg.seq_len
+    sets = 1 if cfg.recompute == "full" else L
+    return [
+        Saved("residual stream", "block inputs and output", N * C, f, L + 1),
+        Saved("block", "layer norms, qkv, attention output, residual, MLP", 15 * N * C + 4 * N,
+              f, sets),
+        replace(fused_attention_saved(cfg, attention), count=sets),
+        Saved("final layer norm", "output, mean, rstd", N * C + 2 * N, f),
+        Saved("head", "logits (become their gradient)", N * V, f),
+    ]

@@ -192,10 +192,6 @@ class BudgetConfig:
                 raise BudgetError(
                     "the engine's reference GPT is a GPT-2 style model; with "
                     "activation_model='engine' set architecture 'gpt2'.")
-            if self.recompute == "selective":
-                raise BudgetError(
-                    "our engine checkpoints whole blocks only; with activation_model="
-                    "'engine' choose recompute 'none' or 'full'.")
             if self.dropout:
                 raise BudgetError(
                     "the engine's reference GPT has no dropout; with activation_model="

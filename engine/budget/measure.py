@@ -20,9 +20,6 @@ def measurable(cfg: BudgetConfig) -> BudgetConfig:
         raise BudgetError(
             "our engine's GPT has no dropout, a tied head and an MLP of width 4d; turn "
             "dropout off, tie the head and set the MLP width to 0 (4d) to measure.")
-    if cfg.recompute == "selective":
-        raise BudgetError("our engine checkpoints whole blocks only; set recompute 'none' "
-                          "or 'full' to measure.")
     run = cfg.with_(activation_model="engine", precision="fp32", n_params=0)
     acts = engine_activations(run).peak
     work = flops(run)["per_micro_batch"]["forward"] * 3
@@ -38,7 +35,9 @@ def measurable(cfg: BudgetConfig) -> BudgetConfig:
 def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
     """Run one forward and backward of `engine.nn.GPT` at this shape under
     `engine.memory` (with every block checkpointed by `engine.recompute`
-    when recompute='full') and return measured bytes beside the engine
+    when recompute='full', with each attention core checkpointed by
+    `engine.recompute.selective_recompute` when recompute='selective') and
+    return measured bytes beside the engine
     model's prediction:
       * activations alive at the end of the forward, and their peak over the
         step, from the tape's timeline;
@@ -50,7 +49,7 @@ def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
     import numpy as np
 
     from .. import memory
-    from ..recompute import checkpointed
+    from ..recompute import checkpointed, selective_recompute
     from ..gpt_config import GPTConfig, init_params
     from ..nn import GPT
 
@@ -63,7 +62,8 @@ def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
     targets = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
     policy = "every" if run.recompute == "full" else "none"
     with memory.record() as mem:
-        with checkpointed(model, policy):
+        with checkpointed(model, policy), selective_recompute(
+                model, run.recompute == "selective"):
             loss = model(ids, targets)
         loss.backward()
     timeline = [(p.phase, p.label, p.live_bytes) for p in mem.timeline]
@@ -75,7 +75,8 @@ def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
     return {
         "shape": (f"L={run.n_layer} d={run.d_model} H={run.n_head} V={run.vocab_size} "
                   f"B={run.micro_batch} N={run.seq_len}, fp32"
-                  + (", every block checkpointed" if policy == "every" else "")),
+                  + (", every block checkpointed" if policy == "every" else "")
+                  + (", attention cores recomputed" if run.recompute == "selective" else "")),
         "config": run,
         "predicted_saved": predicted.activations.saved,
         "measured_saved": end_of_forward,

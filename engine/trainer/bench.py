@@ -12,7 +12,14 @@ Measures, in one process and one run:
 * PyTorch eager, when it imports: the same model with the same initial
   weights and batches, timed step for step in alternation with ours (so a
   busy machine slows both alike), the ratio, and the largest relative
-  difference between the two first-step gradients.
+  difference between the two first-step gradients;
+* activation_bytes: the bytes of the buffers the step keeps from forward to
+  backward (all replicas), attention's share apart (--attention chooses the
+  kernel: standard keeps (B, H, T, T) probabilities, flash (B, H, T) numbers).
+
+`--sweep-attention` measures instead, for each sequence length, the saved
+bytes and forward+backward ms of both our attention kernels and of PyTorch's
+scaled_dot_product_attention in the same model, in one run.
 
 Timings on a shared machine are noisy; medians and same-run ratios are the
 numbers to quote. Nothing here is a test: it reports, it does not judge.
@@ -92,6 +99,7 @@ def _numba_kernels():
     from . import kernels as fused
     found = []
     for mod in (fused.embedding, fused.layernorm, fused.gelu, fused.attention,
+                fused.flash_attention,
                 fused.crossentropy, fused.residual, fused.linear, fused.adamw):
         found += [v for v in vars(mod).values() if isinstance(v, CPUDispatcher)]
     return found
@@ -146,9 +154,123 @@ def machine_sgemm_rate(n: int = 1024, repeats: int = 5) -> float:
     return 2 * n ** 3 / seconds / 1e9
 
 
+# ------------------------------------------------------------ activation memory
+def activation_bytes(models) -> dict:
+    """Bytes the step keeps from forward to backward, over the given FusedGPTs
+    (the replicas of one step), and attention's own share of them: the
+    probabilities (standard kernel) or the row log-sum-exps (flash kernel)."""
+    total = attention = 0
+    for m in models:
+        total += m.acts.saved_nbytes()
+        for layer in m.acts.layer_sets:
+            attention += getattr(layer, "probs", getattr(layer, "lse", None)).nbytes
+    return {"activation_bytes": total, "attention_saved_bytes": attention}
+
+
+def torch_saved_bytes(loss_fn, ids, targets, params=()) -> int:
+    """Bytes of the distinct tensors PyTorch's autograd saves for one backward
+    (counted through saved_tensors_hooks; views of one storage counted once;
+    the parameters' own storages left out, as activation_bytes leaves them)."""
+    import torch
+    weights = {p.untyped_storage().data_ptr() for p in params}
+    storages = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in weights:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(ids, targets)
+    loss.backward()
+    return sum(storages.values())
+
+
+SWEEP_LENGTHS = (128, 256, 512, 1024, 2048)
+
+
+def sweep_attention(cfg: GPTConfig, lengths=SWEEP_LENGTHS, tokens: int = 2048, *,
+                    repeats: int = 3, threads: int | None = None, with_torch: bool = True,
+                    seed: int = 0, progress=None) -> dict:
+    """For each sequence length T (batch B = max(1, tokens // T)): the bytes one
+    forward+backward of the model keeps, attention's share, and the median
+    forward+backward ms, for our standard and flash kernels and for the same
+    model in PyTorch with scaled_dot_product_attention(is_causal=True).
+    One model at a time, every kernel on `threads` threads."""
+    from dataclasses import replace
+    from .kernels.threads import cores, restore_threads, set_threads
+    from .model import FusedGPT
+    say = progress or (lambda line: None)
+    torch = None
+    if with_torch:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+    n_threads = threads or cores()
+    info = set_threads(n_threads)
+    if torch is not None:
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(n_threads)
+    rows = []
+    try:
+        for T in lengths:
+            c = replace(cfg, block_size=T)
+            B = max(1, tokens // T)
+            rng = np.random.default_rng(seed)
+            ids, targets = rng.integers(0, c.vocab_size, (2, B, T))
+            params = init_params(c, seed, np.float32)
+            row = {"T": T, "B": B}
+            for kind in ("standard", "flash"):
+                say(f"T={T} B={B}: ours, {kind} attention...")
+                model = FusedGPT(c, B, params=params, attention=kind)
+                step = lambda: (model.forward(ids, targets), model.backward())  # noqa: E731
+                row[kind] = {"ms": median_seconds(step, repeats, warmup=1) * 1e3,
+                             **activation_bytes([model])}
+                del model
+            if torch is not None:
+                say(f"T={T} B={B}: PyTorch SDPA...")
+                loss_fn, tensors = torch_gpt(c, params, "sdpa")
+                tids, ttargets = torch.from_numpy(ids), torch.from_numpy(targets)
+                row["torch_sdpa"] = {
+                    "ms": median_seconds(lambda: loss_fn(tids, ttargets).backward(), repeats,
+                                         warmup=1) * 1e3,
+                    "activation_bytes": torch_saved_bytes(loss_fn, tids, ttargets,
+                                                          tensors.values())}
+            rows.append(row)
+    finally:
+        restore_threads(info)
+        if torch is not None:
+            torch.set_num_threads(torch_threads)
+    return {"config": {**cfg.to_dict(), "tokens_per_batch": tokens, "threads": n_threads,
+                       "repeats": repeats, "torch": torch.__version__ if torch else None},
+            "rows": rows}
+
+
+def format_sweep(r: dict) -> str:
+    c = r["config"]
+    mib = lambda n: f"{n / 2**20:9.2f}"  # noqa: E731
+    lines = [f"attention sweep: L={c['n_layer']} H={c['n_head']} C={c['n_embd']} "
+             f"V={c['vocab_size']}, B*T = {c['tokens_per_batch']} tokens, {c['threads']} "
+             f"thread(s), forward+backward median of {c['repeats']}",
+             f"{'T':>6}{'B':>4} | {'standard':^27} | {'flash':^27} | {'PyTorch SDPA':^18}",
+             f"{'':10}| {'kept MiB':>9}{'attn MiB':>9}{'ms':>9} | {'kept MiB':>9}{'attn MiB':>9}"
+             f"{'ms':>9} | {'saved MiB':>9}{'ms':>9}"]
+    for row in r["rows"]:
+        s, f, t = row["standard"], row["flash"], row.get("torch_sdpa")
+        line = (f"{row['T']:>6}{row['B']:>4} | {mib(s['activation_bytes'])}"
+                f"{mib(s['attention_saved_bytes'])}{s['ms']:9.1f} | {mib(f['activation_bytes'])}"
+                f"{mib(f['attention_saved_bytes'])}{f['ms']:9.1f} | ")
+        line += f"{mib(t['activation_bytes'])}{t['ms']:9.1f}" if t else "   (no torch)"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         with_torch: bool = True, torch_attention: str = "sdpa", threads: int | None = None,
-        thread_mode: str = "replicas", seed: int = 0, data=None, progress=None) -> dict:
+        thread_mode: str = "replicas", seed: int = 0, data=None, progress=None,
+        attention: str = "standard") -> dict:
     """Benchmark the fused trainer (and PyTorch eager when available); returns a report dict."""
     say = progress or (lambda line: None)
     torch = None
@@ -175,7 +297,8 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         torch.set_num_threads(n_threads)
     try:
         report = _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention,
-                          n_threads, thread_mode, replicas, thread_info, seed, data, say)
+                          n_threads, thread_mode, replicas, thread_info, seed, data, say,
+                          attention)
         restore_threads(thread_info)                  # BLAS back to its own threads
         report["linear"]["machine_sgemm_gflops"] = machine_sgemm_rate()
         return report
@@ -186,7 +309,7 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
 
 
 def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention, n_threads,
-             thread_mode, replicas, thread_info, seed, data, say):
+             thread_mode, replicas, thread_info, seed, data, say, attention="standard"):
     from .data import batch_at
     from .model import decay_segments
     from .optim import AdamW
@@ -198,7 +321,8 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
         data = np.random.default_rng(seed).integers(0, cfg.vocab_size, 200_000)
     batches = [batch_at(data, seed, i, B, T) for i in range(steps + warmup + 1)]
 
-    model = ThreadReplicas(cfg, B, replicas, params=params, dtype=dtype)
+    model = ThreadReplicas(cfg, B, replicas, params=params, dtype=dtype, attention=attention)
+    kept = activation_bytes(model.replicas)
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3, weight_decay=0.1)
     phase_s = {"replica 0 forward+backward": 0.0, "all replicas forward+backward": 0.0,
                "clip + AdamW": 0.0}
@@ -212,17 +336,19 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
 
     twin = None
     if torch is not None:
-        twin = _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say)
+        twin = _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say,
+                           attention)
     t_ours, t_torch = _time_steps(ours, twin and twin["step"], warmup, steps, say)
     per_kernel, prof_wall, rest, matmul_ms = _profile(model, ours, phase_s, steps, warmup)
 
     gemm_alone = sgemm_rate(cfg, B, T, dtype, replicas)
     model.close()
     setup = {**cfg.to_dict(), "batch_size": B, "dtype": "float32", "threads": n_threads,
-             "thread_mode": thread_mode, "replicas": replicas,
+             "thread_mode": thread_mode, "replicas": replicas, "attention": attention,
              "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"]}
     report = _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms,
                      per_kernel, prof_wall, rest, replicas, torch_reason)
+    report.update(kept)
     if twin is not None:
         report["torch"] = _torch_report(torch, torch_attention, twin, t_torch, t_ours, B * T)
     return report
@@ -285,7 +411,8 @@ def _our_step(model, opt, batches, phase_s):
     return ours
 
 
-def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say) -> dict:
+def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say,
+                attention="standard") -> dict:
     """The same model in PyTorch eager with the same initial weights: its step
     function, the first-step gradient agreement and its first-step time."""
     from .model import FusedGPT
@@ -307,7 +434,8 @@ def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say) -> 
         return loss.item()
 
     # first-step gradients, before any update
-    g_model = FusedGPT(cfg, B, params=params, dtype=dtype)    # one replica: the whole batch
+    g_model = FusedGPT(cfg, B, params=params, dtype=dtype,    # one replica: the whole batch
+                       attention=attention)
     x0, y0 = batches[0]
     g_model.forward(x0, y0)
     g_model.backward()
@@ -373,6 +501,10 @@ def _profile(model, ours, phase_s, steps, warmup):
     return per_kernel, prof_wall, rest, matmul_ms
 
 
+def _kib_or_mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def format_report(r: dict) -> str:
     c = r["config"]
     mode = (f"{c['replicas']} replicas x 1 thread" if c["thread_mode"] == "replicas"
@@ -384,6 +516,10 @@ def format_report(r: dict) -> str:
              f"{r['compile']['compiled']}, loaded from cache: "
              f"{r['compile']['loaded_from_cache']})", ""]
     o, t = r["ours"], r["torch"]
+    if "activation_bytes" in r:
+        lines.insert(2, f"activations kept for the backward: {_kib_or_mib(r['activation_bytes'])}, "
+                        f"attention's share {_kib_or_mib(r['attention_saved_bytes'])} "
+                        f"({c.get('attention', 'standard')} kernel)")
     lines.append(f"{'':24}{'ms/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}{'best ms':>10}")
     lines.append(f"{'fused (FusedGPT)':24}{o['ms_per_step']:>10.1f}{o['tokens_per_s']:>12,.0f}"
                  f"{o['gflops']:>10.1f}{o['ms_min']:>10.1f}")
@@ -438,6 +574,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument("--torch-attention", choices=("sdpa", "manual"), default="sdpa")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--attention", choices=("standard", "flash"), default="standard",
+                   help="our attention kernel: standard keeps the T x T probabilities, "
+                        "flash one number per row")
+    p.add_argument("--sweep-attention", action="store_true",
+                   help="instead: saved bytes and forward+backward ms of both kernels and "
+                        "PyTorch SDPA at T = " + ", ".join(map(str, SWEEP_LENGTHS))
+                        + " (B = 2048 // T; median of --steps forward+backward passes)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
@@ -452,10 +595,18 @@ def main(argv=None) -> int:
                         n_head=args.n_head, n_embd=args.n_embd)
     except ValueError as exc:
         p.error(str(exc))
+    if args.sweep_attention:
+        sweep = sweep_attention(cfg, repeats=args.steps, threads=args.threads,
+                                with_torch=not args.no_torch,
+                                progress=None if args.json else
+                                (lambda s: print(s, file=sys.stderr)))
+        print(json.dumps(sweep, indent=2) if args.json else format_sweep(sweep))
+        return 0
     report = run(cfg, args.batch_size, steps=args.steps, warmup=args.warmup,
                  with_torch=not args.no_torch, torch_attention=args.torch_attention,
                  threads=args.threads, thread_mode=args.thread_mode, data=data,
-                 progress=None if args.json else (lambda s: print(s, file=sys.stderr)))
+                 progress=None if args.json else (lambda s: print(s, file=sys.stderr)),
+                 attention=args.attention)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

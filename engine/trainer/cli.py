@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", choices=("float32", "float64"), help="float32 trains, float64 checks")
     a("--checkpointing", action="store_true", default=None,
       help="activation checkpointing: recompute each block in the backward")
+    a("--attention", choices=("standard", "flash"),
+      help="attention kernel: standard keeps the T x T probabilities for the backward, "
+           "flash keeps one number per row and recomputes them (default standard)")
     a("--data-parallel", action="store_true", default=None,
       help="split each micro-batch over the processes of mpiexec")
     a("--threads", type=int, help="threads per process (default: cores / processes)")

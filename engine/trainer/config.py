@@ -62,6 +62,7 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"
     checkpointing: bool = False        # recompute each block in the backward
+    attention: str = "standard"        # "flash": tiled kernel, no T x T probabilities kept
     data_parallel: bool = False        # under mpiexec: split each micro-batch over ranks
     threads: int | None = None         # threads per process (default: cores / processes)
     thread_mode: str = "replicas"      # "replicas": one model copy per thread; "kernels":
@@ -90,6 +91,8 @@ class TrainConfig:
                              f"{self.thread_mode!r}")
         if self.threads is not None and self.threads < 1:
             raise TrainError(f"--threads must be at least 1, got {self.threads}")
+        if self.attention not in ("standard", "flash"):
+            raise TrainError(f"--attention must be standard or flash, got {self.attention!r}")
         if self.dtype not in ("float32", "float64"):
             raise TrainError(f"--dtype must be float32 or float64, got {self.dtype!r}")
         if self.lr <= 0 or not math.isfinite(self.lr):

@@ -71,6 +71,12 @@ KERNEL_SPECS: dict[str, KernelSpec] = {
                                     "causal multi-head attention; probs saved for backward"),
     "attention_backward": KernelSpec(("dout", "qkv", "probs"), (("dqkv", "write"),),
                                      "gradient of attention with respect to qkv"),
+    "flash_attention_forward": KernelSpec(("qkv", "n_head"), (("out", "write"), ("lse", "write")),
+                                          "causal attention, tiled; one log-sum-exp per row "
+                                          "saved for backward (no T x T matrix)"),
+    "flash_attention_backward": KernelSpec(("dout", "qkv", "out", "lse"), (("dqkv", "write"),),
+                                           "gradient of flash attention, probabilities "
+                                           "recomputed tile by tile"),
     "residual_bias_add": KernelSpec(("x", "y", "bias"), (("out", "write"),), "out = x + y + bias"),
     "bias_grad": KernelSpec(("dout",), (("dbias", "add"),), "dbias += dout summed over rows"),
     "crossentropy_softmax": KernelSpec(("logits", "targets", "scale"), (("losses", "write"),),
@@ -90,6 +96,8 @@ _ENGINE_KERNELS = {
     "bias_gelu_backward": fused.bias_gelu_backward,
     "attention_forward": fused.attention_forward,
     "attention_backward": fused.attention_backward,
+    "flash_attention_forward": fused.flash_attention_forward,
+    "flash_attention_backward": fused.flash_attention_backward,
     "residual_bias_add": fused.residual_bias_add,
     "bias_grad": fused.bias_grad,
     "crossentropy_softmax": fused.crossentropy_softmax,
@@ -224,15 +232,32 @@ def decay_segments(buffer: FlatBuffer):
 
 
 # --------------------------------------------------------------------- activations
-class LayerBuffers:
-    """What one block's backward needs, for a micro-batch of N = B*T rows."""
+ATTENTION_KINDS = ("standard", "flash")
 
-    def __init__(self, cfg: GPTConfig, B: int, T: int, dtype):
+
+def _check_attention(owner: str, attention: str) -> str:
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"{owner}: attention={attention!r} is not a kernel; choose "
+                         f"'standard' (saves the T x T probabilities) or 'flash' (saves one "
+                         f"number per row)")
+    return attention
+
+
+class LayerBuffers:
+    """What one block's backward needs, for a micro-batch of N = B*T rows.
+
+    Attention keeps its probabilities, (B, H, T, T), with the standard kernel,
+    and one log-sum-exp per row, (B, H, T), with the flash kernel."""
+
+    def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, attention: str = "standard"):
         N, C, H = B * T, cfg.n_embd, cfg.n_head
         z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
         self.ln1, self.ln1_mean, self.ln1_rstd = z(N, C), z(N), z(N)
         self.qkv = z(B, T, 3 * C)
-        self.probs = z(B, H, T, T)
+        if _check_attention("LayerBuffers", attention) == "flash":
+            self.lse = z(B, H, T)
+        else:
+            self.probs = z(B, H, T, T)
         self.atty = z(B, T, C)
         self.res_mid = z(N, C)                      # residual stream after attention
         self.ln2, self.ln2_mean, self.ln2_rstd = z(N, C), z(N), z(N)
@@ -246,13 +271,14 @@ class LayerBuffers:
 class StepBuffers:
     """Every buffer a training step uses, allocated once for (B, T)."""
 
-    def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, checkpointing: bool):
+    def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, checkpointing: bool,
+                 attention: str = "standard"):
         N, C, V, L = B * T, cfg.n_embd, cfg.vocab_size, cfg.n_layer
         z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
         self.B, self.T, self.checkpointing = B, T, checkpointing
         self.res = z(L + 1, N, C)                    # the residual stream entering each block
         n_sets = 1 if checkpointing else L
-        self.layer_sets = [LayerBuffers(cfg, B, T, dtype) for _ in range(n_sets)]
+        self.layer_sets = [LayerBuffers(cfg, B, T, dtype, attention) for _ in range(n_sets)]
         self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
         self.logits = z(N, V)                        # becomes dlogits in place
         self.losses = z(N)
@@ -280,12 +306,15 @@ class FusedGPT:
     params: a dict name -> array (e.g. from init_params), or None for
     init_params(cfg, seed). dtype float32 trains; float64 checks gradients.
     checkpointing=True keeps only each block's input and recomputes the block
-    in the backward (less memory, one more forward's worth of compute)."""
+    in the backward (less memory, one more forward's worth of compute).
+    attention="flash" runs the tiled attention kernels, which keep O(T) numbers
+    per head instead of the (T x T) probabilities ("standard")."""
 
     def __init__(self, cfg: GPTConfig, batch_size: int, *, params=None, seed: int = 0,
                  dtype=np.float32, checkpointing: bool = False, seq_len: int | None = None,
-                 shared_params: "FlatBuffer | None" = None):
+                 shared_params: "FlatBuffer | None" = None, attention: str = "standard"):
         self.cfg = cfg
+        self.attention = _check_attention("FusedGPT", attention)
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise TypeError(f"FusedGPT: dtype {self.dtype} is not supported; "
@@ -305,7 +334,7 @@ class FusedGPT:
             self.params = FlatBuffer(shapes, self.dtype)
             self.load_params(init_params(cfg, seed, self.dtype) if params is None else params)
         self.checkpointing = checkpointing
-        self.acts = StepBuffers(cfg, self.B, self.T, self.dtype, checkpointing)
+        self.acts = StepBuffers(cfg, self.B, self.T, self.dtype, checkpointing, attention)
         self.profile: dict[str, float] | None = None   # set to {} to time every kernel
         self._ids = self._targets = None
         self._grad_ready = None
@@ -354,7 +383,10 @@ class FusedGPT:
                 out=A.ln1, mean=A.ln1_mean, rstd=A.ln1_rstd)
         self._k("linear_forward", A.ln1, p[pre + "qkv_w"], p[pre + "qkv_b"],
                 out=A.qkv.reshape(-1, A.qkv.shape[-1]))
-        self._k("attention_forward", A.qkv, H, out=A.atty, probs=A.probs)
+        if self.attention == "flash":
+            self._k("flash_attention_forward", A.qkv, H, out=A.atty, lse=A.lse)
+        else:
+            self._k("attention_forward", A.qkv, H, out=A.atty, probs=A.probs)
         self._k("matmul", A.atty.reshape(-1, A.atty.shape[-1]), p[pre + "proj_w"], out=a.proj)
         self._k("residual_bias_add", x, a.proj, p[pre + "proj_b"], out=A.res_mid)
         self._k("layernorm_forward", A.res_mid, p[pre + "ln2_w"], p[pre + "ln2_b"], LN_EPS,
@@ -413,7 +445,10 @@ class FusedGPT:
         atty = A.atty.reshape(-1, A.atty.shape[-1])
         self._k("matmul", atty, dres, out=g[pre + "proj_w"], trans_a=True, accumulate=True)
         self._k("matmul", dres, p[pre + "proj_w"], out=a.datty.reshape(atty.shape), trans_b=True)
-        self._k("attention_backward", a.datty, A.qkv, A.probs, dqkv=a.dqkv)
+        if self.attention == "flash":
+            self._k("flash_attention_backward", a.datty, A.qkv, A.atty, A.lse, dqkv=a.dqkv)
+        else:
+            self._k("attention_backward", a.datty, A.qkv, A.probs, dqkv=a.dqkv)
         dqkv = a.dqkv.reshape(-1, a.dqkv.shape[-1])
         self._k("bias_grad", dqkv, dbias=g[pre + "qkv_b"])
         self._k("matmul", A.ln1, dqkv, out=g[pre + "qkv_w"], trans_a=True, accumulate=True)

@@ -143,7 +143,7 @@ class ThreadReplicas:
         per = batch_size // n_replicas
         first = FusedGPT(cfg, per, **gpt_kwargs)
         extra = {k: v for k, v in gpt_kwargs.items() if k in ("dtype", "checkpointing",
-                                                               "seq_len")}
+                                                               "seq_len", "attention")}
         self.replicas = [first] + [FusedGPT(cfg, per, shared_params=first.params, **extra)
                                    for _ in range(n_replicas - 1)]
         self.params, self.dtype = first.params, first.dtype

@@ -204,7 +204,8 @@ def _build_model(config, tok, fingerprint, local_batch, n_replicas):
     from .parallel import ThreadReplicas
     cfg = config.model_config(tok.vocab_size)
     model = ThreadReplicas(cfg, local_batch, n_replicas, seed=config.seed,
-                           dtype=np.dtype(config.dtype), checkpointing=config.checkpointing)
+                           dtype=np.dtype(config.dtype), checkpointing=config.checkpointing,
+                           attention=config.attention)
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=config.lr,
                 betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
     start = 0

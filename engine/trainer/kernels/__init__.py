@@ -5,6 +5,7 @@
     layernorm       layernorm_forward           layernorm_backward   (one pass per row)
     gelu            bias_gelu_forward           bias_gelu_backward
     attention       attention_forward           attention_backward   (causal, O(T^2) softmax bwd)
+    flash_attention flash_attention_forward     flash_attention_backward (tiled, O(T) saved)
     crossentropy    crossentropy_softmax (loss and gradient in one kernel), crossentropy_loss
     residual        residual_bias_add           bias_grad
     linear          linear_forward, gemm        linear_backward      (BLAS, outside prange)
@@ -28,6 +29,7 @@ from .adamw import adamw_update, clip_scale, global_norm, work_items
 from .attention import attention_backward, attention_forward
 from .crossentropy import crossentropy_loss, crossentropy_softmax
 from .embedding import embedding_backward, embedding_forward
+from .flash_attention import flash_attention_backward, flash_attention_forward
 from .gelu import bias_gelu_backward, bias_gelu_forward, gelu_reference
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import gemm, linear_backward, linear_forward
@@ -36,7 +38,8 @@ from .residual import bias_grad, residual_bias_add
 __all__ = [
     "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
     "bias_gelu_forward", "bias_gelu_backward", "gelu_reference", "attention_forward",
-    "attention_backward", "crossentropy_softmax", "crossentropy_loss", "residual_bias_add",
+    "attention_backward", "flash_attention_forward", "flash_attention_backward",
+    "crossentropy_softmax", "crossentropy_loss", "residual_bias_add",
     "bias_grad", "gemm", "linear_forward", "linear_backward", "adamw_update", "global_norm",
     "clip_scale", "work_items", "THREADING_LAYER",
 ]

@@ -1,0 +1,234 @@
+"""Causal self-attention without the T x T matrix (the FlashAttention scheme).
+
+Same layout and the same mathematics as engine.trainer.kernels.attention; what
+changes is what is kept. The standard kernel saves P, (B, H, T, T) numbers, for
+its backward: at long sequences that one buffer outgrows the rest of the
+model. This kernel keeps the output Y and one number per row,
+
+    lse_i = log sum_{j <= i} exp(s_ij),       s_ij = scale * q_i . k_j
+
+so its saved memory grows linearly in T. Any probability can be rebuilt from
+it in one exponential: p_ij = exp(s_ij - lse_i).
+
+Forward: the online softmax. Row block by row block (TILE query rows), the key
+columns arrive tile by tile; each row keeps a running maximum m, a running sum
+l of exp(s - m) and an unnormalised output acc. When a tile raises the
+maximum from m to m', what was summed so far is rescaled by exp(m - m'):
+
+    l   <- l   * exp(m - m') + sum_j exp(s_ij - m')
+    acc <- acc * exp(m - m') + sum_j exp(s_ij - m') v_j
+
+After the last tile, y_i = acc / l and lse_i = m + log l. No score outlives
+its tile.
+
+Backward: the tiles of P are recomputed from Q, K and lse. The softmax
+backward needs rowsum(P * dP) for each row; since dP = dY V^T and Y = P V,
+
+    D_i = sum_j p_ij dp_ij = sum_j p_ij (dy_i . v_j) = dy_i . y_i,
+
+one dot product of two saved (T, hs) arrays, computed before any tile. Then,
+tile by tile: dV += P^T dY, dP = dY V^T, dS = scale * P * (dP - D),
+dQ += dS K, dK += dS^T Q. The price: S and P are computed twice (forward and
+backward), two more products of the five per tile.
+
+The (batch, head) pairs run in parallel; each pair works on zero-padded copies
+of its Q, K, V (O(T * hs) scratch) and (TILE x TILE) tiles, and every tile
+product goes through the standard kernel's `_rows4_product` (four rows per
+pass, so each loaded element feeds four multiply-adds).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._buffers import float_dtype, output
+from .attention import _check_qkv, _load_cols, _load_rows, _padded, _rows4_product
+from ...numba_config import kernel, parallel_kernel, prange
+from ...fast_math import exp
+
+TILE = 16   # rows and columns per tile: one AVX-512 register of float32
+
+
+@kernel
+def _mask_above_diagonal(tile, value):
+    """tile[r, c] = value where c > r: the future positions of a diagonal tile."""
+    for r in range(TILE):
+        for c in range(r + 1, TILE):
+            tile[r, c] = value
+
+
+@kernel
+def _tile_scores(s, a, bt, i0, j0):
+    """s[r, c] = sum_d a[i0 + r, d] bt[d, j0 + c] over one TILE x TILE tile
+    (S = scale Q K^T with the scale folded into K^T, and dP = dY V^T)."""
+    s[:, :] = 0
+    rows, cols = a[i0:i0 + TILE], bt[:, j0:j0 + TILE]
+    for r in range(0, TILE, 4):
+        _rows4_product(s, rows, cols, r, 0, a.shape[1], 0, TILE)
+
+
+@kernel
+def _tile_times(out, o0, m, x, x0):
+    """out[o0 + r, :] += sum_c m[r, c] x[x0 + c, :]  (acc += P V, dQ += dS K)."""
+    rows, xs = out[o0:o0 + TILE], x[x0:x0 + TILE]
+    for r in range(0, TILE, 4):
+        _rows4_product(rows, m, xs, r, 0, TILE, 0, x.shape[1])
+
+
+@kernel
+def _tile_transposed_times(out, o0, m, x, x0, mt):
+    """out[o0 + c, :] += sum_r m[r, c] x[x0 + r, :]  (dV += P^T dY, dK += dS^T Q);
+    mt is scratch for the transposed tile."""
+    for r in range(TILE):
+        for c in range(TILE):
+            mt[c, r] = m[r, c]
+    _tile_times(out, o0, mt, x, x0)
+
+
+@kernel
+def _head_forward(qkv, y, lse, b, h):
+    """One (batch, head) pair: writes its Y columns into y and its lse row."""
+    H, T = lse.shape[1], lse.shape[2]
+    C = y.shape[1]
+    hs = C // H
+    Tp, hp = _padded(T, TILE), _padded(hs, 4)
+    one = qkv.dtype.type(1)
+    zero = one - one
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    row0 = b * T
+    q, kt, v = np.empty((Tp, hp), qkv.dtype), np.empty((hp, Tp), qkv.dtype), \
+        np.empty((Tp, hp), qkv.dtype)
+    _load_rows(qkv, row0, h * hs, T, hs, q, one)
+    _load_cols(qkv, row0, C + h * hs, T, hs, kt, scale)        # scale folded into K^T
+    _load_rows(qkv, row0, 2 * C + h * hs, T, hs, v, one)
+    s = np.empty((TILE, TILE), qkv.dtype)
+    acc = np.zeros((Tp, hp), qkv.dtype)
+    m = np.empty(TILE, qkv.dtype)
+    total = np.empty(TILE, qkv.dtype)
+    for i0 in range(0, Tp, TILE):
+        for j0 in range(0, i0 + 1, TILE):         # causal: tiles left of the diagonal
+            _tile_scores(s, q, kt, i0, j0)
+            if j0 == i0:
+                _mask_above_diagonal(s, -np.inf)  # the diagonal tile: only j <= i counts
+            for r in range(TILE):
+                tile_max = s[r, 0]                # column j0 <= i always exists
+                for c in range(1, TILE):
+                    tile_max = max(tile_max, s[r, c])
+                new_max = tile_max if j0 == 0 else max(m[r], tile_max)
+                rescale = zero if j0 == 0 else exp(m[r] - new_max)
+                row_sum = zero
+                for c in range(TILE):
+                    e = exp(s[r, c] - new_max)
+                    s[r, c] = e
+                    row_sum += e
+                total[r] = (zero if j0 == 0 else total[r] * rescale) + row_sum
+                m[r] = new_max
+                for d in range(hp):
+                    acc[i0 + r, d] *= rescale
+            if j0 == i0:
+                _mask_above_diagonal(s, zero)     # exp(-inf) is 0 in exact arithmetic only
+            _tile_times(acc, i0, s, v, j0)        # acc += exp(S - m) V
+        for r in range(min(TILE, T - i0)):
+            t = i0 + r
+            inv = one / total[r]
+            for d in range(hs):
+                y[row0 + t, h * hs + d] = acc[t, d] * inv
+            lse[b, h, t] = m[r] + np.log(total[r])
+
+
+@kernel
+def _head_backward(dy, qkv, y, lse, dqkv, b, h):
+    """Backward of one (batch, head) pair: writes its dQ, dK, dV columns of dqkv."""
+    H, T = lse.shape[1], lse.shape[2]
+    C = dy.shape[1]
+    hs = C // H
+    Tp, hp = _padded(T, TILE), _padded(hs, 4)
+    one = qkv.dtype.type(1)
+    zero = one - one
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    row0 = b * T
+    dt = qkv.dtype
+    q, k, kt = np.empty((Tp, hp), dt), np.empty((Tp, hp), dt), np.empty((hp, Tp), dt)
+    vt, g = np.empty((hp, Tp), dt), np.empty((Tp, hp), dt)
+    _load_rows(qkv, row0, h * hs, T, hs, q, one)
+    _load_rows(qkv, row0, C + h * hs, T, hs, k, one)
+    _load_cols(qkv, row0, C + h * hs, T, hs, kt, scale)
+    _load_cols(qkv, row0, 2 * C + h * hs, T, hs, vt, one)
+    _load_rows(dy, row0, h * hs, T, hs, g, one)
+    # D_i = dy_i . y_i = rowsum(P * dP), and the row statistics, padded
+    rowdot, row_lse = np.zeros(Tp, dt), np.zeros(Tp, dt)
+    for t in range(T):
+        acc = zero
+        for d in range(hs):
+            acc += dy[row0 + t, h * hs + d] * y[row0 + t, h * hs + d]
+        rowdot[t] = acc
+        row_lse[t] = lse[b, h, t]
+    dq, dk, dv = np.zeros((Tp, hp), dt), np.zeros((Tp, hp), dt), np.zeros((Tp, hp), dt)
+    p, ds, tr = np.empty((TILE, TILE), dt), np.empty((TILE, TILE), dt), np.empty((TILE, TILE), dt)
+    for i0 in range(0, Tp, TILE):
+        for j0 in range(0, i0 + 1, TILE):
+            _tile_scores(p, q, kt, i0, j0)                 # S again
+            for r in range(TILE):                          # P = exp(S - lse)
+                for c in range(TILE):
+                    p[r, c] = exp(p[r, c] - row_lse[i0 + r])
+            if j0 == i0:
+                _mask_above_diagonal(p, zero)
+            for r in range(max(0, T - i0), TILE):           # padding rows past T
+                p[r, :] = 0
+            _tile_transposed_times(dv, j0, p, g, i0, tr)   # dV += P^T dY
+            _tile_scores(ds, g, vt, i0, j0)                # dP = dY V^T
+            for r in range(TILE):                          # dS = scale * P * (dP - D)
+                for c in range(TILE):
+                    ds[r, c] = scale * p[r, c] * (ds[r, c] - rowdot[i0 + r])
+            _tile_times(dq, i0, ds, k, j0)                 # dQ += dS K
+            _tile_transposed_times(dk, j0, ds, q, i0, tr)  # dK += dS^T Q
+    for t in range(T):
+        r = row0 + t
+        for d in range(hs):
+            dqkv[r, h * hs + d] = dq[t, d]
+            dqkv[r, C + h * hs + d] = dk[t, d]
+            dqkv[r, 2 * C + h * hs + d] = dv[t, d]
+
+
+@parallel_kernel
+def flash_forward_kernel(qkv, y, lse):
+    B, H = lse.shape[0], lse.shape[1]
+    for task in prange(B * H):                  # every (batch, head) pair is independent
+        _head_forward(qkv, y, lse, task // H, task % H)
+
+
+@parallel_kernel
+def flash_backward_kernel(dy, qkv, y, lse, dqkv):
+    B, H = lse.shape[0], lse.shape[1]
+    for task in prange(B * H):
+        _head_backward(dy, qkv, y, lse, dqkv, task // H, task % H)
+
+
+def flash_attention_forward(qkv, n_head, *, out=None, lse=None):
+    """Causal self-attention of qkv (B, T, 3C) with n_head heads, tiled.
+    Returns (out (B, T, C), lse (B, H, T)); out and lse are what the backward needs."""
+    name = "flash_attention_forward"
+    dtype = float_dtype(name, qkv)
+    B, T, C = _check_qkv(name, qkv, n_head)
+    out = output(name, "out", out, (B, T, C), dtype)
+    lse = output(name, "lse", lse, (B, n_head, T), dtype)
+    flash_forward_kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), lse)
+    return out, lse
+
+
+def flash_attention_backward(dout, qkv, out, lse, *, dqkv=None):
+    """Gradient of flash_attention_forward's out with respect to qkv (written),
+    from the forward's out and lse. Returns dqkv."""
+    name = "flash_attention_backward"
+    dtype = float_dtype(name, dout, qkv, out, lse)
+    if lse.ndim != 3:
+        raise ValueError(f"{name}: lse must have shape (B, H, T), got {lse.shape}")
+    B, T, C = _check_qkv(name, qkv, lse.shape[1])
+    if dout.shape != (B, T, C) or out.shape != (B, T, C) or lse.shape != (B, lse.shape[1], T):
+        raise ValueError(f"{name}: dout {dout.shape}, out {out.shape} and lse {lse.shape} do "
+                         f"not fit qkv {qkv.shape}; expected ({B}, {T}, {C}) twice and "
+                         f"({B}, H, {T})")
+    dqkv = output(name, "dqkv", dqkv, qkv.shape, dtype)
+    flash_backward_kernel(np.ascontiguousarray(dout).reshape(B * T, C),
+                          qkv.reshape(B * T, 3 * C), np.ascontiguousarray(out).reshape(B * T, C),
+                          np.ascontiguousarray(lse), dqkv.reshape(B * T, 3 * C))
+    return dqkv
