@@ -18,6 +18,11 @@
 # worse. The one independent witness is the forward pass itself: nudge a parameter, rerun
 # the forward, and see how the loss moved. That witness never reads the backward rule it is
 # checking, which is exactly why we trust it.
+#
+# **Your pieces in the engine.** Fills: the gradient checker: one partial derivative (04.1,
+# `numerical_partial`), the two errors (04.2, `gradient_errors`), random spot checks (04.3,
+# `spot_check`). Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <->
+# slot".)
 
 # %%
 from typing import NamedTuple
