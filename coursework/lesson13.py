@@ -74,7 +74,7 @@ class Trainer:
         a piece slower than `slow_ratio` times the engine's is named."""
         lines, slow = [], []
         for name, (exercise, role, _) in TRAINER_SLOTS.items():
-            line = f"{role:>38} ({exercise}): {self.owner(name)}"
+            line = f"{role:>40} ({exercise}): {self.owner(name)}"
             if cfg is not None and name in self.pieces:
                 yours, engines = timer(name, self.pieces[name], cfg, batch_size)
                 line += (f"; {yours * 1e3:.3g} ms [timed] vs the engine's "
@@ -83,8 +83,8 @@ class Trainer:
                     slow.append(f"{name} ({yours / engines:.1f}x the engine's time)")
             lines.append(line)
         if train_step_owner is not None:
-            lines.append(f"{'the training step':>38} (13.1): {train_step_owner}")
-        if cfg is not None:
+            lines.append(f"{'the training step':>40} (13.1): {train_step_owner}")
+        if cfg is not None and self.pieces:
             lines.append("slow pieces: " + (", ".join(slow) if slow else
                                             f"none (each within {slow_ratio:g}x the engine's)"))
         return lines

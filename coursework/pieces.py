@@ -31,6 +31,7 @@ import os
 import re
 import tempfile
 import textwrap
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -286,6 +287,44 @@ def piece_for_slot(name: str):
     if why is not None:
         return None, f"yours was skipped: {why}"
     return fn, None
+
+
+class TapeRun:
+    """Which of the learner's lesson 03 rules ran inside the tape, and how often."""
+
+    def __init__(self):
+        self.pieces: dict = {}
+        self.skipped: dict = {}
+        self.calls: dict = {}
+
+    def report(self) -> list[str]:
+        from .slots import TAPE_SLOTS
+        lines = []
+        for name, (exercise, rule, _) in TAPE_SLOTS.items():
+            if name in self.pieces:
+                who = f"yours ({exercise}), ran {self.calls.get(name, 0)} times"
+            else:
+                who = f"the engine's: {self.skipped[name]}"
+            lines.append(f"{rule}: {who}")
+        return lines
+
+
+@contextmanager
+def tape_rules():
+    """Inside the block the tape runs the learner's saved `matmul_vjp` and `unbroadcast`
+    (each checked in its slot first) in place of its own rules; yields a TapeRun."""
+    from engine.rules import override_vjp
+    from .slots import TAPE_SLOTS, tape_rule
+    run = TapeRun()
+    with ExitStack() as stack:
+        for name, (_, _, op_name) in TAPE_SLOTS.items():
+            fn, why = piece_for_slot(name)
+            if fn is None:
+                run.skipped[name] = why
+                continue
+            run.pieces[name] = fn
+            stack.enter_context(override_vjp(op_name, tape_rule(name, fn, run.calls)))
+        yield run
 
 
 def pieces_report(names) -> list[tuple[str, str]]:

@@ -262,3 +262,44 @@ def test_the_slot_table_times_each_piece_and_names_a_slow_one(pieces_folder, tmp
     assert table[-1] == "slow pieces: none (each within 2x the engine's)"
     table = trainer.slot_table(cfg, batch_size=4, train_step_owner="yours (13.1)")
     assert any(line.endswith("(13.1): yours (13.1)") for line in table)
+
+
+def _mlp_grads():
+    from engine import Tensor
+    rng = np.random.default_rng(3)
+    x, w, b = rng.normal(size=(5, 4)), rng.normal(size=(4, 3)), rng.normal(size=3)
+    params = [Tensor(x, requires_grad=True), Tensor(w, requires_grad=True),
+              Tensor(b, requires_grad=True)]
+    ((params[0] @ params[1] + params[2]).tanh() ** 2).sum().backward()
+    return [p.grad.copy() for p in params]
+
+
+def test_the_lesson_03_rules_run_inside_the_tape_and_match_its_own(pieces_folder, tmp_path):
+    save_solution_pieces(["matmul_vjp", "unbroadcast"], tmp_path)
+    want = _mlp_grads()
+    with pieces.tape_rules() as tape:
+        got = _mlp_grads()
+    assert tape.calls == {"matmul_vjp": 1, "unbroadcast": 1}
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+    assert tape.report()[0].endswith("yours (03.1), ran 1 times")
+    from engine import rules
+    assert rules._VJP_OVERRIDES == {}             # the block restored the tape's own rules
+
+
+def test_a_broken_unbroadcast_is_refused_and_the_tape_keeps_its_own(pieces_folder, tmp_path):
+    source = "def unbroadcast(grad, shape):\n    return grad.sum(axis=0)\n"
+    fn = _define(tmp_path, source, "unbroadcast")
+    with pytest.raises(ExerciseError, match=r"brought back to \(4, 1\) differs"):
+        pieces.save_piece("unbroadcast", fn, "03.2")
+    pieces_folder.mkdir(exist_ok=True)
+    (pieces_folder / "unbroadcast.py").write_text(source)
+    (pieces_folder / "index.json").write_text('{"unbroadcast": {"function": "unbroadcast", '
+                                              '"exercise": "03.2"}}')
+    want = _mlp_grads()
+    with pieces.tape_rules() as tape:
+        got = _mlp_grads()
+    assert "unbroadcast" not in tape.pieces and tape.calls == {}
+    assert "the engine's: yours was skipped:" in tape.report()[1]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

@@ -18,8 +18,8 @@
 #
 # **Your pieces in the engine.** Fills: two entries of the tape's rule table: the matmul VJP
 # (03.1, piece `matmul_vjp`) and the sum back to an input's shape (03.2, piece
-# `unbroadcast`). Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <->
-# slot".)
+# `unbroadcast`); lesson 04 runs both inside the tape. Runs: no earlier pieces. (The whole
+# map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import numpy as np
