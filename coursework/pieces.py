@@ -182,6 +182,10 @@ def _checked(name: str, fn, namespace: dict, at_save: bool = False):
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` all at once (a temporary file renamed over it); temporary
+    files a killed save of the same file left behind are removed first."""
+    for stale in path.parent.glob(f".{path.stem}-*.tmp"):
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:

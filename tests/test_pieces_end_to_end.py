@@ -303,3 +303,12 @@ def test_a_broken_unbroadcast_is_refused_and_the_tape_keeps_its_own(pieces_folde
     assert "the engine's: yours was skipped:" in tape.report()[1]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def test_a_save_leaves_no_temporary_files_and_clears_those_of_a_killed_one(pieces_folder,
+                                                                          tmp_path):
+    pieces_folder.mkdir()
+    (pieces_folder / ".clip_global_norm-killed.tmp").write_text("half a piece")
+    save_solution_pieces(["clip_global_norm"], tmp_path)
+    assert sorted(p.name for p in pieces_folder.iterdir()) == ["clip_global_norm.py",
+                                                               "index.json"]
