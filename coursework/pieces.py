@@ -11,8 +11,10 @@ passed answer, and says so.
 
 Later lessons call `piece_for_slot(name)`: the learner's function, or None
 and the reason the engine's version runs instead (never saved, does not
-load, breaks its slot's contract). The library never looks here: a lesson
-loads a piece and hands it to the engine explicitly.
+load, breaks its slot's contract); `tape_rules()` runs the learner's lesson
+03 rules inside the tape for a block. The library never looks here: a lesson
+loads a piece and hands it to the engine explicitly (`engine.rules.override_vjp`,
+`engine.trainer.model.use_kernel`, the clip and optimizer of a training step).
 
 A solution notebook (run from course/solutions, as `make course` and a
 learner opening one do) keeps its pieces in a temporary folder, so the
