@@ -10,8 +10,9 @@
      phases missing or out of order.
 
 `TRAINER_PIECES` lists the pieces of lessons 10-12 the trainer can run;
-`load_trainer_piece` loads one (numba kernels included) and
-`trainer_pieces_report` says whose code will run for each.
+`plug_in_pieces()` checks each saved piece in its slot (coursework.slots),
+plugs in those that keep the slot's contract and returns a `Trainer` whose
+`clip`, `make_optimizer` and `slot_table` say and do whose code runs.
 """
 from __future__ import annotations
 
@@ -22,19 +23,14 @@ from contextlib import contextmanager
 import numpy as np
 
 from ._core import ExerciseError, attempt, passed
-from .pieces import load_piece, pieces_report
+from .pieces import load_piece, piece_for_slot, pieces_report
+from .slots import (ADAPTERS, TRAINER_SLOTS, SegmentAdamW, accumulated_gradient, engine_clip,
+                    seconds)
 
 EX_STEP = "13.1 (train_step)"
 
 # piece name -> (exercise that saves it, what it replaces in the trainer)
-TRAINER_PIECES = {
-    "embedding_backward": ("11.1", "the embedding's scatter-add backward (kernel embedding_backward)"),
-    "bias_gelu_forward": ("10.1", "the MLP's bias + GELU forward (kernel bias_gelu_forward)"),
-    "softmax_cross_entropy": ("10.2", "the loss and its gradient (kernel crossentropy_softmax)"),
-    "clip_global_norm": ("12.1", "global-norm clipping"),
-    "adamw_step": ("12.2", "the AdamW update"),
-}
-
+TRAINER_PIECES = {name: (exercise, role) for name, (exercise, role, _) in TRAINER_SLOTS.items()}
 
 def load_trainer_piece(name: str):
     """The learner's saved function for `name`, or None if it was never saved."""
@@ -44,6 +40,73 @@ def load_trainer_piece(name: str):
 def trainer_pieces_report() -> list[tuple[str, str]]:
     """For each trainer piece, whose code the trainer will run."""
     return pieces_report(TRAINER_PIECES)
+
+
+class Trainer:
+    """What `plug_in_pieces` assembled: per slot, the learner's function or why not."""
+
+    def __init__(self, pieces: dict, skipped: dict):
+        self.pieces, self.skipped = pieces, skipped
+
+    def owner(self, name: str) -> str:
+        exercise = TRAINER_SLOTS[name][0]
+        if name in self.pieces:
+            return f"yours ({exercise})"
+        return f"engine's: {self.skipped[name]}"
+
+    @property
+    def clip(self):
+        """The clipping function the training step is handed."""
+        return self.pieces.get("clip_global_norm", engine_clip)
+
+    def make_optimizer(self, model):
+        """The learner's AdamW kernel over the model's segments, else the engine's."""
+        from engine.trainer.model import decay_segments
+        if "adamw_step" in self.pieces:
+            return SegmentAdamW(model.params.flat, model.grads.flat,
+                                decay_segments(model.params), self.pieces["adamw_step"])
+        return FlatAdamW(model)
+
+    def slot_table(self, cfg=None, batch_size: int = 16, train_step_owner: str | None = None,
+                   slow_ratio: float = 2.0, timer=seconds) -> list[str]:
+        """One line per slot: owner, and with `cfg` your time against the engine's at the
+        trainer's shape (`timer(piece, fn, cfg, batch_size)` -> (yours, engine's) seconds);
+        a piece slower than `slow_ratio` times the engine's is named."""
+        lines, slow = [], []
+        for name, (exercise, role, _) in TRAINER_SLOTS.items():
+            line = f"{role:>40} ({exercise}): {self.owner(name)}"
+            if cfg is not None and name in self.pieces:
+                yours, engines = timer(name, self.pieces[name], cfg, batch_size)
+                line += (f"; {yours * 1e3:.3g} ms [timed] vs the engine's "
+                         f"{engines * 1e3:.3g} ms [timed]")
+                if yours > slow_ratio * engines:
+                    slow.append(f"{name} ({yours / engines:.1f}x the engine's time)")
+            lines.append(line)
+        if train_step_owner is not None:
+            lines.append(f"{'the training step':>40} (13.1): {train_step_owner}")
+        if cfg is not None and self.pieces:
+            lines.append("slow pieces: " + (", ".join(slow) if slow else
+                                            f"none (each within {slow_ratio:g}x the engine's)"))
+        return lines
+
+
+def plug_in_pieces() -> Trainer:
+    """Check every saved trainer piece in its slot and plug in those that pass: kernels
+    into the model's registry, clipping and AdamW into `Trainer`. A missing or broken
+    piece leaves the engine's version in place, and `Trainer.skipped` says why."""
+    from engine.trainer.model import reset_kernels, use_kernel
+    pieces, skipped = {}, {}
+    for name, (exercise, _, kernel) in TRAINER_SLOTS.items():
+        if kernel is not None:
+            reset_kernels(kernel)
+        fn, why = piece_for_slot(name)
+        if fn is None:
+            skipped[name] = why
+            continue
+        pieces[name] = fn
+        if kernel is not None:
+            use_kernel(kernel, ADAPTERS[name](fn), owner=f"you ({exercise})", pure=False)
+    return Trainer(pieces, skipped)
 
 
 # --------------------------------------------------------------- 13.1
@@ -78,17 +141,6 @@ class FlatAdamW:
     def step(self, lr: float) -> None:
         self.steps += 1
         self.inner.step(self.model.grads.flat, lr=lr)
-
-
-def engine_clip(grads: dict, max_norm: float) -> float:
-    """Global-norm clipping of a dict of gradient arrays, in place; the norm before."""
-    from engine.trainer.optim import clip_scale, global_norm
-    norm = math.sqrt(sum(global_norm(g.reshape(-1)) ** 2 for g in grads.values()))
-    scale = clip_scale(norm, max_norm)
-    if scale != 1.0:
-        for g in grads.values():
-            g *= g.dtype.type(scale)
-    return norm
 
 
 def reference_train_step(model, optimizer, clip, x, y, lr, max_norm, phase):

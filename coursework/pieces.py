@@ -1,57 +1,268 @@
-"""The learner's pieces: where passed exercises are kept and how they are loaded.
+"""The learner's pieces: where passed exercises are kept, how they are checked and loaded.
 
-A passed check calls `save_piece(name, fn, exercise)`: the learner's function
-is stored in `course/my_pieces/` (or $BACKPROP_PIECES_DIR), so later lessons
-and the capstone trainer can run on the learner's own code and say, per piece,
-whose code ran (`pieces_report`). The library never looks here: a lesson loads
-a piece and hands it to the engine explicitly.
+A passed check calls `save_piece(name, fn, exercise)`. Before the piece is
+kept it is checked where it will run: its source is loaded again in a fresh
+namespace (a piece that needs a name from the notebook fails here, saying
+which), and a piece with a slot in the trainer is run on the buffers that
+slot hands it, beside the engine's version (`coursework.slots`). Only then is
+it stored, atomically, in `course/my_pieces/` (or $BACKPROP_PIECES_DIR);
+saving is best effort: an unwritable folder costs the piece, never the
+passed answer, and says so.
+
+Later lessons call `piece_for_slot(name)`: the learner's function, or None
+and the reason the engine's version runs instead (never saved, does not
+load, breaks its slot's contract); `tape_rules()` runs the learner's lesson
+03 rules inside the tape for a block. The library never looks here: a lesson
+loads a piece and hands it to the engine explicitly (`engine.rules.override_vjp`,
+`engine.trainer.model.use_kernel`, the clip and optimizer of a training step).
+
+A solution notebook (run from course/solutions, as `make course` and a
+learner opening one do) keeps its pieces in a temporary folder, so the
+reference solutions never replace the learner's own.
 """
 from __future__ import annotations
 
+import builtins
+import dis
+import importlib
 import inspect
 import json
+import linecache
+import math
 import os
+import re
+import tempfile
 import textwrap
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from ._core import ExerciseError
+
+COURSE = Path(__file__).resolve().parents[1] / "course"
+_SOLUTION_RUN_DIR: Path | None = None
+
 
 def pieces_dir() -> Path:
-    """Where passed exercises are kept: $BACKPROP_PIECES_DIR or course/my_pieces."""
+    """Where passed exercises are kept: $BACKPROP_PIECES_DIR, or course/my_pieces, or a
+    temporary folder when a solution notebook runs (cwd course/solutions)."""
+    global _SOLUTION_RUN_DIR
     env = os.environ.get("BACKPROP_PIECES_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[1] / "course" / "my_pieces"
+    try:
+        in_solutions = Path.cwd().resolve() == (COURSE / "solutions").resolve()
+    except OSError:
+        in_solutions = False
+    if in_solutions:
+        if _SOLUTION_RUN_DIR is None:
+            _SOLUTION_RUN_DIR = Path(tempfile.mkdtemp(prefix="backprop-solution-pieces-"))
+        return _SOLUTION_RUN_DIR
+    return COURSE / "my_pieces"
+
+
+def _fresh_namespace() -> dict:
+    """The names a lesson's exercise cell may use without importing them itself:
+    saved numba kernels keep their @njit decorator."""
+    import numba
+    return {"np": np, "math": math, "numba": numba, "njit": numba.njit,
+            "prange": numba.prange, "__builtins__": builtins}
+
+
+def _code_names(code) -> tuple[set[str], set[str]]:
+    """(names read as globals anywhere in `code`, names bound at its top level)."""
+    read, bound, todo = set(), set(), [(code, True)]
+    while todo:
+        c, top = todo.pop()
+        for ins in dis.get_instructions(c):
+            name = str(ins.argval).removeprefix("NULL + ").removesuffix(" + NULL")
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                read.add(name)
+            elif top and ins.opname in ("STORE_NAME", "STORE_GLOBAL", "IMPORT_NAME"):
+                bound.add(name)
+        todo.extend((k, False) for k in c.co_consts if inspect.iscode(k))
+    return read, bound
+
+
+def missing_names(fn, namespace: dict) -> list[str]:
+    """Global names `fn`'s code reads that neither `namespace` nor the builtins define."""
+    code = getattr(getattr(fn, "py_func", fn), "__code__", None)
+    if code is None:
+        return []
+    read, _ = _code_names(code)
+    return sorted(n for n in read if n not in namespace and not hasattr(builtins, n))
+
+
+def _import_line(name: str, value) -> str | None:
+    """An import statement that binds `name` to `value`, if one exists."""
+    if inspect.ismodule(value):
+        return f"import {value.__name__}" if value.__name__ == name else \
+            f"import {value.__name__} as {name}"
+    module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "." in qualname:
+        return None
+    try:
+        if getattr(importlib.import_module(module), qualname) is not value:
+            return None
+    except (ImportError, AttributeError):
+        return None
+    return f"from {module} import {qualname}" + ("" if qualname == name else f" as {name}")
+
+
+def _helper_source(name: str, value, cell_file: str) -> str | None:
+    """The source of a notebook's own function or class `name`, or None."""
+    if not (inspect.isfunction(value) or inspect.isclass(value)) or value.__name__ != name:
+        return None
+    try:
+        return textwrap.dedent(inspect.getsource(value))
+    except (OSError, TypeError):   # a class of a notebook cell: look in the piece's cell
+        lines = linecache.getlines(cell_file)
+        for i, line in enumerate(lines):
+            if re.match(rf"class {re.escape(name)}\b", line):
+                return "".join(inspect.getblock(lines[i:]))
+    return None
+
+
+def standalone_source(fn) -> tuple[str, list[str]]:
+    """The source of `fn` with what it takes from its notebook: import lines for modules
+    and library objects, the source of the notebook's own helpers (a class, a function).
+    Returns (source, the names that cannot travel: plain values of the notebook)."""
+    py = getattr(fn, "py_func", fn)
+    source = textwrap.dedent(inspect.getsource(py))
+    notebook = getattr(py, "__globals__", {})
+    fresh = _fresh_namespace()
+    imports: list[str] = []
+    helpers: list[str] = []
+    stuck: list[str] = []
+    for _ in range(8):                                 # helpers may need helpers
+        text = "\n".join(imports + helpers + [source])
+        read, bound = _code_names(compile(text, "<piece>", "exec"))
+        missing = sorted(n for n in read - bound - set(fresh) if not hasattr(builtins, n))
+        todo = [n for n in missing if n not in stuck]
+        if not todo:
+            break
+        for name in todo:
+            if name not in notebook:
+                stuck.append(name)
+                continue
+            value = notebook[name]
+            line = _import_line(name, value)
+            if line is not None:
+                imports.append(line)
+                continue
+            helper = _helper_source(name, value, py.__code__.co_filename)
+            if helper is None:
+                stuck.append(name)
+            else:
+                helpers.insert(0, helper)
+    parts = (["\n".join(imports) + "\n"] if imports else []) + helpers + [source]
+    return "\n\n".join(p.rstrip("\n") + "\n" for p in parts).replace("\n\n\n", "\n\n"), stuck
+
+
+def _load_file(path: Path, function: str):
+    """Execute a piece's file in a fresh namespace; (function or None, namespace)."""
+    namespace = _fresh_namespace()
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace.get(function), namespace
+
+
+def _checked(name: str, fn, namespace: dict, at_save: bool = False):
+    """None if `fn` (loaded fresh) fits its slot, else the reason it does not."""
+    if fn is None:
+        return "the saved file does not define the function"
+    needs = missing_names(fn, namespace)
+    if needs:
+        return (f"it uses {', '.join(repr(n) for n in needs)} from the notebook, which a "
+                f"piece loaded on its own does not have")
+    from .slots import SlotError, check
+    try:
+        check(name, fn, at_save=at_save)
+    except SlotError as err:
+        return str(err)
+    return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` all at once (a temporary file renamed over it); temporary
+    files a killed save of the same file left behind are removed first."""
+    for stale in path.parent.glob(f".{path.stem}-*.tmp"):
+        stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def save_piece(name: str, fn, exercise: str) -> Path | None:
-    """Store the source of a learner's function that passed `exercise`.
+    """Check the learner's function where it will run, then store it as the piece `name`.
 
-    Returns the file written, or None when the source cannot be recovered
-    (for example a function typed into a plain Python prompt).
-    """
+    Raises ExerciseError when the piece would misbehave in its slot (needs a notebook
+    name, breaks the slot's contract). Returns the file written, or None when the
+    source cannot stand alone (a function typed into a plain Python prompt, or made
+    inside another function) or the
+    folder is not writable (a message says so; the passed answer stands)."""
+    if "<locals>" in getattr(getattr(fn, "py_func", fn), "__qualname__", ""):
+        return None                    # a function made inside another one: no piece
     try:
-        source = textwrap.dedent(inspect.getsource(fn))
+        source, stuck = standalone_source(fn)
     except (OSError, TypeError):
         return None
-    folder = pieces_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.py"
+    if stuck:
+        raise ExerciseError(exercise, f"your answer is right in the notebook, but it reads "
+                                      f"{', '.join(repr(n) for n in stuck)} from the notebook "
+                                      f"(a value set in another cell). Later lessons and the "
+                                      f"trainer load the piece on its own, where "
+                                      f"{'that name does' if len(stuck) == 1 else 'those names do'}"
+                                      f" not exist (a numba kernel would fail with a NameError "
+                                      f"at its first call). Define the value inside the "
+                                      f"function and run the check again.")
+    function = getattr(getattr(fn, "py_func", fn), "__name__", name)
     header = (f"# Your solution to exercise {exercise}, saved when its check passed.\n"
-              f"# Later lessons load `{fn.__name__}` from here as the piece '{name}'.\n")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(header + source)
-    os.replace(tmp, path)  # atomic: never a half-written piece
-    meta = folder / "index.json"
-    index = json.loads(meta.read_text()) if meta.exists() else {}
-    index[name] = {"function": fn.__name__, "exercise": exercise}
-    meta.write_text(json.dumps(index, indent=1, sort_keys=True))
+              f"# Later lessons load `{function}` from here as the piece '{name}'.\n")
+    with tempfile.TemporaryDirectory(prefix="backprop-piece-check-") as scratch:
+        candidate = Path(scratch) / f"{name}.py"
+        candidate.write_text(header + source)
+        try:
+            loaded, namespace = _load_file(candidate, function)
+        except Exception as err:
+            raise ExerciseError(exercise, f"your answer is right in the notebook, but loaded "
+                                          f"on its own, as later lessons load it, it fails: "
+                                          f"{type(err).__name__}: {err}") from None
+        why = _checked(name, loaded, namespace, at_save=True)
+    if why is not None:
+        fix = ("Make the function stand alone (define or import what it uses inside the "
+               "cell)" if "from the notebook" in why else "Fix that")
+        raise ExerciseError(exercise, f"your answer is right in the notebook, but it would "
+                                      f"not work where the engine runs it: {why}. {fix} and "
+                                      f"run the check again.")
+    folder = pieces_dir()
+    path = folder / f"{name}.py"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, header + source)
+        meta = folder / "index.json"
+        try:
+            index = json.loads(meta.read_text()) if meta.exists() else {}
+        except ValueError:
+            index = {}
+        index[name] = {"function": function, "exercise": exercise}
+        _write_atomic(meta, json.dumps(index, indent=1, sort_keys=True))
+    except OSError as err:
+        print(f"(Your answer passed, but it could not be saved as the piece '{name}': "
+              f"{err.strerror or err} in {folder}. Later lessons will run the engine's "
+              f"version; set BACKPROP_PIECES_DIR to a writable folder to keep your pieces.)")
+        return None
     return path
 
 
 def load_piece(name: str):
-    """Return the learner's saved function for `name`, or None if not saved."""
+    """Return the learner's saved function for `name` (loaded fresh), or None if not saved."""
     folder = pieces_dir()
     meta = folder / "index.json"
     if not meta.exists():
@@ -60,14 +271,66 @@ def load_piece(name: str):
     path = folder / f"{name}.py"
     if entry is None or not path.exists():
         return None
-    import math
-    import numba
-    # The names a lesson's exercise cell may use without importing them itself:
-    # saved numba kernels keep their @njit decorator.
-    namespace: dict = {"np": np, "math": math, "numba": numba, "njit": numba.njit,
-                       "prange": numba.prange}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
-    return namespace.get(entry["function"])
+    return _load_file(path, entry["function"])[0]
+
+
+def piece_for_slot(name: str):
+    """(the learner's function, None) when the saved piece loads and keeps its slot's
+    contract, else (None, why the engine's version runs). Never raises."""
+    folder = pieces_dir()
+    try:
+        entry = json.loads((folder / "index.json").read_text()).get(name)
+    except (OSError, ValueError):
+        entry = None
+    path = folder / f"{name}.py"
+    if entry is None or not path.exists():
+        return None, "not written yet"
+    try:
+        fn, namespace = _load_file(path, entry["function"])
+    except Exception as err:
+        return None, f"yours does not load: {type(err).__name__}: {err}"
+    why = _checked(name, fn, namespace)
+    if why is not None:
+        return None, f"yours was skipped: {why}"
+    return fn, None
+
+
+class TapeRun:
+    """Which of the learner's lesson 03 rules ran inside the tape, and how often."""
+
+    def __init__(self):
+        self.pieces: dict = {}
+        self.skipped: dict = {}
+        self.calls: dict = {}
+
+    def report(self) -> list[str]:
+        from .slots import TAPE_SLOTS
+        lines = []
+        for name, (exercise, rule, _) in TAPE_SLOTS.items():
+            if name in self.pieces:
+                who = f"yours ({exercise}), ran {self.calls.get(name, 0)} times"
+            else:
+                who = f"the engine's: {self.skipped[name]}"
+            lines.append(f"{rule}: {who}")
+        return lines
+
+
+@contextmanager
+def tape_rules():
+    """Inside the block the tape runs the learner's saved `matmul_vjp` and `unbroadcast`
+    (each checked in its slot first) in place of its own rules; yields a TapeRun."""
+    from engine.rules import override_vjp
+    from .slots import TAPE_SLOTS, tape_rule
+    run = TapeRun()
+    with ExitStack() as stack:
+        for name, (_, _, op_name) in TAPE_SLOTS.items():
+            fn, why = piece_for_slot(name)
+            if fn is None:
+                run.skipped[name] = why
+                continue
+            run.pieces[name] = fn
+            stack.enter_context(override_vjp(op_name, tape_rule(name, fn, run.calls)))
+        yield run
 
 
 def pieces_report(names) -> list[tuple[str, str]]:

@@ -25,6 +25,8 @@ gradient) call `engine.kernels`, which runs numba or the numpy oracle.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from . import kernels
@@ -32,6 +34,32 @@ from . import kernels
 
 class ShapeError(ValueError):
     """Shapes that do not fit an op. The message names the op and the shapes."""
+
+
+# A rule can be swapped for a block of code, to run a VJP written elsewhere inside the
+# tape (and compare it with the op's own): `with override_vjp("matmul", fn):` makes the
+# backward call fn(op, g) instead of op.vjp(g) for every op of that name.
+_VJP_OVERRIDES: dict[str, object] = {}
+
+
+@contextmanager
+def override_vjp(op_name: str, vjp):
+    """Inside the block, the tape runs `vjp(op, g)` for the ops named `op_name`."""
+    previous = _VJP_OVERRIDES.get(op_name)
+    _VJP_OVERRIDES[op_name] = vjp
+    try:
+        yield
+    finally:
+        if previous is None:
+            del _VJP_OVERRIDES[op_name]
+        else:
+            _VJP_OVERRIDES[op_name] = previous
+
+
+def run_vjp(op: "Op", g):
+    """The gradients of `op`'s inputs: its own rule, or the override for its name."""
+    override = _VJP_OVERRIDES.get(op.name)
+    return op.vjp(g) if override is None else override(op, g)
 
 
 class Op:

@@ -560,7 +560,7 @@ def run_backward(root: Op, seed: np.ndarray, retain_graph: bool = False) -> None
         if out is not None and out._retains_grad:
             out._accumulate(g)
         _check_saved(node)
-        grads = node.vjp(g)
+        grads = rules.run_vjp(node, g)
         if len(grads) != len(node.parents):
             raise RuntimeError(f"the VJP of {op_label(node)} returned {len(grads)} "
                                f"gradients for {len(node.parents)} inputs")

@@ -17,6 +17,11 @@
 # `# CHECK`. Run the check; it says what is wrong and gives a hint, or prints `passed`.
 # From a terminal, `pytest --nbval course/00_why_backprop.ipynb` runs the whole notebook and
 # fails until every exercise is done.
+#
+# **Your pieces in the engine.** Fills: the finite-difference gradient, the core of a
+# gradient checker (00.1, saved as the piece `central_difference_gradient`). Runs: no
+# earlier pieces (this is the first lesson). (The whole map: CONTRIBUTING.md, "Exercise <->
+# slot".)
 
 # %%
 import numpy as np

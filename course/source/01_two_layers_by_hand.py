@@ -15,6 +15,10 @@
 # This lesson opens the box on the smallest network where the two ideas that make that
 # possible are both visible: a single quantity carried backwards, and forward values kept
 # for the trip back.
+#
+# **Your pieces in the engine.** Fills: no slot (the two layers by hand are the pattern
+# lesson 02's engine generalises). Runs: no earlier pieces. (The whole map: CONTRIBUTING.md,
+# "Exercise <-> slot".)
 
 # %% [markdown]
 # ## The network

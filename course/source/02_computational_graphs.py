@@ -16,6 +16,10 @@
 # the unit becomes the *operation*: every operation brings its own backward rule, and one
 # generic walk strings the rules together for whatever graph the forward pass produced.
 # That is all an autodiff engine is.
+#
+# **Your pieces in the engine.** Fills: the local rules and the backward walk of a scalar
+# engine (02.1-02.3; the engine's own is `engine.scalar`; these are not saved as pieces).
+# Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import matplotlib.pyplot as plt

@@ -15,6 +15,11 @@
 # Lessons 01-02 moved single numbers. Real layers move arrays, and every scalar rule you
 # wrote has a tensor version. The vocabulary changes (Jacobians, VJPs), the idea does not:
 # one local rule per operation, applied in reverse.
+#
+# **Your pieces in the engine.** Fills: two entries of the tape's rule table: the matmul VJP
+# (03.1, piece `matmul_vjp`) and the sum back to an input's shape (03.2, piece
+# `unbroadcast`); lesson 04 runs both inside the tape. Runs: no earlier pieces. (The whole
+# map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import numpy as np

@@ -18,6 +18,12 @@
 # worse. The one independent witness is the forward pass itself: nudge a parameter, rerun
 # the forward, and see how the loss moved. That witness never reads the backward rule it is
 # checking, which is exactly why we trust it.
+#
+# **Your pieces in the engine.** Fills: the gradient checker: one partial derivative (04.1,
+# `numerical_partial`), the two errors (04.2, `gradient_errors`), random spot checks (04.3,
+# `spot_check`). Runs: your lesson 03 rules (03.1 `matmul_vjp`, 03.2 `unbroadcast`) inside
+# the tape near the end, checked by your `spot_check`. (The whole map: CONTRIBUTING.md,
+# "Exercise <-> slot".)
 
 # %%
 from typing import NamedTuple
@@ -472,6 +478,31 @@ def loss_of_W1(array):
 
 
 show(spot_check(loss_of_W1, W1, params[1].grad, n_checks=6, seed=0))
+
+# %% [markdown]
+# ## Your lesson 03 rules inside the tape
+#
+# The tape's matmul and add run `vjp` rules from `engine/rules.py`. In lesson 03 you wrote
+# two of them: `matmul_vjp` and `unbroadcast` (the backward of a broadcast add). Saved as
+# pieces, they can take the engine's place: `pieces.tape_rules()` checks each one in its
+# slot, then, inside the `with` block, the tape calls yours (`engine.rules.override_vjp`).
+# The same network again, and your `spot_check` on the gradient your rules produced. (A rule
+# you have not saved, or one that fails its slot, leaves the engine's in place; the lines
+# below say which ran.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from coursework import pieces
+
+with pieces.tape_rules() as tape:
+    params = [Tensor(a, requires_grad=True) for a in (x_batch, W1, b1, gamma, beta, W2, b2)]
+    network(*params).backward()
+for line in tape.report():
+    print(line)
+rows = spot_check(loss_of_W1, W1, params[1].grad, n_checks=6, seed=0)
+print("your spot_check on the gradient of W1:",
+      "every element passes" if all(r.ok for r in rows) else "an element FAILS")
+assert all(r.ok for r in rows)
 
 # %% [markdown]
 # ## What you built, and what it costs

@@ -18,6 +18,9 @@
 # The mathematics of the chain rule is settled; what goes wrong is the program around it.
 # A broken gradient rarely crashes: it comes back as `None`, as zeros, as NaN, or, worst, as
 # numbers of the right shape that are simply wrong.
+#
+# **Your pieces in the engine.** Fills: no slot (the exercises diagnose). Runs: no earlier
+# pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import re

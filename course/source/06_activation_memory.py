@@ -15,6 +15,10 @@
 #
 # Everything measured here comes from `engine.memory`, which watches the tape: it is not an
 # estimate. The formulas come from `engine.budget`, which the next lesson's calculator uses.
+#
+# **Your pieces in the engine.** Fills: no slot (the counts are checked against
+# `engine.memory`, not saved). Runs: no earlier pieces. (The whole map: CONTRIBUTING.md,
+# "Exercise <-> slot".)
 
 # %%
 import numpy as np

@@ -14,6 +14,9 @@
 #
 # All numbers come from `engine.budget`. The same functions drive the calculator widget below
 # and the command line `python -m engine.budget`, so what you read here is what they show.
+#
+# **Your pieces in the engine.** Fills: no slot (the budget is `engine.budget`). Runs: no
+# earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import subprocess

@@ -18,6 +18,11 @@
 #    and when it applies.
 #
 # Every number below is measured on the engine's tape by `engine.memory`, or timed.
+#
+# **Your pieces in the engine.** Fills: the accumulation loop (08.1, `accumulate`; lesson 13
+# runs it on the fused model), checkpoint replay (08.2, `checkpoint_replay`) and the peak of
+# a checkpointed stack (08.3, `checkpoint_peak`). Runs: no earlier pieces. (The whole map:
+# CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import re

@@ -19,6 +19,11 @@
 # `engine.precision` keeps every tensor in a float32 array but *rounds* it to the values the
 # smaller format can hold. The numbers are exactly those of the real formats; only the speed
 # is not (we measure what that costs at the end).
+#
+# **Your pieces in the engine.** Fills: the bf16 rounding step (09.1, `to_bf16`), the
+# master-weight update (09.2, `master_weight_step`) and the loss scaler's rule (09.3,
+# `update_scale`). Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <->
+# slot".)
 
 # %%
 import time

@@ -18,6 +18,11 @@
 # The backward pass costs about twice the forward in FLOPs, but many of its kernels do very
 # few FLOPs per byte they touch. For those, the number of *passes over memory* decides the
 # time, and fusion is how a trainer cuts them.
+#
+# **Your pieces in the engine.** Fills: two kernels of the trainer's registry, the fused
+# bias + GELU forward (10.1, `bias_gelu_forward`) and the softmax + cross-entropy that
+# overwrites its logits (10.2, `softmax_cross_entropy`); lesson 13's trainer runs both.
+# Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import os

@@ -16,6 +16,10 @@
 # Every other layer of a transformer is dense: each weight meets every token. The token
 # embedding is the exception, and its gradient is where ordering, determinism and memory
 # problems of the backward pass show up first.
+#
+# **Your pieces in the engine.** Fills: the trainer's embedding backward, a deterministic
+# scatter-add (11.1, `embedding_backward`); lesson 13's trainer runs it. Runs: no earlier
+# pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import os

@@ -16,6 +16,11 @@
 # The backward pass ends with a gradient for every parameter. Before the optimizer may use
 # it, three things can happen to it: it is summed across processes (data parallelism), its
 # norm is measured and perhaps clipped, and only then is the step taken.
+#
+# **Your pieces in the engine.** Fills: global-norm clipping (12.1, `clip_global_norm`) and
+# the fused AdamW update (12.2, `adamw_step`), both checked on views of one flat buffer, in
+# place, as the trainer hands them; lesson 13's trainer runs both. Runs: no earlier pieces.
+# (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import os

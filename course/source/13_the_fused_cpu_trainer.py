@@ -15,6 +15,11 @@
 # (learned positions, pre-LayerNorm, causal attention, tanh-GELU MLP, tied embedding) on
 # the fused numba kernels, with its parameters and gradients in two flat buffers and every
 # activation laid out once, so a step allocates nothing.
+#
+# **Your pieces in the engine.** Fills: the training step (13.1). Runs: your pieces of
+# lessons 08-12 on the fused model (08.1, 10.1, 10.2, 11.1, 12.1, 12.2), each checked in its
+# slot first, the engine's version where one is missing or breaks its slot; the table below
+# says which ran and how fast. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import os
@@ -27,10 +32,9 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 from engine import budget
-from engine.trainer import kernels as fused
 from engine.trainer.data import Dataset, batch_at, builtin_text, eval_batches, unigram_entropy
 from coursework import lesson13
-from engine.trainer.model import FusedGPT, decay_segments, kernel_owners, reset_kernels, use_kernel
+from engine.trainer.model import FusedGPT, kernel_owners, reset_kernels
 from engine.gpt_config import tiny_config
 from engine.trainer.optim import lr_at
 from engine.train import sample
@@ -66,183 +70,39 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 # %% [markdown]
 # ## Whose pieces run
 #
-# Five of your exercises replace a part of the trainer. Each was saved as a *piece* in
-# `course/my_pieces/` when its check passed; the report below says which of them exist on
-# this machine. Anything you have not written runs on the engine's version.
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-for name, owner in lesson13.trainer_pieces_report():
-    exercise, role = lesson13.TRAINER_PIECES[name]
-    print(f"{name:>22} (exercise {exercise}): {owner:>11}  -> {role}")
-
-# %% [markdown]
-# ## Plugging them in
+# Six of your exercises fill a *slot* of the trainer. Each was saved as a *piece* in
+# `course/my_pieces/` when its check passed. `lesson13.plug_in_pieces()` loads each one on its
+# own, as a file, runs it in its slot on the buffers the trainer will hand it (float32
+# activations for the kernels; float32 views of one flat buffer for clipping and AdamW, where
+# working *in place* is part of the contract), compares it with the engine's version, and
+# plugs in those that keep the contract:
 #
-# The model calls every kernel through a registry, `engine.trainer.model.KERNELS`, and
-# `use_kernel(name, function, owner=...)` replaces one. Your pieces have the signatures of
-# their exercises, so each gets a small adapter to the model's calling convention (inputs
-# first, output buffers as keywords, gradients *added into* where the model accumulates).
-# Before a piece goes in, it is run once beside the engine's kernel on a random input: a
-# piece that disagrees stays out, and the cell says so.
+# | slot | exercise | where it runs |
+# |---|---|---|
+# | bias + GELU forward | 10.1 | the model's kernel registry, `bias_gelu_forward` |
+# | softmax + cross-entropy | 10.2 | the registry, `crossentropy_softmax` |
+# | embedding backward | 11.1 | the registry, `embedding_backward` |
+# | global-norm clipping | 12.1 | the `clip` your training step is handed |
+# | AdamW update | 12.2 | the optimizer, once per parameter tensor of the flat buffer |
+# | accumulation loop | 08.1 | K micro-batches on the fused model, below |
+# | the training step | 13.1 | the training loop below |
+#
+# A piece you have not written, or one that breaks its slot, leaves the engine's version in
+# place, and the table says which and why. With each of your pieces goes its speed against
+# the engine's version at this trainer's shape; a piece more than twice as slow is named.
+# (The model calls every kernel through a registry, `engine.trainer.model.KERNELS`;
+# `use_kernel(name, function, owner=...)` replaces one, after a small adapter from your
+# exercise's signature to the model's calling convention, in `coursework/slots.py`.)
 
 # %%
-def gelu_adapter(piece):
-    def kernel(h, bias, *, out):                     # out = gelu(h + bias)
-        piece(h.reshape(-1, h.shape[-1]), bias, out.reshape(-1, out.shape[-1]))
-        return out
-    return kernel
-
-
-def crossentropy_adapter(piece):
-    def kernel(logits, targets, scale, *, losses):
-        n = logits.shape[0]
-        mean = piece(logits, targets)                # logits now hold d(mean)/d(logits)
-        logits *= logits.dtype.type(scale * n)       # the model wants d(scale * sum)/d(logits)
-        losses[...] = mean                           # your piece returns only the mean
-        return float(mean), losses
-    return kernel
-
-
-def embedding_adapter(piece):
-    def kernel(ids, dx, vocab_size, *, dwte, dwpe):
-        b, t = ids.shape
-        c = dwte.shape[1]
-        dwte += piece(np.ascontiguousarray(ids).reshape(-1), dx.reshape(-1, c), vocab_size)
-        dwpe[:t] += dx.reshape(b, t, c).sum(axis=0)  # positions: a sum over the batch
-        return dwte, dwpe
-    return kernel
-
-
-def agrees_with_engine(name, kernel, rng):
-    """Run `kernel` and the engine's kernel `name` on the same random input."""
-    if name == "bias_gelu_forward":
-        h = rng.normal(size=(64, 32)).astype(np.float32)
-        bias = rng.normal(size=32).astype(np.float32)
-        ours, theirs = np.empty_like(h), fused.bias_gelu_forward(h, bias)
-        kernel(h, bias, out=ours)
-        return np.allclose(ours, theirs, rtol=1e-4, atol=1e-5)
-    if name == "crossentropy_softmax":
-        logits = rng.normal(size=(32, 20)).astype(np.float32)
-        targets = rng.integers(0, 20, size=32)
-        mine, engines = logits.copy(), logits.copy()
-        mean, _ = kernel(mine, targets, 1 / 32, losses=np.empty(32, np.float32))
-        ref_mean, _ = fused.crossentropy_softmax(engines, targets, 1 / 32)
-        return math.isclose(mean, ref_mean, rel_tol=1e-4) and np.allclose(mine, engines, atol=1e-6)
-    if name == "embedding_backward":
-        ids = rng.integers(0, 20, size=(4, 8))
-        dx = rng.normal(size=(4, 8, 16)).astype(np.float32)
-        ours = kernel(ids, dx, 20, dwte=np.zeros((20, 16), np.float32),
-                      dwpe=np.zeros((8, 16), np.float32))
-        theirs = fused.embedding_backward(ids, dx, 20)
-        return all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(ours, theirs))
-    raise KeyError(name)
-
-
-KERNEL_PIECES = {"bias_gelu_forward": ("bias_gelu_forward", gelu_adapter),
-                 "softmax_cross_entropy": ("crossentropy_softmax", crossentropy_adapter),
-                 "embedding_backward": ("embedding_backward", embedding_adapter)}
-status = {}
-rng = np.random.default_rng(13)
-for piece_name, (kernel_name, adapter) in KERNEL_PIECES.items():
-    exercise = lesson13.TRAINER_PIECES[piece_name][0]
-    try:
-        piece = lesson13.load_trainer_piece(piece_name)
-    except Exception as err:                         # saved, but it does not load
-        status[piece_name] = f"engine's (your piece did not load: {type(err).__name__}: {err})"
-        continue
-    if piece is None:
-        status[piece_name] = "engine's (not written yet)"
-        continue
-    kernel = adapter(piece)
-    try:
-        ok = agrees_with_engine(kernel_name, kernel, rng)
-    except Exception as err:
-        ok, why = False, f"{type(err).__name__}: {err}"
-    else:
-        why = "it disagrees with the engine's kernel"
-    if ok:
-        use_kernel(kernel_name, kernel, owner=f"you ({exercise})", pure=False)
-        status[piece_name] = f"yours (exercise {exercise})"
-    else:
-        status[piece_name] = f"engine's ({why})"
-
-# %% [markdown]
-# The optimizer's two pieces work on the flat buffers between the backward and the step.
-# Your AdamW kernel takes one contiguous range at a time, so it runs once per parameter
-# tensor (a *segment* of the flat buffer): matrices get weight decay, biases and LayerNorm
-# gains do not, exactly as the engine's optimizer does it.
-
-# %%
-class SegmentAdamW:
-    """AdamW over the model's flat buffers with your `adamw_step` kernel, one tensor at a time."""
-
-    def __init__(self, model, kernel, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1):
-        self.p, self.g = model.params.flat, model.grads.flat
-        self.m, self.v = np.zeros_like(self.p), np.zeros_like(self.p)
-        self.segments = decay_segments(model.params)
-        self.kernel, self.betas, self.eps, self.weight_decay = kernel, betas, eps, weight_decay
-        self.t = 0
-
-    def step(self, lr):
-        self.t += 1
-        for a, b, decays in self.segments:
-            self.kernel(self.p[a:b], self.g[a:b], self.m[a:b], self.v[a:b], self.t, lr,
-                        self.betas[0], self.betas[1], self.eps,
-                        self.weight_decay if decays else 0.0)
-
-
-def optimizer_pieces_agree(adamw_kernel, clip_fn, rng):
-    """Your AdamW and clipping beside the engine's, on a small random problem."""
-    ok = True
-    if adamw_kernel is not None:
-        p = rng.normal(size=300).astype(np.float32)
-        g = rng.normal(size=300).astype(np.float32)
-        mine = [p.copy(), np.zeros(300, np.float32), np.zeros(300, np.float32)]
-        adamw_kernel(mine[0], g, mine[1], mine[2], 1, 1e-2, 0.9, 0.99, 1e-8, 0.1)
-        theirs = [p.copy(), np.zeros(300, np.float32), np.zeros(300, np.float32)]
-        fused.adamw_update(theirs[0], g, theirs[1], theirs[2], fused.work_items([(0, 300, 0.1)]),
-                           lr=1e-2, step=1, beta1=0.9, beta2=0.99)
-        ok &= np.allclose(mine[0], theirs[0], rtol=1e-5, atol=1e-6)
-    if clip_fn is not None:
-        grads = {"a": rng.normal(size=(5, 4)), "b": rng.normal(size=3)}
-        copy = {k: v.copy() for k, v in grads.items()}
-        ok &= math.isclose(clip_fn(grads, 0.5), lesson13.engine_clip(copy, 0.5), rel_tol=1e-6)
-        ok &= all(np.allclose(grads[k], copy[k], rtol=1e-6) for k in grads)
-    return bool(ok)
-
-
-def load_or_none(name):
-    try:
-        return lesson13.load_trainer_piece(name)
-    except Exception as err:
-        status[name] = f"engine's (your piece did not load: {type(err).__name__}: {err})"
-        return None
-
-
-your_adamw, your_clip = load_or_none("adamw_step"), load_or_none("clip_global_norm")
-if (your_adamw or your_clip) and not optimizer_pieces_agree(your_adamw, your_clip, rng):
-    status["adamw_step" if your_adamw else "clip_global_norm"] = \
-        "engine's (your optimizer pieces disagree with the engine's)"
-    your_adamw = your_clip = None
-for name, piece in (("adamw_step", your_adamw), ("clip_global_norm", your_clip)):
-    status.setdefault(name, f"yours (exercise {lesson13.TRAINER_PIECES[name][0]})" if piece
-                      else "engine's (not written yet)")
-
-
-def make_optimizer(model):
-    if your_adamw is not None:
-        return SegmentAdamW(model, your_adamw)
-    return lesson13.FlatAdamW(model)                # the engine's fused AdamW
-
-
-clip = your_clip if your_clip is not None else lesson13.engine_clip
+trainer = lesson13.plug_in_pieces()
+clip, make_optimizer = trainer.clip, trainer.make_optimizer
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 print("whose code the trainer runs:")
-for name, who in status.items():
-    print(f"  {name:>22}: {who}")
+for line in trainer.slot_table(cfg, B, train_step_owner="yours (exercise 13.1, below)"):
+    print(" ", line)
 print("kernel registry:", {k: v for k, v in kernel_owners().items() if v != "engine"} or
       "all kernels are the engine's")
 
@@ -310,6 +170,30 @@ def train_step(model, optimizer, clip, x, y, lr, max_norm, phase):
 # %%
 # CHECK 13.1
 lesson13.check_train_step(train_step)
+
+# %% [markdown]
+# ## Your accumulation loop on the fused model
+#
+# Lesson 08's `accumulate(model, micro_batches)` was written for the tape: `model(ids,
+# targets)` gave a loss Tensor, `(loss / K).backward()` added its share into `.grad`. The
+# fused model has the same division of labour (`zero_grad`, a forward that prepares
+# `loss_scale * loss` for the backward, a backward that *adds*), so your loop drives it
+# unchanged through a thin view of the model (`coursework/slots.py`). One batch of 16
+# sequences as 4 micro-batches of 4 must give the gradient of the batch of 16:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+x_one, y_one = batch_at(dataset.train, 0, 0, B, T, np.empty((B, T), np.int64),
+                        np.empty((B, T), np.int64))
+loss_k, grad_k = lesson13.accumulated_gradient(trainer.pieces.get("accumulate"), cfg,
+                                               (x_one, y_one), k=4, seed=1)
+loss_1, grad_1 = lesson13.accumulated_gradient(None, cfg, (x_one, y_one), k=1, seed=1)
+same = bool(np.allclose(grad_k, grad_1, rtol=1e-3, atol=1e-6)
+            and math.isclose(loss_k, loss_1, rel_tol=1e-4))
+print(f"the accumulation loop: {trainer.owner('accumulate')}")
+print(f"mean loss over 4 micro-batches of {B // 4}: {loss_k:.4f}; one batch of {B}: "
+      f"{loss_1:.4f}; the same gradient: {same}")
+assert same
 
 # %% [markdown]
 # ## Training, live
@@ -489,6 +373,10 @@ print(f"backward / loss phase: {phase_totals['backward'] / phase_totals['loss']:
 #   cross-entropy that overwrites its logits, the deterministic scatter-add, global-norm
 #   clipping and the fused AdamW run inside the engine's GPT wherever you wrote them; the
 #   engine's kernels fill the rest, and the registry says whose is whose.
+# - **Checked where they run**: each piece was loaded on its own and run in its slot, on
+#   the buffers the trainer hands it, before it went in; a missing or broken piece left the
+#   engine's version in place and the table said why. Your accumulation loop of lesson 08
+#   drove the fused model unchanged.
 # - **The training step** (exercise 13.1): zero, loss, backward, clip, step, in that order.
 #   Each slip has a signature you met in this course: a missing zero_grad piles up
 #   gradients, clipping after the step protects nothing.

@@ -1,0 +1,470 @@
+"""The slots of the trainer a learner's piece can fill, and the contract of each.
+
+A slot is the place in `engine.trainer` where a piece runs: a kernel of the
+model's registry (`engine.trainer.model.use_kernel`), the clipping function
+and the optimizer the training step is handed, the training step itself. Its
+contract is what the trainer relies on, checked on the buffers the trainer
+will hand the piece (float32 views of one flat buffer for clipping and AdamW:
+scaling or updating *in place* is part of the contract) and compared with the
+engine's own version. `check(piece, fn)` raises `SlotError` with the reason
+when a piece would misbehave there; `adapt(piece, fn)` wraps a piece into the
+calling convention of its slot; `seconds(piece, fn, shape)` times a piece and
+the engine's version at the trainer's shape.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+class SlotError(Exception):
+    """A piece breaks the contract of its slot. The message says how."""
+
+
+# piece name -> (exercise, the slot it fills, kernel registry name or None)
+TRAINER_SLOTS = {
+    "bias_gelu_forward": ("10.1", "the MLP's bias + GELU forward", "bias_gelu_forward"),
+    "softmax_cross_entropy": ("10.2", "the loss and its gradient", "crossentropy_softmax"),
+    "embedding_backward": ("11.1", "the embedding's scatter-add backward", "embedding_backward"),
+    "clip_global_norm": ("12.1", "global-norm clipping", None),
+    "adamw_step": ("12.2", "the AdamW update", None),
+    "accumulate": ("08.1", "the accumulation loop over micro-batches", None),
+}
+
+BETAS, EPS, WEIGHT_DECAY = (0.9, 0.99), 1e-8, 0.1
+
+
+# ------------------------------------------------------------------ adapters
+def gelu_adapter(piece):
+    """Your kernel(x 2-D, b, out) -> the model's bias_gelu_forward(h, bias, *, out)."""
+    def kernel(h, bias, *, out):
+        piece(h.reshape(-1, h.shape[-1]), bias, out.reshape(-1, out.shape[-1]))
+        return out
+    return kernel
+
+
+def crossentropy_adapter(piece):
+    """Your fn(logits, targets) -> mean, logits overwritten by d(mean)/dlogits; the model
+    wants d(scale * sum)/dlogits and the per-row losses."""
+    def kernel(logits, targets, scale, *, losses):
+        n = logits.shape[0]
+        mean = piece(logits, targets)
+        if mean is None:
+            raise SlotError("returned None instead of the mean loss")
+        logits *= logits.dtype.type(scale * n)
+        losses[...] = mean
+        return float(mean), losses
+    return kernel
+
+
+def embedding_adapter(piece):
+    """Your fn(ids (N,), g (N, C), V) -> dE; the model adds it into dwte and the
+    positions' gradient (a sum over the batch) into dwpe."""
+    def kernel(ids, dx, vocab_size, *, dwte, dwpe):
+        b, t = ids.shape
+        c = dwte.shape[1]
+        d = piece(np.ascontiguousarray(ids).reshape(-1), dx.reshape(-1, c), vocab_size)
+        if d is None:
+            raise SlotError("returned None instead of the (V, C) gradient table")
+        dwte += d
+        dwpe[:t] += dx.reshape(b, t, c).sum(axis=0)
+        return dwte, dwpe
+    return kernel
+
+
+ADAPTERS = {"bias_gelu_forward": gelu_adapter, "softmax_cross_entropy": crossentropy_adapter,
+            "embedding_backward": embedding_adapter}
+
+
+class SegmentAdamW:
+    """AdamW over a model's flat buffers with a learner's `adamw_step`, one tensor (a
+    segment of the flat buffer) at a time: matrices decay, biases and gains do not."""
+
+    def __init__(self, params_flat, grads_flat, segments, kernel, betas=BETAS, eps=EPS,
+                 weight_decay=WEIGHT_DECAY):
+        self.p, self.g = params_flat, grads_flat
+        self.m, self.v = np.zeros_like(self.p), np.zeros_like(self.p)
+        self.segments = segments
+        self.kernel, self.betas, self.eps, self.weight_decay = kernel, betas, eps, weight_decay
+        self.t = 0
+
+    def step(self, lr):
+        self.t += 1
+        for a, b, decays in self.segments:
+            self.kernel(self.p[a:b], self.g[a:b], self.m[a:b], self.v[a:b], self.t, lr,
+                        self.betas[0], self.betas[1], self.eps,
+                        self.weight_decay if decays else 0.0)
+
+
+class EngineAdamW:
+    """The engine's fused AdamW over the same flat buffers, stepped with `.step(lr)`."""
+
+    def __init__(self, params_flat, grads_flat, segments, betas=BETAS, eps=EPS,
+                 weight_decay=WEIGHT_DECAY):
+        from engine.trainer.optim import AdamW
+        self.g = grads_flat
+        self.inner = AdamW(params_flat, segments, lr=1e-3, betas=betas, eps=eps,
+                           weight_decay=weight_decay)
+        self.steps = 0
+
+    def step(self, lr):
+        self.steps += 1
+        self.inner.step(self.g, lr=lr)
+
+
+def engine_clip(grads: dict, max_norm: float) -> float:
+    """Global-norm clipping of a dict of gradient arrays, in place; the norm before."""
+    from engine.trainer.optim import clip_scale, global_norm
+    norm = math.sqrt(sum(global_norm(g.reshape(-1)) ** 2 for g in grads.values()))
+    scale = clip_scale(norm, max_norm)
+    if scale != 1.0:
+        for g in grads.values():
+            g *= g.dtype.type(scale)
+    return norm
+
+
+# ------------------------------------------------------- the tape's rule table
+# piece name -> (exercise, the rule it replaces, the op whose VJP runs it)
+TAPE_SLOTS = {
+    "matmul_vjp": ("03.1", "the matmul VJP (2-D products)", "matmul"),
+    "unbroadcast": ("03.2", "the sum back to an input's shape (add's VJP)", "add"),
+}
+
+
+def tape_rule(piece: str, fn, calls: dict):
+    """The learner's piece as an override of the tape's rule (`engine.rules.override_vjp`):
+    counted in `calls[piece]` each time it runs; ops it does not cover keep their own rule."""
+    if piece == "matmul_vjp":
+        def vjp(op, g):
+            (sa, sb) = op.shapes
+            if len(sa) != 2 or len(sb) != 2 or not all(op.needs):
+                return op.vjp(g)                 # batched products, frozen operands
+            calls[piece] = calls.get(piece, 0) + 1
+            return tuple(fn(op.a, op.b, g))
+        return vjp
+    if piece == "unbroadcast":
+        def vjp(op, g):
+            calls[piece] = calls.get(piece, 0) + 1
+            return tuple(fn(g, shape) if need else None for need, shape in zip(op.needs, op.shapes))
+        return vjp
+    raise KeyError(f"no tape rule for the piece {piece!r}")
+
+
+def _check_matmul_vjp(fn):
+    rng = np.random.default_rng(301)
+    a, b, g = rng.normal(size=(3, 4)), rng.normal(size=(4, 5)), rng.normal(size=(3, 5))
+    got = fn(a, b, g)
+    if got is None or len(got) != 2:
+        raise SlotError("return the pair (dL/da, dL/db)")
+    if not (np.allclose(got[0], g @ b.T, rtol=1e-12) and np.allclose(got[1], a.T @ g,
+                                                                      rtol=1e-12)):
+        raise SlotError("on a (3, 4) @ (4, 5) product the gradients differ from the "
+                        "tape's own matmul rule")
+
+
+def _check_unbroadcast(fn):
+    from engine.rules import unbroadcast
+    rng = np.random.default_rng(302)
+    for grad_shape, shape in (((4, 3), (3,)), ((4, 3), (4, 1)), ((2, 4, 3), (4, 3)),
+                              ((4, 3), (1, 3)), ((4, 3), (4, 3))):
+        g = rng.normal(size=grad_shape)
+        got = fn(g.copy(), shape)
+        if got is None:
+            raise SlotError("returned None instead of the summed gradient")
+        if np.shape(got) != shape or not np.allclose(got, unbroadcast(g, shape), rtol=1e-12):
+            raise SlotError(f"a gradient of shape {grad_shape} brought back to {shape} "
+                            f"differs from the tape's own unbroadcast")
+
+
+# ------------------------------------------------------------ lesson 08's loop
+class _FusedLoss:
+    """A micro-batch's loss as lesson 08's loop sees it: `/ K`, `* c`, `.backward()`,
+    `.item()`. The forward runs when the scale is known, with `loss_scale` (public API)."""
+
+    def __init__(self, model, ids, targets, scale=1.0, cache=None):
+        self.model, self.ids, self.targets, self.scale = model, ids, targets, scale
+        self.cache = {} if cache is None else cache
+
+    def _forward(self, scale):
+        self.cache["value"] = self.model.forward(self.ids, self.targets, loss_scale=scale)
+        self.cache["scale"] = scale
+        return self.cache["value"]
+
+    def __truediv__(self, k):
+        return _FusedLoss(self.model, self.ids, self.targets, self.scale / float(k), self.cache)
+
+    def __mul__(self, c):
+        return _FusedLoss(self.model, self.ids, self.targets, self.scale * float(c), self.cache)
+
+    __rmul__ = __mul__
+
+    def backward(self):
+        if self.cache.get("scale") != self.scale:
+            self._forward(self.scale)
+        self.model.backward()
+
+    def item(self) -> float:
+        value = self.cache["value"] if "value" in self.cache else self._forward(1.0)
+        return float(value) * self.scale
+
+    __float__ = item
+
+
+class FusedAccumulationModel:
+    """The fused model seen the way lesson 08's `accumulate(model, micro_batches)` sees
+    a model: `model(ids, targets)` is a micro-batch's mean loss, `zero_grad()` clears."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def zero_grad(self):
+        self.model.zero_grad()
+
+    def __call__(self, ids, targets):
+        return _FusedLoss(self.model, ids, targets)
+
+
+def engine_accumulate(model, micro_batches):
+    """The engine's loop on the fused model: zero once, backward of loss/K per micro-batch."""
+    model.zero_grad()
+    k = len(micro_batches)
+    total = 0.0
+    for ids, targets in micro_batches:
+        total += model.forward(ids, targets, loss_scale=1.0 / k)
+        model.backward()
+    return total / k
+
+
+def accumulated_gradient(accumulate, cfg, batch, k, seed=0, dtype=np.float32):
+    """(mean loss, flat gradient) of `batch` split into k micro-batches, on a fused model
+    of micro-batch size B/k; `accumulate` is a learner's lesson 08 loop or None."""
+    from engine.trainer.model import FusedGPT
+    ids, targets = batch
+    micro = ids.shape[0] // k
+    model = FusedGPT(cfg, batch_size=micro, seed=seed, dtype=dtype)
+    pieces = [(ids[i * micro:(i + 1) * micro], targets[i * micro:(i + 1) * micro])
+              for i in range(k)]
+    if accumulate is None:
+        loss = engine_accumulate(model, pieces)
+    else:
+        loss = accumulate(FusedAccumulationModel(model), pieces)
+        if loss is None:
+            raise SlotError("returned None instead of the mean loss")
+    return float(loss), model.grads.flat.copy()
+
+
+def _small_cfg():
+    from engine.gpt_config import GPTConfig
+    return GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=8)
+
+
+def _check_accumulate(fn):
+    rng = np.random.default_rng(801)
+    batch = rng.integers(0, 13, size=(4, 8)), rng.integers(0, 13, size=(4, 8))
+    loss, grad = accumulated_gradient(fn, _small_cfg(), batch, k=4)
+    want_loss, want_grad = accumulated_gradient(None, _small_cfg(), batch, k=4)
+    if not math.isclose(loss, want_loss, rel_tol=1e-5):
+        raise SlotError(f"on the fused model the mean loss over 4 micro-batches is {loss:.8g}, "
+                        f"the engine's loop gives {want_loss:.8g}")
+    if not np.allclose(grad, want_grad, rtol=1e-4, atol=1e-7):
+        ratio = float(np.linalg.norm(grad) / max(np.linalg.norm(want_grad), 1e-300))
+        raise SlotError(f"on the fused model the accumulated gradient differs from the "
+                        f"engine's loop (norm ratio {ratio:.3g})")
+
+
+# ----------------------------------------------------------------- contracts
+def _flat_views(rng, shapes, dtype=np.float32, scale=1.0):
+    """One flat buffer and a dict of views into it, as `FusedGPT.named_grads()` gives."""
+    sizes = [int(np.prod(s)) for s in shapes.values()]
+    flat = (rng.normal(size=sum(sizes)) * scale).astype(dtype)
+    views, offset = {}, 0
+    for (name, shape), size in zip(shapes.items(), sizes):
+        views[name] = flat[offset:offset + size].reshape(shape)
+        offset += size
+    return flat, views
+
+
+SHAPES = {"wte": (13, 8), "ln_w": (8,), "fc_w": (8, 32), "fc_b": (32,)}
+
+
+def _check_clip(fn):
+    rng = np.random.default_rng(1201)
+    flat, views = _flat_views(rng, SHAPES)
+    _, want_views = _flat_views(np.random.default_rng(1201), SHAPES)
+    max_norm = 1.0
+    want_norm = engine_clip(want_views, max_norm)
+    want = np.concatenate([v.reshape(-1) for v in want_views.values()])
+    got_norm = fn(views, max_norm)
+    if got_norm is None:
+        raise SlotError("returned None; the trainer logs the norm before clipping it returns")
+    if not math.isclose(float(got_norm), want_norm, rel_tol=1e-5):
+        raise SlotError(f"returned {float(got_norm):.6g} on float32 views of one flat buffer, "
+                        f"the global norm there is {want_norm:.6g}")
+    rebound = [k for k in views if not np.shares_memory(views[k], flat)]
+    if not np.allclose(flat, want, rtol=1e-5, atol=1e-7):
+        norm_after = float(np.sqrt(np.sum(flat.astype(np.float64) ** 2)))
+        if rebound:
+            raise SlotError(f"the arrays of the gradient dict were replaced ({rebound[0]!r} is "
+                            f"a new array), not scaled in place: the trainer's flat gradient "
+                            f"buffer kept norm {norm_after:.4g} after clipping to {max_norm:g}, "
+                            f"so the optimizer would train unclipped. Scale each array in "
+                            f"place: g *= scale")
+        raise SlotError(f"after clipping to {max_norm:g} the flat gradient buffer behind the "
+                        f"views has norm {norm_after:.4g}; the engine leaves it at "
+                        f"{float(np.sqrt(np.sum(want.astype(np.float64) ** 2))):.4g}")
+
+
+def _check_adamw(fn):
+    from engine.trainer.kernels import adamw_update, work_items
+    rng = np.random.default_rng(1202)
+    segments = [(0, 104, True), (104, 112, False), (112, 368, True), (368, 400, False)]
+    p0 = rng.normal(size=400).astype(np.float32)
+    mine = SegmentAdamW(p0.copy(), np.zeros(400, np.float32), segments, fn)
+    items = work_items([(a, b, WEIGHT_DECAY if d else 0.0) for a, b, d in segments])
+    p, m, v = p0.copy(), np.zeros(400, np.float32), np.zeros(400, np.float32)
+    for step in (1, 2):
+        g = rng.normal(size=400).astype(np.float32)
+        mine.g[...] = g
+        mine.step(1e-2)
+        adamw_update(p, g, m, v, items, lr=1e-2, step=step, beta1=BETAS[0], beta2=BETAS[1],
+                     eps=EPS)
+    if np.array_equal(mine.p, p0):
+        raise SlotError("the parameters did not change when the kernel ran on slices of the "
+                        "flat float32 buffer: update p[i], m[i], v[i] in place (a new array "
+                        "bound to the name p never reaches the model)")
+    if not (np.allclose(mine.m, m, rtol=1e-5, atol=1e-7) and np.allclose(mine.v, v, rtol=1e-5,
+                                                                           atol=1e-9)):
+        raise SlotError("the moments m and v in the flat buffers differ from the engine's "
+                        "after 2 steps: write them back in place, m[i] = ..., v[i] = ...")
+    if not np.allclose(mine.p, p, rtol=1e-5, atol=1e-6):
+        i = int(np.argmax(np.abs(mine.p - p)))
+        raise SlotError(f"after 2 steps over 4 segments of one flat float32 buffer, p[{i}] = "
+                        f"{mine.p[i]:.7g}, the engine's AdamW gives {p[i]:.7g}")
+
+
+def _check_gelu(fn):
+    from engine.trainer import kernels as fused
+    rng = np.random.default_rng(1001)
+    h = rng.normal(size=(2, 8, 32)).astype(np.float32)           # (B, T, 4C), as the model
+    bias = rng.normal(size=32).astype(np.float32)
+    out = np.full_like(h, np.nan)
+    gelu_adapter(fn)(h, bias, out=out)
+    want = fused.bias_gelu_forward(h, bias)
+    if not np.allclose(out, want, rtol=1e-4, atol=1e-5):
+        raise SlotError("on the model's float32 (B*T, 4C) activations the output buffer "
+                        "differs from the engine's bias_gelu_forward")
+
+
+def _check_xent(fn):
+    from engine.trainer import kernels as fused
+    rng = np.random.default_rng(1002)
+    logits = rng.normal(size=(16, 13)).astype(np.float32)
+    targets = rng.integers(0, 13, size=16)
+    mine, engines = logits.copy(), logits.copy()
+    mean, _ = crossentropy_adapter(fn)(mine, targets, 1 / 16, losses=np.empty(16, np.float32))
+    ref_mean, _ = fused.crossentropy_softmax(engines, targets, 1 / 16)
+    if not math.isclose(mean, ref_mean, rel_tol=1e-4):
+        raise SlotError(f"on float32 logits the mean loss is {mean:.6g}, the engine's "
+                        f"{ref_mean:.6g}")
+    if not np.allclose(mine, engines, atol=1e-6):
+        raise SlotError("on float32 logits the gradient left in the logits' buffer differs "
+                        "from the engine's")
+
+
+def _check_embedding(fn):
+    from engine.trainer import kernels as fused
+    rng = np.random.default_rng(1101)
+    ids = rng.integers(0, 13, size=(2, 8))
+    dx = rng.normal(size=(2, 8, 16)).astype(np.float32)
+    dwte = np.full((13, 16), 0.5, np.float32)                     # the model *adds* into it
+    dwpe = np.zeros((8, 16), np.float32)
+    embedding_adapter(fn)(ids, dx, 13, dwte=dwte, dwpe=dwpe)
+    want, _ = fused.embedding_backward(ids, dx, 13)
+    if not np.allclose(dwte - 0.5, want, rtol=1e-4, atol=1e-5):
+        raise SlotError("on the model's float32 (B, T) ids the token table's gradient "
+                        "differs from the engine's embedding_backward")
+
+
+CONTRACTS = {"matmul_vjp": _check_matmul_vjp, "unbroadcast": _check_unbroadcast,
+             "accumulate": _check_accumulate, "clip_global_norm": _check_clip, "adamw_step": _check_adamw,
+             "bias_gelu_forward": _check_gelu, "softmax_cross_entropy": _check_xent,
+             "embedding_backward": _check_embedding}
+
+
+# Contracts that need the trainer's compiled kernels run where the slot is (lesson 13),
+# not in the early lesson's check, where compiling them would cost a minute or more.
+IN_SLOT_ONLY = {"accumulate"}
+
+
+def check(piece: str, fn, at_save: bool = False) -> None:
+    """Run `fn` in the slot of `piece` beside the engine; SlotError says what went wrong.
+    `at_save`: called by the exercise's own check (skips the IN_SLOT_ONLY contracts)."""
+    contract = CONTRACTS.get(piece)
+    if contract is None or (at_save and piece in IN_SLOT_ONLY):
+        return
+    try:
+        contract(fn)
+    except SlotError:
+        raise
+    except Exception as err:
+        raise SlotError(f"raised {type(err).__name__} where the trainer runs it: "
+                        f"{str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")) from None
+
+
+# -------------------------------------------------------------------- speed
+def seconds(piece: str, fn, cfg, batch_size: int, repeats: int = 5) -> tuple[float, float]:
+    """(yours, the engine's) median seconds of one call in the slot at the trainer's shape."""
+    from engine.timing import median_seconds
+    from engine.trainer import kernels as fused
+    rng = np.random.default_rng(0)
+    B, T, C, V = batch_size, cfg.block_size, cfg.n_embd, cfg.vocab_size
+    if piece == "bias_gelu_forward":
+        h = rng.normal(size=(B, T, 4 * C)).astype(np.float32)
+        bias = rng.normal(size=4 * C).astype(np.float32)
+        out = np.empty_like(h)
+        kernel = gelu_adapter(fn)
+        return (median_seconds(lambda: kernel(h, bias, out=out), repeats),
+                median_seconds(lambda: fused.bias_gelu_forward(h, bias, out=out), repeats))
+    if piece == "softmax_cross_entropy":
+        logits = rng.normal(size=(B * T, V)).astype(np.float32)
+        targets = rng.integers(0, V, size=B * T)
+        buf, losses = logits.copy(), np.empty(B * T, np.float32)
+        kernel = crossentropy_adapter(fn)
+
+        def run(k):
+            buf[...] = logits
+            return k(buf, targets, 1 / (B * T), losses=losses)
+        return (median_seconds(lambda: run(kernel), repeats),
+                median_seconds(lambda: run(lambda *a, **k: fused.crossentropy_softmax(*a, **k)),
+                               repeats))
+    if piece == "embedding_backward":
+        ids = rng.integers(0, V, size=(B, T))
+        dx = rng.normal(size=(B, T, C)).astype(np.float32)
+        dwte, dwpe = np.zeros((V, C), np.float32), np.zeros((T, C), np.float32)
+        kernel = embedding_adapter(fn)
+        return (median_seconds(lambda: kernel(ids, dx, V, dwte=dwte, dwpe=dwpe), repeats),
+                median_seconds(lambda: fused.embedding_backward(ids, dx, V, dwte=dwte,
+                                                                dwpe=dwpe), repeats))
+    from engine.trainer.model import FusedGPT, decay_segments
+    if piece == "accumulate":                     # one batch as 4 micro-batches
+        model = FusedGPT(cfg, batch_size=max(1, B // 4), seed=0)
+        ids, targets = rng.integers(0, V, size=(B, T)), rng.integers(0, V, size=(B, T))
+        m = model.B
+        micro = [(ids[i:i + m], targets[i:i + m]) for i in range(0, 4 * m, m)]
+        view = FusedAccumulationModel(model)
+        return (median_seconds(lambda: fn(view, micro), 3),
+                median_seconds(lambda: engine_accumulate(model, micro), 3))
+    model = FusedGPT(cfg, batch_size=1, seed=0)
+    model.grads.flat[...] = rng.normal(size=model.grads.flat.size) * 1e-2
+    if piece == "clip_global_norm":
+        grads = model.named_grads()
+        return (median_seconds(lambda: fn(grads, 1e9), repeats),
+                median_seconds(lambda: engine_clip(grads, 1e9), repeats))
+    if piece == "adamw_step":
+        segments = decay_segments(model.params)
+        mine = SegmentAdamW(model.params.flat.copy(), model.grads.flat, segments, fn)
+        engine = EngineAdamW(model.params.flat.copy(), model.grads.flat, segments)
+        return (median_seconds(lambda: mine.step(1e-9), repeats),
+                median_seconds(lambda: engine.step(1e-9), repeats))
+    raise KeyError(f"no timing for the piece {piece!r}")
