@@ -53,6 +53,28 @@ def partial_all_moved(f, x, index, eps=1e-6):
     return (f(x + eps) - f(x - eps)) / (2 * eps)
 
 
+def partial_nudge_and_restore(f, x, index, eps=1e-6):
+    """Right in exact arithmetic; x can come back one rounding step off."""
+    x[index] += eps
+    up = f(x)
+    x[index] -= 2 * eps
+    down = f(x)
+    x[index] += eps
+    return (up - down) / (2 * eps)
+
+
+def test_04_1_accepts_nudge_and_restore_and_explains_the_rounding(capsys):
+    lesson04.check_numerical_partial(partial_nudge_and_restore)
+    out = capsys.readouterr().out
+    assert "passed" in out and "rounding step" in out
+
+
+def test_04_1_fixed_eps_hint_shows_the_eps_value():
+    with pytest.raises(ExerciseError) as err:
+        lesson04.check_numerical_partial(partial_fixed_eps)
+    assert "({eps" not in str(err.value) and "(0.001)" in str(err.value)
+
+
 def test_04_1_passes_a_central_difference(capsys):
     lesson04.check_numerical_partial(partial_right)
     assert "Exercise 04.1 (numerical_partial) passed." in capsys.readouterr().out
@@ -63,6 +85,7 @@ def test_04_1_passes_a_central_difference(capsys):
     (partial_forward, "one-sided"),
     (partial_over_eps, "divide by 2*eps, not by eps"),
     (partial_in_place, "x was changed"),
+    (partial_in_place, "assign it back"),
     (partial_fixed_eps, "use the eps argument"),
     (partial_all_moved, "moved every element"),
     (lambda f, x, i, eps: np.zeros(3), "one number"),
