@@ -374,7 +374,9 @@ def test_05_3_passes_the_right_triage(capsys):
 
 
 @pytest.mark.parametrize("answers, phrase", [
-    ({"A": 1}, "step 1 is on the list"),
+    ({"A": 1}, "W1 takes part"),
+    ({"E": 4}, "step 4 is on the list"),
+    ({"D": 5}, "would not say where they come from"),
     ({"B": 9}, "comes last for a reason"),
     ({"E": 3}, "diagnose('right shape, plausible direction, wrong size')"),
     ({"C": "four"}, "not a step number"),
@@ -384,6 +386,22 @@ def test_05_3_names_the_mistake(answers, phrase):
     with pytest.raises(ExerciseError, match="Exercise 05.3") as err:
         lesson05.check_triage(lambda: {**right, **answers})
     assert phrase in str(err.value)
+
+
+@pytest.mark.parametrize("case, wrong", [("A", 1), ("D", 5), ("D", 6), ("E", 4), ("E", 9),
+                                         ("B", 6), ("C", 9), ("E", 3)])
+def test_05_3_hints_never_give_away_the_step(case, wrong):
+    right = {"A": 2, "B": 5, "C": 4, "D": 7, "E": 8}
+    with pytest.raises(ExerciseError) as err:
+        lesson05.check_triage(lambda: {**right, case: wrong})
+    hint = str(err.value).split("Hint:", 1)[1]
+    step = right[case]
+    assert f"step {step}" not in hint and f"by step" not in hint, hint
+
+
+def test_05_3_mystery_a_is_step_2_by_the_steps_own_words():
+    """Step 1 asks whether the parameter takes part; W1 does, so only step 2 fits A."""
+    assert "takes part" in lesson05.STEPS[1] and ".data" in lesson05.STEPS[2]
 
 
 def test_05_3_stub_and_missing():
