@@ -494,7 +494,7 @@ for ax, (title, blocks, x0, a, b) in zip(axes, (
     ax.plot(ks, [p / 1024 for p in predicted], "-", label="checkpoint_peak")
     ax.axhline(16 * b / 1024, color="gray", ls=":", label="no checkpointing")
     ax.set_xlabel("k (blocks per segment)"), ax.set_ylabel("peak KiB"), ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)  # below
 plt.show()
 
 # %% [markdown]
