@@ -533,3 +533,23 @@ def test_lesson02_node_power_says_to_use_square():
     LessonNode = _lesson02_node_class()
     with pytest.raises(TypeError, match=r"e\.square\(\)"):
         LessonNode(3.0) ** 2
+
+
+def test_lesson03_gradient_ratio_prediction_passes(capsys):
+    lesson03.check_gradient_ratio(lambda s, depth: s ** depth)
+    assert "passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda s, depth: s * depth, ("linearly", "multiply")),
+    (lambda s, depth: s ** -depth, ("other way up",)),
+    (lambda s, depth: s ** (depth - 1), ("one factor short",)),
+    (lambda s, depth: s ** (depth + 1), ("one factor too many",)),
+    (lambda s, depth: "small", ("should be a number",)),
+])
+def test_lesson03_gradient_ratio_names_the_mistake(answer, words):
+    fails_with(lesson03.check_gradient_ratio, answer, words=words)
+
+
+def test_lesson03_gradient_ratio_stub():
+    fails_with(lesson03.check_gradient_ratio, stub, words=("03.5", "not done yet"))
