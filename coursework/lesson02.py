@@ -59,9 +59,15 @@ def _same(a, b) -> bool:
 
 def _as_tuple(exercise, name, out, n):
     """Accept a bare number for a one-input rule; require an n-tuple otherwise."""
-    if n == 1 and not isinstance(out, (tuple, list)):
+    if isinstance(out, list):
+        raise ExerciseError(exercise, f"{name} returned the list {out!r}. Return a tuple "
+                                      f"(`return grad_a, grad_b`, or a bare number for a "
+                                      f"one-input rule): `local_gradients` treats anything "
+                                      f"that is not a tuple as one single gradient, so a list "
+                                      f"would reach `parent.grad += ...` whole and fail there.")
+    if n == 1 and not isinstance(out, tuple):
         out = (out,)
-    if not isinstance(out, (tuple, list)) or len(out) != n:
+    if not isinstance(out, tuple) or len(out) != n:
         shape = "one number" if n == 1 else f"a pair (grad_a, grad_b)"
         raise ExerciseError(exercise, f"{name} should return {shape}, one gradient per "
                                       f"input, but it returned {out!r}.")
@@ -312,7 +318,43 @@ def check_backward(topological_order, backward, Node) -> None:
                     "root)) add each of local_gradients(node, rules) to its parent's .grad.")
         raise ExerciseError(ex, f"on {title}: {names}. Hint: {hint}")
     _check_second_backward(backward, Node)
+    _check_with_your_rules(backward, Node)
     passed(ex, "the -4 example gives w.grad = -4; u = w^2 + w at w = 3 gives 6 + 1 = 7.")
+
+
+def _check_with_your_rules(backward, Node) -> None:
+    """The lesson calls `backward(L)` with its default, the table of your 02.1 rules:
+    run that too, so a rule the walk cannot use is named here, not in a later demo."""
+    import inspect
+    try:
+        default = inspect.signature(backward).parameters["rules"].default
+    except (KeyError, TypeError, ValueError):
+        return
+    if not isinstance(default, dict):
+        return
+    L, named = _minus_four(Node)
+    try:
+        attempt(EX_WALK, backward, L)
+    except TypeError as err:
+        returned = {op: rule.__name__ for op, rule in default.items()
+                    if op in REFERENCE_RULES and isinstance(_sample(rule, op), list)}
+        which = (f" {', '.join(sorted(returned.values()))} returned a list;" if returned else "")
+        raise ExerciseError(EX_WALK, f"with your rules from 02.1 (the default `rules=RULES`) "
+                                     f"the walk fails: {err}.{which} every rule must return a "
+                                     f"tuple, or a bare number for a one-input op.") from None
+    if not _same(named["w"].grad, -4.0):
+        raise ExerciseError(EX_WALK, f"with the reference rules your walk is right, but with "
+                                     f"your rules from 02.1 (the default `rules=RULES`) w.grad "
+                                     f"= {named['w'].grad:g}, not -4. Rerun the 02.1 cell and "
+                                     f"its check, then the RULES cell, then this one.")
+
+
+def _sample(rule, op):
+    """What `rule` returns on a sample input (None if it raises)."""
+    try:
+        return rule(1.0, 2.0) if op in ("square", "relu") else rule(1.0, 2.0, 3.0)
+    except Exception:  # the rule is the learner's; any failure just means "not a list"
+        return None
 
 
 def _check_second_backward(backward, Node) -> None:

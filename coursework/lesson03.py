@@ -24,6 +24,7 @@ EX_MATMUL = "03.1 (matmul VJP)"
 EX_UNBROADCAST = "03.2 (broadcasting backward)"
 EX_JACOBIAN = "03.3 (the Jacobian, column by column or row by row)"
 EX_RESIDUAL = "03.4 (residual VJP)"
+EX_PRODUCT = "03.5 (predict the gradient's shrinking or growth)"
 
 
 def _call(exercise, what, fn, *args, hint=""):
@@ -331,3 +332,47 @@ def check_residual_vjp(residual_vjp) -> None:
     else:
         hint = "y = x + F(x), so dL/dx = grad_out + J_F^T grad_out."
     raise ExerciseError(ex, f"the gradient is wrong. Hint: {hint}")
+
+
+# ------------------------------------------------------------------ 03.5
+def _measured_ratio(scale: float, depth: int, width: int = 16, seed: int = 0) -> float:
+    """||dL/dh_0|| / ||dL/dh_depth|| through `depth` plain layers W = scale * rotation."""
+    rng = np.random.default_rng(seed)
+    g = rng.normal(size=width)
+    top = np.linalg.norm(g)
+    for _ in range(depth):
+        q = np.linalg.qr(rng.normal(size=(width, width)))[0]
+        g = (scale * q).T @ g
+    return float(np.linalg.norm(g) / top)
+
+
+def check_gradient_ratio(predicted_ratio) -> None:
+    """predicted_ratio(scale, depth) = ||dL/dh_0|| / ||dL/dh_depth|| for a plain stack
+    of `depth` layers W_l = scale * Q_l: each VJP multiplies by W^T, norm exactly scale."""
+    ex = EX_PRODUCT
+    for scale, depth in ((0.5, 30), (1.5, 30), (0.9, 7), (1.1, 50), (2.0, 1)):
+        got = _call(ex, "predicted_ratio", predicted_ratio, scale, depth)
+        try:
+            got = float(got)
+        except (TypeError, ValueError):
+            raise ExerciseError(ex, f"predicted_ratio({scale}, {depth}) should be a number, "
+                                    f"got {got!r}.") from None
+        want = _measured_ratio(scale, depth)
+        if np.isclose(got, want, rtol=1e-6):
+            continue
+        known = [
+            (scale * depth, "that grows linearly with the depth. The gradient passes through "
+                            "the layers one after another, so their factors multiply."),
+            (1.0 / want, "that is the ratio the other way up (top over bottom). The question "
+                         "is the bottom's norm over the top's: below 1 when the layers shrink."),
+            (scale ** (depth - 1), "one factor short: every one of the layers, the first "
+                                   "included, multiplies the gradient by W^T on its way down."),
+            (scale ** (depth + 1), "one factor too many: there are as many factors as layers."),
+        ]
+        hint = next((h for v, h in known if np.isclose(got, v, rtol=1e-6)),
+                    "each layer's VJP multiplies the gradient by W^T = scale * Q^T, and a "
+                    "rotation keeps the norm: what does that do over `depth` layers?")
+        raise ExerciseError(ex, f"predicted_ratio({scale}, {depth}) = {got:.6g}, measured "
+                                f"{want:.6g}. Hint: {hint}")
+    passed(ex, f"your prediction matches the measured ratio: 0.5 over 30 layers gives "
+               f"{_measured_ratio(0.5, 30):.3g}, 1.5 gives {_measured_ratio(1.5, 30):.3g}.")

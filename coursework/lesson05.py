@@ -319,10 +319,10 @@ def check_verdicts(verdicts) -> None:
 # ==================================================== troubleshooting: 05.3 triage
 #: The troubleshooting order: cheapest and most common causes first.
 STEPS = {
-    1: "Confirm a path exists from the parameter to the loss (is the parameter used? does "
-       "every tensor on the way require grad?).",
-    2: "Look for graph cuts: detach(), a round trip through a plain ndarray or float, "
-       "a no_grad() block.",
+    1: "Confirm the parameter takes part at all: is it used in computing the loss, and was "
+       "it made as a tensor that requires grad?",
+    2: "Look for graph cuts on the way from a parameter that takes part to the loss: "
+       "detach(), a round trip through a plain ndarray or float (.data), a no_grad() block.",
     3: "Look for in-place changes of tensors the backward needs (the engine's version "
        "counters catch most, writes to .data bypass them).",
     4: "Check when gradients are zeroed, and whether accumulation is intended.",
@@ -397,6 +397,18 @@ MYSTERIES = {
 }
 
 
+#: Hints for a tempting wrong step, which say why it is not that step without naming the right one.
+_TRIAGE_NUDGES = {
+    ("A", 1): "step 1 finds nothing here: W1 takes part (`Tensor(X) @ W1`) and requires grad. "
+              "The gradient is lost on the way from W1 to the loss; look at what happens to "
+              "the product before the tanh",
+    ("D", 5): "step 5 would show the zeros, which you already see in the symptom; it would not "
+              "say where they come from. Which op between W1 and the loss has a derivative of "
+              "0 almost everywhere?",
+    ("D", 6): "float64 would show the same zeros: this is not a precision problem",
+}
+
+
 def check_triage(triage) -> None:
     out = attempt(EX_TRIAGE, triage)
     if not isinstance(out, dict):
@@ -413,9 +425,14 @@ def check_triage(triage) -> None:
         if int(got) == step:
             continue
         causes, steps = SYMPTOMS[symptom]
-        if int(got) in steps:
-            hint = (f"step {got} is on the list for this symptom, but the cause here is "
-                    f"found by step {step}: look again at the code of mystery {case}")
+        if (case, int(got)) in _TRIAGE_NUDGES:
+            hint = _TRIAGE_NUDGES[case, int(got)]
+        elif int(got) in steps:
+            others = ", ".join(str(k) for k in sorted(steps) if k != int(got))
+            hint = (f"step {got} is on the list for this symptom, but it would not find what "
+                    f"is wrong in mystery {case}: read its code again and ask which of the "
+                    f"other listed steps ({others}) looks at the line that differs from a "
+                    f"normal run")
         elif int(got) == 9:
             hint = ("step 9 would find it eventually, but it comes last for a reason: the "
                     "symptom points at a cheaper step first")

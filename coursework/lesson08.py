@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine import F, Tensor, memory, nn, no_grad
+from engine.tensor import is_grad_enabled
 from engine.accumulation import accumulate_gradients, split_batch
 from engine.recompute import checkpoint_sequential, checkpointed, segments
 from engine.gpt_config import GPTConfig, init_params
@@ -57,7 +58,11 @@ def check_accumulate(accumulate) -> None:
     stale = 0.5
     for p in model.parameters().values():   # what an earlier step left behind
         p.grad = np.full(p.shape, stale)
-    loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
+    one = nn.GPT(cfg, params)   # the activation peak of one micro-batch's forward + backward
+    with memory.record() as one_mem:
+        (one(*micro[0]) / K).backward()
+    with memory.record() as mem:
+        loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
     got = model.grads()
 
     missing = [k for k, g in got.items() if g is None]
@@ -91,6 +96,16 @@ def check_accumulate(accumulate) -> None:
         raise ExerciseError(EX_ACCUMULATE, "the gradients differ from the full-batch gradient. "
                             "Hint: zero once; for each micro-batch run the forward, divide its "
                             "loss by K and call backward; do not zero or step inside the loop.")
+    if mem.peak_bytes > 1.5 * one_mem.peak_bytes:
+        raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but the activation peak "
+                            f"of your loop is {mem.peak_bytes:,} bytes, "
+                            f"{mem.peak_bytes / one_mem.peak_bytes:.1f} times the "
+                            f"{one_mem.peak_bytes:,} bytes of one micro-batch: the graphs of "
+                            f"all {K} micro-batches were alive at once (a sum of the losses "
+                            f"with one backward at the end, or losses kept in a list). That "
+                            f"saves no memory over the full batch. Call backward on each "
+                            f"micro-batch's loss / K inside the loop, so its graph is freed "
+                            f"before the next forward; keep only loss.item().")
     try:
         loss = float(loss)
     except (TypeError, ValueError):
@@ -134,15 +149,28 @@ def check_checkpointed_backward(checkpointed_backward) -> None:
     w.zero_grad(), v.zero_grad()
 
     probe = saved.copy()
+    recording = []   # was recording on while the learner's code ran the segment?
+
+    def watched_segment(x):
+        recording.append(is_grad_enabled())
+        return segment(x)
     try:
         with no_grad():  # backward does not have to record; your recompute must
-            got = attempt(EX_REPLAY, checkpointed_backward, segment, probe, g)
+            got = attempt(EX_REPLAY, checkpointed_backward, watched_segment, probe, g)
     except RuntimeError as err:
         if "does not require grad" in str(err):
+            if recording and all(recording):
+                hint = ("you ran fn with recording on (good), yet its output does not require "
+                        "grad: was the output detached, or its .data wrapped in a new Tensor? "
+                        "Call backward on what fn returned, and make the input a Tensor with "
+                        "requires_grad=True.")
+            else:
+                hint = ("fn ran with recording switched off (the backward pass may run under "
+                        "no_grad), so nothing was recorded. Run fn inside "
+                        "`with engine.enable_grad():`, on a Tensor made from saved_input with "
+                        "requires_grad=True.")
             raise ExerciseError(EX_REPLAY, "the recomputed output does not require grad, so "
-                                "backward has nothing to walk. Make the input a Tensor with "
-                                "requires_grad=True and run fn inside `with engine.enable_grad():` "
-                                "(the backward pass may run with recording switched off).") from None
+                                f"backward has nothing to walk. {hint}") from None
         raise
     if not np.array_equal(probe, saved):
         raise ExerciseError(EX_REPLAY, "saved_input was changed by your function; the tape "

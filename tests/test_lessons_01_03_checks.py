@@ -486,3 +486,70 @@ def test_lesson03_jacobian_forward_mode_by_backward_is_not_forward_mode():
     def reverse_only(f, x, mode):
         return rev(f, x, "reverse")
     fails_with(lesson03.check_jacobian, reverse_only, words=["f ran only 1 time:"])
+
+
+def test_lesson02_rule_returning_a_list_is_rejected_with_a_hint():
+    fails_with(lesson02.check_local_rules, *rules_with(add=lambda g, a, b: [g, g]),
+               words=("add_backward", "list", "tuple"))
+    fails_with(lesson02.check_local_rules, *rules_with(square=lambda g, a: [2 * a * g]),
+               words=("square_backward", "list"))
+
+
+def test_lesson02_walk_with_the_learners_list_rules_names_them():
+    default = {"+": lambda g, a, b: [g, g], "-": lesson02.REFERENCE_RULES["-"],
+               "*": lesson02.REFERENCE_RULES["*"], "square": lambda g, a: [2 * a * g],
+               "relu": lesson02.REFERENCE_RULES["relu"]}
+    walk = make_backward()
+
+    def backward(root, rules=default):
+        return walk(root, rules)
+    fails_with(lesson02.check_backward, topological_order, backward, Node,
+               words=("your rules from 02.1", "returned a list", "tuple"))
+
+
+def test_lesson02_walk_with_the_learners_tuple_rules_passes(capsys):
+    walk = make_backward()
+
+    def backward(root, rules=dict(lesson02.REFERENCE_RULES)):
+        return walk(root, rules)
+    lesson02.check_backward(topological_order, backward, Node)
+    assert "passed" in capsys.readouterr().out
+
+
+def _lesson02_node_class():
+    """The Node class exactly as lesson 02 defines it."""
+    import ast
+    from pathlib import Path
+    source = Path(__file__).parents[1] / "course/source/02_computational_graphs.py"
+    tree = ast.parse(source.read_text())
+    wanted = [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))
+              and n.name in ("Node", "as_node")]
+    namespace = {}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), str(source), "exec"), namespace)
+    return namespace["Node"]
+
+
+def test_lesson02_node_power_says_to_use_square():
+    LessonNode = _lesson02_node_class()
+    with pytest.raises(TypeError, match=r"e\.square\(\)"):
+        LessonNode(3.0) ** 2
+
+
+def test_lesson03_gradient_ratio_prediction_passes(capsys):
+    lesson03.check_gradient_ratio(lambda s, depth: s ** depth)
+    assert "passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda s, depth: s * depth, ("linearly", "multiply")),
+    (lambda s, depth: s ** -depth, ("other way up",)),
+    (lambda s, depth: s ** (depth - 1), ("one factor short",)),
+    (lambda s, depth: s ** (depth + 1), ("one factor too many",)),
+    (lambda s, depth: "small", ("should be a number",)),
+])
+def test_lesson03_gradient_ratio_names_the_mistake(answer, words):
+    fails_with(lesson03.check_gradient_ratio, answer, words=words)
+
+
+def test_lesson03_gradient_ratio_stub():
+    fails_with(lesson03.check_gradient_ratio, stub, words=("03.5", "not done yet"))

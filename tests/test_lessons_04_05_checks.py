@@ -53,6 +53,28 @@ def partial_all_moved(f, x, index, eps=1e-6):
     return (f(x + eps) - f(x - eps)) / (2 * eps)
 
 
+def partial_nudge_and_restore(f, x, index, eps=1e-6):
+    """Right in exact arithmetic; x can come back one rounding step off."""
+    x[index] += eps
+    up = f(x)
+    x[index] -= 2 * eps
+    down = f(x)
+    x[index] += eps
+    return (up - down) / (2 * eps)
+
+
+def test_04_1_accepts_nudge_and_restore_and_explains_the_rounding(capsys):
+    lesson04.check_numerical_partial(partial_nudge_and_restore)
+    out = capsys.readouterr().out
+    assert "passed" in out and "rounding step" in out
+
+
+def test_04_1_fixed_eps_hint_shows_the_eps_value():
+    with pytest.raises(ExerciseError) as err:
+        lesson04.check_numerical_partial(partial_fixed_eps)
+    assert "({eps" not in str(err.value) and "(0.001)" in str(err.value)
+
+
 def test_04_1_passes_a_central_difference(capsys):
     lesson04.check_numerical_partial(partial_right)
     assert "Exercise 04.1 (numerical_partial) passed." in capsys.readouterr().out
@@ -63,6 +85,7 @@ def test_04_1_passes_a_central_difference(capsys):
     (partial_forward, "one-sided"),
     (partial_over_eps, "divide by 2*eps, not by eps"),
     (partial_in_place, "x was changed"),
+    (partial_in_place, "assign it back"),
     (partial_fixed_eps, "use the eps argument"),
     (partial_all_moved, "moved every element"),
     (lambda f, x, i, eps: np.zeros(3), "one number"),
@@ -351,7 +374,9 @@ def test_05_3_passes_the_right_triage(capsys):
 
 
 @pytest.mark.parametrize("answers, phrase", [
-    ({"A": 1}, "step 1 is on the list"),
+    ({"A": 1}, "W1 takes part"),
+    ({"E": 4}, "step 4 is on the list"),
+    ({"D": 5}, "would not say where they come from"),
     ({"B": 9}, "comes last for a reason"),
     ({"E": 3}, "diagnose('right shape, plausible direction, wrong size')"),
     ({"C": "four"}, "not a step number"),
@@ -361,6 +386,22 @@ def test_05_3_names_the_mistake(answers, phrase):
     with pytest.raises(ExerciseError, match="Exercise 05.3") as err:
         lesson05.check_triage(lambda: {**right, **answers})
     assert phrase in str(err.value)
+
+
+@pytest.mark.parametrize("case, wrong", [("A", 1), ("D", 5), ("D", 6), ("E", 4), ("E", 9),
+                                         ("B", 6), ("C", 9), ("E", 3)])
+def test_05_3_hints_never_give_away_the_step(case, wrong):
+    right = {"A": 2, "B": 5, "C": 4, "D": 7, "E": 8}
+    with pytest.raises(ExerciseError) as err:
+        lesson05.check_triage(lambda: {**right, case: wrong})
+    hint = str(err.value).split("Hint:", 1)[1]
+    step = right[case]
+    assert f"step {step}" not in hint and f"by step" not in hint, hint
+
+
+def test_05_3_mystery_a_is_step_2_by_the_steps_own_words():
+    """Step 1 asks whether the parameter takes part; W1 does, so only step 2 fits A."""
+    assert "takes part" in lesson05.STEPS[1] and ".data" in lesson05.STEPS[2]
 
 
 def test_05_3_stub_and_missing():

@@ -81,6 +81,23 @@ def accumulate_sum_of_losses(model, micro_batches):
     return total
 
 
+def accumulate_one_graph(model, micro_batches):
+    """Right gradients, but one graph over all K micro-batches and one backward."""
+    model.zero_grad()
+    K = len(micro_batches)
+    total = None
+    for ids, targets in micro_batches:
+        loss = model(ids, targets) / K
+        total = loss if total is None else total + loss
+    total.backward()
+    return total.item()
+
+
+def test_08_1_one_graph_over_all_micro_batches_fails_on_the_peak():
+    message = fails_with(lesson08.check_accumulate, accumulate_one_graph, "activation peak")
+    assert "3.0 times" in message and "inside the loop" in message
+
+
 def test_08_1_passes_the_accumulation_loop(capsys):
     lesson08.check_accumulate(accumulate_right)
     assert "Exercise 08.1 (accumulate) passed." in capsys.readouterr().out
@@ -138,6 +155,20 @@ def replay_no_input_grad(fn, saved_input, grad_output):
     with engine.enable_grad():
         fn(x).backward(grad_output)
     return x.grad
+
+
+def replay_detached_under_enable_grad(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    with engine.enable_grad():
+        out = Tensor(fn(x).data)          # the graph is cut here
+    out.backward(grad_output)
+    return x.grad
+
+
+def test_08_2_a_learner_who_used_enable_grad_is_not_told_to_use_it():
+    message = fails_with(lesson08.check_checkpointed_backward,
+                         replay_detached_under_enable_grad, "recording on (good)")
+    assert "inside `with engine.enable_grad()" not in message
 
 
 def replay_passthrough(fn, saved_input, grad_output):

@@ -90,9 +90,34 @@ def test_10_1_passes_a_fused_numba_kernel_and_saves_it(capsys):
     lesson10.check_bias_gelu(bias_gelu_right, repeats=1)
     out = capsys.readouterr().out
     assert "Exercise 10.1 (bias_gelu_fused) passed." in out
-    assert "speedup" in out and "(2048, 512)" in out
+    assert "speed-up" in out and "(2048, 512)" in out
     saved = (pieces_dir() / "bias_gelu_forward.py").read_text()
     assert "def bias_gelu_right(x, b, out):" in saved and "prange(rows)" in saved
+
+
+@njit(parallel=True)
+def bias_gelu_math_tanh(x, b, out):   # right values, but tanh instead of the exp form
+    k, a = 0.7978845608028654, 0.044715
+    rows, cols = x.shape
+    for i in prange(rows):
+        for j in range(cols):
+            u = x[i, j] + b[j]
+            out[i, j] = 0.5 * u * (1.0 + math.tanh(k * (u + a * u * u * u)))
+    return out
+
+
+def test_10_1_reports_speed_against_numpy_the_trainer_and_the_roof(capsys):
+    lesson10.check_bias_gelu(bias_gelu_right, repeats=1)
+    out = capsys.readouterr().out
+    assert "fits in cache" in out and "out of cache" in out
+    assert "vectorised exp" in out and "copy bandwidth" in out
+    assert "calls tanh" not in out
+
+
+def test_10_1_math_tanh_kernel_passes_but_not_silently(capsys):
+    lesson10.check_bias_gelu(bias_gelu_math_tanh, repeats=1)
+    out = capsys.readouterr().out
+    assert "passed" in out and "your kernel calls tanh" in out
 
 
 def test_10_1_stub_says_not_done():
@@ -612,3 +637,12 @@ def test_the_reference_clip_matches_the_exercise():
     grads = {"a": np.array([3.0, 0.0]), "b": np.array([4.0])}
     assert lesson13.engine_clip(grads, 1.0) == pytest.approx(5.0)
     assert np.allclose(grads["a"], [0.6, 0.0], rtol=1e-5) and np.allclose(grads["b"], [0.8], rtol=1e-5)
+
+
+def test_10_1_tanh_in_a_comment_or_docstring_is_not_a_call():
+    def kernel(x, b, out):
+        """GELU, tanh form: tanh(z) = 1 - 2 / (exp(2 z) + 1)."""
+        t = 1.0 - 2.0 / (np.exp(2.0 * x) + 1.0)   # tanh(z) by exp
+        return t
+    assert not lesson10._calls(kernel, "tanh")
+    assert lesson10._calls(bias_gelu_math_tanh, "tanh")

@@ -70,6 +70,11 @@ class Node:
     def relu(self):
         return Node(self.data if self.data > 0 else 0.0, (self,), "relu")
 
+    def __pow__(self, exponent):
+        # This engine has a rule for `square` only; say so instead of Python's bare TypeError.
+        raise TypeError(f"Node has no `**` (you wrote `** {exponent!r}`): this small engine "
+                        f"knows +, -, *, .square() and .relu(). Write `e.square()` for e ** 2.")
+
     def __repr__(self):
         return f"Node(data={self.data:g}, grad={self.grad:g}, op={self.op!r})"
 

@@ -429,6 +429,26 @@ lesson03.check_residual_vjp(residual_vjp)
 #
 # We pull the gradient of $L = \sum_i h_{30,i}$ back by hand, with your `residual_vjp` and
 # `matmul_vjp` (a layer is a matrix product), and record its norm at every layer.
+#
+# ## Exercise 03.5 · Predict, then measure
+#
+# Before running the stacks, predict for the *plain* ones. Write
+# `predicted_ratio(scale, depth)`: the norm of the gradient at the bottom, $\|\partial L /
+# \partial h_0\|$, divided by its norm at the top, $\|\partial L / \partial h_{depth}\|$, for
+# `depth` plain layers $W_l = s\,Q_l$. Work it out from the VJP of one layer (what does it
+# multiply the gradient by, and what does a rotation do to a norm?). The check compares your
+# prediction with a measurement; the cell after it compares it with the stacks below.
+
+# %%
+def predicted_ratio(scale, depth):
+    """||dL/dh_0|| / ||dL/dh_depth|| through `depth` plain layers W = scale * rotation."""
+    ### BEGIN SOLUTION
+    return scale ** depth       # each VJP multiplies by W^T, which scales every norm by s
+    ### END SOLUTION
+
+# %%
+# CHECK 03.5
+lesson03.check_gradient_ratio(predicted_ratio)
 
 # %%
 depth, width = 30, 64
@@ -465,6 +485,9 @@ norms = {name: gradient_norms(s, res, Q) for name, (s, res) in stacks.items()}
 for name, values in norms.items():
     print(f"{name:18s}: |dL/dh| at the top {values[-1]:.3g}, at the bottom {values[0]:.3g}, "
           f"ratio {values[0] / values[-1]:.3g}")
+for name, (scale, residual) in stacks.items():
+    if not residual:
+        print(f"{name:18s}: your predicted ratio {predicted_ratio(scale, depth):.3g}")
 
 # %% [markdown]
 # The engine agrees. The same residual stack, run on tensors with `retain_grad()` on every

@@ -330,24 +330,29 @@ lesson05.check_find_broken(find_broken)
 # ## How is each one broken?
 #
 # A failed check gives the worst element; the pattern over *all* elements tells you the
-# kind of bug. Plot, for every input element, the analytic gradient (backward) against the
-# numerical one (central differences). A correct rule puts every point on the diagonal.
-# Points of a negative input are drawn in orange, of a positive input in blue; a second
-# input (a bias) with crosses.
+# kind of bug. Plot, for every input element, the ratio of the analytic gradient (backward)
+# to the numerical one (central differences), against the input's value. A correct rule
+# puts every point on the line at 1, whatever its size, so a wrong small gradient shows as
+# clearly as a wrong large one (on a plot of analytic against numerical, the leaky ReLU's
+# slope 0.1 sits so close to the origin that a missing leak is hard to see). Points of a
+# negative input are drawn in orange, of a positive input in blue; a second input (a bias)
+# with crosses. Ratios beyond ±2.5 are drawn at the edge.
 
 # %%
-fig, axes = plt.subplots(2, 4, figsize=(12, 6))
+fig, axes = plt.subplots(2, 4, figsize=(12, 6), sharey=True)
 for ax, (name, s) in zip(axes.flat, suspects.items()):
     for k, (x, analytic, numeric) in enumerate(lesson05.numeric_and_analytic(s)):
         marker = "o" if k == 0 else "x"
-        ax.scatter(numeric[x < 0], analytic[x < 0], c="tab:orange", marker=marker, s=18)
-        ax.scatter(numeric[x >= 0], analytic[x >= 0], c="tab:blue", marker=marker, s=18)
-    lim = ax.get_xlim()
-    ax.plot(lim, lim, color="0.7", lw=0.8, zorder=0)
+        ratio = np.clip(analytic / numeric, -2.5, 2.5)
+        ax.scatter(x[x < 0], ratio[x < 0], c="tab:orange", marker=marker, s=18)
+        ax.scatter(x[x >= 0], ratio[x >= 0], c="tab:blue", marker=marker, s=18)
+    ax.axhline(1.0, color="0.7", lw=0.8, zorder=0)
+    ax.axhline(0.0, color="0.85", lw=0.6, zorder=0)
+    ax.set_ylim(-2.7, 2.7)
     ax.set_title(name)
-    ax.set_xlabel("numerical")
-axes[0, 0].set_ylabel("analytic (backward)")
-axes[1, 0].set_ylabel("analytic (backward)")
+    ax.set_xlabel("input value")
+axes[0, 0].set_ylabel("analytic / numerical")
+axes[1, 0].set_ylabel("analytic / numerical")
 axes.flat[-1].axis("off")
 fig.tight_layout()
 plt.show()

@@ -87,7 +87,13 @@ print(f"the same forward under no_grad (inference): {mem_inference.saved_bytes} 
 #   the model, not an activation.
 # * The bias adds and the final sum keep nothing: their VJPs pass `g` through or broadcast it.
 #
-# Under `no_grad` the tape records nothing and keeps nothing: that is inference.
+# Under `no_grad` the tape records nothing and keeps nothing: that is inference. "Nothing
+# saved" is not "no memory", though. Inference still needs *working memory*: while a layer
+# computes, its input and its output are both alive (here at most `x` and the 4×5 hidden
+# array, 96 + 160 bytes), and the input is dropped once the next layer has read the output.
+# That is the largest pair of neighbouring activations, whatever the depth. Memory *saved for
+# the backward* is the sum over all layers, alive until the backward reaches each one: it
+# grows with the depth, and it is what this lesson measures.
 #
 # ## Exercise 06.1 · Count what an MLP keeps
 #
@@ -222,7 +228,7 @@ for label, change in [("base", {}), ("B x 2", {"B_": 8}), ("T x 2", {"T": 64}),
 # fp32: 16 bytes per parameter, lesson 07):
 
 # %%
-sweep = bm.batch_sweep(tiny, [1, 2, 4, 8, 16, 32, 64])
+sweep = bm.batch_sweep(tiny, [1, 8, 16, 24, 32, 40, 48, 56, 64])
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.plot(sweep["micro_batch"], [v / 1e6 for v in sweep["activations"]], "o-",
         label="activations (engine model)")
@@ -230,7 +236,7 @@ ax.plot(sweep["micro_batch"], [v / 1e6 for v in sweep["fixed"]], "s-",
         label="weights + grads + AdamW state")
 ax.set_xlabel("micro-batch B (sequences of 128 tokens)")
 ax.set_ylabel("MB")
-ax.set_xscale("log", base=2)
+ax.set_xlim(left=0), ax.set_ylim(bottom=0)   # linear axes: linear growth is a straight line
 ax.legend()
 plt.show()
 print(f"activations overtake the fixed memory at B = {bm.crossover_batch(tiny)}")

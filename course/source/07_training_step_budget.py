@@ -6,7 +6,7 @@
 # 1. in FLOPs: 2 per weight per token forward, twice that backward, so about **6 per
 #    parameter per token**, plus attention's term that has no weights;
 # 2. in fixed memory: weights, gradients and optimizer state, **16 bytes per parameter** for
-#    mixed-precision AdamW;
+#    mixed-precision AdamW (18 when the gradients are kept in fp32);
 # 3. in activation memory (lesson 06), and where it overtakes the fixed memory as B × N grows;
 # 4. with recompute: how much memory it saves and how many FLOPs it adds; with gradient
 #    accumulation: more tokens per step for no extra memory;
@@ -42,7 +42,10 @@ from widgets.budget import BudgetWidget
 # Attention adds work with no weights: for each token, the scores `q @ K^T` against N keys
 # and the weighted sum `att @ V` cost 2·N·d each per layer (summed over the heads). Our
 # engine computes the full N×N matrix (the causal mask zeroes half of it afterwards), so the
-# forward term is 4·N·d per layer per token. `engine.budget` counts the matmul weights
+# forward term is 4·N·d per layer per token. (A kernel that skips the masked half, like
+# lesson 13's trainer, does 2·N·d: each query meets N/2 keys on average. Both counts are
+# right for their kernel; the check of 07.1 accepts either, used consistently.)
+# `engine.budget` counts the matmul weights
 # (`bm.matmul_weights`: the blocks' four matrices and the output head; biases, norms and the
 # embedding lookups do no matmul) and adds that term:
 
@@ -96,7 +99,8 @@ for name in ("gpt2-small", "7b-class"):
 # Three buffers come with every parameter whatever the batch:
 #
 # * the **weights**, in the storage precision (4 bytes in fp32; 2 in bf16 or fp16);
-# * the **gradients**, the same size, summed into over the micro-batches of a step;
+# * the **gradients**, the same size, summed into over the micro-batches of a step (we
+#   count them in the storage precision, as the source texts do; see the note below);
 # * the **optimizer state**: nothing for plain SGD, one buffer for momentum, two for AdamW
 #   (the running mean and the running mean square of the gradient), always fp32.
 #
@@ -128,6 +132,14 @@ lesson07.check_fixed_bytes_per_parameter(fixed_bytes_per_parameter)
 # fp32 moments) = 16 bytes per parameter, the same as fp32 AdamW (4 + 4 + 8). Mixed precision
 # does not shrink the fixed memory; it halves the *activations* and speeds up the matmuls on
 # hardware with fast 16-bit units. A 7B model needs 112 GB for this part alone.
+#
+# **A note on the gradient's precision.** The 16 counts a 2-byte bf16 gradient: what a bf16
+# backward writes. Lesson 09 shows why long sums belong in fp32, and many mixed-precision
+# setups do keep the gradient buffer in fp32 so that the sum over micro-batches (and over
+# data-parallel ranks) does not round away small contributions. Then the gradient costs 4
+# bytes and mixed-precision AdamW costs 2 + 4 + 4 + 8 = **18 bytes per parameter**.
+# `engine.budget` and this lesson use the 16 of the source texts; add 2 bytes per parameter
+# for an fp32 gradient buffer.
 #
 # ## The calculator
 #
@@ -176,7 +188,9 @@ calculator.controls["precision"].value = "fp32"
 # ## Exercise 07.3 · Find the crossover batch
 #
 # Write `find_crossover_batch(cfg)`: the smallest micro-batch B at which the activation peak
-# of `cfg` (at its sequence length) is larger than the fixed memory. Use
+# of `cfg` (at its sequence length) is larger than the fixed memory. The *peak*, not what
+# the forward saves: with recompute the backward rebuilds a block on top of what was
+# saved, and that is the moment memory runs out. Use
 # `bm.budget(cfg).fixed_total`, `bm.activations(cfg.with_(micro_batch=b)).peak`, and search:
 # step through b = 1, 2, 3, ... or, faster, double b until it is over and then bisect. The
 # check tries five configurations, one of them with recompute.
@@ -313,8 +327,8 @@ print(report.stdout)
 #
 # * A training step costs about **6 FLOPs per parameter per token** (2 forward, 4 backward)
 #   plus attention's 12·L·N·d, and recompute adds up to one more forward (+33%).
-# * The fixed memory is **16 bytes per parameter** for AdamW, mixed precision or not; it does
-#   not depend on the batch.
+# * The fixed memory is **16 bytes per parameter** for AdamW, mixed precision or not (18 with
+#   an fp32 gradient buffer); it does not depend on the batch.
 # * The activations grow with B × N (and N² through attention). You found the batch where
 #   they overtake the fixed memory; past it, the batch shape decides whether a step fits.
 # * The engine's own activation model equals its measurement exactly; the rule of thumb and

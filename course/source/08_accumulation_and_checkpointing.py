@@ -123,8 +123,9 @@ lesson08.check_accumulate(accumulate)
 # ## The /K bug
 #
 # Forget the division and each micro-batch contributes its full mean gradient: the sum of K
-# gradients of similar size is about K times the mean, exactly K times in norm when the
-# micro-batches agree. The optimizer then takes K times the intended step, the same as
+# gradients is K times their mean, always, whether the micro-batches agree or not (the
+# mean of K gradients is their sum over K). The optimizer then takes K times the intended
+# step, the same as
 # multiplying the learning rate by K. Nothing crashes; the run just behaves like a
 # different, usually unstable, recipe. The fingerprint is in the gradient norm you log
 # every step (lesson 12):
@@ -362,8 +363,9 @@ with memory.record() as mem32:
 bcfg = budget.BudgetConfig(n_layer=gcfg.n_layer, d_model=gcfg.n_embd, n_head=gcfg.n_head,
                            vocab_size=gcfg.vocab_size, micro_batch=4, seq_len=gcfg.block_size,
                            activation_model="engine", recompute="full")
-print(f"measured peak {mem32.peak_bytes:,} bytes; engine.budget predicts "
-      f"{budget.activations(bcfg).peak:,} bytes")
+predicted = budget.activations(bcfg).peak
+print(f"measured peak {kb(mem32.peak_bytes)}; engine.budget predicts {kb(predicted)}; "
+      f"equal to the byte: {mem32.peak_bytes == predicted}")
 
 # %% [markdown]
 # ## What it costs in compute
@@ -514,7 +516,7 @@ for ax, (title, blocks, x0, a, b) in zip(axes, (
     ax.plot(ks, [p / 1024 for p in predicted], "-", label="checkpoint_peak")
     ax.axhline(16 * b / 1024, color="gray", ls=":", label="no checkpointing")
     ax.set_xlabel("k (blocks per segment)"), ax.set_ylabel("peak KiB"), ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)  # below
 plt.show()
 
 # %% [markdown]

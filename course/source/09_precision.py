@@ -76,7 +76,11 @@ for fmt in ("fp32", "fp16", "bf16"):
           f"only if larger than half a step, {float(P.representable_step(w, fmt)) / 2:.3g})")
 
 # %% [markdown]
-# fp16 swallows it too; bf16 swallows anything up to 2e-3 at weights of size 1. Repeat
+# The step printed for bf16 is the gap *above* 1.0, 2^-7 ≈ 0.0078, so an increase survives
+# only if it is larger than half of it, 0.0039. Below 1.0 the values are twice as dense
+# (the gap is 2^-8 ≈ 0.0039), so a decrease survives from half of that, about 2e-3. Hence
+# the rule of thumb "updates under 2e-3 vanish at weights of size 1": that holds in both
+# directions, and upward even updates up to 0.0039 vanish. fp16 swallows 1e-4 too. Repeat
 # the update a thousand times and a bf16 weight still reads 1.0: this is the silent stall
 # of the source text ("loss plateaus, weights barely move").
 #
@@ -272,7 +276,17 @@ plt.show()
 #
 # The price: 4 bytes per parameter for the master copy, next to the 2-byte bf16 weights
 # (this is where the source texts' "16 bytes per parameter" for mixed-precision AdamW comes
-# from: 2 weights + 2 gradients + 4 master + 4 + 4 for AdamW's two moments).
+# from: 2 weights + 2 gradients + 4 master + 4 + 4 for AdamW's two moments). That count
+# keeps the gradient in bf16. A setup that accumulates gradients in fp32, as the section on
+# sums below recommends for any long sum (over micro-batches, over data-parallel ranks),
+# pays 4 bytes for them: **18 bytes per parameter**. Lesson 07's budget uses the 16; add 2
+# per parameter for an fp32 gradient buffer.
+#
+# A master copy is not the only cure. **Stochastic rounding** rounds up with a probability
+# equal to how far the exact value lies towards the upper neighbour: a single update of 1e-4
+# still usually rounds away, but on average the weight moves by exactly 1e-4 per step, so
+# many small updates add up without an fp32 copy. Some hardware and some bf16-only
+# optimizers use it; this course keeps the master copy, which is deterministic.
 #
 # ## Exercise 09.2 · One step with master weights
 #
@@ -425,7 +439,8 @@ explorer.ui
 # Which S? Too small wastes the range, too large overflows, and the right value drifts as
 # training goes. The dynamic scaler searches for it continually:
 #
-# * start high (2^15 is the usual default);
+# * start high (2^16 = 65536 is the usual default, PyTorch's `GradScaler` included; the
+#   demos in this lesson use 2^15 and, on purpose, 2^30);
 # * after backward, check the gradients. If any is inf or NaN, the step is **skipped** (its
 #   gradients are garbage) and S is **halved**;
 # * after `growth_interval` good steps in a row (PyTorch uses 2000), S is **doubled**, to
@@ -433,6 +448,12 @@ explorer.ui
 #
 # A few skipped steps are the normal cost of the search; a run that skips often has a range
 # problem the scaler cannot fix.
+#
+# **Unscale before clipping.** The gradients the backward produces are S times too large.
+# Divide them by S *before* anything reads their size: gradient-norm clipping (a threshold of
+# 1.0 applied to scaled gradients would clip every step, by a factor S too much) and the
+# gradient norm you log (lesson 12). The order of a step is: backward on S × loss, check for
+# inf/NaN, unscale, clip, optimizer step, update S.
 #
 # ## Exercise 09.3 · The scaler's rule
 #

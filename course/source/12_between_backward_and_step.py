@@ -86,7 +86,7 @@ ax.set_ylim(-0.1, 0.6)
 ax.set_aspect("equal")
 ax.set_xlabel("weight's gradient")
 ax.set_ylabel("bias's gradient")
-ax.legend(loc="upper right", fontsize=8)
+ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)   # beside the arrows
 ax.set_title("Clipping a gradient of (10, 0.5) to norm 1")
 plt.show()
 
@@ -125,6 +125,10 @@ lesson12.check_clip_global_norm(clip_global_norm)
 # Now on a real gradient: the tiny GPT of the capstone (lesson 13), one batch of the
 # built-in corpus. Clip it at a threshold below its norm, globally and per tensor, and
 # measure how far per-tensor clipping turns the 822 912-dimensional direction.
+#
+# **The first run of this cell waits about a minute:** the first call of `FusedGPT`
+# compiles the trainer's numba kernels for this machine. numba keeps the compiled code in
+# its cache, so later runs (and lesson 13) load them in a second or two.
 
 # %%
 from engine.trainer.data import Dataset, batch_at, builtin_text
@@ -238,14 +242,14 @@ for ax in axes[:2]:
     ax.axvline(40, color="gray", ls=":")
     ax.set_xlabel("step")
     ax.grid(True, alpha=0.3)
-axes[1].legend(fontsize=8)
+axes[1].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below
 detached = runs["layer 1 detached"]
 axes[2].plot(detached["layer1"], label="layer 1")
 axes[2].plot(detached["layer2"], label="layer 2")
 axes[2].plot(np.array(detached["val_loss"]) * 5, "k:", label="validation loss x 5")
 axes[2].set_title("layer 1 detached: per-layer norms")
 axes[2].set_xlabel("step")
-axes[2].legend(fontsize=8)
+axes[2].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)  # below
 axes[2].grid(True, alpha=0.3)
 plt.show()
 
@@ -553,7 +557,9 @@ def data_parallel_in_process(n_replicas=2, B_GLOBAL=16, K=4):
 # %% [markdown]
 # Launch it. The command is the same one you would type in a terminal. If `mpiexec` or
 # `mpi4py` is missing, the in-process stand-in above checks the same two claims instead (the
-# next cell says which one ran, and how to install MPI).
+# next cell says which one ran, and how to install MPI). The two processes load the kernels
+# compiled above from numba's cache; a kernel not compiled yet (the all-reduce's helpers on a
+# first run) is compiled by each process, so a first run takes longer.
 
 # %%
 # Set the environment variable BACKPROP_NO_MPI=1 before starting Jupyter to take the
