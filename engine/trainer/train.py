@@ -21,7 +21,12 @@ The losses agree to rounding; a run and its resumed copy agree bit for bit.
 
 Exit codes of the command line: 0 done; 2 bad arguments; 3 unusable data
 file; 4 unreadable or corrupt checkpoint; 5 settings that do not match the
-checkpoint; 6 --data-parallel without mpi4py; 7 training diverged (NaN loss).
+checkpoint; 6 --data-parallel without mpi4py; 7 training diverged (NaN loss);
+8 a checkpoint or log could not be written (disk full, say).
+
+Every check runs before step 1 (engine/trainer/preflight.py); a checkpoint
+gives a resumed run its weights, optimizer state and mathematical settings,
+never a path to write, a prompt or a thread count.
 """
 from __future__ import annotations
 
@@ -124,7 +129,8 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
         config, rows, n_threads, n_replicas, thread_info = agree(
             comm, lambda: _threads(config, rank, world_size))
         try:
-            prepared = agree(comm, lambda: _prepare(config, dataset, rows, n_replicas))
+            prepared = agree(comm, lambda: _prepare(config, dataset, rows, n_replicas,
+                                                    saves=rank == 0))
             return _run(config, callback, say, prepared, comm, rank, world_size, rows,
                         n_threads, n_replicas)
         finally:
@@ -165,12 +171,12 @@ def _threads(config, rank, world_size):
     return config, rows, n_threads, n_replicas, thread_info
 
 
-def _prepare(config, dataset, rows, n_replicas):
+def _prepare(config, dataset, rows, n_replicas, saves=True):
     """Everything before step 1 that can fail on the user's input: paths, data,
     prompt, checkpoint, memory; then the model. Returns (dataset, fingerprint,
     unigram entropy, model, optimizer, first step)."""
     check_paths(config)
-    if config.save:
+    if config.save and saves:                   # rank 0 alone writes checkpoints
         remove_stale_temporaries(config.save)
     dataset, fingerprint, entropy = _load_data(config, dataset)
     tok = dataset.tokenizer
