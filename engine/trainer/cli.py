@@ -74,8 +74,8 @@ def config_from_args(args: argparse.Namespace, say=None) -> TrainConfig:
     """The run's TrainConfig. With --resume, the settings not given on the command
     line come from the checkpoint, but only those of RESUMED_SETTINGS (a file never
     chooses paths, the prompt or threads), and the run saves back to the file it
-    resumed from unless --save says otherwise. say(line) hears which settings the
-    checkpoint supplied."""
+    resumed from unless --save says otherwise. say(event) is told which settings
+    the checkpoint supplied (describe_resume words it for a person)."""
     given = {k: v for k, v in vars(args).items() if v is not None and k != "json"}
     if not args.resume:
         return TrainConfig(**given)
