@@ -17,7 +17,7 @@ import pytest
 
 from engine import train as T
 from engine.trainer import checkpoint_files, preflight
-from engine.trainer.data import Dataset, load_corpus
+from engine.trainer.data import load_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
@@ -136,7 +136,8 @@ def _corrupt_cases(good, tmp_path):
         "lr is text": set_in(["config", "lr"], "fast"),
         "lr is negative": set_in(["config", "lr"], -1.0),
         "dtype is unknown": set_in(["dtype"], "float16"),
-        "vocabulary too large for the params": set_in(["chars"], "".join(map(chr, range(300, 400)))),
+        "vocabulary too large for the params": set_in(["chars"],
+                                                      "".join(map(chr, range(300, 400)))),
     }
     for name, change in cases.items():
         yield name, _rewrite_meta(good, str(tmp_path / f"{len(name)}-{abs(hash(name))}.npz"),
@@ -416,7 +417,8 @@ def test_a_failure_on_one_process_aborts_the_job_instead_of_hanging(tmp_path):
               "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
               "numpy.savez = disk_full\n"
               "from engine.train import main\n"
-              f"sys.exit(main({MPI_ARGS + ['--steps', '6', '--save-every', '1', '--save', save]!r}))\n")
+              f"sys.exit(main({MPI_ARGS + ['--steps', '6', '--save-every', '1']!r}"
+              f" + ['--save', {save!r}]))\n")
     done = _under_mpi(script, timeout=180)   # before the fix: rank 1 waited forever
     assert done.returncode != 0
     assert "No space left on device" in done.stderr and save in done.stderr
