@@ -7,8 +7,17 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
 * Nothing is declared with a fixed signature: numba compiles one version per
   dtype on first call, so the same source runs in float32 (training) and in
   float64 (the gradient checks).
-* Fast-math is on except for the two flags that would let the compiler assume
-  "no NaN, no Inf": a NaN in the loss must survive to be reported.
+* No fast-math in the trainer's kernels: every flag of it lets LLVM change
+  the rounding (reorder a sum, fuse a multiply-add, use a reciprocal) where
+  it sees fit, and it did not decide alike for a fresh compile and for the
+  machine code loaded back from the on-disk cache. With the flags, a first
+  run and a later run on the same machine gave different bits
+  (tests/trainer/test_reproducible_bits.py), so a run stopped and resumed
+  did not continue bit for bit. The price, measured on a busy 2-core
+  machine: LayerNorm about 2x and GELU about 1.5x slower alone (their row
+  sums no longer vectorise), attention unchanged within the noise, a
+  training step a few percent. (Without fast-math's "no NaN, no Inf"
+  assumptions a NaN in the loss survives to be reported, as before.)
 * Threads: the `omp` threading layer starts a parallel loop in about 2 us
   against about 70 us for numba's own `workqueue`; with dozens of parallel
   loops per training step that difference is visible, so we ask for it when
@@ -39,7 +48,7 @@ _quiet_idle_threads()
 
 import numba  # noqa: E402
 
-FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+FASTMATH = False
 # The tape's kernels (engine/kernels/fast.py) reorder sums and fuse multiply-adds
 # only: -inf starts their row maxima, and their results are compared digit for
 # digit with the numpy reference in the lessons.

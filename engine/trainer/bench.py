@@ -584,6 +584,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
+    for flag, value in (("--batch-size", args.batch_size), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be at least 1, got {value}")
     from .data import Dataset, builtin_text
     data = None
     vocab = args.vocab_size

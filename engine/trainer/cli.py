@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
-from .checkpoint_files import load_checkpoint
+from .checkpoint_files import load_checkpoint, resumed_settings
 from .config import TrainConfig, TrainError
+from .parallel import launch_rank
 from .train import summary, train
 
 
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  mpiexec -n 2 python -m engine.train --data-parallel --steps 100\n"
                "Exit codes: 0 done, 2 bad arguments, 3 unusable data file, 4 corrupt "
                "checkpoint,\n5 settings that do not match the checkpoint, 6 no mpi4py, "
-               "7 diverged.",
+               "7 diverged, 8 a checkpoint or log could not be written.",
         formatter_class=argparse.RawDescriptionHelpFormatter, argument_default=None)
     a = p.add_argument
     a("--data", help="UTF-8 text file to train on (default: the built-in Python docs corpus)")
@@ -61,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--log-every", type=int, help=f"progress line every N steps (default {d.log_every})")
     a("--save", help="write a checkpoint here (atomically) at each evaluation and the end")
     a("--save-every", type=int, help="also save every N steps")
-    a("--resume", help="continue from this checkpoint (its settings, unless given here)")
+    a("--resume", help="continue from this checkpoint: the model, optimizer and the run's "
+                       "mathematical settings (unless given here); saves back to it unless "
+                       "--save says otherwise. Paths, the prompt and threads are never read "
+                       "from a checkpoint")
     a("--prompt", help="after training, print a sample continuing this text")
     a("--sample-len", type=int, help=f"characters to sample (default {d.sample_len})")
     a("--temperature", type=float, help=f"sampling temperature (default {d.temperature})")
@@ -69,39 +72,56 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def config_from_args(args: argparse.Namespace, say=None) -> TrainConfig:
+    """The run's TrainConfig. With --resume, the settings not given on the command
+    line come from the checkpoint, but only those of RESUMED_SETTINGS (a file never
+    chooses paths, the prompt or threads), and the run saves back to the file it
+    resumed from unless --save says otherwise. say(event) is told which settings
+    the checkpoint supplied (describe_resume words it for a person)."""
     given = {k: v for k, v in vars(args).items() if v is not None and k != "json"}
-    if args.resume:
-        state = load_checkpoint(args.resume)
-        base = {k: v for k, v in state["meta"]["config"].items()
-                if k in {f.name for f in dataclasses.fields(TrainConfig)}}
-        for transient in ("resume", "stop_at", "time_limit"):
-            base.pop(transient, None)
-        base.update(given)
-        return TrainConfig(**base)
-    return TrainConfig(**given)
+    if not args.resume:
+        return TrainConfig(**given)
+    state = load_checkpoint(args.resume)
+    from_file = {k: v for k, v in resumed_settings(state["meta"]).items() if k not in given}
+    given.setdefault("save", args.resume)
+    if say is not None:
+        say({"event": "resume", "checkpoint": args.resume, "step": state["meta"]["step"],
+             "from_checkpoint": from_file, "save": given["save"]})
+    return TrainConfig(**{**from_file, **given})
+
+
+def describe_resume(event: dict) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in event["from_checkpoint"].items()) or "none"
+    return (f"resuming {event['checkpoint']!r} at step {event['step']}; settings from the "
+            f"checkpoint: {settings}; saving to {event['save']!r}")
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     as_json = args.json
+    # Under --data-parallel every process runs this; one of them speaks.
+    lead = not args.data_parallel or launch_rank() == 0
 
     def emit(obj_or_line):
+        if not lead:
+            return
         if as_json:
             print(json.dumps(obj_or_line), flush=True)
         else:
             print(obj_or_line, flush=True)
 
     try:
-        config = config_from_args(args)
+        config = config_from_args(args, say=lambda event: emit(
+            event if as_json else describe_resume(event)))
         result = train(config, progress=None if as_json else emit,
                        callback=(lambda r: emit(r) if r.get("rank", 0) == 0 else None)
                        if as_json else None)
     except TrainError as exc:
-        if as_json:
-            print(json.dumps({"event": "error", "error": type(exc).__name__,
-                              "message": str(exc), "exit_code": exc.exit_code}), flush=True)
-        print(f"error: {exc}", file=sys.stderr)
+        if lead:
+            if as_json:
+                print(json.dumps({"event": "error", "error": type(exc).__name__,
+                                  "message": str(exc), "exit_code": exc.exit_code}), flush=True)
+            print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

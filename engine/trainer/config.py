@@ -35,6 +35,20 @@ class Diverged(TrainError):
     exit_code = 7
 
 
+class WriteError(TrainError):
+    """A checkpoint or log that could not be written (disk full, permissions)."""
+    exit_code = 8
+
+
+# The settings that define a run's mathematics: a checkpoint records these and
+# `--resume` takes them from it. Paths, the prompt, threads and reporting
+# options are never read from a file someone else may have written.
+RESUMED_SETTINGS = ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd",
+                    "grad_accum", "lr", "min_lr_ratio", "warmup", "weight_decay", "beta1",
+                    "beta2", "clip", "val_fraction", "eval_every", "eval_batches", "seed",
+                    "dtype", "checkpointing")
+
+
 @dataclass
 class TrainConfig:
     """Every setting of a run. The defaults train the `tiny` model
@@ -77,11 +91,21 @@ class TrainConfig:
     log_every: int = 10
 
     def validate(self) -> None:
+        """TrainError naming the first setting that cannot work, before any work starts."""
         positive = ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd",
                     "grad_accum", "eval_every", "eval_batches", "log_every")
         for name in positive:
             if int(getattr(self, name)) < 1 and not (name == "steps" and self.resume):
                 raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got "
+                                 f"{getattr(self, name)}")
+        for name in ("stop_at", "save_every", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise TrainError(f"--{name.replace('_', '-')} must be at least 1, got {value} "
+                                 f"(leave it out for the default)")
+        for name in ("seed", "warmup", "sample_len"):
+            if getattr(self, name) < 0:
+                raise TrainError(f"--{name.replace('_', '-')} must be 0 or more, got "
                                  f"{getattr(self, name)}")
         if self.n_embd % self.n_head:
             raise TrainError(f"--n-embd {self.n_embd} is not divisible by --n-head "
@@ -89,14 +113,30 @@ class TrainConfig:
         if self.thread_mode not in ("replicas", "kernels"):
             raise TrainError(f"--thread-mode must be replicas or kernels, got "
                              f"{self.thread_mode!r}")
-        if self.threads is not None and self.threads < 1:
-            raise TrainError(f"--threads must be at least 1, got {self.threads}")
         if self.attention not in ("standard", "flash"):
             raise TrainError(f"--attention must be standard or flash, got {self.attention!r}")
         if self.dtype not in ("float32", "float64"):
             raise TrainError(f"--dtype must be float32 or float64, got {self.dtype!r}")
         if self.lr <= 0 or not math.isfinite(self.lr):
             raise TrainError(f"--lr must be a positive number, got {self.lr}")
+        for name, fix in (("clip", "0 turns clipping off"), ("weight_decay", "0 for none")):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise TrainError(f"--{name.replace('_', '-')} must be a number >= 0 ({fix}), "
+                                 f"got {value}")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise TrainError(f"--temperature must be a positive number, got "
+                             f"{self.temperature}; 1 samples the model's distribution, lower "
+                             f"values sharpen it")
+        if self.time_limit is not None and not (self.time_limit > 0
+                                                and math.isfinite(self.time_limit)):
+            raise TrainError(f"--time-limit must be a positive number of seconds, got "
+                             f"{self.time_limit}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise TrainError(f"{name} must lie in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise TrainError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
         if not 0 < self.val_fraction < 1:
             raise TrainError(f"--val-fraction must lie in (0, 1), got {self.val_fraction}")
 

@@ -32,6 +32,8 @@ after every micro-batch would send K times the bytes for the same sum.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 INSTALL_HINT = ("pip install -e '.[mpi]'   (installs mpi4py and MPICH; with conda: "
@@ -97,6 +99,17 @@ def world():
     MPI = import_mpi()
     comm = MPI.COMM_WORLD
     return comm, comm.Get_rank(), comm.Get_size()
+
+
+def launch_rank() -> int:
+    """This process's rank as the MPI launcher set it in the environment (0 when
+    not launched by mpiexec), known before MPI starts: the command line prints
+    an error every process hit alike only on rank 0."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def shard_rows(batch_size: int, rank: int, size: int) -> slice:

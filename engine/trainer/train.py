@@ -21,21 +21,29 @@ The losses agree to rounding; a run and its resumed copy agree bit for bit.
 
 Exit codes of the command line: 0 done; 2 bad arguments; 3 unusable data
 file; 4 unreadable or corrupt checkpoint; 5 settings that do not match the
-checkpoint; 6 --data-parallel without mpi4py; 7 training diverged (NaN loss).
+checkpoint; 6 --data-parallel without mpi4py; 7 training diverged (NaN loss);
+8 a checkpoint or log could not be written (disk full, say).
+
+Every check runs before step 1 (engine/trainer/preflight.py); a checkpoint
+gives a resumed run its weights, optimizer state and mathematical settings,
+never a path to write, a prompt or a thread count.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .checkpoint_files import corpus_fingerprint, check_resume, load_checkpoint, save_checkpoint
-from .config import (CheckpointError, DataError, Diverged, ParallelUnavailable, TrainConfig,
-                     TrainError)
+from .checkpoint_files import (check_resume, corpus_fingerprint, load_checkpoint,
+                               remove_stale_temporaries, save_checkpoint)
+from .config import DataError, Diverged, ParallelUnavailable, TrainConfig, TrainError, WriteError
+from .preflight import check_memory, check_paths, check_prompt
 from .data import CharTokenizer, CorpusError, Dataset, batch_at, load_corpus, unigram_entropy
 from .step import evaluate, train_step
 
@@ -105,27 +113,50 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
     callback(record) runs after every step (record: step, loss, lr, grad_norm,
     tokens_per_s, step_time, phases{loss, backward, optimizer, evaluation} and
     val_loss when evaluated); returning False stops the run. progress(line)
-    receives the human-readable progress lines (print, for instance)."""
-    from .kernels.threads import concurrent_kernels_ok, cores, restore_threads, set_threads
+    receives the human-readable progress lines (print, for instance).
+
+    Every check (settings, paths, data, checkpoint, memory) runs before step 1,
+    on every process under --data-parallel; a problem on any one of them stops
+    them all with the same TrainError. A failure after step 1 on one process
+    aborts the whole MPI job (the others would wait for it forever)."""
+    from .kernels.threads import restore_threads
 
     config = dataclasses.replace(config or TrainConfig(), **overrides)
-    config.validate()
     say = progress or (lambda line: None)
+    comm, rank, world_size = _processes(config)
+    comm = comm if world_size > 1 else None
+    with abort_job_on_failure(comm, rank, world_size):
+        config, rows, n_threads, n_replicas, thread_info = agree(
+            comm, lambda: _threads(config, rank, world_size))
+        try:
+            prepared = agree(comm, lambda: _prepare(config, dataset, rows, n_replicas,
+                                                    saves=rank == 0))
+            return _run(config, callback, say, prepared, comm, rank, world_size, rows,
+                        n_threads, n_replicas)
+        finally:
+            restore_threads(thread_info)
 
-    # -- processes and threads
-    comm, rank, world_size = None, 0, 1
-    if config.data_parallel:
-        from .parallel import MPIUnavailable, shard_rows, world
-        try:
-            comm, rank, world_size = world()
-        except MPIUnavailable as exc:
-            raise ParallelUnavailable(str(exc)) from None
-        try:
-            rows = shard_rows(config.batch_size, rank, world_size)
-        except ValueError as exc:
-            raise TrainError(str(exc)) from None
-    else:
-        rows = slice(0, config.batch_size)
+
+def _processes(config):
+    """(comm, rank, world size): MPI's under --data-parallel, else (None, 0, 1)."""
+    if not config.data_parallel:
+        return None, 0, 1
+    from .parallel import MPIUnavailable, world
+    try:
+        return world()
+    except MPIUnavailable as exc:
+        raise ParallelUnavailable(str(exc)) from None
+
+
+def _threads(config, rank, world_size):
+    """Validate the settings, split the batch over processes and threads, set the pools."""
+    from .kernels.threads import concurrent_kernels_ok, cores, set_threads
+    from .parallel import shard_rows
+    config.validate()
+    try:
+        rows = shard_rows(config.batch_size, rank, world_size)
+    except ValueError as exc:
+        raise TrainError(str(exc)) from None
     local_batch = rows.stop - rows.start
     n_threads = config.threads or max(1, cores() // world_size)
     if config.thread_mode == "replicas" and not concurrent_kernels_ok():
@@ -136,28 +167,93 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
     else:
         n_replicas = 1
         thread_info = set_threads(n_threads)
-    config = dataclasses.replace(config, threads=n_threads)   # recorded in checkpoints
-    try:
-        return _run(config, callback, say, dataset, comm if world_size > 1 else None, rank,
-                    world_size, rows, n_threads, n_replicas)
-    finally:
-        restore_threads(thread_info)
+    config = dataclasses.replace(config, threads=n_threads)
+    return config, rows, n_threads, n_replicas, thread_info
 
 
-def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads, n_replicas):
-    """train() once processes and threads are settled: data, model, the loop."""
-    from .parallel import GradientAllReduce
+def _prepare(config, dataset, rows, n_replicas, saves=True):
+    """Everything before step 1 that can fail on the user's input: paths, data,
+    prompt, checkpoint, memory; then the model. Returns (dataset, fingerprint,
+    unigram entropy, model, optimizer, first step)."""
+    check_paths(config)
+    if config.save and saves:                   # rank 0 alone writes checkpoints
+        remove_stale_temporaries(config.save)
     dataset, fingerprint, entropy = _load_data(config, dataset)
     tok = dataset.tokenizer
-    model, opt, start = _build_model(config, tok, fingerprint, rows.stop - rows.start,
-                                     n_replicas)
+    check_prompt(config, tok)
+    state = None
+    if config.resume:
+        state = load_checkpoint(config.resume)
+        check_resume(state, config, tok, fingerprint, config.resume)
+    check_memory(config, tok.vocab_size, rows.stop - rows.start, n_replicas)
+    try:
+        model, opt = _build_model(config, tok, rows.stop - rows.start, n_replicas)
+    except MemoryError:
+        raise TrainError(f"out of memory building the model for --batch-size "
+                         f"{config.batch_size} and --block-size {config.block_size}; lower "
+                         f"them or add --checkpointing") from None
+    start = 0
+    if state is not None:
+        model.params.flat[...] = state["params"]
+        opt.load_state_dict({"m": state["adam_m"], "v": state["adam_v"],
+                             "t": int(state["adam_t"])})
+        start = int(state["meta"]["step"])
+    return dataset, fingerprint, entropy, model, opt, start
+
+
+def agree(comm, prepare):
+    """prepare() on every process; if it raised a TrainError on any, raise one on all
+    (the lowest failing rank's), so that no process starts step 1 alone and waits
+    forever for the others. Without MPI (comm None): just prepare()."""
+    if comm is None:
+        return prepare()
+    failure = None
+    try:
+        result = prepare()
+    except TrainError as exc:
+        failure = exc
+    reports = comm.allgather(None if failure is None else
+                             (type(failure).__name__, failure.exit_code, str(failure)))
+    failed = [(r, report) for r, report in enumerate(reports) if report is not None]
+    if not failed:
+        return result
+    r, (_, code, message) = failed[0]
+    error = failure if r == comm.Get_rank() else TrainError(f"process {r}: {message}")
+    error.exit_code = code
+    error.on_every_rank = True          # the command line prints it once, on rank 0
+    raise error
+
+
+@contextlib.contextmanager
+def abort_job_on_failure(comm, rank, world_size):
+    """Under MPI with several processes: an exception on this one (other than a
+    divergence, which every process sees at the same step) prints the error and
+    aborts the whole job with a non-zero exit, instead of leaving the others
+    blocked in the next all-reduce."""
+    try:
+        yield
+    except BaseException as exc:
+        if comm is None or getattr(exc, "on_every_rank", False) or isinstance(exc, Diverged):
+            raise
+        code = getattr(exc, "exit_code", 130 if isinstance(exc, KeyboardInterrupt) else 1)
+        print(f"error on process {rank} of {world_size}: {type(exc).__name__}: {exc}; "
+              f"aborting all {world_size} processes", file=sys.stderr, flush=True)
+        comm.Abort(code)
+        raise
+
+
+def _run(config, callback, say, prepared, comm, rank, world_size, rows, n_threads, n_replicas):
+    """train() once everything is checked and built: the loop, the last save, the sample."""
+    from .parallel import GradientAllReduce
+    dataset, fingerprint, entropy, model, opt, start = prepared
+    tok = dataset.tokenizer
     allreduce = GradientAllReduce(comm, model.grads.flat) if comm is not None else None
     stop = min(config.steps, config.stop_at or config.steps)
     lead = rank == 0
-    log_file = open(config.log, "a") if (config.log and lead) else None
+    log_file = _open_log(config.log) if (config.log and lead) else None
     header = _header(config, model, dataset, entropy, start, world_size, n_threads, n_replicas)
     if log_file:
-        log_file.write(json.dumps(header) + "\n")
+        _write_log(log_file, config.log, header)
     if lead:
         _announce(say, header, model, dataset, config, stop)
 
@@ -176,10 +272,27 @@ def _run(config, callback, say, dataset, comm, rank, world_size, rows, n_threads
     result = TrainResult(history, model, opt, dataset, config, entropy, val_loss, step,
                          elapsed, stopped_early, text_sample, rank)
     if log_file:
-        log_file.write(json.dumps(summary(result)) + "\n")
+        _write_log(log_file, config.log, summary(result))
         log_file.close()
     model.close()          # helper threads stop; they restart if result.model is used again
     return result
+
+
+def _open_log(path):
+    try:
+        return open(path, "a")
+    except OSError as exc:
+        raise WriteError(f"cannot open --log {path!r}: {exc.strerror}; pass another path") \
+            from None
+
+
+def _write_log(log_file, path, record) -> None:
+    try:
+        log_file.write(json.dumps(record) + "\n")
+        log_file.flush()
+    except OSError as exc:
+        raise WriteError(f"could not append to --log {path!r}: {exc.strerror}; free some "
+                         f"space or pass another --log") from None
 
 
 def _load_data(config, dataset):
@@ -197,8 +310,8 @@ def _load_data(config, dataset):
     return dataset, fingerprint, unigram_entropy(dataset.train, dataset.tokenizer.vocab_size)
 
 
-def _build_model(config, tok, fingerprint, local_batch, n_replicas):
-    """Model replicas and AdamW, restored from config.resume when set; also the first step."""
+def _build_model(config, tok, local_batch, n_replicas):
+    """Model replicas and AdamW with fresh weights."""
     from .model import decay_segments
     from .optim import AdamW
     from .parallel import ThreadReplicas
@@ -208,18 +321,7 @@ def _build_model(config, tok, fingerprint, local_batch, n_replicas):
                            attention=config.attention)
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=config.lr,
                 betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
-    start = 0
-    if config.resume:
-        state = load_checkpoint(config.resume)
-        check_resume(state, config, tok, fingerprint, config.resume)
-        if state["params"].size != model.params.flat.size:
-            raise CheckpointError(f"checkpoint {config.resume!r} holds {state['params'].size} "
-                                  f"parameters, the model needs {model.params.flat.size}")
-        model.params.flat[...] = state["params"]
-        opt.load_state_dict({"m": state["adam_m"], "v": state["adam_v"],
-                             "t": int(state["adam_t"])})
-        start = int(state["meta"]["step"])
-    return model, opt, start
+    return model, opt
 
 
 def _header(config, model, dataset, entropy, start, world_size, n_threads, n_replicas) -> dict:
@@ -315,8 +417,7 @@ def _loop(config, callback, say, dataset, model, opt, allreduce, rows, rank, wor
 
 def _log(say, log_file, record, config, done) -> None:
     if log_file:
-        log_file.write(json.dumps(record) + "\n")
-        log_file.flush()
+        _write_log(log_file, config.log, record)
     if record["step"] % config.log_every == 0 or "val_loss" in record or done:
         say(progress_line(record, config.steps))
 
