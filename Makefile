@@ -31,9 +31,13 @@ $(STAMP): pyproject.toml
 	done
 	@touch $(STAMP)
 
+# The lab opens on the start page; .venv/bin comes first on its PATH, so `pytest` and
+# `python` typed into a JupyterLab terminal are the course's own.
 lab: $(STAMP)
 	@echo "Starting JupyterLab on course/ (the URL with its token follows; Ctrl-C stops it)"
-	$(BIN)/jupyter lab --notebook-dir=course $(ROOT_FLAG) $(LAB_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))" \
+	    $(BIN)/jupyter lab --notebook-dir=course $(ROOT_FLAG) \
+	    --LabApp.default_url=/lab/tree/00_start_here.ipynb $(LAB_ARGS)
 
 # Every test: engine, widgets, the browser test, and nbval over every solution
 # notebook (two workers; a notebook's cells stay together on one worker).
@@ -41,8 +45,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests course/solutions --nbval $(PYTEST_ARGS)
 
 # Rebuild student and solution notebooks from course/source (LESSONS="00 01" for some).
+# It refuses to replace a student notebook you edited; FORCE=1 moves yours to
+# course/backups/ first.
+FORCE ?=
 course: $(STAMP)
-	$(BIN)/python tools/build_course.py $(LESSONS)
+	$(BIN)/python tools/build_course.py $(if $(FORCE),--force) $(LESSONS)
 
 clean-venv:
 	rm -rf $(VENV)
