@@ -31,13 +31,19 @@ $(STAMP): pyproject.toml
 	done
 	@touch $(STAMP)
 
-# The lab opens on the start page; .venv/bin comes first on its PATH, so `pytest` and
-# `python` typed into a JupyterLab terminal are the course's own.
+# The lab opens on the start page. Its terminals start in course/ with .venv/bin first on
+# PATH (set again after ~/.bashrc, which may put pyenv or conda first), so `pytest` and
+# `python` typed there are the course's own.
+LAB_BASHRC := $(VENV)/lab-terminal.bashrc
 lab: $(STAMP)
+	@printf '%s\n' '[ -f ~/.bashrc ] && . ~/.bashrc' \
+	    'export PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"' > $(LAB_BASHRC)
 	@echo "Starting JupyterLab on course/ (the URL with its token follows; Ctrl-C stops it)"
-	PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))" \
-	    $(BIN)/jupyter lab --notebook-dir=course $(ROOT_FLAG) \
-	    --LabApp.default_url=/lab/tree/00_start_here.ipynb $(LAB_ARGS)
+	cd course && PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))" \
+	    $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) \
+	    --LabApp.default_url=/lab/tree/00_start_here.ipynb \
+	    --ServerApp.terminado_settings="{'shell_command': ['bash', '--rcfile', '$(abspath $(LAB_BASHRC))']}" \
+	    $(LAB_ARGS)
 
 # Every test: engine, widgets, the browser test, and nbval over every solution
 # notebook (two workers; a notebook's cells stay together on one worker).
