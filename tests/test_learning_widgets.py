@@ -59,3 +59,26 @@ def test_saved_output_carries_a_picture_of_the_widget(make, timeline_run):
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert bundle["text/plain"].startswith("VBox(")
     assert base64.b64decode(bundle["image/png"]) == widget.plot.png
+
+
+def test_graph_view_labels_each_edge_with_the_gradient_it_carries():
+    from engine.scalar import Value
+    from widgets.graph import GraphView
+    w, x = Value(2.0, label="w"), Value(3.0, label="x")
+    u = w * x
+    L = u * u + w  # u used twice, w reaches L along two paths
+    view = GraphView(L)
+    assert view.edge_grads_at(0) == {}
+    at_end = view.edge_grads_at(view.step.max)
+    uu = L.inputs[0]
+    # L = uu + w: both edges carry dL/dL = 1; uu = u*u: each use of u carries u * 1 = 6
+    assert at_end[(id(L), 0)] == 1.0 and at_end[(id(L), 1)] == 1.0
+    assert at_end[(id(uu), 0)] == at_end[(id(uu), 1)] == u.data
+    # u = w*x: to w goes x * du, to x goes w * du; a leaf's grad sums what its edges carried
+    du = u.grad
+    assert at_end[(id(u), 0)] == x.data * du and at_end[(id(u), 1)] == w.data * du
+    assert w.grad == at_end[(id(u), 0)] + at_end[(id(L), 1)]
+    view.step.value = 1  # only L visited: only its edges are labelled
+    assert set(view.edge_grads_at(1)) == {(id(L), 0), (id(L), 1)}
+    assert "green on the edges" in view.label.value
+    assert base64.b64decode(view.ui._repr_mimebundle_()["image/png"]) == view.png
