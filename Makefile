@@ -31,9 +31,19 @@ $(STAMP): pyproject.toml
 	done
 	@touch $(STAMP)
 
+# The lab opens on the start page. Its terminals start in course/ with .venv/bin first on
+# PATH (set again after ~/.bashrc, which may put pyenv or conda first), so `pytest` and
+# `python` typed there are the course's own.
+LAB_BASHRC := $(VENV)/lab-terminal.bashrc
 lab: $(STAMP)
+	@printf '%s\n' '[ -f ~/.bashrc ] && . ~/.bashrc' \
+	    'export PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"' > $(LAB_BASHRC)
 	@echo "Starting JupyterLab on course/ (the URL with its token follows; Ctrl-C stops it)"
-	$(BIN)/jupyter lab --notebook-dir=course $(ROOT_FLAG) $(LAB_ARGS)
+	cd course && PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))" \
+	    $(abspath $(BIN))/jupyter lab $(ROOT_FLAG) \
+	    --LabApp.default_url=/lab/tree/00_start_here.ipynb \
+	    --ServerApp.terminado_settings="{'shell_command': ['bash', '--rcfile', '$(abspath $(LAB_BASHRC))']}" \
+	    $(LAB_ARGS)
 
 # Every test: engine, widgets, the browser test, and nbval over every solution
 # notebook (two workers; a notebook's cells stay together on one worker).
@@ -41,8 +51,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests course/solutions --nbval $(PYTEST_ARGS)
 
 # Rebuild student and solution notebooks from course/source (LESSONS="00 01" for some).
+# It refuses to replace a student notebook you edited; FORCE=1 moves yours to
+# course/backups/ first.
+FORCE ?=
 course: $(STAMP)
-	$(BIN)/python tools/build_course.py $(LESSONS)
+	$(BIN)/python tools/build_course.py $(if $(FORCE),--force) $(LESSONS)
 
 # The budget calculator as a page of its own (Voila, the optional extra `app`), on
 # http://127.0.0.1:8866; e.g. make budget-app APP_ARGS="--preset llama2-7b --no-browser"

@@ -3,6 +3,7 @@
 * `ExerciseError`: what a failed check raises. Its message always starts with
   "Exercise NN.k (title):" so a learner (and the test that runs the untouched
   student notebooks) can see which exercise is not done, followed by a hint.
+  In a notebook it shows only that message, not the checker's traceback.
 * `attempt`: call the learner's function, turning `NotImplementedError` into
   the exercise's own "not done yet" message.
 (The pieces a passed check saves are kept by `coursework.pieces`.)
@@ -18,6 +19,14 @@ class ExerciseError(AssertionError):
     def __init__(self, exercise: str, message: str):
         self.exercise = exercise
         super().__init__(f"Exercise {exercise}: {message}")
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for this error: the message alone, in red, without the
+        traceback through the checker (whose source would also show the hints of
+        other wrong answers). The cell still fails, so `pytest --nbval` still does."""
+        red, plain = "\x1b[1;31m", "\x1b[0m"
+        first, *rest = str(self).splitlines() or [""]
+        return [f"{red}{type(self).__name__}{plain}: {first}", *rest]
 
 
 def attempt(exercise: str, fn, *args, **kwargs):

@@ -37,7 +37,7 @@ def test_committed_student_notebook_is_fresh(stem):
         pytest.fail(f"course/source/{stem}.py is not committed; commit it with its notebooks")
     committed = git_show(f"course/{stem}.ipynb")
     assert committed is not None, f"course/{stem}.ipynb is not committed: run `make course LESSONS={stem[:2]}` and commit it"
-    assert committed == build_course.student_notebook_text(source), (
+    assert committed == build_course.student_notebook_text(source, stem), (
         f"course/{stem}.ipynb is stale: run `make course LESSONS={stem[:2]}` and commit the result")
 
 
@@ -77,6 +77,10 @@ def test_every_check_fails_on_the_untouched_student_notebook(stem):
         message = errors[0]["ename"] + ": " + errors[0]["evalue"]
         assert f"Exercise {exercise}" in message, (
             f"{stem}: check {exercise} failed with someone else's message: {message[:300]}")
+        shown = "\n".join(errors[0]["traceback"])
+        assert len(errors[0]["traceback"]) <= 3 and "coursework" not in shown, (
+            f"{stem}: check {exercise} shows a traceback through the checker, not its "
+            f"message alone: {shown[:300]}")
         seen.append(exercise)
     assert seen == ids
 
@@ -85,7 +89,7 @@ def test_nbval_fails_on_an_untouched_student_notebook(tmp_path):
     stem = LESSONS[0]
     target = tmp_path / f"{stem}.ipynb"
     target.write_text(build_course.student_notebook_text(
-        (ROOT / "course" / "source" / f"{stem}.py").read_text()))
+        (ROOT / "course" / "source" / f"{stem}.py").read_text(), stem))
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval", str(target),
                              "-p", "no:cacheprovider"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=600)

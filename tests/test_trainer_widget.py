@@ -117,3 +117,38 @@ def test_as_the_real_trainers_callback():
     assert dash.records[-1]["loss"] == result.history[-1]["loss"]
     assert "step 4/4" in dash.summary() and "tokens/s" in dash.summary()
     assert len(dash.plot.outputs) == 1
+
+
+def test_progress_bar_time_left_and_smoothed_speed():
+    dash = TrainerDashboard(total_steps=100, redraw_every=1000)
+    dash(record(1, step_time=0.2, tokens_per_s=10_000))
+    for step in range(2, 21):
+        dash(record(step, step_time=0.1, tokens_per_s=20_000))
+    assert dash.progress.value == 20 and dash.progress.max == 100
+    line = dash.progress_line()
+    assert line.startswith("step 20 of 100 (20%)") and "left" in line
+    # 80 steps at a smoothed step time between 0.1 and 0.2 s
+    assert 80 * 0.1 <= dash.time_left() <= 80 * 0.2
+    smoothed = dash._smooth_speed
+    assert 10_000 < smoothed < 20_000 and f"{smoothed:,.0f} tokens/s (smoothed)" in dash.summary()
+    dash(record(21, time_left=5.0))  # the trainer's own estimate wins
+    assert dash.time_left() == 5.0 and "about 5 s left" in dash.progress_text.value
+
+
+def test_a_run_that_stops_early_says_so_and_why():
+    dash = TrainerDashboard(total_steps=600)
+    for step in range(1, 4):
+        dash(record(step))
+    dash.finish(reason="the 300 s time limit")
+    assert dash.progress_line(done=True) == "stopped early at step 3 of 600: the 300 s time limit"
+    assert "stopped early" in dash.progress_text.value and dash.progress.bar_style == "warning"
+    full = TrainerDashboard(total_steps=2)
+    full(record(1))
+    full(record(2))
+    full.finish()
+    assert full.progress_line(done=True) == "finished: step 2 of 2" and full.stopped_early is None
+    assert full.progress.bar_style == "success"
+    unexplained = TrainerDashboard(total_steps=10)
+    unexplained(record(1))
+    unexplained.finish()
+    assert "stopped early at step 1 of 10" in unexplained.progress_line(done=True)

@@ -50,9 +50,11 @@ class EpsSweep:
     def __init__(self, eps: float = 1e-6, decades=(-12, -1), method: str = "central",
                  function: str | None = None, x=None):
         import ipywidgets as w
+        import matplotlib.pyplot as plt
+        from widgets._figures import FigureOutput, PreviewVBox
         self.x = DEFAULT_X if x is None else np.asarray(x, dtype=np.float64)
         self._cache: dict = {}
-        self.fig = None
+        self._drawn_key = None
         self.eps = w.FloatLogSlider(value=eps, base=10, min=-14, max=0, step=0.25,
                                     description="eps", readout_format=".1e")
         self.decades = w.IntRangeSlider(value=tuple(decades), min=-14, max=0, step=1,
@@ -63,19 +65,29 @@ class EpsSweep:
         self.function = w.Dropdown(options=names, value=function or names[0],
                                    description="f(x) =")
         self.label = w.Label()
-        self.plot = w.Output()
+        # one figure for the widget's life: moving eps only moves the dashed line
+        self.fig, self.ax = plt.subplots(figsize=(6.4, 3.8))
+        plt.close(self.fig)  # shown through the Output widget only
+        self.plot = FigureOutput(self.fig)
         for control in (self.eps, self.decades, self.method, self.function):
             control.observe(self._update, names="value")
         self._update()
-        self.ui = w.VBox([self.function, self.method, self.decades, self.eps,
-                          self.label, self.plot])
+        self.ui = PreviewVBox([self.function, self.method, self.decades, self.eps,
+                               self.label, self.plot], preview=lambda: self.plot.png)
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.ui._repr_mimebundle_(**kwargs)
+
+    def _key(self):
+        lo, hi = self.decades.value
+        return (self.function.value, self.method.value, lo, hi)
 
     def sweeps(self) -> dict:
         """The two SweepResults for the current controls (computed or cached)."""
-        lo, hi = self.decades.value
-        key = (self.function.value, self.method.value, lo, hi)
+        key = self._key()
         if key not in self._cache:
             f, grad = SMOOTH_FUNCTIONS[self.function.value]
+            lo, hi = self.decades.value
             eps_values = np.logspace(hi, lo, 4 * (hi - lo) + 1)
             self._cache[key] = sweep_both(f, self.x, grad, eps_values, self.method.value)
         return self._cache[key]
@@ -90,14 +102,21 @@ class EpsSweep:
         return f"eps = {eps:.1e} | " + " | ".join(parts)
 
     def make_figure(self):
+        """A new figure of the current state (for saving or printing)."""
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(6.4, 3.8))
         plot_sweeps(self.sweeps(), ax=ax, marked_eps=self.eps.value)
-        plt.close(fig)  # shown through the Output widget only
+        plt.close(fig)
         return fig
 
     def _update(self, change=None):
         self.label.value = self.summary()
-        self.fig = self.make_figure()
-        self.plot.outputs = ()
-        self.plot.append_display_data(self.fig)
+        redraw = self._drawn_key != self._key()
+        if redraw:  # new curves: redraw the axes
+            self.ax.clear()
+            plot_sweeps(self.sweeps(), ax=self.ax, marked_eps=self.eps.value)
+            self._marker = self.ax.lines[-1]
+            self._drawn_key = self._key()
+        else:  # same curves: move the marker only
+            self._marker.set_xdata([self.eps.value, self.eps.value])
+        self.plot.show(moving=[self._marker], redraw=redraw)

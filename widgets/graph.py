@@ -7,7 +7,9 @@
 * `GraphView(root)` is an ipywidgets view of the same picture with a slider
   over the backward pass: step 0 is the graph before backward, each further
   step visits one node in reverse topological order, the last step is the
-  graph after backward.
+  graph after backward. Each edge a visited node has sent its gradient along
+  is labelled with what it sent: the node's gradient times its local
+  derivative for that input (`engine.scalar.LOCAL_GRADIENTS`).
 
 Both work on any node that looks like `engine.scalar.Value`: a number in
 `.data`, a gradient in `.grad`, its inputs in `.inputs` (or `.parents`), the
@@ -20,11 +22,14 @@ The widget computes no gradients itself: it calls the node's own backward
 """
 from __future__ import annotations
 
+import base64
 import io
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
+
+from engine.scalar import LOCAL_GRADIENTS
 
 PARENT_ATTRIBUTES = ("inputs", "parents", "_prev")
 OP_ATTRIBUTES = ("op", "_op")
@@ -34,6 +39,7 @@ OP_SYMBOLS = {"*": "×", "+": "+", "-": "−", "/": "÷", "neg": "−x", "**": "
 BOX_W, BOX_H, OP_R = 1.55, 0.62, 0.24
 XSTEP = 2.7  # distance between a value column and the next one
 COLOR_BOX, COLOR_OP, COLOR_NOW, COLOR_DONE = "#e8f0fb", "#fdf1d8", "#ffd166", "#d7f2dd"
+COLOR_EDGE_GRAD = "#1b7a3a"
 
 
 # ---------------------------------------------------------------- reading a graph
@@ -73,6 +79,22 @@ def symbol_of(node) -> str:
     if op == "**" and exponent is not None:
         return "x²" if exponent == 2 else f"x^{exponent:g}"
     return OP_SYMBOLS.get(op, op or "?")
+
+
+def local_derivatives(node):
+    """d node / d each input, from the engine's table, or None for an op it does not
+    know. Lesson 02's own nodes name x² "square" (engine.scalar writes `** 2`)."""
+    ps = parents_of(node)
+    op = op_of(node)
+    if op == "square" and len(ps) == 1:
+        return (2.0 * _value(ps[0]),)
+    rule = LOCAL_GRADIENTS.get(op)
+    if rule is None:
+        return None
+    try:
+        return tuple(float(d) for d in rule(node, *ps))
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
 
 
 def topological_order(root) -> list:
@@ -171,7 +193,7 @@ def _mean_row(n, row) -> float:
 
 # ---------------------------------------------------------------- drawing
 def draw_graph(root, names=None, grads=None, highlight=None, title=None, ax=None,
-               show_grad=True):
+               show_grad=True, edge_grads=None):
     """Draw the expression graph that produced `root`; return the matplotlib figure.
 
     names:     {"w": w, ...} labels for some nodes (the others show only numbers).
@@ -179,6 +201,8 @@ def draw_graph(root, names=None, grads=None, highlight=None, title=None, ax=None
                (None shows a dash: "not computed yet"). GraphView uses it.
     highlight: nodes drawn in a warm colour (the node being visited).
     show_grad: False draws values only.
+    edge_grads: {(id(node), i): value} the gradient sent back along the edge from
+               input i of `node` (drawn in green on that edge). GraphView uses it.
     """
     lay = layout(root)
     label = {id(n): n.label for n in lay.nodes if getattr(n, "label", "")}
@@ -213,6 +237,14 @@ def draw_graph(root, names=None, grads=None, highlight=None, title=None, ax=None
                 elif ox - px > XSTEP and abs(oy - py) < BOX_H:  # would cross other shapes
                     rad = -0.4
                 _arrow(ax, (px + BOX_W / 2, py), (ox - OP_R, oy), rad)
+                sent = (edge_grads or {}).get((id(n), i))
+                if sent is not None:
+                    mx, my = (px + BOX_W / 2 + ox - OP_R) / 2, (py + oy) / 2
+                    if rad:  # on the bent arrow, not between the two
+                        my -= rad * (ox - px) / 2
+                    ax.text(mx, my + 0.12, f"← {fmt(sent)}", ha="center", va="bottom",
+                            fontsize=8, color=COLOR_EDGE_GRAD, zorder=5, family="monospace",
+                            bbox=dict(fc="white", ec="none", alpha=0.8, pad=0.5))
     for n in lay.nodes:
         bx, by = lay.boxes[id(n)]
         face = COLOR_NOW if id(n) in marked else COLOR_BOX
@@ -260,6 +292,7 @@ class GraphView:
     def __init__(self, root, names=None, backward=None, title="backward pass"):
         import ipywidgets as w
 
+        from widgets._figures import PreviewVBox
         self.root, self.names, self.title = root, dict(names or {}), title
         self.order = list(reversed(topological_order(root)))  # the visiting order
         self.before = {id(n): _grad(n) for n in self.order}
@@ -275,12 +308,15 @@ class GraphView:
         self.label = w.Label()
         self.plot = w.Output()
         self.fig = None
+        self.png = b""
         self.step.observe(self._update, names="value")
         self.before_button.on_click(lambda _: setattr(self.step, "value", 0))
         self.after_button.on_click(lambda _: setattr(self.step, "value", self.step.max))
         self._update()
-        self.ui = w.VBox([w.HBox([self.before_button, self.step, self.after_button]),
-                          self.label, self.plot])
+        # every step's picture has the same size: hold the cell at it while pictures change
+        self.plot.layout = w.Layout(min_height=f"{_png_height(self.png) + 8}px")
+        self.ui = PreviewVBox([w.HBox([self.before_button, self.step, self.after_button]),
+                               self.label, self.plot], preview=lambda: self.png)
 
     def _ipython_display_(self):
         from IPython.display import display
@@ -293,6 +329,18 @@ class GraphView:
             return dict(self.before)
         visited = {id(n) for n in self.order[:k]}
         return {i: (self.after[i] if i in visited else None) for i in self.after}
+
+    def edge_grads_at(self, k: int) -> dict:
+        """{(id(node), i): gradient sent to input i} for the first k visited nodes."""
+        sent = {}
+        for node in self.order[:k]:
+            local = local_derivatives(node)
+            grad = self.after[id(node)]
+            if local is None or grad is None:
+                continue
+            for i, d in enumerate(local):
+                sent[(id(node), i)] = d * grad
+        return sent
 
     def describe(self, k: int) -> str:
         if k == 0:
@@ -308,7 +356,12 @@ class GraphView:
         ps = parents_of(node)
         if ps:
             shown = ", ".join(self._display_name(p) for p in ps)
-            text += f" It sends grad × the local derivative of '{symbol_of(node)}' to {shown}."
+            text += f" It sends grad × the local derivative of '{symbol_of(node)}' to {shown}"
+            local = local_derivatives(node)
+            if local is not None and self.after[id(node)] is not None:
+                sent = ", ".join(fmt(d * self.after[id(node)]) for d in local)
+                text += f": {sent} (green on the edges)"
+            text += "."
         else:
             text += " A leaf: nothing to pass on."
         if k == len(self.order):
@@ -325,18 +378,26 @@ class GraphView:
         k = self.step.value
         now = [self.order[k - 1]] if k else []
         return draw_graph(self.root, names=self.names, grads=self.grads_at(k),
-                          highlight=now, title=f"{self.title}: step {k} of {len(self.order)}")
+                          highlight=now, title=f"{self.title}: step {k} of {len(self.order)}",
+                          edge_grads=self.edge_grads_at(k))
 
     def _update(self, change=None):
         self.label.value = self.describe(self.step.value)
         if self.fig is not None:
             plt.close(self.fig)
         self.fig = self.make_figure()
-        self.plot.outputs = ()
         # Render the PNG here rather than leave it to the notebook's display hooks, so the
-        # picture is the same in a kernel, in a test and in a script.
-        self.plot.append_display_data(png_image(self.fig))
+        # picture is the same in a kernel, in a test and in a script; replace the picture
+        # in one model update, so the cell never collapses between two pictures.
+        self.png = png_image(self.fig).data
+        self.plot.outputs = ({"output_type": "display_data", "metadata": {},
+                              "data": {"image/png": base64.b64encode(self.png).decode("ascii"),
+                                       "text/plain": "<graph picture>"}},)
         plt.close(self.fig)  # the Output keeps the picture; no second copy at cell end
+
+
+def _png_height(png: bytes) -> int:
+    return int.from_bytes(png[20:24], "big")  # the IHDR chunk: width, then height
 
 
 def png_image(fig):

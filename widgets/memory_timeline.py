@@ -64,21 +64,29 @@ class MemoryTimeline:
 
     def __init__(self, recorder, predicted_peak: int | None = None):
         import ipywidgets as w
+        import matplotlib.pyplot as plt
+        from widgets._figures import FigureOutput, PreviewVBox
         self.points = timeline_points(recorder)
         if len(self.points) < 2:
             raise ValueError("MemoryTimeline: the recorder's timeline is empty; record a "
                              "forward and backward inside `with engine.memory.record() as mem:`")
         self.predicted_peak = predicted_peak
-        self.fig = None
         self.step = w.IntSlider(value=len(self.points) // 2, min=0, max=len(self.points) - 1,
                                 description="step", continuous_update=False,
                                 layout=w.Layout(width="600px"))
         self.label = w.Label()
         self.label.add_class("memory-timeline-label")
-        self.plot = w.Output()
+        # the timeline is drawn once; a step move only moves the marker line
+        self.fig, ax = plt.subplots(figsize=(7, 3.2))
+        plot_timeline(self.points, ax=ax, marked=self.step.value, predicted=self.predicted_peak)
+        self._marker = ax.lines[-1]
+        self.fig.tight_layout()
+        plt.close(self.fig)  # shown through the Output widget only
+        self.plot = FigureOutput(self.fig)
+        self.plot.add_class("memory-timeline-plot")
         self.step.observe(self._update, names="value")
         self._update()
-        self.ui = w.VBox([self.step, self.label, self.plot])
+        self.ui = PreviewVBox([self.step, self.label, self.plot], preview=lambda: self.plot.png)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
@@ -89,14 +97,6 @@ class MemoryTimeline:
         return f"step {i} ({phase}) {where}: {live:,} bytes live"
 
     def _update(self, change=None):
-        import matplotlib.pyplot as plt
         self.label.value = self.describe(self.step.value)
-        if self.fig is not None:
-            plt.close(self.fig)
-        self.fig, ax = plt.subplots(figsize=(7, 3.2))
-        plot_timeline(self.points, ax=ax, marked=self.step.value,
-                      predicted=self.predicted_peak)
-        self.fig.tight_layout()
-        plt.close(self.fig)
-        self.plot.outputs = ()
-        self.plot.append_display_data(self.fig)
+        self._marker.set_xdata([self.step.value, self.step.value])
+        self.plot.show(moving=[self._marker], redraw=change is None)

@@ -9,26 +9,32 @@ record per optimizer step, the dict `engine.train` documents:
     val_loss                                          (only on evaluation steps)
     time_left                                         (seconds, optional)
 
-and the dashboard writes what it was given into widget models: a status line
-(`.status.value`), and a figure (`.plot`, an Output whose outputs are reset
-and refilled, never printed into), so a notebook that shows it replays under
-nbval. The figure is redrawn every `redraw_every` steps, on evaluation steps
+and the dashboard writes what it was given into widget models: a progress
+bar with the time left (`.progress`, `.progress_text`), a status line
+(`.status.value`: smoothed tokens/s, ms per step, the loss), and a figure
+(`.plot`, an Output whose picture is replaced in one update, never printed
+into), so a notebook that shows it replays under nbval. `finish(reason=...)`
+says plainly whether the run reached its last step or stopped early, and why. The figure is redrawn every `redraw_every` steps, on evaluation steps
 and by `finish()`; drawing costs tens of milliseconds, so redrawing every
 step would slow a fast trainer measurably.
 
     dash = TrainerDashboard(total_steps=300)
     display(dash)                         # or dash.ui
     result = train(config, callback=dash)
-    dash.finish()
+    dash.finish()                         # or dash.finish(reason="the 300 s time limit")
 """
 from __future__ import annotations
 
+import base64
 import html
 import io
 
 PHASES = ("loss", "backward", "optimizer", "evaluation")
 PHASE_COLORS = {"loss": "#4c72b0", "backward": "#c44e52", "optimizer": "#55a868",
                 "evaluation": "#ccb974"}
+SMOOTHING = 0.2   # weight of the newest step in the moving averages of speed and step time
+FONT = "font-size: 15px; line-height: 1.5"
+FIGURE_FONT_SIZE = 11
 
 
 class TrainerDashboard:
@@ -50,12 +56,21 @@ class TrainerDashboard:
         self.redraw_every = int(redraw_every)
         self.reference_loss = reference_loss
         self.reference_label = reference_label
+        from widgets._figures import PreviewVBox
         self.records: list[dict] = []
         self.redraws = 0
-        self.title = w.HTML(f"<b>{html.escape(title)}</b>")
-        self.status = w.HTML(self._status_html())
-        self.plot = w.Output()
-        self.ui = w.VBox([self.title, self.status, self.plot])
+        self.png = b""
+        self.stopped_early: str | None = None   # why, once finish() found it stopped early
+        self._smooth_speed: float | None = None
+        self._smooth_step_time: float | None = None
+        self.title = w.HTML(f"<b style='font-size: 17px'>{html.escape(title)}</b>")
+        self.progress = w.FloatProgress(value=0, min=0, max=float(total_steps or 1),
+                                        bar_style="info", layout=w.Layout(width="420px"))
+        self.progress_text = w.HTML(self._progress_html())
+        self.status = w.HTML(self._status_html(), style={"font_size": "15px"})
+        self.plot = w.Output(layout=w.Layout(min_height="330px"))
+        self.ui = PreviewVBox([self.title, w.HBox([self.progress, self.progress_text]),
+                               self.status, self.plot], preview=lambda: self.png)
 
     # ------------------------------------------------------------ callback
     def __call__(self, record: dict) -> None:
@@ -69,15 +84,65 @@ class TrainerDashboard:
                 raise KeyError(f"TrainerDashboard: a record needs {key!r}; got keys "
                                f"{sorted(record)}")
         self.records.append(dict(record))
+        self._smooth("_smooth_speed", record.get("tokens_per_s"))
+        self._smooth("_smooth_step_time", record.get("step_time"))
+        self.progress.value = float(record["step"]) if self.total_steps else 0.0
+        self.progress_text.value = self._progress_html()
         self.status.value = self._status_html()
         step = int(record["step"])
         if "val_loss" in record or step % self.redraw_every == 0 or step == self.total_steps:
             self.redraw()
 
-    def finish(self) -> None:
-        """Draw the final state (call after the run, whatever step it stopped at)."""
+    def _smooth(self, attr: str, value) -> None:
+        if value:
+            old = getattr(self, attr)
+            setattr(self, attr, value if old is None else
+                    SMOOTHING * float(value) + (1 - SMOOTHING) * old)
+
+    def finish(self, reason: str | None = None) -> None:
+        """Draw the final state (call after the run, whatever step it stopped at).
+
+        A run that ended before `total_steps` is shown as stopped early, with
+        `reason` (say "the 300 s time limit") or, without one, the step it reached."""
+        last = self.records[-1]["step"] if self.records else 0
+        if self.total_steps and last < self.total_steps:
+            self.stopped_early = reason or "the loop ended before its last step"
+            self.progress.bar_style = "warning"
+        else:
+            self.progress.bar_style = "success"
+        self.progress_text.value = self._progress_html(done=True)
         self.status.value = self._status_html(done=True)
         self.redraw()
+
+    def time_left(self) -> float | None:
+        """Seconds to the last step: the trainer's estimate if the record has one,
+        else the smoothed step time times the steps still to run."""
+        if not self.records:
+            return None
+        last = self.records[-1]
+        if last.get("time_left") is not None:
+            return float(last["time_left"])
+        if self.total_steps and self._smooth_step_time:
+            return max(self.total_steps - int(last["step"]), 0) * self._smooth_step_time
+        return None
+
+    def progress_line(self, done: bool = False) -> str:
+        """The line beside the progress bar, as plain text."""
+        step = self.records[-1]["step"] if self.records else 0
+        of = f" of {self.total_steps}" if self.total_steps else ""
+        if done and self.stopped_early:
+            return f"stopped early at step {step}{of}: {self.stopped_early}"
+        if done:
+            return f"finished: step {step}{of}"
+        left = self.time_left()
+        pct = f" ({step / self.total_steps:.0%})" if self.total_steps else ""
+        return f"step {step}{of}{pct}" + (f", about {_seconds(left)} left" if left else "")
+
+    def _progress_html(self, done: bool = False) -> str:
+        color = "#b35900" if done and self.stopped_early else "inherit"
+        weight = "bold" if done else "normal"
+        return (f"<span style='{FONT}; color: {color}; font-weight: {weight}'>"
+                f"{html.escape(self.progress_line(done))}</span>")
 
     # ------------------------------------------------------------ views
     def series(self) -> dict[str, list]:
@@ -103,14 +168,12 @@ class TrainerDashboard:
                  f"loss {last['loss']:.4f}"]
         if s["val_loss"]:
             parts.append(f"validation {s['val_loss'][-1]:.4f} (step {s['val_step'][-1]})")
-        if last.get("tokens_per_s"):
-            parts.append(f"{last['tokens_per_s']:,.0f} tokens/s")
+        if self._smooth_speed:
+            parts.append(f"{self._smooth_speed:,.0f} tokens/s (smoothed)")
         if last.get("step_time"):
             parts.append(f"{last['step_time'] * 1e3:.0f} ms/step")
         if last.get("grad_norm") is not None:
             parts.append(f"grad norm {last['grad_norm']:.3f}")
-        if last.get("time_left") is not None and last["time_left"] > 0:
-            parts.append(f"about {last['time_left']:.0f} s left")
         total = sum(s["phases"].values())
         if total > 0:
             parts.append("time in " + ", ".join(f"{p} {v / total:.0%}"
@@ -123,9 +186,13 @@ class TrainerDashboard:
 
     def make_figure(self):
         """A matplotlib Figure of the run so far (not registered with pyplot)."""
+        import matplotlib
         from matplotlib.figure import Figure
+        with matplotlib.rc_context({"font.size": FIGURE_FONT_SIZE}):
+            return self._draw(Figure(figsize=(11, 3.4)))
+
+    def _draw(self, fig):
         s = self.series()
-        fig = Figure(figsize=(11, 3.2))
         ax_loss, ax_speed, ax_phase = fig.subplots(1, 3, gridspec_kw={"width_ratios": [3, 2, 2]})
         ax_loss.plot(s["step"], s["loss"], color="C0", lw=1, label="training (batch)")
         if s["val_step"]:
@@ -137,7 +204,7 @@ class TrainerDashboard:
         ax_loss.set_ylabel("cross-entropy (nats)")
         ax_loss.set_title("loss")
         ax_loss.grid(True, alpha=0.3)
-        ax_loss.legend(fontsize=8)
+        ax_loss.legend(fontsize=FIGURE_FONT_SIZE - 1)
         speed = [(st, v) for st, v in zip(s["step"], s["tokens_per_s"]) if v]
         if speed:
             ax_speed.plot([a for a, _ in speed], [b for _, b in speed], color="C2", lw=1)
@@ -156,14 +223,22 @@ class TrainerDashboard:
         return fig
 
     def redraw(self) -> None:
-        """Replace the figure in the Output widget (a PNG; no printing)."""
-        from IPython.display import Image
+        """Replace the figure in the Output widget (a PNG, in one model update so the
+        cell never collapses; no printing)."""
         fig = self.make_figure()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=80)
-        self.plot.outputs = ()
-        self.plot.append_display_data(Image(data=buf.getvalue(), format="png"))
+        fig.savefig(buf, format="png", dpi=90)
+        self.png = buf.getvalue()
+        self.plot.outputs = ({"output_type": "display_data", "metadata": {},
+                              "data": {"image/png": base64.b64encode(self.png).decode("ascii"),
+                                       "text/plain": "<training dashboard figure>"}},)
         self.redraws += 1
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
+
+
+def _seconds(t: float) -> str:
+    """90 -> '1 min 30 s', 42 -> '42 s'."""
+    t = int(round(t))
+    return f"{t // 60} min {t % 60:02d} s" if t >= 60 else f"{t} s"

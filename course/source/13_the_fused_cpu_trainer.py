@@ -242,7 +242,7 @@ for step in range(STEPS):
     dashboard(record)
     if out_of_time:
         break
-dashboard.finish()
+dashboard.finish(reason=f"the {TIME_LIMIT_S} s time limit" if out_of_time else None)
 elapsed = time.perf_counter() - t_start
 val_after = history[-1]["val_loss"]
 assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in history), \
