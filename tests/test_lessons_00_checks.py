@@ -5,21 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coursework import ExerciseError, lesson00
+from coursework import lesson00
+from check_tools import fails_with
 
 
 @pytest.fixture(autouse=True)
 def _pieces_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
-
-
-def fails_with(check, *args, words=()):
-    with pytest.raises(ExerciseError) as info:
-        check(*args)
-    message = str(info.value)
-    for word in words:
-        assert word in message, f"expected {word!r} in: {message}"
-    return message
 
 
 def nudge_and_restore(loss, theta, eps=1e-6):

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from coursework import ExerciseError, lesson07
+from coursework import lesson07
 from engine import budget as bm
-
-
-def fails_with(check, *args, words=()):
-    with pytest.raises(ExerciseError) as info:
-        check(*args)
-    message = str(info.value)
-    for word in words:
-        assert word in message, f"expected {word!r} in: {message}"
-    return message
+from check_tools import fails_with
 
 
 # ---------------------------------------------------------------- 07.1
