@@ -333,6 +333,17 @@ def tape_rules():
         yield run
 
 
+def gradient_checker():
+    """(spot_check, owner): the learner's 04.3 `spot_check` when it is saved and keeps its
+    slot's contract, else the engine's (`slots.engine_spot_check`, the same calling
+    convention and rows); `owner` says which runs, and why the engine's. Never raises."""
+    from .slots import engine_spot_check
+    fn, why = piece_for_slot("spot_check")
+    if fn is not None:
+        return fn, "yours (04.3)"
+    return engine_spot_check, f"the engine's ({why})"
+
+
 def pieces_report(names) -> list[tuple[str, str]]:
     """For each piece name, whose code will run: 'yours', 'reference' (never
     saved), or 'reference (yours does not load: <error>)'."""

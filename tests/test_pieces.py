@@ -25,3 +25,26 @@ def test_a_saved_numba_kernel_loads_and_a_broken_one_is_reported(tmp_path, monke
     report = dict(pieces.pieces_report(["double", "never_written"]))
     assert report["never_written"] == "reference"
     assert report["double"].startswith("reference (yours does not load: NameError")
+
+
+def _write_piece(folder, name, source, function):
+    import json
+    (folder / f"{name}.py").write_text(source)
+    (folder / "index.json").write_text(json.dumps({name: {"function": function,
+                                                          "exercise": "04.3"}}))
+
+
+def test_the_gradient_checker_slot_runs_yours_or_says_why_the_engines_runs(tmp_path,
+                                                                          monkeypatch):
+    from coursework import slots
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
+    fn, owner = pieces.gradient_checker()
+    assert fn is slots.engine_spot_check and owner == "the engine's (not written yet)"
+    slots.check("spot_check", slots.engine_spot_check)       # the engine keeps the contract
+    # a checker that passes everything is skipped: it misses the planted wrong element
+    _write_piece(tmp_path, "spot_check",
+                 "def spot_check(f, x, g, n_checks=6, eps=1e-6, rtol=1e-6, atol=1e-8, seed=0):\n"
+                 "    return []\n", "spot_check")
+    fn, owner = pieces.gradient_checker()
+    assert fn is slots.engine_spot_check
+    assert owner.startswith("the engine's (yours was skipped: did not pass a right gradient")
