@@ -112,3 +112,25 @@ def test_a_failed_check_renders_as_its_message_alone():
     assert len(shown) == 1 and "ExerciseError" in shown[0]
     assert shown[0].endswith("Exercise 00.1 (demo): not done yet. Hint: read the cell above.")
     assert isinstance(err, AssertionError)  # still a failure for pytest and nbval
+
+
+def test_nbval_markers_become_cell_tags_the_learner_does_not_see(tmp_path):
+    source = ("# %% [markdown]\n# # 00 · Tags\n"
+              "# %%\n# NBVAL_IGNORE_OUTPUT\nimport time\nprint(time.time())\n"
+              "# %%\nprint(1)\n")
+    nb = nbformat.reads(build_course.student_notebook_text(source, "00_tags"), as_version=4)
+    timed, plain = [c for c in nb.cells if c.cell_type == "code"]
+    assert timed.source == "import time\nprint(time.time())"
+    assert timed.metadata["tags"] == ["nbval-ignore-output"]
+    assert "tags" not in plain.metadata
+    # nbval reads the tag as it read the comment: the output is not compared
+    from nbval.plugin import find_metadata_tags
+    assert dict(find_metadata_tags(timed.metadata)) == {"check": False}
+
+
+def test_no_committed_notebook_shows_an_nbval_marker():
+    for path in sorted((ROOT / "course").rglob("*.ipynb")):
+        if "backups" in path.parts or ".ipynb_checkpoints" in path.parts:
+            continue
+        for cell in nbformat.read(path, as_version=4).cells:
+            assert "NBVAL_" not in cell.source, f"{path.name}: a cell shows an nbval marker"
