@@ -332,3 +332,16 @@ def test_lesson07_checks_accept_the_budget_and_name_the_usual_slips():
     _fails_with(lesson07.check_crossover_batch, lambda cfg: bm.crossover_batch(cfg) - 1,
                 "07.3", "the last batch where the activations still fit")
     _fails_with(lesson07.check_crossover_batch, _stub, "07.3", "not done yet")
+
+
+@pytest.mark.parametrize("recompute", ["none", "full", "selective"])
+def test_measure_reports_progress_against_an_exact_count_of_the_steps_events(recompute):
+    from engine.budget.measure import _StepProgress, _tape_step, step_events
+    run = bm.measurable(bm.BudgetConfig(n_layer=3, d_model=32, n_head=2, vocab_size=17,
+                                      micro_batch=2, seq_len=8, recompute=recompute))
+    counter = _StepProgress(step_events(run), lambda *a: None)
+    _tape_step(run, 0, observers=(counter,))
+    assert counter.done == counter.total       # the count read off 1 and 2 blocks is exact
+    seen = []
+    bm.measure(run, progress=lambda fraction, left: seen.append((fraction, left)))
+    assert all(0 < f <= 1 and left >= 0 for f, left in seen)

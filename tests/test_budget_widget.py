@@ -198,9 +198,12 @@ def test_measure_says_it_is_working_and_drops_a_stale_result(monkeypatch):
     seen = {}
     real = B.measure
 
-    def slow_measure(cfg, seed=0):  # a knob moves while the engine runs
+    def slow_measure(cfg, seed=0, progress=None):  # a knob moves while the engine runs
         seen["button"] = (w.measure_button.disabled, w.measure_button.description)
         seen["text"] = w.measure_result.value
+        seen["bar"] = w.measure_progress.layout.visibility
+        progress(0.5, 3.0)
+        seen["half"] = (w.measure_progress.value, w.measure_result.value)
         result = real(cfg, seed)
         w.controls["micro_batch"].value = 4
         return result
@@ -208,6 +211,9 @@ def test_measure_says_it_is_working_and_drops_a_stale_result(monkeypatch):
     monkeypatch.setattr(B, "measure", slow_measure)
     w.measure()
     assert seen["button"] == (True, "measuring...") and "running" in seen["text"]
+    assert seen["bar"] == "visible" and seen["half"][0] == 0.5
+    assert "50% done, about 3 s left" in seen["half"][1]
+    assert w.measure_progress.layout.visibility == "hidden"
     assert w.measured is None and "settings changed" in w.measure_result.value
     assert not w.measure_button.disabled
 

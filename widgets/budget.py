@@ -143,6 +143,11 @@ class BudgetWidget:
         self.measure_button.add_class("budget-measure")
         self.measure_result = w.HTML()
         self.measure_result.add_class("budget-measured")
+        # Filled as the tape runs the step (engine.budget.measure's progress callback).
+        self.measure_progress = w.FloatProgress(value=0.0, min=0.0, max=1.0,
+                                                layout=w.Layout(width="160px",
+                                                                visibility="hidden"))
+        self.measure_progress.add_class("budget-measure-progress")
         self._results = [self.readout, self.fit, self.memory_table, self.flops_table,
                          self.tradeoff, self.parallel, self.bar, self.curve]
 
@@ -173,7 +178,8 @@ class BudgetWidget:
         left = w.VBox([self.preset, tabs], layout=w.Layout(width="440px", flex="0 0 440px"))
         right = w.VBox([self.message, self.readout, self.fit, w.HBox([self.bar, self.curve]),
                         self.memory_table, self.flops_table, self.tradeoff, self.parallel,
-                        w.HBox([self.measure_button, self.measure_result])],
+                        w.HBox([self.measure_button, self.measure_progress,
+                                self.measure_result])],
                        layout=w.Layout(flex="1 1 auto"))
         self.ui = w.HBox([style, left, right])
 
@@ -348,11 +354,14 @@ class BudgetWidget:
         self.measure_button.disabled = True
         self.measure_button.description = "measuring..."
         self.measure_result.value = "running one forward and backward of our engine's GPT..."
+        self.measure_progress.value = 0.0
+        self.measure_progress.layout.visibility = "visible"
         try:
-            measured = B.measure(settings)
+            measured = B.measure(settings, progress=self._measure_progress)
         finally:
             self.measure_button.disabled = False
             self.measure_button.description = "measure on our engine"
+            self.measure_progress.layout.visibility = "hidden"
         if self.result is None or self.result.config != settings:
             self.measured = None
             self.measure_result.value = ("The settings changed during the measurement; "
@@ -360,6 +369,12 @@ class BudgetWidget:
             return
         self.measured = measured
         self.measure_result.value = measured_html(measured)
+
+    def _measure_progress(self, fraction: float, seconds_left: float) -> None:
+        """Widget values travel to the browser while the step still runs."""
+        self.measure_progress.value = fraction
+        self.measure_result.value = (f"running one forward and backward of our engine's GPT: "
+                                     f"{fraction:.0%} done, about {seconds_left:.0f} s left")
 
 
 # --------------------------------------------------------------- rendering

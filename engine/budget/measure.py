@@ -1,6 +1,8 @@
 """Measure a model's activation bytes on the tape (engine.memory), to check the prediction."""
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from .config import BudgetConfig, BudgetError
 from .counts import flops
 from .activations import engine_activations
@@ -32,7 +34,71 @@ def measurable(cfg: BudgetConfig) -> BudgetConfig:
     return run
 
 
-def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
+class _StepProgress:
+    """Counts the tape's events (each forward op, each node the backward visits) of a step
+    whose total is known, and reports (fraction done, seconds left) at most every 0.2 s."""
+
+    def __init__(self, total: int, report):
+        import time
+        self.total, self.report, self.clock = max(total, 1), report, time.perf_counter
+        self.done, self.start, self.last = 0, self.clock(), 0.0
+
+    def tick(self, *args, **kwargs) -> None:
+        self.done += 1
+        now = self.clock()
+        if now - self.last >= 0.2:
+            self.last = now
+            fraction = min(self.done / self.total, 1.0)
+            left = (now - self.start) * (1 - fraction) / fraction
+            self.report(fraction, left)
+
+    after_forward = after_backward = tick
+    before_forward = lambda self, op: None
+
+
+def _tape_step(run: BudgetConfig, seed: int, observers=()):
+    """One forward and backward of `engine.nn.GPT` at `run`'s shape under `engine.memory`
+    (and any other observers): (model, loss, the memory record)."""
+    import numpy as np
+
+    from .. import memory
+    from ..recompute import checkpointed, selective_recompute
+    from ..gpt_config import GPTConfig, init_params
+    from ..nn import GPT
+    from ..tensor import observe
+
+    gcfg = GPTConfig(vocab_size=run.vocab_size, block_size=run.positions,
+                     n_layer=run.n_layer, n_head=run.n_head, n_embd=run.d_model)
+    model = GPT(gcfg, init_params(gcfg, seed=seed, dtype=np.float32))
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
+    targets = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
+    policy = "every" if run.recompute == "full" else "none"
+    with memory.record() as mem, ExitStack() as watching:
+        for observer in observers:
+            watching.enter_context(observe(observer))
+        with checkpointed(model, policy), selective_recompute(
+                model, run.recompute == "selective"):
+            loss = model(ids, targets)
+        loss.backward()
+    return model, loss, mem
+
+
+def step_events(run: BudgetConfig) -> int:
+    """How many tape events one step of `run` has. The count depends on the number of
+    blocks and the recompute policy, not on B, N or d, so it is read off two tiny runs
+    (1 and 2 blocks) and extended linearly."""
+    counts = []
+    for n_layer in (1, 2):
+        counter = _StepProgress(1, lambda *a: None)
+        tiny = run.with_(n_layer=n_layer, micro_batch=1, seq_len=2, block_size=2,
+                         vocab_size=3, d_model=run.n_head)
+        _tape_step(tiny, 0, observers=(counter,))
+        counts.append(counter.done)
+    return counts[0] + (counts[1] - counts[0]) * (run.n_layer - 1)
+
+
+def measure(cfg: BudgetConfig, seed: int = 0, progress=None) -> dict:
     """Run one forward and backward of `engine.nn.GPT` at this shape under
     `engine.memory` (with every block checkpointed by `engine.recompute`
     when recompute='full', with each attention core checkpointed by
@@ -45,27 +111,12 @@ def measure(cfg: BudgetConfig, seed: int = 0) -> dict:
       * the step peak without optimizer state (weights + gradients +
         activation peak): the engine has no optimizer state to measure, so
         that part of `budget(...).peak` is left out on both sides;
-      * the timeline itself, as (phase, op, live bytes)."""
-    import numpy as np
-
-    from .. import memory
-    from ..recompute import checkpointed, selective_recompute
-    from ..gpt_config import GPTConfig, init_params
-    from ..nn import GPT
-
+      * the timeline itself, as (phase, op, live bytes).
+    `progress(fraction, seconds_left)`, if given, is called as the step runs."""
     run = measurable(cfg)
-    gcfg = GPTConfig(vocab_size=run.vocab_size, block_size=run.positions,
-                     n_layer=run.n_layer, n_head=run.n_head, n_embd=run.d_model)
-    model = GPT(gcfg, init_params(gcfg, seed=seed, dtype=np.float32))
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
-    targets = rng.integers(0, run.vocab_size, size=(run.micro_batch, run.seq_len))
+    observers = () if progress is None else (_StepProgress(step_events(run), progress),)
+    model, loss, mem = _tape_step(run, seed, observers)
     policy = "every" if run.recompute == "full" else "none"
-    with memory.record() as mem:
-        with checkpointed(model, policy), selective_recompute(
-                model, run.recompute == "selective"):
-            loss = model(ids, targets)
-        loss.backward()
     timeline = [(p.phase, p.label, p.live_bytes) for p in mem.timeline]
     first_backward = next(i for i, (phase, _, _) in enumerate(timeline) if phase == "backward")
     end_of_forward = timeline[first_backward - 1][2]
