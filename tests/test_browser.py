@@ -9,109 +9,42 @@ checks that the readout shows exactly the peak `engine.budget` computes for
 the new batch size and that the cell keeps its height, then picks a device
 and reads the fit line.
 
-Needs /usr/bin/chromium (`apt-get install -y chromium`; `.ci/run` installs
-it) and the `playwright` package; without them the test is skipped and says
-why. Playwright's own browser downloads are never used.
+The server and the browser come from tests/lab_tools.py (without Chromium or
+Playwright the test is skipped and says why).
 """
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from engine import budget as bm
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-dev-shm-usage"]
+from lab_tools import REASON, chromium, serving_lab, write_notebook
+
 PRESET = "gpt2-small"
 NOTEBOOK_CELLS = [
     "from widgets.budget import BudgetWidget",
     f"widget = BudgetWidget(preset={PRESET!r})\nwidget.ui",
 ]
 
-
-def _why_not_runnable() -> str | None:
-    if not os.path.exists(CHROMIUM):
-        return (f"{CHROMIUM} is missing: install Debian's Chromium "
-                f"(`apt-get install -y chromium`) to run the real-browser test")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (`pip install -e '.[test]'`)"
-    return None
-
-
-REASON = _why_not_runnable()
 if REASON:
     print(f"test_browser skipped: {REASON}", file=sys.stderr)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_until_serving(url: str, server: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with code {server.returncode} before serving")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"JupyterLab did not answer {url} within {timeout:.0f} s")
 
 
 @pytest.fixture
 def lab():
     """A JupyterLab serving a folder with budget.ipynb; yields (base URL, token)."""
     folder = Path(tempfile.mkdtemp(prefix="budget-lab-"))
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, folder / "budget.ipynb")
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / ".runtime"),
-           "JUPYTER_CONFIG_DIR": str(folder / ".config"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    log = open(folder / "lab.log", "w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("jupyter")), "lab", "--allow-root", "--no-browser",
-         "--ip=127.0.0.1", f"--port={port}", f"--ServerApp.token={token}",
-         "--LabApp.expose_app_in_browser=True", f"--notebook-dir={folder}"],
-        cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    write_notebook(folder / "budget.ipynb", NOTEBOOK_CELLS)
     try:
-        _wait_until_serving(f"{base}/api/status?token={token}", server)
-        yield base, token
+        with serving_lab(folder) as (base, token):
+            yield base, token
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)  # the session we started: server + kernel
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-        log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -121,60 +54,55 @@ def test_controls_drive_the_engine_budget_and_the_fit_line(lab):
     shows engine.budget's peak; the plot keeps its height; heads offer only
     divisors of the width; choosing a device in the devices tab shows the
     fit line engine.budget computes for it."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
     base, token = lab
     start = bm.preset(PRESET)
     moved = start.with_(micro_batch=4 * start.micro_batch)  # two powers of two up
     on_device = moved.with_(device="A100-40GB")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(f"{base}/lab/tree/budget.ipynb?token={token}&reset")
-            page.locator(".jp-NotebookPanel").first.wait_for(timeout=120_000)
-            page.locator("#jp-main-statusbar >> text=Idle").first.wait_for(timeout=120_000)
-            page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{base}/lab/tree/budget.ipynb?token={token}&reset")
+        page.locator(".jp-NotebookPanel").first.wait_for(timeout=120_000)
+        page.locator("#jp-main-statusbar >> text=Idle").first.wait_for(timeout=120_000)
+        page.evaluate("window.jupyterapp.commands.execute('application:toggle-left-area')")
+        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
-            peak = page.locator(".budget-readout .budget-peak-bytes")
-            expect(peak).to_have_text(f"{bm.budget(start).peak:,}", timeout=120_000)
-            page.locator(".budget-tabs").first.scroll_into_view_if_needed()
+        peak = page.locator(".budget-readout .budget-peak-bytes")
+        expect(peak).to_have_text(f"{bm.budget(start).peak:,}", timeout=120_000)
+        page.locator(".budget-tabs").first.scroll_into_view_if_needed()
 
-            # both halves side by side, in view
-            tabs = page.locator(".budget-tabs").first.bounding_box()
-            fit = page.locator(".budget-fit").first
-            image = page.locator(".budget-readout ~ .widget-hbox img").first
-            expect(image).to_be_visible(timeout=60_000)
-            plot = image.bounding_box()
-            assert tabs["x"] + tabs["width"] <= plot["x"] + 1, (tabs, plot)
-            assert plot["x"] + plot["width"] <= 1280 and tabs["x"] >= 0, plot
-            assert 0 <= plot["y"] and plot["y"] + plot["height"] <= 800, plot
-            heads = page.locator(".budget-knob-n-head select option").all_inner_texts()
-            assert [int(h) for h in heads] == [h for h in range(1, 257) if 768 % h == 0]
+        # both halves side by side, in view
+        tabs = page.locator(".budget-tabs").first.bounding_box()
+        fit = page.locator(".budget-fit").first
+        image = page.locator(".budget-readout ~ .widget-hbox img").first
+        expect(image).to_be_visible(timeout=60_000)
+        plot = image.bounding_box()
+        assert tabs["x"] + tabs["width"] <= plot["x"] + 1, (tabs, plot)
+        assert plot["x"] + plot["width"] <= 1280 and tabs["x"] >= 0, plot
+        assert 0 <= plot["y"] and plot["y"] + plot["height"] <= 800, plot
+        heads = page.locator(".budget-knob-n-head select option").all_inner_texts()
+        assert [int(h) for h in heads] == [h for h in range(1, 257) if 768 % h == 0]
 
-            page.locator(".budget-tabs .lm-TabBar-tab", has_text="training").click()
-            cell_height = page.locator(".jp-OutputArea-output").last.bounding_box()["height"]
-            stepper = page.locator(".budget-step-micro-batch .noUi-handle").first
-            stepper.focus()
-            page.keyboard.press("ArrowRight")
-            page.keyboard.press("ArrowRight")
-            expect(page.locator(".budget-knob-micro-batch input")).to_have_value(
-                str(moved.micro_batch), timeout=30_000)
-            expect(peak).to_have_text(f"{bm.budget(moved).peak:,}", timeout=60_000)
-            assert bm.human_bytes(bm.budget(moved).peak) in page.locator(
-                ".budget-readout").inner_text()
-            after = page.locator(".jp-OutputArea-output").last.bounding_box()["height"]
-            assert abs(after - cell_height) <= 2, (cell_height, after)  # no collapse
+        page.locator(".budget-tabs .lm-TabBar-tab", has_text="training").click()
+        cell_height = page.locator(".jp-OutputArea-output").last.bounding_box()["height"]
+        stepper = page.locator(".budget-step-micro-batch .noUi-handle").first
+        stepper.focus()
+        page.keyboard.press("ArrowRight")
+        page.keyboard.press("ArrowRight")
+        expect(page.locator(".budget-knob-micro-batch input")).to_have_value(
+            str(moved.micro_batch), timeout=30_000)
+        expect(peak).to_have_text(f"{bm.budget(moved).peak:,}", timeout=60_000)
+        assert bm.human_bytes(bm.budget(moved).peak) in page.locator(
+            ".budget-readout").inner_text()
+        after = page.locator(".jp-OutputArea-output").last.bounding_box()["height"]
+        assert abs(after - cell_height) <= 2, (cell_height, after)  # no collapse
 
-            expect(fit).to_contain_text("no device chosen")
-            page.locator(".budget-tabs .lm-TabBar-tab", has_text="devices").click()
-            page.locator(".budget-knob-device select").select_option("A100-40GB")
-            want = bm.budget(on_device).device
-            verdict = "fits" if want.fits else "does not fit"
-            expect(fit).to_contain_text(f"{verdict} on A100-40GB", timeout=60_000)
-            expect(fit).to_contain_text(f"B={want.largest_micro_batch}")
-            expect(fit).to_contain_text(f"{want.tokens_per_second:,.0f} tokens/s")
-            assert page.locator(".budget-knob-zero button").first.is_disabled()  # 1 device
-        finally:
-            browser.close()
+        expect(fit).to_contain_text("no device chosen")
+        page.locator(".budget-tabs .lm-TabBar-tab", has_text="devices").click()
+        page.locator(".budget-knob-device select").select_option("A100-40GB")
+        want = bm.budget(on_device).device
+        verdict = "fits" if want.fits else "does not fit"
+        expect(fit).to_contain_text(f"{verdict} on A100-40GB", timeout=60_000)
+        expect(fit).to_contain_text(f"B={want.largest_micro_batch}")
+        expect(fit).to_contain_text(f"{want.tokens_per_second:,.0f} tokens/s")
+        assert page.locator(".budget-knob-zero button").first.is_disabled()  # 1 device

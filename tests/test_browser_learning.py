@@ -1,6 +1,6 @@
 """What a learner sees in JupyterLab, in a real browser.
 
-Starts JupyterLab (as tests/test_browser.py does: 127.0.0.1, a free port, a random
+Starts JupyterLab (tests/lab_tools.py: 127.0.0.1, a free port, a random
 token, headless Debian Chromium through Playwright) over a temporary folder
 holding a copy of the course's start page and a small notebook, and checks
 
@@ -13,25 +13,18 @@ holding a copy of the course's start page and a small notebook, and checks
   the end, that the run stopped early and why.
 
 Screenshots go to /tmp/learning_*.png. Skipped, saying why, without Chromium or
-Playwright (see tests/test_browser.py).
+Playwright (see tests/lab_tools.py).
 """
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-import nbformat
 import pytest
 
-from test_browser import (CHROMIUM, CHROMIUM_ARGS, REASON, _free_port,  # noqa: F401
-                          _wait_until_serving)
+from lab_tools import REASON, chromium, serving_lab, write_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = Path("/tmp")
@@ -70,47 +63,20 @@ def lab():
     (base URL, token, the folder)."""
     folder = Path(tempfile.mkdtemp(prefix="learning-lab-"))
     shutil.copy(ROOT / "course" / "00_start_here.ipynb", folder)
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, folder / "learning.ipynb")
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(folder / ".runtime"),
-           "JUPYTER_CONFIG_DIR": str(folder / ".config"),
-           "BACKPROP_PIECES_DIR": str(folder / ".pieces"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    log = open(folder / "lab.log", "w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("jupyter")), "lab", "--allow-root", "--no-browser",
-         "--ip=127.0.0.1", f"--port={port}", f"--ServerApp.token={token}",
-         "--LabApp.expose_app_in_browser=True", f"--LabApp.default_url={_default_url()}",
-         f"--notebook-dir={folder}"],
-        cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    write_notebook(folder / "learning.ipynb", CELLS)
     try:
-        _wait_until_serving(f"{base}/api/status?token={token}", server)
-        yield base, token, folder
+        with serving_lab(folder, extra_args=[f"--LabApp.default_url={_default_url()}"],
+                         extra_env={"BACKPROP_PIECES_DIR": str(folder / ".pieces")}) as (
+                base, token):
+            yield base, token, folder
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)  # the session we started: server + kernel
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-        log.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
 def browser():
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def test_the_start_page_opens_first(lab, browser):

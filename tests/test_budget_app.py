@@ -22,7 +22,7 @@ from widgets import budget_app
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from test_browser import CHROMIUM, CHROMIUM_ARGS, REASON as BROWSER_REASON, _free_port  # noqa: E402
+from lab_tools import REASON as BROWSER_REASON, chromium, free_port  # noqa: E402
 
 
 def _why_not_runnable() -> str | None:
@@ -55,7 +55,7 @@ def test_bad_port_is_refused_before_serving():
 
 @pytest.fixture
 def app(tmp_path):
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "budget-app.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "widgets.budget_app", "--port", str(port), "--no-browser"],
@@ -89,33 +89,28 @@ def app(tmp_path):
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_standalone_page_drives_the_budget_and_the_fit_line(app):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
     start = bm.preset("gpt2-small")
     moved = start.with_(micro_batch=2 * start.micro_batch)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(app + "/")
-            peak = page.locator(".budget-readout .budget-peak-bytes")
-            expect(peak).to_have_text(f"{bm.budget(start).peak:,}", timeout=120_000)
-            assert page.locator(".jp-InputArea, .CodeMirror, .cm-editor").count() == 0
-            tabs = page.locator(".budget-tabs").first.bounding_box()
-            plot = page.locator(".budget-readout ~ .widget-hbox img").first.bounding_box()
-            assert tabs["x"] + tabs["width"] <= plot["x"] + 1
-            assert plot["x"] + plot["width"] <= 1280 and plot["y"] + plot["height"] <= 800
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(app + "/")
+        peak = page.locator(".budget-readout .budget-peak-bytes")
+        expect(peak).to_have_text(f"{bm.budget(start).peak:,}", timeout=120_000)
+        assert page.locator(".jp-InputArea, .CodeMirror, .cm-editor").count() == 0
+        tabs = page.locator(".budget-tabs").first.bounding_box()
+        plot = page.locator(".budget-readout ~ .widget-hbox img").first.bounding_box()
+        assert tabs["x"] + tabs["width"] <= plot["x"] + 1
+        assert plot["x"] + plot["width"] <= 1280 and plot["y"] + plot["height"] <= 800
 
-            page.locator(".budget-tabs .lm-TabBar-tab", has_text="training").click()
-            page.locator(".budget-step-micro-batch .noUi-handle").first.focus()
-            page.keyboard.press("ArrowRight")
-            expect(peak).to_have_text(f"{bm.budget(moved).peak:,}", timeout=60_000)
+        page.locator(".budget-tabs .lm-TabBar-tab", has_text="training").click()
+        page.locator(".budget-step-micro-batch .noUi-handle").first.focus()
+        page.keyboard.press("ArrowRight")
+        expect(peak).to_have_text(f"{bm.budget(moved).peak:,}", timeout=60_000)
 
-            page.locator(".budget-tabs .lm-TabBar-tab", has_text="devices").click()
-            page.locator(".budget-knob-device select").select_option("RTX-4090")
-            want = bm.budget(moved.with_(device="RTX-4090")).device
-            verdict = "fits" if want.fits else "does not fit"
-            expect(page.locator(".budget-fit")).to_contain_text(f"{verdict} on RTX-4090",
-                                                                timeout=60_000)
-        finally:
-            browser.close()
+        page.locator(".budget-tabs .lm-TabBar-tab", has_text="devices").click()
+        page.locator(".budget-knob-device select").select_option("RTX-4090")
+        want = bm.budget(moved.with_(device="RTX-4090")).device
+        verdict = "fits" if want.fits else "does not fit"
+        expect(page.locator(".budget-fit")).to_contain_text(f"{verdict} on RTX-4090",
+                                                            timeout=60_000)
