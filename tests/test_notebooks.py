@@ -48,8 +48,9 @@ def test_committed_solution_notebook_is_fresh(stem):
     assert source is not None and committed is not None, (
         f"lesson {stem}: source or solution notebook not committed; run `make course LESSONS={stem[:2]}`")
     nb = nbformat.reads(committed, as_version=4)
-    want = [(kind, src) for kind, src in build_course.parse_cells(source)]
-    have = [(c.cell_type, c.source) for c in nb.cells]
+    built = build_course.make_notebook(build_course.parse_cells(source), student=False)
+    want = [(c.cell_type, c.source, c.metadata.get("tags")) for c in built.cells]
+    have = [(c.cell_type, c.source, c.metadata.get("tags")) for c in nb.cells]
     assert have == want, (f"course/solutions/{stem}.ipynb does not match its source: "
                           f"run `make course LESSONS={stem[:2]}` and commit the result")
     for cell in nb.cells:
