@@ -8,6 +8,9 @@
 Each check compares with the engine in float64 and recognises the typical
 wrong answers (a missing /K, stale gradients, a recompute under no_grad, a
 backward seeded with ones, the approximate peak formula) by their numbers.
+08.1 also runs the loop through the fused model's view (on the tape GPT, so
+nothing is compiled): a loop that reads more of a loss than the view offers
+(a Tensor sum of the losses, loss.data) is refused here, not in lesson 13.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from engine.recompute import checkpoint_sequential, checkpointed, segments
 from engine.gpt_config import GPTConfig, init_params
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
+from .slots import SlotError, check_accumulate_through_view
 
 EX_ACCUMULATE = "08.1 (accumulate)"
 EX_REPLAY = "08.2 (checkpointed_backward)"
@@ -118,6 +122,14 @@ def check_accumulate(accumulate) -> None:
         raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but the returned loss "
                             f"{loss:.6g} is not the mean loss {want_loss:.6g}. Add up "
                             f"loss.item() of every micro-batch and divide by K.")
+    try:   # lesson 13 runs the loop on the fused model, through a thin view of it
+        check_accumulate_through_view(accumulate)
+    except SlotError as err:
+        raise ExerciseError(EX_ACCUMULATE, f"your loop is right on the tape's GPT, but lesson "
+                            f"13 runs it on the fused model, through a view that offers only "
+                            f"what the loop needs, and there it fails: {err}. Hint: add up "
+                            f"loss.item() (a float), not the loss Tensors or their .data.") \
+            from None
     save_piece("accumulate", accumulate, EX_ACCUMULATE)
     passed(EX_ACCUMULATE, f"K={K} micro-batches of 2 give the gradient of the batch of 6.")
 

@@ -355,3 +355,13 @@ def pieces_report(names) -> list[tuple[str, str]]:
             owner = f"reference (yours does not load: {type(err).__name__}: {err})"
         report.append((name, owner))
     return report
+
+
+def piece_or_engine(name: str, exercise: str, engine_version):
+    """(function, owner) for a slot a lesson runs: the learner's saved piece `name` when it
+    loads and keeps its slot's contract, owner "yours (NN.k)"; else `engine_version`, owner
+    "the engine's, because <why>". Never raises."""
+    fn, why = piece_for_slot(name)
+    if fn is not None:
+        return fn, f"yours ({exercise})"
+    return engine_version, f"the engine's, because {why}"

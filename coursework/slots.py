@@ -524,3 +524,215 @@ def seconds(piece: str, fn, cfg, batch_size: int, repeats: int = 5) -> tuple[flo
         return (median_seconds(lambda: mine.step(1e-9), repeats),
                 median_seconds(lambda: engine.step(1e-9), repeats))
     raise KeyError(f"no timing for the piece {piece!r}")
+
+
+# ------------------------------------------------- lesson 08's checkpoint replay
+def _check_checkpoint_replay(fn):
+    # Where the checkpoint runs it: in the backward pass (recording may be off), on the
+    # ndarray the node kept, with the gradient reaching the segment; it must return the
+    # input's gradient as an ndarray and leave the parameters' gradients accumulated.
+    from engine import F, Tensor, nn, no_grad
+    from engine.gpt_config import GPTConfig, init_params
+    from engine.recompute import checkpointed, replay
+    rng = np.random.default_rng(802)
+    w = Tensor(rng.normal(size=(4, 4)) / 2, requires_grad=True, name="w")
+    segment = lambda t: F.tanh(t @ w) + t
+    saved, g = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    want = replay(segment, saved.copy(), g)
+    want_w, w.grad = w.grad, None
+    kept = saved.copy()
+    with no_grad():                           # the backward pass does not record
+        got = fn(segment, kept, g)
+    if not isinstance(got, np.ndarray) or got.shape != saved.shape:
+        raise SlotError(f"returned {type(got).__name__}"
+                        f"{'' if not hasattr(got, 'shape') else ' of shape ' + str(got.shape)}"
+                        f"; the tape needs the input's gradient as an ndarray of shape "
+                        f"{saved.shape} (the .grad of the Tensor made from saved_input)")
+    if not np.array_equal(kept, saved):
+        raise SlotError("changed the saved input it was handed, which the tape still owns")
+    if not np.allclose(got, want, rtol=1e-10, atol=1e-14) or w.grad is None or \
+            not np.allclose(w.grad, want_w, rtol=1e-10, atol=1e-14):
+        raise SlotError("called under no_grad on a (3, 4) segment, the input's or the "
+                        "parameter's gradient differs from engine.recompute.replay's")
+    cfg = GPTConfig(vocab_size=11, block_size=5, n_layer=2, n_head=2, n_embd=8)
+    params = init_params(cfg, seed=3, dtype=np.float64)
+    ids, targets = rng.integers(0, 11, (2, 5)), rng.integers(0, 11, (2, 5))
+    plain = nn.GPT(cfg, params)
+    plain(ids, targets).backward()
+    mine = nn.GPT(cfg, params)
+    with checkpointed(mine, "every", replay_fn=fn):
+        loss = mine(ids, targets)
+    loss.backward()
+    for name, want_grad in plain.grads().items():
+        got_grad = mine.grads()[name]
+        if got_grad is None or not np.allclose(got_grad, want_grad, rtol=1e-10, atol=1e-14):
+            raise SlotError(f"in a 2-block GPT checkpointed at every block the gradient of "
+                            f"{name} differs from the plain model's")
+
+
+# ---------------------------------------------------------- lesson 09's pieces
+def _bf16_probe() -> np.ndarray:
+    """float32 values a training step rounds, and the ones that test a rounding: ties,
+    subnormals, NaN payloads, values past bf16's max, random bit patterns."""
+    rng = np.random.default_rng(901)
+    special = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x00008000, 0x00018000,
+                        0x7F7F8000, 0x7F800001, 0xFF800001, 0x7FC00000, 0x7F800000,
+                        0x00000000, 0x80000000], dtype=np.uint32).view(np.float32)
+    random = rng.integers(0, 2 ** 32, 4084, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    values = rng.normal(size=3072).astype(np.float32) * np.float32(1e-3)
+    return np.concatenate([special, random, values])
+
+
+def _same_bits(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and bool(np.all((a.view(np.uint32) == b.view(np.uint32))
+                                              | (np.isnan(a) & np.isnan(b))))
+
+
+def _check_to_bf16(fn):
+    # engine.precision hands it float32 arrays of any shape: a weight matrix, the
+    # transposed view a matmul reads, a 0-d scalar; it must not write into them.
+    from engine import precision as P
+    probe = _bf16_probe()
+    cases = [probe.reshape(64, 112), probe.reshape(112, 64).T, np.float32(1.0001).reshape(())]
+    for x in cases:
+        before = x.copy()
+        with P.use_bf16_rounding(None):
+            want = P.round_to_bf16(x)
+        got = fn(x)
+        if not _same_bits(x, before):
+            raise SlotError(f"changed the float32 array of shape {x.shape} it was handed: the "
+                            f"engine rounds weights and activations it still needs, so work on "
+                            f"a copy (bits + ... makes a new array; bits += ... does not)")
+        if not isinstance(got, np.ndarray) or got.dtype != np.float32 or got.shape != x.shape:
+            raise SlotError(f"on a float32 array of shape {x.shape} it returned "
+                            f"{getattr(got, 'dtype', type(got).__name__)} of shape "
+                            f"{getattr(got, 'shape', '?')}; the engine needs float32 of the "
+                            f"same shape")
+        if not _same_bits(got, want):
+            layout = "a transposed view" if not x.flags.c_contiguous else f"shape {x.shape}"
+            raise SlotError(f"on a float32 array ({layout}) its values differ from "
+                            f"engine.precision.round_to_bf16's")
+
+
+def _check_master_weight_step(fn):
+    # A training step hands it a parameter's fp32 master copy, its fp32 gradient and the
+    # learning rate as a Python float; compared with engine.precision's
+    # MixedPrecisionWeights over two steps.
+    from engine import precision as P
+    rng = np.random.default_rng(902)
+    master = (1.0 + 0.1 * rng.normal(size=(16, 8))).astype(np.float32)
+    engine = P.MixedPrecisionWeights({"w": master}, "bf16", master_weights=True)
+    mine = master.copy()
+    for step in (1, 2):
+        grad = rng.normal(size=(16, 8)).astype(np.float32)
+        kept = grad.copy()
+        with P.use_bf16_rounding(None):
+            engine.sgd_step({"w": grad}, 1e-3)
+            got = fn(mine.copy(), grad, 1e-3)
+            try:
+                mine, weights = got
+            except (TypeError, ValueError):
+                raise SlotError(f"returned {type(got).__name__}, not the pair (new_master, "
+                                f"weights)") from None
+            mine, weights = np.asarray(mine), np.asarray(weights)
+            if not _same_bits(grad, kept):
+                raise SlotError("changed the gradient it was handed (the trainer still logs "
+                                "and clips it): compute the update into a new array")
+            if mine.dtype != np.float32 or mine.shape != master.shape:
+                raise SlotError(f"the new master weights are {mine.dtype} of shape "
+                                f"{mine.shape}; the optimizer keeps float32 {master.shape}")
+            if not np.allclose(mine, engine.master["w"], rtol=1e-6, atol=0):
+                raise SlotError(f"after step {step} the fp32 master weights differ from "
+                                f"engine.precision.MixedPrecisionWeights' (lr 1e-3)")
+            if not _same_bits(weights.astype(np.float32), P.round_to_bf16(mine)):
+                raise SlotError(f"after step {step} the weights for the forward are not the "
+                                f"bf16 rounding of the new master weights")
+
+
+def _check_update_scale(fn):
+    # A training loop calls it once a step and feeds back what it returns; compared with
+    # engine.precision.DynamicLossScaler over 40 steps with overflows mixed in.
+    from engine.precision import DynamicLossScaler
+    engine = DynamicLossScaler(init_scale=2.0 ** 16, growth_interval=4)
+    scale, good = 2.0 ** 16, 0
+    pattern = [True] * 9 + [False, False] + [True] * 4 + [False] + [True] * 25
+    for step, finite in enumerate(pattern):
+        got = fn(scale, good, finite, 4)
+        try:
+            scale, good, apply = got
+        except (TypeError, ValueError):
+            raise SlotError(f"returned {got!r}, not (new_scale, new_good_steps, "
+                            f"apply_step)") from None
+        applied = engine.update(finite)
+        if (float(scale), int(good), bool(apply)) != (engine.scale, engine.good_steps, applied):
+            raise SlotError(f"at step {step} of a run (growth_interval 4, "
+                            f"{'finite' if finite else 'overflowed'} gradients) it gave "
+                            f"scale {float(scale):g}, good steps {good}, apply {bool(apply)}; "
+                            f"engine.precision.DynamicLossScaler gives {engine.scale:g}, "
+                            f"{engine.good_steps}, {applied}")
+
+
+CONTRACTS.update({"checkpoint_replay": _check_checkpoint_replay, "to_bf16": _check_to_bf16,
+                  "master_weight_step": _check_master_weight_step,
+                  "update_scale": _check_update_scale})
+
+
+# ------------------------------------- lesson 08's loop through the fused model's view
+class TapeAsFused:
+    """The tape GPT with the fused model's calling convention (`forward(ids, targets,
+    loss_scale)` returns the mean loss and keeps the scaled one for `backward()`;
+    `zero_grad()`), so `FusedAccumulationModel` can wrap it: lesson 08 runs a loop
+    through the very view lesson 13 uses, without compiling the fused kernels."""
+
+    def __init__(self, model):
+        self.model, self._scaled = model, None
+
+    def zero_grad(self):
+        self.model.zero_grad()
+
+    def forward(self, ids, targets, loss_scale=1.0):
+        loss = self.model(ids, targets)
+        self._scaled = loss * loss_scale
+        return float(loss.item())
+
+    def backward(self):
+        scaled, self._scaled = self._scaled, None
+        scaled.backward()
+
+
+def check_accumulate_through_view(fn) -> None:
+    """The contract of the `accumulate` slot (4 micro-batches through the fused model's
+    view, against the engine's loop), on the tape GPT in float64: lesson 08 checks the
+    calling convention here; lesson 13 runs the same view on the fused kernels."""
+    from engine import nn
+    from engine.gpt_config import init_params
+    cfg = _small_cfg()
+    rng = np.random.default_rng(801)
+    ids, targets = rng.integers(0, 13, size=(4, 8)), rng.integers(0, 13, size=(4, 8))
+    micro = [(ids[i:i + 1], targets[i:i + 1]) for i in range(4)]
+    runs = {}
+    for who, loop in (("engine", None), ("yours", fn)):
+        model = nn.GPT(cfg, init_params(cfg, seed=0, dtype=np.float64))
+        tape = TapeAsFused(model)
+        if loop is None:
+            loss = engine_accumulate(tape, micro)
+        else:
+            try:
+                loss = loop(FusedAccumulationModel(tape), micro)
+            except Exception as err:
+                raise SlotError(f"raised {type(err).__name__} through the fused model's view "
+                                f"({err}). There a model offers model(ids, targets) and "
+                                f"model.zero_grad(), and a loss offers / K, * c, .backward() "
+                                f"and .item(), nothing else") from None
+            if loss is None:
+                raise SlotError("returned None instead of the mean loss")
+        runs[who] = float(loss), model.grads()
+    (loss, grads), (want_loss, want) = runs["yours"], runs["engine"]
+    if not math.isclose(loss, want_loss, rel_tol=1e-9):
+        raise SlotError(f"through the fused model's view the mean loss over 4 micro-batches "
+                        f"is {loss:.8g}, the engine's loop gives {want_loss:.8g}")
+    if not all(grads[n] is not None and np.allclose(grads[n], g, rtol=1e-9, atol=1e-14)
+               for n, g in want.items()):
+        raise SlotError("through the fused model's view the accumulated gradient differs "
+                        "from the engine's loop")

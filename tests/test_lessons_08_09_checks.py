@@ -404,3 +404,237 @@ def test_09_2_stub_says_not_done():
 ])
 def test_09_2_names_the_typical_mistakes(answer, phrase):
     fails_with(lesson09.check_master_weight_step, answer, phrase)
+
+
+# ======================================= 08.1 through the fused model's view (lesson 13)
+from coursework import pieces, slots                                    # noqa: E402
+from engine import precision as P                                       # noqa: E402
+
+
+def accumulate_item_first(model, micro_batches):
+    """Right, written differently: read the loss first, scale by a product."""
+    model.zero_grad()
+    losses = []
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        losses.append(loss.item())
+        (loss * (1.0 / len(micro_batches))).backward()
+    return sum(losses) / len(losses)
+
+
+def accumulate_tensor_total(model, micro_batches):
+    """Right on the tape, but adds up the loss Tensors: the fused view's loss has no +."""
+    model.zero_grad()
+    K = len(micro_batches)
+    total = 0.0
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        (loss / K).backward()
+        total = total + loss
+    return total.item() / K
+
+
+def accumulate_reads_data(model, micro_batches):
+    """Right on the tape, but reads loss.data, which the fused view does not have."""
+    model.zero_grad()
+    K = len(micro_batches)
+    total = 0.0
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        (loss / K).backward()
+        total += float(loss.data)
+    return total / K
+
+
+def test_08_1_passes_a_loop_written_differently_also_through_the_fused_view(capsys):
+    lesson08.check_accumulate(accumulate_item_first)
+    assert "Exercise 08.1 (accumulate) passed." in capsys.readouterr().out
+    slots.check_accumulate_through_view(accumulate_item_first)
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (accumulate_tensor_total, "unsupported operand"),
+    (accumulate_reads_data, "has no attribute 'data'"),
+])
+def test_08_1_refuses_a_loop_the_fused_view_cannot_run(answer, phrase):
+    message = fails_with(lesson08.check_accumulate, answer, "through the fused model's view")
+    assert phrase in message and "add up loss.item() (a float)" in message
+
+
+@pytest.mark.parametrize("answer, phrase", [
+    (accumulate_without_k, "accumulated gradient differs"),
+    (accumulate_sum_of_losses, "the mean loss over 4 micro-batches"),
+])
+def test_08_1_view_contract_compares_with_the_engine_loop(answer, phrase):
+    with pytest.raises(slots.SlotError, match=phrase):
+        slots.check_accumulate_through_view(answer)
+
+
+def test_08_1_view_on_the_tape_gives_the_tape_gradient():
+    # the thin view adds nothing: the engine's loop through it is the tape's own accumulation
+    cfg = slots._small_cfg()
+    rng = np.random.default_rng(0)
+    ids, targets = rng.integers(0, 13, (4, 8)), rng.integers(0, 13, (4, 8))
+    micro = [(ids[i:i + 2], targets[i:i + 2]) for i in (0, 2)]
+    params = engine.gpt_config.init_params(cfg, seed=0, dtype=np.float64)
+    through = engine.nn.GPT(cfg, params)
+    loss = accumulate_right(slots.FusedAccumulationModel(slots.TapeAsFused(through)), micro)
+    plain = engine.nn.GPT(cfg, params)
+    want = accumulate_right(plain, micro)
+    assert loss == pytest.approx(want, rel=1e-12)
+    assert all(np.allclose(through.grads()[n], g, rtol=1e-12) for n, g in plain.grads().items())
+
+
+# ============================================ slot contracts of 08.2, 09.1-09.3
+def replay_returns_tensor(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    with engine.enable_grad():
+        fn(x).backward(grad_output)
+    return Tensor(x.grad)
+
+
+def replay_edits_saved_input(fn, saved_input, grad_output):
+    grad = replay_right(fn, saved_input, grad_output)
+    saved_input *= 0.0
+    return grad
+
+
+@pytest.mark.parametrize("piece, fn", [
+    ("checkpoint_replay", replay_right), ("checkpoint_replay", engine.recompute.replay),
+    ("to_bf16", bf16_right), ("to_bf16", P.round_to_bf16),
+    ("master_weight_step", master_right), ("update_scale", scale_right),
+])
+def test_slot_contracts_pass_right_pieces_and_the_engine(piece, fn):
+    slots.check(piece, fn)
+
+
+def bf16_in_place(x):
+    """Right values, but rounds the caller's array in place (the engine still needs it)."""
+    nan = np.isnan(x)
+    bits = x.view(np.uint32)
+    quiet = (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)
+    bits += np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    bits &= np.uint32(0xFFFF0000)
+    bits[nan] = quiet[nan]
+    return x
+
+
+def bf16_through_bytes(x):
+    """Right on 1-D arrays, but tobytes() flattens a matrix (and reorders a transposed one)."""
+    return bf16_right(np.frombuffer(x.tobytes(), dtype=np.float32).copy())
+
+
+def master_scales_grad_in_place(master, grad, lr):
+    """Right values, but scales the caller's gradient buffer in place."""
+    grad *= np.float32(lr)
+    new_master = master - grad
+    return new_master, bf16_right(new_master)
+
+
+def master_in_float64(master, grad, lr):
+    new_master = master.astype(np.float64) - lr * grad
+    return new_master, bf16_right(new_master.astype(np.float32))
+
+
+@pytest.mark.parametrize("piece, fn, phrase", [
+    ("checkpoint_replay", replay_without_enable_grad, "raised RuntimeError"),
+    ("checkpoint_replay", replay_returns_tensor, "returned Tensor"),
+    ("checkpoint_replay", replay_edits_saved_input, "changed the saved input"),
+    ("checkpoint_replay", replay_twice, "differs from engine.recompute.replay"),
+    ("checkpoint_replay", replay_seeded_with_ones, "differs from engine.recompute.replay"),
+    ("to_bf16", bf16_in_place, "changed the float32 array of shape (64, 112)"),
+    ("to_bf16", bf16_through_bytes, "of shape (7168,)"),
+    ("to_bf16", bf16_truncate, "differ from engine.precision.round_to_bf16"),
+    ("to_bf16", bf16_float64, "returned float64"),
+    ("master_weight_step", master_scales_grad_in_place, "changed the gradient"),
+    ("master_weight_step", master_in_float64, "float64"),
+    ("master_weight_step", master_in_bf16, "differ from engine.precision.MixedPrecisionWeights"),
+    ("master_weight_step", master_stale_weights, "not the bf16 rounding of the new master"),
+    ("update_scale", scale_off_by_one, "DynamicLossScaler gives"),
+    ("update_scale", scale_keeps_count, "DynamicLossScaler gives"),
+    ("update_scale", lambda *a: None, "not (new_scale"),
+])
+def test_slot_contracts_refuse_broken_pieces(piece, fn, phrase):
+    with pytest.raises(slots.SlotError) as info:
+        slots.check(piece, fn)
+    assert phrase in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("check, answer, phrase", [
+    (lesson09.check_to_bf16, bf16_in_place, "changed the float32 array"),
+    (lesson09.check_master_weight_step, master_scales_grad_in_place, "changed the gradient"),
+])
+def test_a_piece_right_in_the_notebook_but_wrong_in_its_slot_is_not_saved(check, answer,
+                                                                          phrase):
+    message = fails_with(check, answer, "would not work where the engine runs it")
+    assert phrase in message
+
+
+# ============================================== the lessons run yours or the engine's
+@pytest.mark.parametrize("piece, exercise, engine_fn, check, answer", [
+    ("checkpoint_replay", "08.2", engine.recompute.replay, lesson08.check_checkpointed_backward,
+     replay_right),
+    ("to_bf16", "09.1", P.round_to_bf16, lesson09.check_to_bf16, bf16_right),
+])
+def test_piece_or_engine_runs_yours_or_says_why_the_engines_runs(
+        piece, exercise, engine_fn, check, answer, tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
+    fn, owner = pieces.piece_or_engine(piece, exercise, engine_fn)
+    assert fn is engine_fn and owner == "the engine's, because not written yet"
+    check(answer)                                            # saves the piece
+    fn, owner = pieces.piece_or_engine(piece, exercise, engine_fn)
+    assert fn is not engine_fn and owner == f"yours ({exercise})"
+    # a saved file broken afterwards is refused by the contract, and the engine's runs
+    source = (tmp_path / f"{piece}.py").read_text()
+    broken = source.replace("return x.grad", "return x.grad * 2").replace(
+        "return np.where(np.isnan(x), quiet_nan, rounded)",
+        "return np.where(np.isnan(x), quiet_nan, bits & np.uint32(0xFFFF0000))")
+    assert broken != source
+    (tmp_path / f"{piece}.py").write_text(broken)
+    fn, owner = pieces.piece_or_engine(piece, exercise, engine_fn)
+    assert fn is engine_fn and owner.startswith("the engine's, because yours was skipped: ")
+
+
+def test_use_bf16_rounding_routes_every_bf16_rounding_and_restores():
+    x = np.array([1.0001, 3.3e38, 1e-3], dtype=np.float32)
+    calls = []
+
+    def counted(a):
+        calls.append(a.shape)
+        return bf16_right(a)
+    with P.use_bf16_rounding(counted):
+        assert np.array_equal(P.cast(x, "bf16"), bf16_right(x))
+        P.matmul_mixed(x[None, :], x[:, None], "bf16")
+        with P.use_bf16_rounding(None):                 # the built-in inside
+            P.cast(x, "bf16")
+    assert calls == [(3,), (1, 3), (3, 1), (1, 1)]
+    P.cast(x, "bf16")
+    assert len(calls) == 4                              # restored on exit
+    with P.use_bf16_rounding(lambda a: P.round_to_bf16(a) * 0):   # calls the engine's
+        assert np.array_equal(P.cast(x, "bf16"), np.zeros(3, np.float32))
+
+
+def test_lesson_outputs_do_not_depend_on_whose_piece_ran():
+    # lesson 09's master-weight runs with your rounding equal the engine's bit for bit ...
+    problem = P.make_classification()
+    policy = P.POLICIES["bf16 weights only"]
+    want = P.train_classifier(policy, problem, steps=40, lr=1.0)
+    with P.use_bf16_rounding(bf16_right):
+        got = P.train_classifier(policy, problem, steps=40, lr=1.0)
+    assert got.losses == want.losses and got.update_kept == want.update_kept
+    # ... and lesson 08's checkpointed GPT with your replay measures the engine's peak
+    from engine import memory, nn
+    from engine.gpt_config import GPTConfig, init_params
+    cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=4, n_head=2, n_embd=16)
+    params = init_params(cfg, seed=2, dtype=np.float64)
+    ids = np.random.default_rng(2).integers(0, 16, (2, 8))
+    seen = {}
+    for who, fn in (("engine", engine.recompute.replay), ("yours", replay_right)):
+        gpt = nn.GPT(cfg, params)
+        with memory.record() as mem:
+            with engine.recompute.checkpointed(gpt, "every", replay_fn=fn):
+                loss = gpt(ids, ids)
+            loss.backward()
+        seen[who] = mem.peak_bytes, gpt.grads()
+    assert seen["yours"][0] == seen["engine"][0]
+    assert all(np.array_equal(seen["yours"][1][n], g) for n, g in seen["engine"][1].items())

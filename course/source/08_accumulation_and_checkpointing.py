@@ -19,10 +19,13 @@
 #
 # Every number below is measured on the engine's tape by `engine.memory`, or timed.
 #
-# **Your pieces in the engine.** Fills: the accumulation loop (08.1, `accumulate`; lesson 13
-# runs it on the fused model), checkpoint replay (08.2, `checkpoint_replay`) and the peak of
-# a checkpointed stack (08.3, `checkpoint_peak`). Runs: no earlier pieces. (The whole map:
-# CONTRIBUTING.md, "Exercise <-> slot".)
+# **Your pieces in the engine.** Fills: the accumulation loop (08.1, `accumulate`; its check
+# also runs it through the view of the fused model that lesson 13 trains with), checkpoint
+# replay (08.2, `checkpoint_replay`) and the peak of a checkpointed stack (08.3,
+# `checkpoint_peak`). Runs: your `checkpoint_replay` in every checkpointed GPT of this
+# lesson after exercise 08.2 (a cell says whose replay runs; where yours is missing or breaks
+# its slot's contract, the engine's `engine.recompute.replay` runs and the cell says why).
+# No earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import re
@@ -51,6 +54,13 @@ def random_batch(cfg, batch, seed=0):
 
 def kb(n):
     return f"{n / 1024:,.1f} KiB"
+
+
+def progress(what, done, total, started):
+    """One line per finished round of a long measurement: how far, and about how long to go."""
+    spent = time.perf_counter() - started
+    print(f"  {what}: {done}/{total} done after {spent:.0f} s, about "
+          f"{spent / done * (total - done):.0f} s left", flush=True)
 
 # %% [markdown]
 # ## Part A · Gradient accumulation
@@ -206,9 +216,11 @@ tokens = 16 * speed_cfg.block_size
 with engine.kernels.use("numpy"), fixed_threads(1):
     step_seconds(1)                    # warm-up: first calls pay one-time costs
     best = {K: float("inf") for K in (1, 2, 4, 8, 16)}
-    for _ in range(5):
+    started = time.perf_counter()
+    for round_ in range(1, 6):
         for K in best:
             best[K] = min(best[K], step_seconds(K))
+        progress("rounds over K = 1, 2, 4, 8, 16", round_, 5, started)
     # the split changes the time, never the result: K=16 accumulates K=1's gradient
     grads_k = {}
     for K in (1, 16):
@@ -309,8 +321,23 @@ lesson08.check_checkpointed_backward(checkpointed_backward)
 # %% [markdown]
 # The check also ran a GPT with every block checkpointed *by your function*:
 # `checkpointed(model, "every", replay_fn=checkpointed_backward)` swaps the model's blocks
-# for checkpointed segments that call it. The engine's own version is
-# `engine.recompute.replay`; the rest of this lesson uses that one.
+# for checkpointed segments that call it. From here on, every checkpointed GPT of this
+# lesson runs your saved piece the same way. `piece_or_engine` loads it fresh from its
+# file, runs it first on its slot's contract (a segment replayed under `no_grad`, and a
+# checkpointed 2-block GPT against the plain one) and falls back to the engine's own
+# version, `engine.recompute.replay`, saying why, when the piece is missing or breaks the
+# contract.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (whose replay runs depends on the pieces you saved; a solution notebook saves its own)
+from coursework.pieces import piece_or_engine
+from engine.recompute import replay
+
+replay_fn, replay_owner = piece_or_engine("checkpoint_replay", "08.2", replay)
+print(f"checkpoint replay in the checkpointed GPTs below: {replay_owner}")
+
+# %% [markdown]
 #
 # ## The peak, measured on an 8-block GPT
 #
@@ -325,7 +352,7 @@ results = {}
 for policy in ("none", "every", "sqrt"):
     gpt = nn.GPT(gcfg, gparams)
     with memory.record() as mem:
-        with checkpointed(gpt, policy):
+        with checkpointed(gpt, policy, replay_fn=replay_fn):
             loss = gpt(gids, gtargets)
         loss.backward()
     results[policy] = (mem, gpt.grads())
@@ -357,7 +384,7 @@ from engine import budget
 
 float32_gpt = nn.GPT(gcfg, init_params(gcfg, seed=2))   # the budget counts fp32 bytes
 with memory.record() as mem32:
-    with checkpointed(float32_gpt, "every"):
+    with checkpointed(float32_gpt, "every", replay_fn=replay_fn):
         loss = float32_gpt(gids, gtargets)
     loss.backward()
 bcfg = budget.BudgetConfig(n_layer=gcfg.n_layer, d_model=gcfg.n_embd, n_head=gcfg.n_head,
@@ -400,7 +427,7 @@ def step_time(policy):
     """(forward seconds, backward seconds) of one step under a checkpoint policy."""
     timed_model.zero_grad()
     t0 = time.perf_counter()
-    with checkpointed(timed_model, policy):
+    with checkpointed(timed_model, policy, replay_fn=replay_fn):   # yours, or the engine's
         loss = timed_model(tids, ttargets)
     t1 = time.perf_counter()
     loss.backward()
@@ -410,9 +437,11 @@ def step_time(policy):
 with engine.kernels.use("numpy"), fixed_threads(1):   # as in the accumulation timing above
     step_time("none"), step_time("every")   # warm-up
     best = {"none": (float("inf"),) * 2, "every": (float("inf"),) * 2}
-    for _ in range(5):                 # interleaved rounds, the fastest of 5 counts
+    started = time.perf_counter()
+    for round_ in range(1, 6):         # interleaved rounds, the fastest of 5 counts
         for policy in best:
             best[policy] = min(best[policy], step_time(policy), key=sum)
+        progress("rounds over plain and checkpointed", round_, 5, started)
     # the recompute changes the time, never the result: both policies give the same gradient
     step_time("none")
     plain_grads = {n: p.grad.copy() for n, p in timed_model.parameters().items()}
@@ -487,7 +516,7 @@ def measured_peaks(blocks, x0, ks):
         # earlier layers (a leaf that requires grad would count as a parameter)
         x = Tensor(x0, requires_grad=True) * 1.0
         with memory.record() as mem:
-            checkpoint_sequential(blocks, x, k).sum().backward()
+            checkpoint_sequential(blocks, x, k, replay_fn=replay_fn).sum().backward()
         peaks.append(mem.peak_bytes)
     return peaks
 
@@ -560,7 +589,8 @@ except RuntimeError as err:
 #   K x b (float64, to 1e-12). Cost: the activation peak of one micro-batch, the gradient
 #   buffer you need anyway, and throughput (small matmuls and per-op overhead: measured
 #   above). Forgetting /K multiplies the gradient, and its norm, by exactly K.
-# * `checkpointed_backward`: the recompute at the heart of checkpointing. On an 8-block GPT,
+# * `checkpointed_backward`: the recompute at the heart of checkpointing, and the replay
+#   every checkpointed model after exercise 08.2 ran. On an 8-block GPT,
 #   a checkpoint per block cut the measured activation peak about 5x, for one extra forward
 #   of the blocks: +33% predicted (the head, left out of the recompute, is tiny here), and
 #   measured close to it.

@@ -22,8 +22,12 @@
 #
 # **Your pieces in the engine.** Fills: the bf16 rounding step (09.1, `to_bf16`), the
 # master-weight update (09.2, `master_weight_step`) and the loss scaler's rule (09.3,
-# `update_scale`). Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <->
-# slot".)
+# `update_scale`); each is checked against `engine.precision` on the arrays a training step
+# hands it before it is saved. Runs: your `to_bf16` in every bf16 rounding of this lesson
+# after exercise 09.1 (the worked values, the bf16 sums and the master-weight runs; a cell
+# says whose rounding runs, and where yours is missing or breaks its slot's contract the
+# engine's `round_to_bf16` runs and the cell says why). No earlier pieces. (The whole map:
+# CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import time
@@ -144,14 +148,33 @@ lesson09.check_to_bf16(to_bf16)
 
 # %% [markdown]
 # Your function now agrees with `engine.precision.round_to_bf16` on every input the check
-# tried (ties, subnormals, NaN payloads, 20,000 random bit patterns). The engine's version
-# is also held bit for bit against PyTorch's `torch.bfloat16` and an independent float64
-# reference by `tests/test_precision.py`. Here it is on the worked values:
+# tried (ties, subnormals, NaN payloads, 20,000 random bit patterns), and on the arrays the
+# engine hands its rounding step (a weight matrix, the transposed view a matmul reads, a
+# scalar), which it leaves unchanged. The engine's version is also held bit for bit against
+# PyTorch's `torch.bfloat16` and an independent float64 reference by
+# `tests/test_precision.py`.
+#
+# From here on this lesson rounds to bf16 with your piece: `piece_or_engine` loads it fresh
+# from its file and checks it in its slot again, and `engine.precision.use_bf16_rounding`
+# makes every bf16 rounding of `engine.precision` (`cast`, `matmul_mixed`, the training
+# runs) call it. Where your piece is missing or breaks the contract, the engine's
+# `round_to_bf16` runs, and the next cell says why.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (whose rounding runs depends on the pieces you saved; a solution notebook saves its own)
+from coursework.pieces import piece_or_engine
+
+bf16, bf16_owner = piece_or_engine("to_bf16", "09.1", P.round_to_bf16)
+print(f"bf16 rounding in the rest of this lesson: {bf16_owner}")
+
+# %% [markdown]
+# Here it is on the worked values:
 
 # %%
 samples = np.array([1.0, 1.0 + 1e-4, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, np.pi, 1e-3, 65504.0,
                     3.3e38, 3.4e38], dtype=np.float32)
-for x, y in zip(samples, P.round_to_bf16(samples)):
+for x, y in zip(samples, bf16(samples)):
     print(f"{float(x):>14.8g} -> bf16 {float(y):<14.8g} bits {int(P.bf16_bits(y)):#06x}")
 
 # %% [markdown]
@@ -204,15 +227,16 @@ plt.show()
 
 # %%
 ones = np.ones(1000, dtype=np.float32)
-for fmt in ("bf16", "fp16", "fp32"):
-    print(f"sum of 1000 ones with a {fmt} accumulator: {P.sequential_sum(ones, fmt):g}")
+with P.use_bf16_rounding(bf16):        # every bf16 rounding in the block runs `bf16`
+    for fmt in ("bf16", "fp16", "fp32"):
+        print(f"sum of 1000 ones with a {fmt} accumulator: {P.sequential_sum(ones, fmt):g}")
 
-rng = np.random.default_rng(0)
-a = P.round_to_bf16(rng.normal(size=4096).astype(np.float32))
-b = P.round_to_bf16(rng.normal(size=4096).astype(np.float32))
-exact = float(np.dot(a.astype(np.float64), b.astype(np.float64)))
-fp32_acc = float(P.matmul_mixed(a[None, :], b[:, None], "fp32")[0, 0])
-bf16_acc = P.sequential_sum(P.round_to_bf16(a * b), "bf16")
+    rng = np.random.default_rng(0)
+    a = bf16(rng.normal(size=4096).astype(np.float32))
+    b = bf16(rng.normal(size=4096).astype(np.float32))
+    exact = float(np.dot(a.astype(np.float64), b.astype(np.float64)))
+    fp32_acc = float(P.matmul_mixed(a[None, :], b[:, None], "fp32")[0, 0])
+    bf16_acc = P.sequential_sum(bf16(a * b), "bf16")
 print(f"dot product of two bf16 vectors of length 4096: exact {exact:.4f}")
 # The fp32 sum runs through the matrix library, whose order of additions (and so the last
 # bits) differs between CPUs: print its size class, and the exact figure below.
@@ -249,8 +273,9 @@ print(f"fp32 accumulator on this machine: {fp32_acc!r}, error {abs(fp32_acc - ex
 
 # %%
 problem = P.make_classification()
-runs = {name: P.train_classifier(P.POLICIES[name], problem, steps=600, lr=1.0)
-        for name in ("fp32", "bf16 weights only", "bf16 + fp32 master")}
+with P.use_bf16_rounding(bf16):        # the bf16 runs round with `bf16` (yours, see above)
+    runs = {name: P.train_classifier(P.POLICIES[name], problem, steps=600, lr=1.0)
+            for name in ("fp32", "bf16 weights only", "bf16 + fp32 master")}
 # fp32 matrix products differ in their last bits between CPUs, and 600 steps carry that
 # into the fourth digit of the loss: three decimals are the same on every machine.
 for name, log in runs.items():
@@ -613,8 +638,9 @@ else:
 #
 # ## What you built, what it costs
 #
-# * `to_bf16`: float32 to bf16 on the bits, round to nearest with ties to even, NaN kept.
-#   Truncation would bias every sum; a tie always rounded up would too.
+# * `to_bf16`: float32 to bf16 on the bits, round to nearest with ties to even, NaN kept;
+#   every bf16 rounding after exercise 09.1 ran it. Truncation would bias every sum; a tie
+#   always rounded up would too.
 # * `master_weight_step`: the optimizer updates an fp32 copy; the forward reads its bf16
 #   rounding. Cost: 4 extra bytes per parameter. Without it, updates below half a bf16 step
 #   (2e-3 for a weight of 1) vanish and training stalls.
