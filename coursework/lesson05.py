@@ -1,20 +1,29 @@
 """Checks for lesson 05, "When gradients go wrong", and the lesson's tools.
 
-Three exercises:
-05.1 `find_broken(suspects)`: run a gradient check on every suspect op and
-     return the names of those whose backward rule is wrong. The suspects are
-     ops of the engine (subclasses of `engine.rules.Op`) with bugs planted in
-     their VJPs. The check also hands the learner's function a second set of
-     suspects with the bugs moved around, so only a real check passes.
-05.2 `verdicts()`: say *how* each suspect of the lesson is broken, one of
+Four exercises:
+05.1 `in_place_outcomes()`: for each snippet of IN_PLACE_SNIPPETS (a forward,
+     an in-place change, a backward), predict whether the engine's version
+     counters refuse the backward ("raises"), the backward runs on stale values
+     ("wrong") or nothing saved was touched ("right"). `snippet_outcome` runs a
+     snippet and says which it was; the check's hint for a miss names what the
+     op saved.
+05.2 `find_broken(suspects)`: run a gradient check (the learner's 04.3
+     `spot_check`, via `pieces.gradient_checker()`, on `scalar_views` of each
+     op) on every suspect op and return the names of those whose backward rule
+     is wrong. The suspects are ops of the engine (subclasses of
+     `engine.rules.Op`) with bugs planted in their VJPs. The check also hands the
+     learner's function a second set of suspects with the bugs moved around, so
+     only a real check passes.
+05.3 `verdicts()`: say *how* each suspect of the lesson is broken, one of
      CAUSES. The check knows the answer and explains each miss with the
      evidence a gradient check shows.
-05.3 `triage()`: for the lesson's mystery runs, the first step of the
+05.4 `triage()`: for the lesson's mystery runs, the first step of the
      troubleshooting order (STEPS) that finds the cause, using the symptom
      table (SYMPTOMS, `diagnose`).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,9 +33,113 @@ from engine.rules import Op
 from engine.tensor import Tensor, apply
 from ._core import ExerciseError, attempt, passed
 
-EX_FIND = "05.1 (find_broken)"
-EX_HOW = "05.2 (verdicts)"
-EX_TRIAGE = "05.3 (triage)"
+EX_IN_PLACE = "05.1 (in_place_outcomes)"
+EX_FIND = "05.2 (find_broken)"
+EX_HOW = "05.3 (verdicts)"
+EX_TRIAGE = "05.4 (triage)"
+
+
+# ============================================================ 05.1 in place
+#: What every snippet starts from: a weight that requires a gradient, an input that does not.
+IN_PLACE_SETUP = '''w = Tensor(np.array([2.0, -1.0]), requires_grad=True, name="w")
+x = Tensor(np.array([3.0, 0.5]), name="x")'''
+
+_CHANGE = "  # the change"
+
+#: Seven snippets: a forward, an in-place change (the lines marked), then y.backward().
+IN_PLACE_SNIPPETS = {
+    "a": f"y = (x * w).sum()\nx += 1.0{_CHANGE}",
+    "b": f"y = (x + w).sum()\nx += 1.0{_CHANGE}",
+    "c": f"y = (x * w).sum()\nx.data[:] += 1.0{_CHANGE}",
+    "d": f"y = (x * w).sum()\nfirst = x[0:1]{_CHANGE}\nfirst += 1.0{_CHANGE}",
+    "e": f"y = (F.exp(x) * w).sum()\nx += 1.0{_CHANGE}",
+    "f": f"t = F.tanh(x * w)\ny = t.sum()\nwith engine.no_grad():{_CHANGE}\n    t += 1.0{_CHANGE}",
+    "g": f"arr = np.array([3.0, 0.5])\ny = (arr * w).sum()\narr += 1.0{_CHANGE}",
+}
+
+OUTCOMES = {
+    "raises": "backward raises: the version counter saw a saved tensor change",
+    "wrong": "backward runs, and w.grad is computed from the changed values",
+    "right": "backward runs, and w.grad is the gradient of the forward as it ran",
+}
+
+#: What each snippet's op saved, and why that decides the outcome.
+_IN_PLACE_WHY = {
+    "a": "mul saves x to compute w's gradient (d(x*w)/dw = x); `x += 1` bumps x's version "
+         "counter, and before its VJP runs mul compares it with the version it saved",
+    "b": "an add needs no values for its gradient (d(x+w)/dw = 1), so it saves nothing: x "
+         "may change freely, and w.grad is still [1, 1]",
+    "c": "`.data` is the plain array inside the tensor: writing into it goes around the "
+         "version counter, so nothing complains, and mul's VJP multiplies by the changed x",
+    "d": "`x[0:1]` is a view: it shares x's memory and x's version counter, so `first += 1` "
+         "bumps the counter that mul recorded for x",
+    "e": "mul saved exp(x), a new tensor, not x, and the exp itself was not recorded, since "
+         "nothing before it requires a gradient: changing x changes nothing the VJP reads",
+    "f": "tanh saves its output t (its derivative is 1 - t**2); no_grad() stops recording "
+         "new ops, it does not hide an in-place change from the version counter",
+    "g": "a plain ndarray has no version counter, so an op that saves one keeps a private "
+         "copy of it: changing your array after the forward cannot reach the gradient",
+}
+
+
+def _run_snippet(code: str) -> np.ndarray:
+    import engine
+    import engine.functional as F
+    namespace = {"np": np, "engine": engine, "F": F, "Tensor": Tensor}
+    exec(IN_PLACE_SETUP + "\n" + code + "\ny.backward()", namespace)  # noqa: S102
+    return namespace["w"].grad
+
+
+def snippet_outcome(letter: str) -> tuple[str, str]:
+    """Run snippet `letter` of IN_PLACE_SNIPPETS: (outcome, what was seen), the outcome one
+    of OUTCOMES. "right" or "wrong" compares w.grad with the same snippet run without the
+    change (the lines marked "# the change")."""
+    code = IN_PLACE_SNIPPETS[letter]
+    unchanged = "\n".join(line for line in code.splitlines() if not line.endswith(_CHANGE))
+    want = _run_snippet(unchanged)
+    try:
+        got = _run_snippet(code)
+    except RuntimeError as err:
+        # node numbers count every op made before, so they depend on what ran earlier
+        first = re.sub(r" \(node #\d+\)", "", str(err)).split(", but ")[0]
+        return "raises", first
+    outcome = "right" if np.allclose(got, want, rtol=1e-12, atol=0) else "wrong"
+    return outcome, f"w.grad = {np.round(got, 4).tolist()}, the forward's gradient " \
+                    f"{np.round(want, 4).tolist()}"
+
+
+#: The outcomes of the snippets (tests/test_lessons_04_05_checks.py runs them to confirm).
+IN_PLACE_TRUTH = {"a": "raises", "b": "right", "c": "wrong", "d": "raises", "e": "right",
+                  "f": "raises", "g": "right"}
+
+
+def check_in_place(in_place_outcomes) -> None:
+    out = attempt(EX_IN_PLACE, in_place_outcomes)
+    if not isinstance(out, dict):
+        raise ExerciseError(EX_IN_PLACE, f"return a dict {{snippet letter: outcome}}, got "
+                                         f"{type(out).__name__}.")
+    missing = sorted(set(IN_PLACE_SNIPPETS) - set(out))
+    if missing:
+        raise ExerciseError(EX_IN_PLACE, f"no outcome for snippet(s) {', '.join(missing)}; "
+                                         f"give one of {sorted(OUTCOMES)} for every snippet "
+                                         f"a-g.")
+    for letter, outcome in out.items():
+        if letter not in IN_PLACE_SNIPPETS:
+            raise ExerciseError(EX_IN_PLACE, f"{letter!r} is not a snippet; they are "
+                                             f"{', '.join(IN_PLACE_SNIPPETS)}.")
+        if outcome not in OUTCOMES:
+            raise ExerciseError(EX_IN_PLACE, f"the outcome for snippet {letter} is "
+                                             f"{outcome!r}; choose one of {sorted(OUTCOMES)}.")
+    wrong = [k for k in IN_PLACE_SNIPPETS if out[k] != IN_PLACE_TRUTH[k]]
+    if wrong:
+        k = wrong[0]
+        raise ExerciseError(
+            EX_IN_PLACE, f"{len(wrong)} outcome(s) to revisit; first, snippet {k}: you said "
+                         f"{out[k]!r}, but there {OUTCOMES[IN_PLACE_TRUTH[k]]}. Hint: "
+                         f"{_IN_PLACE_WHY[k]}.")
+    counts = {o: sum(v == o for v in IN_PLACE_TRUTH.values()) for o in OUTCOMES}
+    passed(EX_IN_PLACE, f"{counts['raises']} refused by the version counters, "
+                        f"{counts['wrong']} silently wrong, {counts['right']} harmless.")
 
 
 # ===================================================== the ways a VJP goes wrong
@@ -169,7 +282,7 @@ def _make(name: str, bug: str | None) -> Suspect:
     return Suspect(name, lambda *tensors: apply(op, *tensors), _SHAPES.get(name, [(3, 4)]))
 
 
-#: The lesson's suspects: which are broken, and how (05.1 and 05.2).
+#: The lesson's suspects: which are broken, and how (05.2 and 05.3).
 LESSON_BUGS = {"softplus": None, "square": "scale", "sigmoid": "sign",
                "leaky_relu": "branch", "x_exp": "formula", "logsumexp": None,
                "add_bias": "broadcast"}
@@ -189,31 +302,43 @@ def suspects(bugs: dict | None = None) -> dict[str, Suspect]:
 
 
 # ------------------------------------------------------------------- evidence
-def numeric_and_analytic(suspect: Suspect, seed: int = 0, eps: float = 1e-6):
-    """For each input of the suspect, (x, analytic, numerical) arrays, float64.
-
-    The output is reduced with fixed random weights, so every output element
-    matters; inputs are standard normal, so both signs appear."""
-    rng = np.random.default_rng(seed)
-    arrays = [rng.normal(size=s) for s in suspect.shapes]
+def scalar_views(suspect: Suspect, arrays, seed: int = 0):
+    """What a spot check (exercise 04.3) needs, for each input k of the suspect:
+    (f_k, x_k, grad_k). f_k(array) is the op's output reduced to one number with fixed
+    random weights (so every output element matters), as a plain function of input k
+    alone, the other inputs held at `arrays`; x_k is arrays[k]; grad_k is the gradient
+    of that number by one backward through the op's VJP."""
+    arrays = [np.array(a, dtype=np.float64) for a in arrays]
     tensors = [Tensor(a, requires_grad=True) for a in arrays]
     out = suspect.fn(*tensors)
-    weights = rng.normal(size=out.shape)
+    weights = np.random.default_rng(seed).normal(size=out.shape)
     (out * Tensor(weights)).sum().backward()
 
-    def loss(values):
-        return float(np.sum(suspect.fn(*[Tensor(v) for v in values]).data * weights))
+    def view(k):
+        def f(array):
+            values = [Tensor(array if i == k else a) for i, a in enumerate(arrays)]
+            return float(np.sum(suspect.fn(*values).data * weights))
+        return f
 
+    return [(view(k), a, tensors[k].grad) for k, a in enumerate(arrays)]
+
+
+def numeric_and_analytic(suspect: Suspect, checker=None, seed: int = 0, eps: float = 1e-6):
+    """For each input of the suspect, (x, analytic, numerical) arrays, float64, read
+    from the rows of `checker` (a spot check with the calling convention of 04.3; the
+    engine's by default) run on every element. Inputs are standard normal, so both signs
+    appear."""
+    if checker is None:
+        from .slots import engine_spot_check as checker
+    rng = np.random.default_rng(seed)
+    arrays = [rng.normal(size=s) for s in suspect.shapes]
     result = []
-    for k, a in enumerate(arrays):
-        num = np.empty_like(a)
-        for i in np.ndindex(a.shape):
-            up = [v.copy() for v in arrays]
-            down = [v.copy() for v in arrays]
-            up[k][i] += eps
-            down[k][i] -= eps
-            num[i] = (loss(up) - loss(down)) / (2 * eps)
-        result.append((a, tensors[k].grad, num))
+    for f, x, grad in scalar_views(suspect, arrays, seed):
+        analytic, numeric = np.empty_like(x), np.empty_like(x)
+        for row in checker(f, x, grad, n_checks=x.size, eps=eps):
+            index = tuple(int(i) for i in row.index)
+            analytic[index], numeric[index] = row.analytic, row.numeric
+        result.append((x, analytic, numeric))
     return result
 
 
@@ -230,7 +355,7 @@ def _evidence(name: str) -> str:
     }[bug]
 
 
-# ============================================================== 05.1 find_broken
+# ============================================================== 05.2 find_broken
 def _as_names(exercise, out, valid):
     if isinstance(out, str) or not hasattr(out, "__iter__"):
         raise ExerciseError(exercise, f"return a list (or set) of suspect names, got {out!r}.")
@@ -279,7 +404,7 @@ def check_find_broken(find_broken) -> None:
                     f"second set.")
 
 
-# ================================================================ 05.2 verdicts
+# ================================================================ 05.3 verdicts
 _WHY_NOT = {
     "ok": "a correct op passes its check",
     "scale": "a constant ratio other than 1 or -1 between analytic and numerical",
@@ -316,7 +441,7 @@ def check_verdicts(verdicts) -> None:
         f"{n}={LESSON_BUGS[n] or 'ok'}" for n in LESSON_BUGS) + ".")
 
 
-# ==================================================== troubleshooting: 05.3 triage
+# ==================================================== troubleshooting: 05.4 triage
 #: The troubleshooting order: cheapest and most common causes first.
 STEPS = {
     1: "Confirm the parameter takes part at all: is it used in computing the loss, and was "

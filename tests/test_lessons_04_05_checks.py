@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from coursework import ExerciseError, lesson04
+from check_tools import fails_with
 
 
 def stub(*args, **kwargs):
@@ -245,10 +246,166 @@ def test_04_4_answer_agrees_with_the_measured_sweep():
         assert best / 10 <= sweeps[name].best_eps <= best * 10
 
 
+# ---------------------------------------------------------------- 04.5
+def away_right(x, eps=1e-6):
+    # written without a boolean index: one np.where over the whole array
+    gap = 10 * eps
+    side = np.where(x < 0, -1.0, 1.0)
+    return np.where(np.abs(x) < gap, side * gap, x)
+
+
+def away_wider(x, eps=1e-6):
+    """A margin of 5 eps instead of 10: still farther than eps, still fair."""
+    out = x.copy()
+    near = np.abs(out) < 5 * eps
+    out[near] = np.where(out[near] < 0, -5 * eps, 5 * eps)
+    return out
+
+
+def away_in_place(x, eps=1e-6):
+    near = np.abs(x) < 10 * eps
+    x[near] = np.where(x[near] < 0, -10 * eps, 10 * eps)
+    return x
+
+
+def away_shift_all(x, eps=1e-6):
+    return x + 10 * eps
+
+
+def away_sign(x, eps=1e-6):
+    return np.where(np.abs(x) < 10 * eps, np.sign(x) * 10 * eps, x)
+
+
+def away_abs(x, eps=1e-6):
+    return np.where(np.abs(x) < 10 * eps, np.maximum(np.abs(x), 10 * eps), x)
+
+
+def away_by_eps(x, eps=1e-6):
+    return np.where(np.abs(x) < 10 * eps, np.where(x < 0, -eps, eps), x)
+
+
+def away_fixed_gap(x, eps=1e-6):
+    gap = 1e-5                                   # right for eps=1e-6 only
+    return np.where(np.abs(x) < gap, np.where(x < 0, -gap, gap), x)
+
+
+def away_dropped(x, eps=1e-6):
+    return x[np.abs(x) >= 10 * eps]
+
+
+def same_mask_right(loss, seed):
+    def f(values):
+        rng = np.random.default_rng(seed)        # a new generator on every call
+        return loss(values, rng)
+    return f
+
+
+def same_mask_made_once(loss, seed):
+    rng = np.random.default_rng(seed)
+    return lambda values: loss(values, rng)
+
+
+def same_mask_unseeded(loss, seed):
+    return lambda values: loss(values, np.random.default_rng())
+
+
+def same_mask_other_seed(loss, seed):
+    return lambda values: loss(values, np.random.default_rng(seed + 1))
+
+
+def test_04_5_passes_both_fixes(capsys):
+    lesson04.check_fair_checks(away_right, same_mask_right)
+    out = capsys.readouterr().out
+    assert "Exercise 04.5 (away_from_kink, same_mask) passed." in out
+    assert "both branches" in out and "same mask" in out
+
+
+def test_04_5_accepts_any_margin_beyond_eps():
+    lesson04.check_fair_checks(away_wider, same_mask_right)
+
+
+@pytest.mark.parametrize("away, same, words", [
+    (stub, same_mask_right, ["Exercise 04.5", "not done yet"]),
+    (away_right, stub, ["Exercise 04.5", "not done yet"]),
+    (away_in_place, same_mask_right, ["changed x itself", "x.copy()"]),
+    (away_shift_all, same_mask_right, ["move only the points closer than 10*eps"]),
+    (away_sign, same_mask_right, ["np.sign(0) is 0"]),
+    (away_abs, same_mask_right, ["across the kink", "both branches"]),
+    (away_by_eps, same_mask_right, ["within eps of the kink", "farther than eps"]),
+    (away_fixed_gap, same_mask_right, ["eps=1e-3", "margin must grow with eps"]),
+    (away_dropped, same_mask_right, ["do not drop them"]),
+    (away_right, same_mask_made_once, ["a generator made once", "advanced by every call"]),
+    (away_right, same_mask_unseeded, ["every forward pass draws its own mask"]),
+    (away_right, same_mask_other_seed, ["not the mask of the backward pass"]),
+    (away_right, lambda loss, seed: loss, ["a checker calls f(values), one argument"]),
+    (away_right, lambda loss, seed: 0.5, ["should return a function"]),
+])
+def test_04_5_names_the_mistake(away, same, words):
+    fails_with(lesson04.check_fair_checks, away, same, words=["Exercise 04.5", *words])
+
+
+def test_04_5_the_unfair_checks_fail_a_right_gradient():
+    """The lesson's claim: at the kink, and with a mask drawn afresh, a correct gradient
+    fails its check; after the fixes it passes."""
+    from coursework.slots import engine_spot_check
+    x = lesson04._KINK_X
+    right = lesson04._relu_loss_grad
+    for points, passes in ((x, False), (away_right(x), True)):
+        rows = engine_spot_check(lesson04._relu_loss, points, right(points), n_checks=x.size)
+        assert all(r.ok for r in rows) is passes
+
+
 # ================================================================ lesson 05
 import engine  # noqa: E402
 from engine import Tensor  # noqa: E402
 from coursework import lesson05  # noqa: E402
+
+
+# ---------------------------------------------------------------- 05.1
+RIGHT_OUTCOMES = {**dict.fromkeys("adf", "raises"), "c": "wrong", **dict.fromkeys("beg", "right")}
+
+
+def test_05_1_the_outcomes_are_what_the_engine_does():
+    """The check's answers are measured: each snippet run on the engine."""
+    for letter in lesson05.IN_PLACE_SNIPPETS:
+        assert lesson05.snippet_outcome(letter)[0] == lesson05.IN_PLACE_TRUTH[letter], letter
+    assert lesson05.IN_PLACE_TRUTH == RIGHT_OUTCOMES
+
+
+def test_05_1_a_raising_snippet_names_the_op_but_no_node_number():
+    outcome, seen = lesson05.snippet_outcome("f")
+    assert outcome == "raises" and "tanh saved its output" in seen and "#" not in seen
+
+
+def test_05_1_passes_the_right_outcomes(capsys):
+    lesson05.check_in_place(lambda: dict(RIGHT_OUTCOMES))
+    out = capsys.readouterr().out
+    assert "Exercise 05.1 (in_place_outcomes) passed." in out and "1 silently wrong" in out
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"a": "right"}, ["snippet a", "mul saves x"]),
+    ({"b": "raises"}, ["snippet b", "saves nothing"]),
+    ({"c": "raises"}, ["snippet c", "goes around the version counter"]),
+    ({"c": "right"}, ["snippet c", "multiplies by the changed x"]),
+    ({"d": "right"}, ["snippet d", "is a view", "version counter"]),
+    ({"e": "raises"}, ["snippet e", "saved exp(x)"]),
+    ({"f": "right"}, ["snippet f", "saves its output", "does not hide"]),
+    ({"g": "wrong"}, ["snippet g", "private copy"]),
+    ({"b": "raises", "g": "raises"}, ["2 outcome(s) to revisit", "snippet b"]),
+    ({"a": "error"}, ["choose one of"]),
+    ({"h": "right"}, ["'h' is not a snippet"]),
+])
+def test_05_1_names_the_mistake(change, words):
+    fails_with(lesson05.check_in_place, lambda: {**RIGHT_OUTCOMES, **change},
+               words=["Exercise 05.1", *words])
+
+
+def test_05_1_stub_missing_and_not_a_dict():
+    fails_with(lesson05.check_in_place, stub, words=["Exercise 05.1", "not done yet"])
+    fails_with(lesson05.check_in_place, lambda: {"a": "raises"},
+               words=["no outcome for snippet(s) b, c, d, e, f, g"])
+    fails_with(lesson05.check_in_place, lambda: ["raises"] * 7, words=["return a dict"])
 
 
 def find_broken_right(suspects, seed=0):
@@ -289,9 +446,9 @@ def find_broken_memorised(suspects, seed=0):
     return ["square", "sigmoid", "leaky_relu", "x_exp", "add_bias"]
 
 
-def test_05_1_passes_a_real_search(capsys):
+def test_05_2_passes_a_real_search(capsys):
     lesson05.check_find_broken(find_broken_right)
-    assert "Exercise 05.1 (find_broken) passed." in capsys.readouterr().out
+    assert "Exercise 05.2 (find_broken) passed." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("answer, phrase", [
@@ -303,13 +460,66 @@ def test_05_1_passes_a_real_search(capsys):
     (lambda suspects: "square", "list (or set) of suspect names"),
     (lambda suspects: ["relu"], "not one of the suspects"),
 ])
-def test_05_1_names_the_mistake(answer, phrase):
-    with pytest.raises(ExerciseError, match="Exercise 05.1") as err:
+def test_05_2_names_the_mistake(answer, phrase):
+    with pytest.raises(ExerciseError, match="Exercise 05.2") as err:
         lesson05.check_find_broken(answer)
     assert phrase in str(err.value)
 
 
-def test_05_1_accepts_suspect_objects_as_well_as_names():
+def find_broken_with(spot_check, views="all", n_checks=None):
+    """The lesson's way: a spot check (04.3's calling convention) on every scalar view."""
+    def find_broken(suspects, seed=0):
+        rng = np.random.default_rng(seed)
+        broken = []
+        for name, s in suspects.items():
+            arrays = [rng.normal(size=shape) for shape in s.shapes]
+            triples = lesson05.scalar_views(s, arrays)
+            for f, x, grad in (triples if views == "all" else triples[:1]):
+                rows = spot_check(f, x, grad, n_checks=n_checks or x.size)
+                if not all(r.ok for r in rows):
+                    broken.append(name)
+                    break
+        return broken
+    return find_broken
+
+
+def test_05_2_passes_with_either_checker(capsys):
+    """Whose spot_check runs (the engine's, or one written as in 04.3) changes nothing."""
+    from coursework.slots import engine_spot_check
+    for checker in (engine_spot_check, make_spot_check()):
+        lesson05.check_find_broken(find_broken_with(checker))
+        assert "Exercise 05.2 (find_broken) passed." in capsys.readouterr().out
+
+
+def test_05_2_a_spot_check_on_the_first_input_only_misses_the_bias():
+    from coursework.slots import engine_spot_check
+    fails_with(lesson05.check_find_broken, find_broken_with(engine_spot_check, views="first"),
+               words=["Exercise 05.2", "add_bias", "check every input"])
+
+
+def test_05_2_scalar_views_give_the_gradients_gradcheck_checks():
+    for name, s in lesson05.suspects(dict.fromkeys(lesson05.LESSON_BUGS)).items():
+        arrays = [np.random.default_rng(1).normal(size=shape) for shape in s.shapes]
+        for f, x, grad in lesson05.scalar_views(s, arrays):
+            assert grad.shape == x.shape
+            k = (0,) * x.ndim
+            up, down = x.copy(), x.copy()
+            up[k] += 1e-6
+            down[k] -= 1e-6
+            assert np.isclose((f(up) - f(down)) / 2e-6, grad[k], rtol=1e-6, atol=1e-9), name
+
+
+def test_05_3_the_plotted_values_do_not_depend_on_whose_checker_ran():
+    for name, s in lesson05.suspects().items():
+        engines = lesson05.numeric_and_analytic(s)
+        yours = lesson05.numeric_and_analytic(s, make_spot_check())
+        for (x1, a1, n1), (x2, a2, n2) in zip(engines, yours):
+            np.testing.assert_array_equal(x1, x2)
+            np.testing.assert_array_equal(a1, a2)
+            np.testing.assert_allclose(n1, n2, rtol=1e-9, atol=1e-12)
+
+
+def test_05_2_accepts_suspect_objects_as_well_as_names():
     lesson05.check_find_broken(lambda s: [s[n] for n in find_broken_right(s)])
 
 
@@ -318,9 +528,9 @@ RIGHT_VERDICTS = {"softplus": "ok", "square": "scale", "sigmoid": "sign",
                   "add_bias": "broadcast"}
 
 
-def test_05_2_passes_the_right_verdicts(capsys):
+def test_05_3_passes_the_right_verdicts(capsys):
     lesson05.check_verdicts(lambda: dict(RIGHT_VERDICTS))
-    assert "Exercise 05.2 (verdicts) passed." in capsys.readouterr().out
+    assert "Exercise 05.3 (verdicts) passed." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("change, phrase", [
@@ -331,13 +541,13 @@ def test_05_2_passes_the_right_verdicts(capsys):
     ({"x_exp": "scale"}, "ratio changes from element to element"),
     ({"square": "typo"}, "choose one of"),
 ])
-def test_05_2_explains_a_wrong_verdict_with_the_evidence(change, phrase):
-    with pytest.raises(ExerciseError, match="Exercise 05.2") as err:
+def test_05_3_explains_a_wrong_verdict_with_the_evidence(change, phrase):
+    with pytest.raises(ExerciseError, match="Exercise 05.3") as err:
         lesson05.check_verdicts(lambda: {**RIGHT_VERDICTS, **change})
     assert phrase in str(err.value)
 
 
-def test_05_2_stub_and_missing_verdicts():
+def test_05_3_stub_and_missing_verdicts():
     with pytest.raises(ExerciseError, match="not done yet"):
         lesson05.check_verdicts(stub)
     partial = {k: v for k, v in RIGHT_VERDICTS.items() if k != "sigmoid"}
@@ -345,7 +555,7 @@ def test_05_2_stub_and_missing_verdicts():
         lesson05.check_verdicts(lambda: partial)
 
 
-def test_05_2_evidence_is_what_a_gradient_check_shows():
+def test_05_3_evidence_is_what_a_gradient_check_shows():
     """The hints state facts about the lesson's suspects; measure each one."""
     for name, s in lesson05.suspects().items():
         (x, a, n), *rest = lesson05.numeric_and_analytic(s)
@@ -368,9 +578,9 @@ def test_05_2_evidence_is_what_a_gradient_check_shows():
             assert np.ptp(ratio) > 0.1 and not np.allclose(a, n, rtol=1e-3)
 
 
-def test_05_3_passes_the_right_triage(capsys):
+def test_05_4_passes_the_right_triage(capsys):
     lesson05.check_triage(lambda: {"A": 2, "B": 5, "C": 4, "D": 7, "E": 8})
-    assert "Exercise 05.3 (triage) passed." in capsys.readouterr().out
+    assert "Exercise 05.4 (triage) passed." in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("answers, phrase", [
@@ -381,16 +591,16 @@ def test_05_3_passes_the_right_triage(capsys):
     ({"E": 3}, "diagnose('right shape, plausible direction, wrong size')"),
     ({"C": "four"}, "not a step number"),
 ])
-def test_05_3_names_the_mistake(answers, phrase):
+def test_05_4_names_the_mistake(answers, phrase):
     right = {"A": 2, "B": 5, "C": 4, "D": 7, "E": 8}
-    with pytest.raises(ExerciseError, match="Exercise 05.3") as err:
+    with pytest.raises(ExerciseError, match="Exercise 05.4") as err:
         lesson05.check_triage(lambda: {**right, **answers})
     assert phrase in str(err.value)
 
 
 @pytest.mark.parametrize("case, wrong", [("A", 1), ("D", 5), ("D", 6), ("E", 4), ("E", 9),
                                          ("B", 6), ("C", 9), ("E", 3)])
-def test_05_3_hints_never_give_away_the_step(case, wrong):
+def test_05_4_hints_never_give_away_the_step(case, wrong):
     right = {"A": 2, "B": 5, "C": 4, "D": 7, "E": 8}
     with pytest.raises(ExerciseError) as err:
         lesson05.check_triage(lambda: {**right, case: wrong})
@@ -399,12 +609,12 @@ def test_05_3_hints_never_give_away_the_step(case, wrong):
     assert f"step {step}" not in hint and f"by step" not in hint, hint
 
 
-def test_05_3_mystery_a_is_step_2_by_the_steps_own_words():
+def test_05_4_mystery_a_is_step_2_by_the_steps_own_words():
     """Step 1 asks whether the parameter takes part; W1 does, so only step 2 fits A."""
     assert "takes part" in lesson05.STEPS[1] and ".data" in lesson05.STEPS[2]
 
 
-def test_05_3_stub_and_missing():
+def test_05_4_stub_and_missing():
     with pytest.raises(ExerciseError, match="not done yet"):
         lesson05.check_triage(stub)
     with pytest.raises(ExerciseError, match="no step for mystery D, E"):

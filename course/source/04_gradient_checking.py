@@ -9,7 +9,8 @@
 #    curve (truncation on the right, rounding on the left, a stable valley between) and
 #    derived where its bottom lies;
 # 3. seen three ways a correct gradient can *fail* a check: a kink (ReLU at 0), randomness
-#    (dropout without a fixed seed) and low precision (float32);
+#    (dropout without a fixed seed) and low precision (float32), and written the fixes for
+#    the first two;
 # 4. checked the engine from local to global, one op, one layer, a whole network, with
 #    `engine.gradcheck`.
 #
@@ -21,9 +22,11 @@
 #
 # **Your pieces in the engine.** Fills: the gradient checker: one partial derivative (04.1,
 # `numerical_partial`), the two errors (04.2, `gradient_errors`), random spot checks (04.3,
-# `spot_check`). Runs: your lesson 03 rules (03.1 `matmul_vjp`, 03.2 `unbroadcast`) inside
-# the tape near the end, checked by your `spot_check`. (The whole map: CONTRIBUTING.md,
-# "Exercise <-> slot".)
+# `spot_check`); lesson 05 hunts broken backward rules with your `spot_check` (the engine's
+# runs where yours is not saved, and the lesson says so). The fixes of 04.5
+# (`away_from_kink`, `same_mask`) fill no slot. Runs: your lesson 03 rules (03.1
+# `matmul_vjp`, 03.2 `unbroadcast`) inside the tape near the end, checked by your
+# `spot_check`. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 from typing import NamedTuple
@@ -391,6 +394,81 @@ print(f"central difference, a fresh mask twice: {unseeded: .6e}")
 # fresh mask each time, the "numerical gradient" is the change of the *mask* divided by
 # 2e-6: enormous and meaningless. The same holds for anything else that changes between the
 # two forward passes: shuffled data, running statistics, a counter.
+#
+# ## Exercise 04.5 · A fair check for a correct gradient
+#
+# Both failures above are failures of the *check*, not of the backward rule, and each has a
+# fix that a checker can apply before it runs. Write both:
+#
+# - `away_from_kink(x, eps)`: a copy of `x` in which every element closer than `10*eps` to
+#   ReLU's kink at 0 is moved out to distance `10*eps`, on its own side (an exact 0 goes to
+#   `+10*eps`); the other elements stay as they are. Farther than ε, the two nudged points
+#   `x ± ε` lie on the same side of the kink; and keeping the sides keeps both branches
+#   covered.
+# - `same_mask(loss, seed)`: training code rarely hands each layer a seed. It keeps a random
+#   generator, and each dropout layer draws its mask from it, as `training_loss(values, rng)`
+#   below does. Return the function `f(values)` a checker can call: every call must see the
+#   same mask, and it must be the mask of the backward pass under check, the one a generator
+#   made from `seed` draws first.
+
+# %%
+def training_loss(values, rng):
+    """The dropout loss as a training step runs it: the layer draws its mask from `rng`."""
+    return dropout_loss(values, seed=int(rng.integers(2 ** 31)))
+
+
+def away_from_kink(x, eps=1e-6):
+    """A copy of x with every element closer than 10*eps to 0 moved out to +-10*eps, on its
+    own side (0 to +10*eps)."""
+    ### BEGIN SOLUTION
+    gap = 10 * eps
+    safe = x.copy()
+    near = np.abs(x) < gap
+    safe[near] = np.where(x[near] < 0, -gap, gap)
+    return safe
+    ### END SOLUTION
+
+
+def same_mask(loss, seed):
+    """f(values) = loss(values, rng), where every call gets a new generator made from seed."""
+    ### BEGIN SOLUTION
+    return lambda values: loss(values, np.random.default_rng(seed))
+    ### END SOLUTION
+
+# %%
+# CHECK 04.5
+lesson04.check_fair_checks(away_from_kink, same_mask)
+
+# %% [markdown]
+# Your `spot_check` on both, before and after the fix. The ReLU points are those of the kink
+# section, with the analytic gradient from the engine; the dropout check compares the
+# engine's gradient for the mask of seed 7's generator with central differences of the loss
+# through one generator made once (the usual mistake: each call advances it) and through
+# `same_mask`.
+
+# %%
+def engine_relu_grad(values):
+    t = Tensor(values.copy(), requires_grad=True)
+    F.relu(t).sum().backward()
+    return t.grad
+
+
+for label, pts in (("as given", points), ("away_from_kink", away_from_kink(points))):
+    rows = spot_check(relu_sum, pts, engine_relu_grad(pts), n_checks=pts.size)
+    print(f"relu, points {label:15}: {sum(r.ok for r in rows)} of {len(rows)} elements pass")
+
+ht = Tensor(h.copy(), requires_grad=True)
+mask_seed = int(np.random.default_rng(7).integers(2 ** 31))   # what the generator draws first
+(F.dropout(ht, p=0.5, seed=mask_seed) * Tensor(weights)).sum().backward()
+made_once = np.random.default_rng(7)
+for label, f in (("one generator, made once", lambda v: training_loss(v, made_once)),
+                 ("same_mask(training_loss, 7)", same_mask(training_loss, 7))):
+    rows = spot_check(f, h, ht.grad, n_checks=h.size)
+    print(f"dropout, {label:27}: {sum(r.ok for r in rows)} of {len(rows)} elements pass")
+
+# %% [markdown]
+# The two unfair checks fail elements whose gradient is right; after the fixes every element
+# passes, and a failure left would point at the backward rule itself.
 #
 # ## From local to global: one op, one layer, the network
 #

@@ -7,20 +7,24 @@
 #    - a graph cut three ways (`detach`, `no_grad`, a round trip through an ndarray) that
 #      leaves a gradient `None`;
 #    - an in-place change of a tensor the backward needs, caught by the engine's version
-#      counters (and one way past them);
+#      counters (and one way past them), and predicted for seven snippets;
 #    - a forgotten `zero_grad`, seen in the gradient norm;
 #    - a NaN, traced to the first op that made it with `engine.detect_anomaly()`;
 #    - a broadcasting bug that runs without a complaint;
-# 2. found, with `engine.gradcheck`, which of seven ops have a broken backward rule, and said
-#    how each one is broken;
+# 2. found, with the gradient checker of lesson 04 (your `spot_check`, or the engine's when
+#    yours is not saved), which of seven ops have a broken backward rule, and said how each
+#    one is broken;
 # 3. used the troubleshooting order and the symptom table on five mystery runs.
 #
 # The mathematics of the chain rule is settled; what goes wrong is the program around it.
 # A broken gradient rarely crashes: it comes back as `None`, as zeros, as NaN, or, worst, as
 # numbers of the right shape that are simply wrong.
 #
-# **Your pieces in the engine.** Fills: no slot (the exercises diagnose). Runs: no earlier
-# pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+# **Your pieces in the engine.** Fills: no slot (the exercises diagnose). Runs: your
+# gradient checker, 04.3 `spot_check` (with the 04.1 and 04.2 parts it calls), in the hunt
+# for broken backward rules (05.2) and on the plots that say how each is broken; where it is
+# not saved or breaks its contract, the engine's spot check with the same rows runs, and the
+# lesson prints which. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import re
@@ -167,6 +171,62 @@ except RuntimeError as err:
     print(err)
 
 # %% [markdown]
+# ## Exercise 05.1 · Which changes does the engine catch?
+#
+# The counter guards exactly what an op *saved*, through the tensor that holds it. So the
+# question to ask of an in-place change is: did some op save this memory for its VJP, and
+# does the change go through a tensor (and so through its counter)? Each snippet below
+# starts from the same two tensors, runs a forward, makes an in-place change (the lines
+# marked `# the change`), then calls `y.backward()`.
+
+# %%
+print(lesson05.IN_PLACE_SETUP, end="\n\n")
+for letter, code in lesson05.IN_PLACE_SNIPPETS.items():
+    print(f"--- {letter}")
+    print(code)
+    print("y.backward()")
+
+# %% [markdown]
+# Predict, for each snippet, one of three outcomes, *before* running anything:
+
+# %%
+for outcome, meaning in lesson05.OUTCOMES.items():
+    print(f"{outcome:7} {meaning}")
+
+# %% [markdown]
+# Write `in_place_outcomes()`, returning `{snippet letter: outcome}`. What each op saves is in
+# its class in `engine/rules.py` (`self.save(...)`), and the module docstring of
+# `engine/tensor.py` says what a counter sees.
+
+# %%
+def in_place_outcomes():
+    """{snippet letter: "raises", "wrong" or "right"} for the seven snippets."""
+    ### BEGIN SOLUTION
+    return {"a": "raises", "b": "right", "c": "wrong", "d": "raises", "e": "right",
+            "f": "raises", "g": "right"}
+    ### END SOLUTION
+
+# %%
+# CHECK 05.1
+lesson05.check_in_place(in_place_outcomes)
+
+# %% [markdown]
+# Now run them (`lesson05.snippet_outcome` runs a snippet, and once more without its change,
+# to tell a right gradient from a wrong one):
+
+# %%
+for letter in lesson05.IN_PLACE_SNIPPETS:
+    outcome, seen = lesson05.snippet_outcome(letter)
+    print(f"{letter}: {outcome:6} {seen}")
+
+# %% [markdown]
+# Three rules cover all seven. A counter belongs to the *memory*, so a view (`x[0:1]`, a
+# reshape, a transpose, `detach()`) shares it (d). It guards only what some op saved: an add
+# saves nothing (b), and a product of `exp(x)` saved `exp(x)`, not `x` (e). And it sees only
+# changes made through a tensor: `.data` goes around it (c), and a plain ndarray has no
+# counter at all, which is why the tape copies one it must keep (g). `no_grad()` changes what
+# is recorded, not what is checked (f).
+# %% [markdown]
 # ## 3. A forgotten `zero_grad`
 #
 # `.backward()` *adds* into `.grad`: that is what makes a parameter used twice in one graph
@@ -293,6 +353,20 @@ except engine.ShapeError as err:
 # `engine.rules.Op` with a `forward` and a `vjp`. Their forwards are all right. Some of
 # their VJPs are not. `lesson05.suspects()` gives them as `Suspect` objects: `s.fn(*tensors)`
 # runs the op, `s.shapes` are the shapes of its inputs.
+#
+# The tool is the gradient checker you built in lesson 04. `pieces.gradient_checker()` hands
+# back your `spot_check` (04.3), loaded from your saved pieces after a test of its contract
+# (a right gradient passes everywhere, one wrong element is flagged, and only it), or, when
+# yours is not saved or fails that test, the engine's spot check with the same arguments and
+# the same rows. The line below says which one runs here. Everything printed after it is
+# the same whichever it is: both report the same verdicts.
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (whose checker runs depends on the pieces you saved; no result below depends on it)
+from coursework import pieces
+
+spot_check, checker_owner = pieces.gradient_checker()
+print("the gradient checker of this section:", checker_owner)
 
 # %%
 suspects = lesson05.suspects()
@@ -300,13 +374,29 @@ for name, s in suspects.items():
     print(f"{name:11} inputs of shape {s.shapes}")
 
 # %% [markdown]
-# ## Exercise 05.1 · Which are broken?
+# A spot check takes a scalar function of one array and the gradient backprop gives for it.
+# An op has an array output and possibly several inputs, so `lesson05.scalar_views(s, arrays)`
+# turns it into what the checker wants, one triple `(f, x, grad)` per input: `f(array)` runs
+# the op with that input replaced by `array` (the others fixed) and reduces the output to one
+# number with fixed random weights, so every output element matters; `grad` is that number's
+# gradient from one backward through the op's `vjp`. For the bias op, the second triple is
+# the bias's:
+
+# %%
+(f_x, x_in, g_x), (f_b, b_in, g_b) = lesson05.scalar_views(
+    suspects["add_bias"], [np.ones((4, 3)), np.zeros(3)])
+print("inputs:", x_in.shape, b_in.shape, "  gradients:", g_x.shape, g_b.shape)
+print("both views give the op's number at the inputs given:", f_x(x_in) == f_b(b_in))
+# %% [markdown]
+# ## Exercise 05.2 · Which are broken?
 #
-# Write `find_broken(suspects)`: run `engine.gradcheck` on every suspect, with float64 inputs
-# drawn from `np.random.default_rng(seed).normal(size=shape)` for each of its shapes, and
-# return the names of those that fail (`raise_on_failure=False` returns the report, whose
-# `.ok` says whether it passed). Everything from lesson 04 applies: float64, both signs of
-# input (kinks!), every input of the op.
+# Write `find_broken(suspects)`: for every suspect, draw float64 inputs from
+# `np.random.default_rng(seed).normal(size=shape)`, one for each of its shapes, and run
+# `spot_check` (the checker of the cell above) on every `scalar_views` triple of the suspect;
+# return the names of the suspects with a failing row (`r.ok` is False). Everything from
+# lesson 04 applies: float64, both signs of input (kinks!), every input of the op, and every
+# element (`n_checks=x.size`), since a bug can hide in a few of them. (`engine.gradcheck` does
+# the same in one call; here your own checker does the work.)
 
 # %%
 def find_broken(suspects, seed=0):
@@ -315,15 +405,16 @@ def find_broken(suspects, seed=0):
     rng = np.random.default_rng(seed)
     broken = []
     for name, s in suspects.items():
-        inputs = [rng.normal(size=shape) for shape in s.shapes]
-        report = engine.gradcheck(s.fn, inputs, raise_on_failure=False)
-        if not report.ok:
-            broken.append(name)
+        arrays = [rng.normal(size=shape) for shape in s.shapes]
+        for f, x, grad in lesson05.scalar_views(s, arrays):
+            if not all(r.ok for r in spot_check(f, x, grad, n_checks=x.size)):
+                broken.append(name)
+                break
     return broken
     ### END SOLUTION
 
 # %%
-# CHECK 05.1
+# CHECK 05.2
 lesson05.check_find_broken(find_broken)
 
 # %% [markdown]
@@ -336,12 +427,13 @@ lesson05.check_find_broken(find_broken)
 # clearly as a wrong large one (on a plot of analytic against numerical, the leaky ReLU's
 # slope 0.1 sits so close to the origin that a missing leak is hard to see). Points of a
 # negative input are drawn in orange, of a positive input in blue; a second input (a bias)
-# with crosses. Ratios beyond ±2.5 are drawn at the edge.
+# with crosses. Ratios beyond ±2.5 are drawn at the edge. The values come from the rows of the
+# same `spot_check`, run on every element (`lesson05.numeric_and_analytic(s, spot_check)`).
 
 # %%
 fig, axes = plt.subplots(2, 4, figsize=(12, 6), sharey=True)
 for ax, (name, s) in zip(axes.flat, suspects.items()):
-    for k, (x, analytic, numeric) in enumerate(lesson05.numeric_and_analytic(s)):
+    for k, (x, analytic, numeric) in enumerate(lesson05.numeric_and_analytic(s, spot_check)):
         marker = "o" if k == 0 else "x"
         ratio = np.clip(analytic / numeric, -2.5, 2.5)
         ax.scatter(x[x < 0], ratio[x < 0], c="tab:orange", marker=marker, s=18)
@@ -362,7 +454,7 @@ for cause, meaning in lesson05.CAUSES.items():
     print(f"{cause:9} {meaning}")
 
 # %% [markdown]
-# ## Exercise 05.2 · Say how
+# ## Exercise 05.3 · Say how
 #
 # From the plots (and the reports of your `find_broken`, if you print them), give each
 # suspect its verdict: one of the causes listed above. `"ok"` for a correct op.
@@ -376,7 +468,7 @@ def verdicts():
     ### END SOLUTION
 
 # %%
-# CHECK 05.2
+# CHECK 05.3
 lesson05.check_verdicts(verdicts)
 
 # %% [markdown]
@@ -482,7 +574,7 @@ for name, run in [("A", mystery_A), ("B", mystery_B), ("C", mystery_C), ("D", my
     run()
 
 # %% [markdown]
-# ## Exercise 05.3 · Triage
+# ## Exercise 05.4 · Triage
 #
 # For each mystery, give the number of the step (1-9) of the troubleshooting order that finds
 # its cause. Use `lesson05.diagnose(...)` with the symptom you see; where it lists several
@@ -496,7 +588,7 @@ def triage():
     ### END SOLUTION
 
 # %%
-# CHECK 05.3
+# CHECK 05.4
 lesson05.check_triage(triage)
 
 # %% [markdown]
@@ -505,10 +597,11 @@ lesson05.check_triage(triage)
 # - A `health` line per parameter: the cheapest diagnostic there is, and the one to log every
 #   step (with the gradient norm) in a real run.
 # - The engine's own guards: version counters that turn a stale saved tensor into an error
-#   naming the op (as long as the change goes through the tensor, not `.data`), and
+#   naming the op (as long as some op saved that memory and the change goes through a tensor
+#   or a view of it, not `.data`), and
 #   `detect_anomaly()`, which names the first op to make a NaN or Inf at the price of a scan
 #   of every array (debugging only).
-# - `find_broken`: gradient checks as a bug detector, and the patterns that say how a
+# - `find_broken`: your lesson 04 checker as a bug detector, and the patterns that say how a
 #   backward rule is broken: a constant ratio, a flipped sign, one branch, the broadcast
 #   input, or no pattern at all.
 # - The troubleshooting order: paths and cuts first, then in-place changes, zeroing, bad
