@@ -430,7 +430,8 @@ def away_from_kink(x, eps=1e-6):
 
 
 def same_mask(loss, seed):
-    """f(values) = loss(values, rng), where every call gets a new generator made from seed."""
+    """f(values) for a checker: loss(values, rng), every call with the mask that a generator
+    made from `seed` draws first."""
     ### BEGIN SOLUTION
     return lambda values: loss(values, np.random.default_rng(seed))
     ### END SOLUTION
@@ -592,6 +593,8 @@ assert all(r.ok for r in rows)
 # - `spot_check`: seeded random elements, so a check is cheap (2 forward passes per element,
 #   not per parameter) and reproducible.
 # - `best_step`: ε* = (3u)^(1/3), about 7e-6 in float64; the reason checks run in float64.
+# - `away_from_kink` and `same_mask`: a fair check for a correct gradient, with every point
+#   farther than ε from a kink (on its own side) and one mask for every forward pass.
 #
 # A check of `k` elements costs `2k` forward passes, whatever the model's size, which is why
 # it is a development tool and not a training step. And it is a *sample*: passing spot checks
