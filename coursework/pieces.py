@@ -355,3 +355,15 @@ def pieces_report(names) -> list[tuple[str, str]]:
             owner = f"reference (yours does not load: {type(err).__name__}: {err})"
         report.append((name, owner))
     return report
+
+
+def block_count():
+    """(block_saved_elements, owner): the learner's 06.2 count of what one GPT block keeps
+    when it is saved and keeps its slot's contract, else the engine's
+    (`slots.engine_block_saved_elements`, the same calling convention and numbers);
+    `owner` says which runs, and why the engine's. Never raises."""
+    from .slots import engine_block_saved_elements
+    fn, why = piece_for_slot("block_saved_elements")
+    if fn is not None:
+        return fn, "yours (06.2)"
+    return engine_block_saved_elements, f"the engine's ({why})"
