@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -275,3 +277,18 @@ def test_07_3_peak_passes(capsys):
 def test_07_3_saved_instead_of_peak_is_rejected():
     fails_with(lesson07.check_crossover_batch, crossover("saved"),
                words=("peak", "not only what is saved"))
+
+
+# ------------------------------------------------------ lesson 06's pictures
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_lesson_06_shows_the_memory_timeline_before_it_is_run():
+    """The student notebook has no outputs: its markdown shows a committed picture of the
+    timeline, found from the student notebook (course/) and the solution (course/solutions/)."""
+    source = (ROOT / "course" / "source" / "06_activation_memory.py").read_text()
+    images = re.findall(r"\]\((images/[^)]+\.png)\)", source)
+    assert images == ["images/06_memory_timeline.png"]
+    for folder in ("course", "course/solutions"):
+        picture = ROOT / folder / images[0]
+        assert picture.is_file() and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -354,6 +354,46 @@ for changes, m in zip(SHAPES, measured):
 # from the engine's block on these shapes, so a wrong piece never reaches the budget (the
 # engine's runs, and the cell above says why).
 #
+# ## Predicted against measured: the step time
+#
+# The calculator's step time is the step's FLOPs over the FLOP/s the device really delivers:
+# `FLOPs / (mfu × R)`, with R the device's dense FLOP/s and `mfu` (model FLOP utilization)
+# the fraction of it a real run reaches. On "this machine" R is measured: one large float32
+# matrix product (`bm.this_machine()`). With `mfu = 1` the prediction is the fastest a step
+# could possibly be, since no step of a model beats the machine's own best matmul. Our tape
+# engine runs op by op in numpy, with many small products, so expect the measured step to be
+# slower, often several times: the ratio is the MFU our engine reaches, the number the `mfu`
+# knob stands for. Both sides run on one thread here, so that a busy machine changes both alike.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from engine.gpt_config import GPTConfig, init_params
+from engine.nn import GPT
+from engine.timing import fixed_threads, median_seconds
+
+step_cfg = bm.preset("tiny", micro_batch=4)
+gcfg = GPTConfig(vocab_size=step_cfg.vocab_size, block_size=step_cfg.seq_len,
+                 n_layer=step_cfg.n_layer, n_head=step_cfg.n_head, n_embd=step_cfg.d_model)
+model = GPT(gcfg, init_params(gcfg, seed=0, dtype=np.float32))
+ids = np.random.default_rng(0).integers(0, step_cfg.vocab_size, size=(4, step_cfg.seq_len))
+with fixed_threads(1):
+    machine = bm.this_machine()
+    measured_step = median_seconds(lambda: model(ids, ids).backward(), 3, warmup=1)
+predicted = bm.budget(step_cfg.with_(mfu=1.0, **machine)).device
+print(f"{step_cfg.name}, B=4: {bm.human_flops(bm.flops(step_cfg)['per_step']['total'])} per "
+      f"step; this machine's float32 matmul: {bm.human_flops(machine['device_flops'])}/s")
+print(f"predicted at MFU 1: {bm.human_seconds(predicted.step_seconds)}; measured: "
+      f"{bm.human_seconds(measured_step)}; our tape engine's MFU: "
+      f"{predicted.step_seconds / measured_step:.2f}")
+# the claim: the prediction at MFU 1 is a floor (with a margin for a machine busy while
+# the matmul rate was measured)
+assert measured_step > 0.5 * predicted.step_seconds
+
+# %% [markdown]
+# Lesson 13 puts its fused trainer on the same comparison. For a large model on a GPU, an
+# MFU of 0.3 to 0.5 is what good runs reach (the calculator's default is 0.4): read the
+# calculator's step time as "if my code is that good".
+#
 # ## The command line
 #
 # Practitioners do not need the notebook: `python -m engine.budget` has the same presets and
