@@ -1,21 +1,24 @@
 """Checks for lesson 06, "Activation memory".
 
-06.1 the bytes a ReLU MLP saves for its backward, 06.2 the float elements
-one GPT block saves, 06.3 the rule-of-thumb activation bytes of the source
-texts. The first two are checked against what `engine.memory` measures on
-our engine for several shapes, so the answer is the engine's truth, not a
-formula copied from somewhere; the checks recognise the usual miscounts
-and say which one it is.
+06.1 the bytes a ReLU MLP saves for its backward (predicted before the
+lesson shows the measurement), 06.2 the float elements one GPT block saves
+(kept as the piece `block_saved_elements`, which lesson 07's budget runs),
+06.3 the largest micro-batch whose rule-of-thumb activations fit in a
+memory. The first two are checked against what `engine.memory` measures on
+our engine for several shapes, the third against `engine.budget`'s own
+search, so the answer is the engine's truth, not a formula copied from
+somewhere; the checks recognise the usual slips and say which one it is.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ._core import ExerciseError, attempt, passed
+from .pieces import save_piece
 
 EX_MLP = "06.1 (mlp_saved_bytes)"
 EX_BLOCK = "06.2 (block_saved_elements)"
-EX_RULE = "06.3 (rule_of_thumb_bytes)"
+EX_FIT = "06.3 (micro_batch_that_fits)"
 
 
 def measure_mlp(batch: int, n_in: int, n_hidden: int, n_out: int, dtype=np.float64) -> int:
@@ -140,38 +143,82 @@ def check_block_saved_elements(block_saved_elements) -> None:
         raise ExerciseError(EX_BLOCK, f"for B={B}, T={T}, C={C}, H={H} you say {got:,} "
                                       f"elements, the engine measured {want:,} "
                                       f"({want / btc:.3g} x B*T*C). Hint: {hint}")
+    save_piece("block_saved_elements", block_saved_elements, EX_BLOCK)
     passed(EX_BLOCK, f"{len(BLOCK_SHAPES)} shapes, each equal to engine.memory's measurement.")
 
 
 # ------------------------------------------------------------------ 06.3
-def check_rule_of_thumb_bytes(rule_of_thumb_bytes) -> None:
-    """rule_of_thumb_bytes(B, N, d, L, k, bytes_per_element) = the source
-    texts' estimate, as engine.budget's 'rule' model computes it."""
-    from engine import budget
+GB = 10 ** 9
 
-    cases = [budget.preset("7b-example"), budget.preset("24-layer-example"),
-             budget.BudgetConfig(n_layer=3, d_model=96, n_head=4, micro_batch=5, seq_len=40,
-                                 activation_model="rule", tensors_per_layer=7)]
-    for cfg in cases:
+
+def _fit_cases():
+    """(memory bytes, BudgetConfig on the 'rule' model): the two worked examples, an exact
+    fit (the memory is 5 sequences to the byte), a memory smaller than one sequence."""
+    from engine import budget
+    odd = budget.BudgetConfig(n_layer=3, d_model=96, n_head=4, seq_len=40,
+                              activation_model="rule", tensors_per_layer=7)
+    one_odd = 40 * 96 * 7 * 3 * budget.STORAGE_BYTES[odd.precision]
+    return [(80 * GB, budget.preset("7b-example")), (16 * GB, budget.preset("24-layer-example")),
+            (40 * GB, budget.preset("24-layer-example")), (5 * one_odd, odd),
+            (one_odd - 1, odd)]
+
+
+def engine_micro_batch_that_fits(memory_bytes: int, cfg) -> int:
+    """engine.budget's answer: its search for the largest micro-batch whose activations
+    (cfg's 'rule' model, nothing else resident) fit in memory_bytes; 0 if none does."""
+    from engine import budget
+    return budget.largest_micro_batch(cfg, 0, memory_bytes) or 0
+
+
+def check_micro_batch_that_fits(micro_batch_that_fits) -> None:
+    """micro_batch_that_fits(memory_bytes, N, d, L, k, bytes_per_element) = the largest
+    B whose B x N x d x k x L x bytes fit, as engine.budget's search finds it."""
+    from engine import budget
+    for memory, cfg in _fit_cases():
         e = budget.STORAGE_BYTES[cfg.precision]
-        args = (cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.tensors_per_layer, e)
-        want = budget.activations(cfg).saved
-        got = _as_int(EX_RULE, attempt(EX_RULE, rule_of_thumb_bytes, *args),
-                      "rule_of_thumb_bytes(...)")
+        N, d, L, k = cfg.seq_len, cfg.d_model, cfg.n_layer, cfg.tensors_per_layer
+        want = engine_micro_batch_that_fits(memory, cfg)
+        value = attempt(EX_FIT, micro_batch_that_fits, memory, N, d, L, k, e)
+        case = (f"for {budget.human_bytes(memory)} ({memory:,} bytes), N={N}, d={d}, L={L}, "
+                f"k={k}, {e} bytes per element")
+        if value is None:
+            raise ExerciseError(EX_FIT, f"{case} you return None. Hint: when not even one "
+                                        f"sequence fits, the answer is the number 0.")
+        try:
+            whole = float(value) == int(float(value))
+        except (TypeError, ValueError, OverflowError):
+            whole = True                      # _as_int below says what is wrong
+        if not whole:
+            raise ExerciseError(EX_FIT, f"{case} you say B={float(value):.6g}. Hint: a "
+                                        f"micro-batch is a whole number of sequences, and a "
+                                        f"part of one does not run: how many *whole* "
+                                        f"sequences fit? (floor division, //)")
+        got = _as_int(EX_FIT, value, "micro_batch_that_fits(...)")
         if got == want:
             continue
-        B, N, d, L, k, _ = args
-        known = {
-            want // L: "that is one layer; every layer keeps its own k tensors (times L).",
-            want // k: "each layer keeps k tensors of B x N x d, not one.",
-            want // e: "that is elements; multiply by the bytes per element.",
-            want * 8: "bits, not bytes: a 16-bit number takes 2 bytes.",
-        }
-        raise ExerciseError(EX_RULE, f"for B={B}, N={N}, d={d}, L={L}, k={k}, {e} bytes you "
-                                     f"say {got:,}, expected {want:,}. Hint: "
-                                     + known.get(got, "B x N x d elements per tensor, k "
-                                                      "tensors per layer, L layers, bytes "
-                                                      "per element."))
-    seven_b = budget.activations(cases[0]).saved
-    passed(EX_RULE, f"7B example: {budget.human_bytes(seven_b)}; 24-layer example: "
-                    f"{budget.human_bytes(budget.activations(cases[1]).saved)}.")
+        one = N * d * k * L * e
+        slips = [   # (the answer of a typical slip, its hint); the first that matches wins
+            (memory // (N * d * k * e), "that is how many sequences fit in one layer; every "
+                                        "layer keeps its own k tensors (x L)."),
+            (memory // (N * d * L * e), "each layer keeps k tensors of B x N x d, not one."),
+            (memory // (N * d * k * L), "that counts elements, not bytes: multiply one "
+                                        "sequence's elements by the bytes per element."),
+            (round(memory / one), f"B={got} does not fit ({got * one:,} bytes > {memory:,}): "
+                                  f"round the division down, not to the nearest."),
+            (-(-memory // one), f"B={got} does not fit ({got * one:,} bytes > {memory:,}): "
+                                f"round the division down, not up."),
+            (want - 1, f"B={want} fits too: {want} x {one:,} = {want * one:,} bytes, not more "
+                       f"than {memory:,}. A batch that fills the memory exactly fits (<=, "
+                       f"not <)."),
+        ]
+        hint = next((h for v, h in slips if v == got), None)
+        if hint is None and got > want:
+            hint = f"B={got} needs {got * one:,} bytes, more than {memory:,}."
+        raise ExerciseError(EX_FIT, f"{case} you say B={got}, engine.budget finds B={want}. "
+                                    "Hint: " + (hint or "one sequence keeps k tensors of "
+                                                        "N x d in each of L layers, at the "
+                                                        "bytes per element; how many whole "
+                                                        "sequences fit?"))
+    passed(EX_FIT, f"the 7B example fits {engine_micro_batch_that_fits(*_fit_cases()[0])} "
+                   f"sequences of activations in 80 GB; the 24-layer example "
+                   f"{engine_micro_batch_that_fits(*_fit_cases()[1])} in 16 GB.")

@@ -334,14 +334,10 @@ def tape_rules():
 
 
 def gradient_checker():
-    """(spot_check, owner): the learner's 04.3 `spot_check` when it is saved and keeps its
-    slot's contract, else the engine's (`slots.engine_spot_check`, the same calling
-    convention and rows); `owner` says which runs, and why the engine's. Never raises."""
+    """(spot_check, owner): the learner's 04.3 `spot_check`, else the engine's
+    (`slots.engine_spot_check`, the same calling convention and rows)."""
     from .slots import engine_spot_check
-    fn, why = piece_for_slot("spot_check")
-    if fn is not None:
-        return fn, "yours (04.3)"
-    return engine_spot_check, f"the engine's ({why})"
+    return piece_or_engine("spot_check", "04.3", engine_spot_check)
 
 
 def pieces_report(names) -> list[tuple[str, str]]:
@@ -365,3 +361,10 @@ def piece_or_engine(name: str, exercise: str, engine_version):
     if fn is not None:
         return fn, f"yours ({exercise})"
     return engine_version, f"the engine's, because {why}"
+
+
+def block_count():
+    """(block_saved_elements, owner): the learner's 06.2 count of what one GPT block keeps,
+    else the engine's (`slots.engine_block_saved_elements`, the same calling convention)."""
+    from .slots import engine_block_saved_elements
+    return piece_or_engine("block_saved_elements", "06.2", engine_block_saved_elements)

@@ -310,9 +310,9 @@ def test_lesson06_checks_accept_the_engine_counts_and_name_the_usual_slips():
     _fails_with(lesson06.check_block_saved_elements,
                 lambda B_, T, C, H: 16 * B_ * T * C + B_ * H * T * T, "rstd")
 
-    lesson06.check_rule_of_thumb_bytes(lambda B_, N, d, L, k, e: B_ * N * d * L * k * e)
-    _fails_with(lesson06.check_rule_of_thumb_bytes,
-                lambda B_, N, d, L, k, e: B_ * N * d * k * e, "06.3", "one layer")
+    lesson06.check_micro_batch_that_fits(lambda m, N, d, L, k, e: m // (N * d * L * k * e))
+    _fails_with(lesson06.check_micro_batch_that_fits,
+                lambda m, N, d, L, k, e: m // (N * d * k * e), "06.3", "one layer")
 
 
 def test_lesson07_checks_accept_the_budget_and_name_the_usual_slips():

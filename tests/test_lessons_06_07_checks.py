@@ -2,11 +2,187 @@
 another way) pass, typical wrong answers fail with the hint that names them."""
 from __future__ import annotations
 
+import json
+import math
+import re
+from pathlib import Path
+
 import pytest
 
-from coursework import lesson07
+from coursework import lesson06, lesson07, pieces, slots
 from engine import budget as bm
 from check_tools import fails_with
+
+
+@pytest.fixture()
+def pieces_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "pieces"
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(folder))
+    return folder
+
+
+def _stub(*args):
+    raise NotImplementedError()
+
+
+def _define(tmp_path, source, function):
+    """A function defined from a file, as a notebook cell defines it (so it can be saved)."""
+    path = tmp_path / f"{function}_cell.py"
+    path.write_text(source)
+    namespace = {"__name__": "notebook"}
+    exec(compile(source, str(path), "exec"), namespace)
+    return namespace[function]
+
+
+# ---------------------------------------------------------------- 06.1
+def test_06_1_a_prediction_written_per_buffer_passes(capsys):
+    def per_buffer(batch, n_in, n_hidden, n_out, itemsize):
+        buffers = {"x (fc1's input)": (batch, n_in), "relu out = fc2's input": (batch, n_hidden)}
+        return sum(math.prod(shape) for shape in buffers.values()) * itemsize
+    lesson06.check_mlp_saved_bytes(per_buffer)
+    assert "06.1 (mlp_saved_bytes) passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda b, i, h, o, e: e * b * (i + 2 * h), ("same array",)),
+    (lambda b, i, h, o, e: e * (b * (i + h) + i * h + h * o), ("added the weight matrices",)),
+    (lambda b, i, h, o, e: b * (i + h), ("number of elements",)),
+    (lambda b, i, h, o, e: e * b * h, ("fc1's matmul also keeps its input x",)),
+    (lambda b, i, h, o, e: e * b * (i + h + o), ("output is not saved",)),
+    (lambda b, i, h, o, e: e * b * (i + 2 * h + o), ("output is not needed",)),
+    (_stub, ("06.1", "not done yet")),
+])
+def test_06_1_typical_wrong_predictions_are_named(wrong, words):
+    fails_with(lesson06.check_mlp_saved_bytes, wrong, words=words)
+
+
+# ---------------------------------------------------------------- 06.2
+BLOCK_SOURCE = """def block_saved_elements(B, T, C, H):
+    per_token = 2 * (C + 1) + (C + 3 * C + C) + (C + 4 * C + 4 * C)
+    return B * T * per_token + B * H * T ** 2
+"""
+
+
+def test_06_2_passes_and_saves_the_count_as_a_piece(pieces_folder, tmp_path, capsys):
+    fn = _define(tmp_path, BLOCK_SOURCE, "block_saved_elements")
+    lesson06.check_block_saved_elements(fn)
+    assert "06.2 (block_saved_elements) passed" in capsys.readouterr().out
+    loaded, why = pieces.piece_for_slot("block_saved_elements")
+    assert why is None and loaded(16, 128, 128, 4) == slots.engine_block_saved_elements(
+        16, 128, 128, 4)
+    count, owner = pieces.block_count()
+    assert owner == "yours (06.2)" and count(2, 8, 16, 2) == 16 * 2 * 8 * 16 + 2 * 16 + 2 * 2 * 64
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda B, T, C, H: 16 * B * T * C + 2 * B * T, ("probabilities att",)),
+    (lambda B, T, C, H: 16 * B * T * C + B * H * T * T, ("rstd",)),
+    (lambda B, T, C, H: 16 * B * T * C + 2 * B * T + B * T * T, ("per head",)),
+    (lambda B, T, C, H: 19 * B * T * C + 2 * B * T + B * H * T * T, ("views of the one qkv",)),
+    (lambda B, T, C, H: 4 * (16 * B * T * C + 2 * B * T + B * H * T * T), ("bytes (x4)",)),
+    (_stub, ("06.2", "not done yet")),
+])
+def test_06_2_typical_miscounts_are_named(wrong, words, pieces_folder):
+    fails_with(lesson06.check_block_saved_elements, wrong, words=words)
+    assert not (pieces_folder / "block_saved_elements.py").exists()
+
+
+def test_a_count_right_only_on_the_checks_shapes_is_refused_at_save(pieces_folder, tmp_path):
+    """The slot's contract also covers lesson 07's shapes: a count that is right on 06.2's
+    small shapes but wrong at T=128 passes the measurement, and is refused as a piece."""
+    source = ("def block_saved_elements(B, T, C, H):\n"
+              "    att = B * H * T * T if T <= 16 else B * T * T\n"
+              "    return 16 * B * T * C + 2 * B * T + att\n")
+    fn = _define(tmp_path, source, "block_saved_elements")
+    fails_with(lesson06.check_block_saved_elements, fn,
+               words=("would not work where the engine runs it", "T=128", "keeps"))
+    assert not (pieces_folder / "block_saved_elements.py").exists()
+
+
+def _write_piece(folder, source, function="block_saved_elements"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "block_saved_elements.py").write_text(source)
+    (folder / "index.json").write_text(json.dumps(
+        {"block_saved_elements": {"function": function, "exercise": "06.2"}}))
+
+
+@pytest.mark.parametrize("source, says", [
+    ("def block_saved_elements(B, T, C, H):\n    return 16 * B * T * C\n",
+     "yours was skipped: for B=2, T=8, C=16, H=2 it counts"),
+    ("def block_saved_elements(B, T, C, H):\n    return None\n",
+     "yours was skipped: returned None"),
+    ("def block_saved_elements(B, T, C, H):\n    return K * B * T * C\n",
+     "'K' from the notebook"),
+    ("def block_saved_elements(B, T, C, H)\n", "yours does not load: SyntaxError"),
+])
+def test_lesson_07_runs_the_engines_count_and_says_why_for_a_broken_piece(pieces_folder,
+                                                                        source, says):
+    count, owner = pieces.block_count()
+    assert count is slots.engine_block_saved_elements
+    assert owner == "the engine's, because not written yet"
+    _write_piece(pieces_folder, source)
+    count, owner = pieces.block_count()
+    assert count is slots.engine_block_saved_elements
+    assert owner.startswith("the engine's, because ") and says in owner, owner
+
+
+def test_the_engines_count_keeps_the_slots_contract_and_equals_the_measurement():
+    slots.check("block_saved_elements", slots.engine_block_saved_elements)
+    for B, T, C, H in lesson06.BLOCK_SHAPES:
+        assert slots.engine_block_saved_elements(B, T, C, H) == \
+            lesson06.measure_block_elements(B, T, C, H)
+
+
+# ---------------------------------------------------------------- 06.3
+def fits_by_search(memory, N, d, L, k, e):
+    """Written another way: double B while it fits, then bisect."""
+    def fits(b):
+        return b * N * d * k * L * e <= memory
+    lo, hi = 0, 1                      # fits(lo); hi is to be tried
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def test_06_3_right_answers_pass(capsys):
+    lesson06.check_micro_batch_that_fits(lambda m, N, d, L, k, e: m // (N * d * k * L * e))
+    lesson06.check_micro_batch_that_fits(fits_by_search)
+    lesson06.check_micro_batch_that_fits(   # a whole float is a number of sequences too
+        lambda m, N, d, L, k, e: math.floor(m / (N * d * k * L * e)) * 1.0)
+    out = capsys.readouterr().out
+    assert "06.3 (micro_batch_that_fits) passed" in out
+    assert "7B example fits 37 sequences" in out and "24-layer example 9 in 16 GB" in out
+
+
+def _one(N, d, L, k, e):
+    return N * d * k * L * e
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda m, N, d, L, k, e: m // (N * d * k * e), ("one layer", "x L")),
+    (lambda m, N, d, L, k, e: m // (N * d * L * e), ("k tensors", "not one")),
+    (lambda m, N, d, L, k, e: m // (N * d * k * L), ("elements, not bytes",)),
+    (lambda m, N, d, L, k, e: -(-m // _one(N, d, L, k, e)), ("does not fit", "not up")),
+    (lambda m, N, d, L, k, e: round(m / _one(N, d, L, k, e)), ("does not fit",
+                                                              "not to the nearest")),
+    (lambda m, N, d, L, k, e: (m - 1) // _one(N, d, L, k, e), ("fits too", "<=, not <")),
+    (lambda m, N, d, L, k, e: m / _one(N, d, L, k, e), ("whole number of sequences", "//")),
+    (lambda m, N, d, L, k, e: (m // _one(N, d, L, k, e)) or None, ("return None", "0")),
+    (lambda m, N, d, L, k, e: 2 * (m // _one(N, d, L, k, e)) + 1, ("needs", "more than")),
+    (_stub, ("06.3", "not done yet")),
+])
+def test_06_3_typical_wrong_designs_are_named(wrong, words):
+    fails_with(lesson06.check_micro_batch_that_fits, wrong, words=words)
+
+
+def test_06_3_the_checks_answers_are_engine_budgets_and_include_an_exact_fit_and_none():
+    answers = [lesson06.engine_micro_batch_that_fits(m, cfg) for m, cfg in lesson06._fit_cases()]
+    assert answers == [37, 9, 24, 5, 0]
+    m, cfg = lesson06._fit_cases()[3]
+    assert bm.activations(cfg.with_(micro_batch=5)).saved == m      # fills it to the byte
 
 
 # ---------------------------------------------------------------- 07.1
@@ -101,3 +277,18 @@ def test_07_3_peak_passes(capsys):
 def test_07_3_saved_instead_of_peak_is_rejected():
     fails_with(lesson07.check_crossover_batch, crossover("saved"),
                words=("peak", "not only what is saved"))
+
+
+# ------------------------------------------------------ lesson 06's pictures
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_lesson_06_shows_the_memory_timeline_before_it_is_run():
+    """The student notebook has no outputs: its markdown shows a committed picture of the
+    timeline, found from the student notebook (course/) and the solution (course/solutions/)."""
+    source = (ROOT / "course" / "source" / "06_activation_memory.py").read_text()
+    images = re.findall(r"\]\((images/[^)]+\.png)\)", source)
+    assert images == ["images/06_memory_timeline.png"]
+    for folder in ("course", "course/solutions"):
+        picture = ROOT / folder / images[0]
+        assert picture.is_file() and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

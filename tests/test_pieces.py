@@ -39,7 +39,7 @@ def test_the_gradient_checker_slot_runs_yours_or_says_why_the_engines_runs(tmp_p
     from coursework import slots
     monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
     fn, owner = pieces.gradient_checker()
-    assert fn is slots.engine_spot_check and owner == "the engine's (not written yet)"
+    assert fn is slots.engine_spot_check and owner == "the engine's, because not written yet"
     slots.check("spot_check", slots.engine_spot_check)       # the engine keeps the contract
     # a checker that passes everything is skipped: it misses the planted wrong element
     _write_piece(tmp_path, "spot_check",
@@ -47,4 +47,4 @@ def test_the_gradient_checker_slot_runs_yours_or_says_why_the_engines_runs(tmp_p
                  "    return []\n", "spot_check")
     fn, owner = pieces.gradient_checker()
     assert fn is slots.engine_spot_check
-    assert owner.startswith("the engine's (yours was skipped: did not pass a right gradient")
+    assert owner.startswith("the engine's, because yours was skipped: did not pass a right gradient")

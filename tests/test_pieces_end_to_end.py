@@ -32,6 +32,7 @@ SOLUTION_PIECES = {
     "numerical_partial": ("04", "numerical_partial", "04.1"),
     "gradient_errors": ("04", "gradient_errors", "04.2"),
     "spot_check": ("04", "spot_check", "04.3"),
+    "block_saved_elements": ("06", "block_saved_elements", "06.2"),
     "accumulate": ("08", "accumulate", "08.1"),
     "checkpoint_replay": ("08", "checkpointed_backward", "08.2"),
     "checkpoint_peak": ("08", "checkpoint_peak", "08.3"),

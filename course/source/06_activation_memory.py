@@ -5,20 +5,23 @@
 # 1. know why training needs far more memory than inference: every value a backward rule
 #    reads must survive from the forward pass until the backward reaches it;
 # 2. read the tape's report of what each op saved (op, tensor, shape, dtype, bytes);
-# 3. count the saved bytes of an MLP and the saved elements of a GPT block yourself, and
-#    check both against what the engine *measures*;
+# 3. predict the saved bytes of an MLP and count the saved elements of a GPT block yourself,
+#    and check both against what the engine *measures*;
 # 4. see that activations grow with batch B, sequence N, width d and depth L, while the
 #    weights grow with neither B nor N;
 # 5. watch the live bytes rise through the forward pass and fall through the backward;
-# 6. redo the source texts' worked numbers: 134 MB per tensor and 17 GB for a 7B model,
-#    12.9 GB for a 24-layer model whose weights are under a gigabyte.
+# 6. decide how many sequences fit in a device by the source texts' rule of thumb, and redo
+#    their worked numbers: 134 MB per tensor and 17 GB for a 7B model, 12.9 GB for a
+#    24-layer model whose weights are under a gigabyte.
 #
 # Everything measured here comes from `engine.memory`, which watches the tape: it is not an
 # estimate. The formulas come from `engine.budget`, which the next lesson's calculator uses.
 #
-# **Your pieces in the engine.** Fills: no slot (the counts are checked against
-# `engine.memory`, not saved). Runs: no earlier pieces. (The whole map: CONTRIBUTING.md,
-# "Exercise <-> slot".)
+# **Your pieces in the engine.** Fills: the per-block count of the activation model (06.2
+# `block_saved_elements`, checked against `engine.memory` and kept as a piece; lesson 07's
+# budget runs it beside `engine.budget`'s own count). 06.1 and 06.3 are checked against
+# `engine.memory` and `engine.budget`, not saved. Runs: no earlier pieces. (The whole map:
+# CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import numpy as np
@@ -28,7 +31,7 @@ import engine
 from engine import Tensor, memory
 from engine import budget as bm
 from engine.gpt_config import GPTConfig, init_params
-from engine.nn import GPT, MLP
+from engine.nn import GPT, MLP, Linear
 from coursework import lesson06
 from widgets.memory_timeline import MemoryTimeline
 
@@ -58,49 +61,52 @@ def show_saved(recorder, scope_prefix=""):
 # for inference can drop each layer's values as soon as the next layer has read them.
 #
 # Our engine makes this visible. Every op's rule calls `save(...)` for exactly what its VJP
-# reads (see `engine/rules.py`), and `engine.memory.record()` lists those arrays. Here is a
-# two-layer ReLU MLP, `fc2(relu(fc1(x)))`, on a batch of 4 inputs with 3 features, a hidden
-# layer of 5 and 2 outputs, in float64 (8 bytes per number):
+# reads (see `engine/rules.py`), and `engine.memory.record()` lists those arrays. Here is
+# one linear layer and a tanh, `tanh(x @ W + b).sum()`, on a batch of 2 inputs with 3
+# features and 4 outputs, in float64 (8 bytes per number):
 
 # %%
-mlp = MLP(3, 5, 2, activation="relu", seed=0)
-x = np.random.default_rng(0).normal(size=(4, 3))
+layer = Linear(3, 4, seed=0)
+x = np.random.default_rng(0).normal(size=(2, 3))
 
 with memory.record() as mem:
-    loss = mlp(Tensor(x)).sum()
+    loss = layer(Tensor(x)).tanh().sum()
     loss.backward()
 show_saved(mem)
 
 with engine.no_grad(), memory.record() as mem_inference:
-    mlp(Tensor(x)).sum()
+    layer(Tensor(x)).tanh().sum()
 print(f"the same forward under no_grad (inference): {mem_inference.saved_bytes} bytes saved")
 
 # %% [markdown]
 # Read the table row by row:
 #
-# * `fc1/matmul` keeps its input `x` (4×3×8 = 96 bytes), because the weight gradient is
-#   `x^T @ g`. It does **not** keep its weight: `x` needs no gradient, so `g @ W^T` is never
-#   computed.
-# * `relu` keeps its output (4×5×8 = 160 bytes): the mask `out > 0` is its whole derivative.
-# * `fc2/matmul` keeps its weight (for the gradient of its input) and its input, which is
-#   ReLU's output: the same array, so it costs nothing extra. The weight exists anyway; it is
-#   the model, not an activation.
-# * The bias adds and the final sum keep nothing: their VJPs pass `g` through or broadcast it.
+# * `matmul` keeps its input `x` (2×3×8 = 48 bytes), because the weight's gradient is
+#   `x^T @ g` (lesson 03). It does not keep the weight: `x` needs no gradient, so `g @ W^T`
+#   is never computed. (When it does keep a weight, the table says so and does not count it:
+#   the weights exist anyway, they are the model, not activations.)
+# * `tanh` keeps its output (2×4×8 = 64 bytes): its derivative is `1 - out²`.
+# * The bias add and the final sum keep nothing: their VJPs pass `g` through or broadcast it.
 #
-# Under `no_grad` the tape records nothing and keeps nothing: that is inference. "Nothing
-# saved" is not "no memory", though. Inference still needs *working memory*: while a layer
-# computes, its input and its output are both alive (here at most `x` and the 4×5 hidden
-# array, 96 + 160 bytes), and the input is dropped once the next layer has read the output.
-# That is the largest pair of neighbouring activations, whatever the depth. Memory *saved for
-# the backward* is the sum over all layers, alive until the backward reaches each one: it
-# grows with the depth, and it is what this lesson measures.
+# **Two kinds of memory.** Under `no_grad` the tape records nothing and keeps nothing: that
+# is inference. "Nothing saved" is not "no memory", though. Inference still needs *working
+# memory*: while a layer computes, its input and its output are both alive, and the input is
+# dropped once the next layer has read the output. Inference's working memory is therefore
+# the largest pair of neighbouring activations, **whatever the depth**. Memory *saved for
+# the backward* is the sum over all layers, each kept alive until the backward reaches it: it
+# **grows with the depth**, and it is what this lesson measures.
 #
-# ## Exercise 06.1 · Count what an MLP keeps
+# ## Exercise 06.1 · Predict what an MLP keeps
 #
-# Write `mlp_saved_bytes(batch, n_in, n_hidden, n_out, itemsize)`: the activation bytes our
-# engine saves for a forward and backward of `MLP(n_in, n_hidden, n_out, activation="relu")`
-# on an input of shape `(batch, n_in)` with `itemsize` bytes per number. The check measures
-# the engine on several shapes (float64 and float32) and compares.
+# Now a two-layer ReLU MLP, `fc2(relu(fc1(x)))`, with a bias in each layer: predict, before
+# you measure, what the tape keeps. Write `mlp_saved_bytes(batch, n_in, n_hidden, n_out,
+# itemsize)`: the activation bytes our engine saves for a forward and backward of
+# `MLP(n_in, n_hidden, n_out, activation="relu")` on an input of shape `(batch, n_in)`, with
+# `itemsize` bytes per number. Go op by op (matmul, bias add, relu, matmul, bias add, sum) and
+# ask for each: what does its VJP read? (ReLU's derivative is the mask `out > 0`.) An array
+# that two ops keep is one buffer: count it once. The check measures the engine with
+# `engine.memory` on several shapes (float64 and float32) and compares; then the lesson
+# shows you the measurement.
 
 # %%
 def mlp_saved_bytes(batch, n_in, n_hidden, n_out, itemsize):
@@ -115,6 +121,30 @@ def mlp_saved_bytes(batch, n_in, n_hidden, n_out, itemsize):
 # CHECK 06.1
 from coursework import lesson06
 lesson06.check_mlp_saved_bytes(mlp_saved_bytes)
+
+# %% [markdown]
+# Here is the measurement your prediction had to match, for a batch of 4 inputs with 3
+# features, a hidden layer of 5 and 2 outputs:
+
+# %%
+mlp = MLP(3, 5, 2, activation="relu", seed=0)
+x = np.random.default_rng(0).normal(size=(4, 3))
+with memory.record() as mem:
+    mlp(Tensor(x)).sum().backward()
+show_saved(mem)
+print(f"your prediction: {mlp_saved_bytes(4, 3, 5, 2, 8):,} bytes")
+
+# %% [markdown]
+# * `fc1/matmul` keeps its input `x` (4×3×8 = 96 bytes), for the weight gradient `x^T @ g`.
+# * `relu` keeps its output (4×5×8 = 160 bytes): the mask `out > 0` is its whole derivative.
+# * `fc2/matmul` keeps its weight (for the gradient of its input) and its input, which is
+#   ReLU's output: the same array, so it costs nothing extra. The weight is not counted.
+# * The network's output is kept by no one: the sum's VJP only broadcasts `g`.
+#
+# So `itemsize · batch · (n_in + n_hidden)`, whatever `n_out` is. Under `no_grad` the same
+# MLP keeps nothing, and its working memory is at most `x` and the hidden array together.
+# A ten-layer MLP would keep ten such arrays for the backward; its inference would still need
+# only two at a time.
 
 # %% [markdown]
 # ## What a GPT block keeps
@@ -150,7 +180,8 @@ show_saved(mem, scope_prefix="h0")
 #
 # Write `block_saved_elements(B, T, C, H)`: the number of float elements one block of
 # `engine.nn.GPT` saves. The check measures a 2-block and a 1-block GPT on several shapes and
-# compares your count with the difference.
+# compares your count with the difference. When it passes, your function is saved as a
+# piece: lesson 07 builds its activation budget on your count.
 
 # %%
 def block_saved_elements(B, T, C, H):
@@ -248,8 +279,16 @@ print(f"activations overtake the fixed memory at B = {bm.crossover_batch(tiny)}"
 # every VJP of the backward, freeing each node's saved arrays as soon as its VJP has run. The
 # curve climbs through the forward, peaks when the loss is computed, and falls back to zero
 # as the backward walks the tape in reverse: the last layer's activations are the first to
-# go. Drag the slider to walk through it. (A smaller batch than the tiny preset keeps the plot
-# readable; the shape of the curve is the same.)
+# go. This is what the cells below measure and draw (the tiny model at B = 4; a smaller batch
+# than the preset keeps the plot readable, the shape of the curve is the same):
+#
+# ![Live activation bytes of one step of the tiny GPT at B = 4: a staircase rising through
+# the forward to a peak of 21.7 MB at the loss, then falling to zero through the
+# backward](images/06_memory_timeline.png)
+#
+# Both axes are linear: each of the 4 blocks adds the same stairs on the way up and removes
+# them on the way down, so growth with depth is a straight climb. Run the cells to get the
+# live version, and drag its slider to walk through the step one op at a time.
 
 # %%
 timeline_cfg = bm.preset("tiny", micro_batch=4)
@@ -276,28 +315,40 @@ for step in (0, len(timeline.points) // 4, len(timeline.points) // 2, len(timeli
 #
 # ## The source texts' worked numbers
 #
-# The source texts estimate activations with a rule of thumb: *k* saved tensors of
-# B × N × d per layer, L layers, at some bytes per element.
+# The source texts estimate activations with a rule of thumb that knows nothing of the ops:
+# every layer keeps *k* tensors the size of its input, a B × N × d activation, at some bytes
+# per element. (For our engine, 06.2 says k = 16, plus the T×T term.)
 #
-# ## Exercise 06.3 · The rule of thumb
+# ## Exercise 06.3 · How many sequences fit?
 #
-# Write `rule_of_thumb_bytes(B, N, d, L, k, bytes_per_element)`. The check runs it on the two
-# worked examples (a 7B model: L=32, d=4096, B=8, N=2048, 16-bit, k=4; a 24-layer model:
-# d=1024, B=8, N=2048, bf16, k=16) and one more case, against `engine.budget`.
+# The first question a memory budget answers is a design decision: how large can the
+# micro-batch be? Write `micro_batch_that_fits(memory_bytes, N, d, L, k, bytes_per_element)`:
+# the largest micro-batch B whose activations, by the rule of thumb, fit in `memory_bytes`
+# (0 when not even one sequence fits). Activations only; lesson 07 adds the weights,
+# gradients and optimizer state. Work out first what *one* sequence of N tokens costs in all
+# L layers; then decide how to turn "this many bytes per sequence" into a whole number of
+# sequences that fits. The check asks about the two worked examples (a 7B model: L=32,
+# d=4096, N=2048, 16-bit, k=4, in an 80 GB device; a 24-layer model: d=1024, N=2048, bf16,
+# k=16, in 16 GB and in 40 GB) and a few more, and compares with `engine.budget`'s own
+# search (`largest_micro_batch` on its "rule" activation model).
 
 # %%
-def rule_of_thumb_bytes(B, N, d, L, k, bytes_per_element):
-    """Activation bytes if each of L layers keeps k tensors of B x N x d."""
+def micro_batch_that_fits(memory_bytes, N, d, L, k, bytes_per_element):
+    """Largest B whose rule-of-thumb activations (k tensors of B x N x d per layer) fit."""
     ### BEGIN SOLUTION
-    return B * N * d * k * L * bytes_per_element
+    one_sequence = N * d * k * L * bytes_per_element
+    return memory_bytes // one_sequence
     ### END SOLUTION
 
 # %%
 # CHECK 06.3
-lesson06.check_rule_of_thumb_bytes(rule_of_thumb_bytes)
+lesson06.check_micro_batch_that_fits(micro_batch_that_fits)
 
 # %% [markdown]
-# Set these numbers beside the fixed memory, in the source texts' terms:
+# One sequence costs N·d·k·L·bytes, so the rule of thumb is **B·N·d·k·L·bytes** of
+# activations, and the batch that fits is the memory divided by one sequence's bytes,
+# rounded *down* (one sequence more would not fit). The two worked examples at their own
+# micro-batch, B = 8, beside their weights, in the source texts' terms:
 
 # %%
 seven_b = bm.budget(bm.preset("7b-example"))
@@ -306,11 +357,15 @@ print(f"7B example: one B x N x d tensor = {bm.human_bytes(seven_b.one_tensor_by
 print(f"  x {seven_b.config.tensors_per_layer} tensors x {seven_b.config.n_layer} layers = "
       f"{bm.human_bytes(seven_b.activations.saved)} of activations")
 print(f"  weights in 16-bit: {bm.human_bytes(seven_b.fixed['weights'])}")
+print(f"  sequences whose activations fit in 80 GB: "
+      f"{micro_batch_that_fits(80 * 10**9, 2048, 4096, 32, 4, 2)}")
 
 ex24 = bm.budget(bm.preset("24-layer-example"))
 print(f"24-layer example: {bm.human_bytes(ex24.activations.saved)} of activations "
       f"for {bm.human_count(ex24.parameters)} parameters = "
       f"{bm.human_bytes(ex24.fixed['weights'])} of bf16 weights")
+print(f"  sequences whose activations fit in 16 GB: "
+      f"{micro_batch_that_fits(16 * 10**9, 2048, 1024, 24, 16, 2)}")
 
 # %% [markdown]
 # Activations are the larger half of the 7B model's memory, and for the 24-layer model they

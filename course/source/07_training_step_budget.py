@@ -15,8 +15,11 @@
 # All numbers come from `engine.budget`. The same functions drive the calculator widget below
 # and the command line `python -m engine.budget`, so what you read here is what they show.
 #
-# **Your pieces in the engine.** Fills: no slot (the budget is `engine.budget`). Runs: no
-# earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+# **Your pieces in the engine.** Fills: no slot (the budget is `engine.budget`; 07.1-07.3
+# are checked against it, not saved). Runs: your lesson 06 block count (06.2
+# `block_saved_elements`) inside the activation budget, beside `engine.budget`'s count and
+# the measurement (the engine's count runs, saying why, when yours is missing or broken).
+# (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import subprocess
@@ -298,9 +301,12 @@ for k in (1, 4, 16):
 # %%
 print(f"{'shape':<62} {'saved: predicted':>16} {'measured':>11} {'peak: predicted':>16} "
       f"{'measured':>11}")
-for changes in ({}, {"micro_batch": 4}, {"seq_len": 64}, {"n_layer": 2, "n_head": 8},
-                {"recompute": "full"}, {"recompute": "full", "micro_batch": 4}):
+SHAPES = ({}, {"micro_batch": 4}, {"seq_len": 64}, {"n_layer": 2, "n_head": 8},
+          {"recompute": "full"}, {"recompute": "full", "micro_batch": 4})
+measured = []
+for changes in SHAPES:
     m = bm.measure(bm.preset("tiny", **changes))
+    measured.append(m)
     print(f"{m['shape']:<62} {m['predicted_saved']:>16,} {m['measured_saved']:>11,} "
           f"{m['predicted_peak']:>16,} {m['measured_peak']:>11,}")
 print(f"weights {m['measured_weights']:,} bytes and gradients {m['measured_gradients']:,} "
@@ -311,6 +317,82 @@ print(f"weights {m['measured_weights']:,} bytes and gradients {m['measured_gradi
 # Every row agrees to the byte: the model is not an approximation of the engine, it is a list
 # of what the engine keeps, in the order it lets go. (The engine has no optimizer state of its
 # own to measure; the trainer's AdamW adds its two fp32 buffers per parameter.)
+#
+# ## Your block count in the budget
+#
+# In lesson 06 you counted what one block keeps (06.2, `block_saved_elements`), and the check
+# kept your function as a piece. It is the heart of the activation model: the blocks keep L
+# times your count, at 4 bytes per float, and the model keeps a few tensors outside its
+# blocks (token ids, the final layer norm, the head's input, the loss's probabilities:
+# `bm.engine_outside_saved`). Here your count builds the activations of the shapes measured
+# above (those without recompute), beside `engine.budget`'s model and the measurement. The
+# first cell says whose count runs: yours, or the engine's when yours is not saved or breaks
+# its contract (checked on these very shapes).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from coursework import pieces
+
+block_saved_elements, owner = pieces.block_count()
+print("the per-block count below:", owner)
+
+# %%
+print(f"{'shape':<62} {'your count':>11} {'engine.budget':>14} {'measured':>11}")
+for changes, m in zip(SHAPES, measured):
+    cfg = bm.preset("tiny", **changes)
+    if cfg.recompute != "none":
+        continue                        # with recompute the blocks keep only their inputs
+    per_block = block_saved_elements(cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.n_head)
+    yours = (cfg.n_layer * int(per_block) * bm.activation_bytes_per_element(cfg)
+             + sum(item.bytes for item in bm.engine_outside_saved(cfg)))
+    print(f"{m['shape']:<62} {yours:>11,} {bm.activations(cfg).saved:>14,} "
+          f"{m['measured_saved']:>11,}")
+    assert yours == bm.activations(cfg).saved == m["measured_saved"]
+
+# %% [markdown]
+# The same bytes, whoever's count ran: the contract of the slot refuses a count that differs
+# from the engine's block on these shapes, so a wrong piece never reaches the budget (the
+# engine's runs, and the cell above says why).
+#
+# ## Predicted against measured: the step time
+#
+# The calculator's step time is the step's FLOPs over the FLOP/s the device really delivers:
+# `FLOPs / (mfu × R)`, with R the device's dense FLOP/s and `mfu` (model FLOP utilization)
+# the fraction of it a real run reaches. On "this machine" R is measured: one large float32
+# matrix product (`bm.this_machine()`). With `mfu = 1` the prediction is the fastest a step
+# could possibly be, since no step of a model beats the machine's own best matmul. Our tape
+# engine runs op by op in numpy, with many small products, so expect the measured step to be
+# slower, often several times: the ratio is the MFU our engine reaches, the number the `mfu`
+# knob stands for. Both sides run on one thread here, so that a busy machine changes both alike.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from engine.gpt_config import GPTConfig, init_params
+from engine.nn import GPT
+from engine.timing import fixed_threads, median_seconds
+
+step_cfg = bm.preset("tiny", micro_batch=4)
+gcfg = GPTConfig(vocab_size=step_cfg.vocab_size, block_size=step_cfg.seq_len,
+                 n_layer=step_cfg.n_layer, n_head=step_cfg.n_head, n_embd=step_cfg.d_model)
+model = GPT(gcfg, init_params(gcfg, seed=0, dtype=np.float32))
+ids = np.random.default_rng(0).integers(0, step_cfg.vocab_size, size=(4, step_cfg.seq_len))
+with fixed_threads(1):
+    machine = bm.this_machine()
+    measured_step = median_seconds(lambda: model(ids, ids).backward(), 3, warmup=1)
+predicted = bm.budget(step_cfg.with_(mfu=1.0, **machine)).device
+print(f"{step_cfg.name}, B=4: {bm.human_flops(bm.flops(step_cfg)['per_step']['total'])} per "
+      f"step; this machine's float32 matmul: {bm.human_flops(machine['device_flops'])}/s")
+print(f"predicted at MFU 1: {bm.human_seconds(predicted.step_seconds)}; measured: "
+      f"{bm.human_seconds(measured_step)}; our tape engine's MFU: "
+      f"{predicted.step_seconds / measured_step:.2f}")
+# the claim: the prediction at MFU 1 is a floor (with a margin for a machine busy while
+# the matmul rate was measured)
+assert measured_step > 0.5 * predicted.step_seconds
+
+# %% [markdown]
+# Lesson 13 puts its fused trainer on the same comparison. For a large model on a GPU, an
+# MFU of 0.3 to 0.5 is what good runs reach (the calculator's default is 0.4): read the
+# calculator's step time as "if my code is that good".
 #
 # ## The command line
 #
