@@ -355,3 +355,28 @@ def pieces_report(names) -> list[tuple[str, str]]:
             owner = f"reference (yours does not load: {type(err).__name__}: {err})"
         report.append((name, owner))
     return report
+
+
+def central_difference():
+    """(central_difference_gradient, owner): the learner's 00.1 function when it is saved
+    and keeps its slot's contract, else the engine's (`slots.engine_central_difference`,
+    the same calling convention); `owner` says which runs, and why the engine's."""
+    from .slots import engine_central_difference
+    fn, why = piece_for_slot("central_difference_gradient")
+    if fn is not None:
+        return fn, "yours (00.1)"
+    return engine_central_difference, f"the engine's ({why})"
+
+
+def scalar_engine():
+    """(leaf, backward, owner): a scalar engine to run one computation on. The learner's
+    lesson 02 walk and rules (piece `scalar_backward`, run on `slots.ScalarNode`) when
+    saved and keeping the slot's contract, else `engine.scalar` (`Value`, whose
+    `.backward()` does the same). `leaf(x)` makes an input; `backward(root)` fills the
+    gradients; `owner` says whose code runs, and why the engine's."""
+    from .slots import ScalarNode
+    fn, why = piece_for_slot("scalar_backward")
+    if fn is not None:
+        return ScalarNode, fn, "yours (02.1-02.2)"
+    from engine.scalar import Value
+    return Value, Value.backward, f"the engine's, engine.scalar ({why})"
