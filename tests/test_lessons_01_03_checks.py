@@ -670,3 +670,25 @@ def test_the_unbroken_scalar_walk_of_the_broken_test_keeps_the_contract():
     """The source the broken cases start from is right: only the change breaks it."""
     from coursework import slots
     slots.check("scalar_backward", walk_with_your_rules)
+
+
+def test_lesson02_walk_with_rule_table_default_names_the_list_rules(pieces_folder):
+    """The lesson's `backward(root, rules=None)` takes the notebook's `rule_table()`: a rule
+    there that returns a list is named."""
+    namespace = {"topological_order": topological_order, "local_gradients": local_gradients,
+                 "REFERENCE": lesson02.REFERENCE_RULES}
+    exec("def square_backward(g, a):\n    return [2 * a * g]\n"
+         "def rule_table():\n    return dict(REFERENCE, square=square_backward)\n", namespace)
+    exec(compile(__import__("inspect").getsource(walk_with_your_rules), "<walk>", "exec"),
+         namespace)
+    fails_with(lesson02.check_backward, topological_order, namespace["walk_with_your_rules"],
+               Node, words=("your rules from 02.1", "square_backward returned a list", "tuple"))
+
+
+def test_lesson03_residual_vjp_derivation_mistakes():
+    """03.4 is derived, not copied: each wrong derivation gets its hint."""
+    lesson03.check_residual_vjp(lambda g, vjp: vjp(g) + g)
+    fails_with(lesson03.check_residual_vjp, lambda g, vjp: g,
+               words=["only the shortcut", "branch_vjp(grad_out)"])
+    fails_with(lesson03.check_residual_vjp, lambda g, vjp: 0.5 * (g + vjp(g)),
+               words=["y = x + F(x)"])

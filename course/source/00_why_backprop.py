@@ -272,8 +272,7 @@ plt.show()
 # microseconds, so Python's fixed cost per call decides it, not arithmetic (backprop makes
 # fewer calls than three forward passes would, so it can even look cheaper than 3). From a
 # few thousand parameters on, arithmetic dominates and the ratio settles at two to three
-# forward passes, the "about 3" of your prediction (a little under: this network's first
-# layer skips the gradient of its input).
+# forward passes, the "about 3" of your prediction.
 #
 # ## The 7-billion-parameter arithmetic
 #

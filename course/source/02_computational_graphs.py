@@ -506,7 +506,8 @@ plt.show()
 # - Four local rules, each a line or two, each reading only its own forward inputs.
 # - A topological order and a walk: seed 1, reverse order, `+=` into each input. With the
 #   rules it differentiates any graph made of these operations, including graphs shaped by
-#   `if`s and loops, because the graph is recorded as the code runs.
+#   `if`s and loops, because the graph is recorded as the code runs. Saved, rules and all, as
+#   your piece `scalar_backward`: lesson 03 runs it beside the tape.
 # - The habit of clearing gradients once per step, and the knowledge that summing is right
 #   inside a pass (fan-out) and a choice across passes (accumulation).
 #

@@ -2,18 +2,19 @@
 # # 03 · VJPs and tensors
 #
 # **Goals.** By the end of this lesson you will have
-# 1. measured why no engine ever builds a Jacobian: its size and its build time against one
+# 1. run your scalar engine of lesson 02 and the tape on the same thousand numbers: the same
+#    gradient, thousands of nodes against a handful of array operations;
+# 2. measured why no engine ever builds a Jacobian: its size and its build time against one
 #    vector-Jacobian product (VJP), as the layer widens;
-# 2. written the backward of a matrix product (two matrix products, checked by shapes and by
+# 3. written the backward of a matrix product (two matrix products, checked by shapes and by
 #    `engine.gradcheck`) and plugged it into the engine as an op;
-# 3. written the backward of broadcasting (a sum back to the input's shape);
-# 4. built a whole Jacobian two ways, by forward mode (JVPs, one column each) and by reverse
+# 4. written the backward of broadcasting (a sum back to the input's shape);
+# 5. built a whole Jacobian two ways, by forward mode (JVPs, one column each) and by reverse
 #    mode (VJPs, one row each), timed both and found where one overtakes the other;
-# 5. followed gradients through 30 layers: products like $0.5^n$ and $1.5^n$, and how a
+# 6. followed gradients through 30 layers: products like $0.5^n$ and $1.5^n$, and how a
 #    residual connection ($I + \partial F/\partial x$) changes them.
 #
-# First, the reason tensors exist at all: your scalar engine of lesson 02 and the tape, on
-# the same thousand numbers. Lessons 01-02 moved single numbers. Real layers move arrays, and every scalar rule you
+# Lessons 01-02 moved single numbers. Real layers move arrays, and every scalar rule you
 # wrote has a tensor version. The vocabulary changes (Jacobians, VJPs), the idea does not:
 # one local rule per operation, applied in reverse.
 #
@@ -667,6 +668,9 @@ plt.show()
 # - A Jacobian builder in both modes: $n$ JVPs or $m$ VJPs; reverse mode wins whenever there
 #   are more inputs than outputs, which for a loss is always.
 # - `residual_vjp`: a fan-out with the identity on one path.
+# - Your scalar engine of lesson 02 beside the tape: the same gradient, but a Python object
+#   per number and a Python call per node, against a few array operations; the reason every
+#   rule above works on whole arrays.
 #
 # The costs: a VJP never forms the Jacobian, but it reads forward values. The matmul VJP
 # reads the layer's input activation $A$; the tanh VJP reads $y$. For a batch of tokens these
