@@ -72,8 +72,10 @@ def check_central_difference(central_difference_gradient) -> None:
 
 
 def check_step_seconds(step_seconds) -> None:
-    """Central differences: 2 forward passes per parameter. Backprop: one
-    forward plus a backward that costs about two forwards."""
+    """The prediction of exercise 00.2. Central differences: 2 forward passes per
+    parameter. Backprop: one forward plus a backward that costs about two forwards
+    (a layer's weight gradient and input gradient, each a product as big as its
+    forward one)."""
     for n, t in [(7_000_000_000, 0.1), (1000, 0.002)]:
         got = attempt(EX_COST, step_seconds, n, t)
         if not (isinstance(got, (tuple, list, np.ndarray)) and len(got) == 2):
@@ -84,14 +86,33 @@ def check_step_seconds(step_seconds) -> None:
             raise ExerciseError(EX_COST, f"finite differences: {fd:.4g} s counts one loss "
                                          f"evaluation per parameter (forward difference); the "
                                          f"central difference needs two per parameter.")
+        if np.isclose(fd, (2 * n + 1) * t, rtol=1e-12):
+            raise ExerciseError(EX_COST, f"finite differences: {fd:.4g} s is one forward pass "
+                                         f"too many. The central difference evaluates the loss "
+                                         f"at theta + eps and theta - eps, never at theta itself: "
+                                         f"2 per parameter.")
         if not np.isclose(fd, 2 * n * t, rtol=1e-9):
             raise ExerciseError(EX_COST, f"finite differences for {n} parameters at {t} s per "
-                                         f"forward pass: you have {fd:.4g} s. Count the forward "
-                                         f"passes: 2 per parameter.")
+                                         f"forward pass: you have {fd:.4g} s. Count the loss "
+                                         f"calls of your central_difference_gradient: how many "
+                                         f"per parameter?")
+        if np.isclose(bp, t):
+            raise ExerciseError(EX_COST, "backprop: one forward pass is right, but the backward "
+                                         "pass is not free. Price it by its matrix products: "
+                                         "d_W2 = h.T @ d_pred and d_h = d_pred @ W2.T are each "
+                                         "as big as the forward's h @ W2.")
         if np.isclose(bp, 2 * t):
-            raise ExerciseError(EX_COST, "backprop: the forward pass is not free; add one forward "
-                                         "to the backward's two.")
+            raise ExerciseError(EX_COST, "backprop: the backward pass is worth two forward "
+                                         "passes, but the forward pass is not free: add the one "
+                                         "forward pass that backprop runs first.")
+        if np.isclose(bp, 2.5 * t):
+            raise ExerciseError(EX_COST, "backprop: that counts the products of this two-layer "
+                                         "network, whose first layer owes no gradient to its "
+                                         "input x (it is data). Price a layer in the middle of a "
+                                         "deep network: its weight's gradient and its input's "
+                                         "gradient, two products per forward one.")
         if not np.isclose(bp, 3 * t, rtol=1e-9):
             raise ExerciseError(EX_COST, f"backprop at {t} s per forward: you have {bp:.4g} s. "
-                                         f"One forward plus a backward worth two forwards.")
-    passed(EX_COST)
+                                         f"One forward pass, then a backward pass: per layer, "
+                                         f"how many products as big as the forward one?")
+    passed(EX_COST, "2P forward passes against 3: the next cells count and time them.")

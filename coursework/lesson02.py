@@ -13,6 +13,11 @@ writes
   across passes, as in `engine.scalar.Value`);
 * 02.3 a gradient-descent loop that zeroes the gradient every step.
 
+A passed 02.2 saves the walk as the piece `scalar_backward` (the notebook's
+`rule_table()` and the learner's rules travel with it); its slot contract is
+`coursework.slots._check_scalar_backward`, and lesson 03 runs it through
+`coursework.pieces.scalar_engine()`.
+
 The checks build their own small graphs with the learner's `Node` class and
 predict the outcome of the typical mistakes (an overwrite instead of a sum at
 fan-out, a missing seed, the walk in forward order, a missing `visited` set),
@@ -23,6 +28,7 @@ from __future__ import annotations
 import math
 
 from ._core import ExerciseError, attempt, passed
+from .pieces import save_piece
 
 EX_RULES = "02.1 (local backward rules)"
 EX_WALK = "02.2 (topological order and the backward walk)"
@@ -319,7 +325,22 @@ def check_backward(topological_order, backward, Node) -> None:
         raise ExerciseError(ex, f"on {title}: {names}. Hint: {hint}")
     _check_second_backward(backward, Node)
     _check_with_your_rules(backward, Node)
-    passed(ex, "the -4 example gives w.grad = -4; u = w^2 + w at w = 3 gives 6 + 1 = 7.")
+    saved = save_piece("scalar_backward", backward, ex)
+    passed(ex, "the -4 example gives w.grad = -4; u = w^2 + w at w = 3 gives 6 + 1 = 7."
+               + (" Saved, with your rules, as the piece 'scalar_backward'." if saved else ""))
+
+
+def _your_rule_table(backward, default):
+    """The table `backward(L)` uses without a `rules` argument: the default itself, or,
+    for the lesson's `rules=None`, what the notebook's `rule_table()` builds."""
+    if isinstance(default, dict):
+        return default
+    build = getattr(backward, "__globals__", {}).get("rule_table")
+    try:
+        table = build() if callable(build) else None
+    except Exception:  # the learner's table; any failure shows when the walk runs
+        table = None
+    return table if isinstance(table, dict) else {}
 
 
 def _check_with_your_rules(backward, Node) -> None:
@@ -330,23 +351,24 @@ def _check_with_your_rules(backward, Node) -> None:
         default = inspect.signature(backward).parameters["rules"].default
     except (KeyError, TypeError, ValueError):
         return
-    if not isinstance(default, dict):
+    if default is inspect.Parameter.empty or not (default is None or isinstance(default, dict)):
         return
+    table = _your_rule_table(backward, default)
     L, named = _minus_four(Node)
     try:
         attempt(EX_WALK, backward, L)
     except TypeError as err:
-        returned = {op: rule.__name__ for op, rule in default.items()
+        returned = {op: rule.__name__ for op, rule in table.items()
                     if op in REFERENCE_RULES and isinstance(_sample(rule, op), list)}
         which = (f" {', '.join(sorted(returned.values()))} returned a list;" if returned else "")
-        raise ExerciseError(EX_WALK, f"with your rules from 02.1 (the default `rules=RULES`) "
+        raise ExerciseError(EX_WALK, f"with your rules from 02.1 (the default, `rule_table()`) "
                                      f"the walk fails: {err}.{which} every rule must return a "
                                      f"tuple, or a bare number for a one-input op.") from None
     if not _same(named["w"].grad, -4.0):
         raise ExerciseError(EX_WALK, f"with the reference rules your walk is right, but with "
-                                     f"your rules from 02.1 (the default `rules=RULES`) w.grad "
-                                     f"= {named['w'].grad:g}, not -4. Rerun the 02.1 cell and "
-                                     f"its check, then the RULES cell, then this one.")
+                                     f"your rules from 02.1 (the default, `rule_table()`) "
+                                     f"w.grad = {named['w'].grad:g}, not -4. Rerun the 02.1 "
+                                     f"cell and its check, then this one.")
 
 
 def _sample(rule, op):

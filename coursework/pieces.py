@@ -368,3 +368,23 @@ def block_count():
     else the engine's (`slots.engine_block_saved_elements`, the same calling convention)."""
     from .slots import engine_block_saved_elements
     return piece_or_engine("block_saved_elements", "06.2", engine_block_saved_elements)
+
+def central_difference():
+    """(central_difference_gradient, owner): the learner's 00.1 function, else the
+    engine's (`slots.engine_central_difference`, the same calling convention)."""
+    from .slots import engine_central_difference
+    return piece_or_engine("central_difference_gradient", "00.1", engine_central_difference)
+
+
+def scalar_engine():
+    """(leaf, backward, owner): a scalar engine to run one computation on. The learner's
+    lesson 02 walk and rules (piece `scalar_backward`, run on `slots.ScalarNode`) when
+    saved and keeping the slot's contract, else `engine.scalar` (`Value`, whose
+    `.backward()` does the same). `leaf(x)` makes an input; `backward(root)` fills the
+    gradients; `owner` says whose code runs, and why the engine's."""
+    from .slots import ScalarNode
+    fn, why = piece_for_slot("scalar_backward")
+    if fn is not None:
+        return ScalarNode, fn, "yours (02.1-02.2)"
+    from engine.scalar import Value
+    return Value, Value.backward, f"the engine's (engine.scalar), because {why}"

@@ -767,3 +767,119 @@ def _check_block_saved_elements(fn):
 
 
 CONTRACTS["block_saved_elements"] = _check_block_saved_elements
+
+# ---------------------------------------------- lesson 00's finite differences
+def engine_central_difference(loss, theta, eps=1e-6):
+    """The engine's central difference (`engine.eps_sweep.finite_difference`), with the
+    calling convention of exercise 00.1: loss(theta) -> float, theta a float64 vector."""
+    from engine.eps_sweep import finite_difference
+    return finite_difference(loss, theta, eps, method="central")
+
+
+def _check_central_difference(fn):
+    # Where lesson 01 runs it: a smooth loss of a float64 vector, with an exact gradient;
+    # theta must come back as it was, after two loss evaluations per parameter.
+    a = np.array([0.4, -1.1, 0.7])
+    theta = np.array([0.9, -0.3, 1.6])
+    calls = [0]
+
+    def loss(t):
+        calls[0] += 1
+        return float(np.sum(np.cos(t) * t) + 0.5 * (t @ a) ** 2)
+
+    want = np.cos(theta) - np.sin(theta) * theta + (theta @ a) * a
+    probe = theta.copy()
+    got = fn(loss, probe, 1e-5)
+    if got is None:
+        raise SlotError("returned None instead of the gradient")
+    if not np.allclose(probe, theta, rtol=0, atol=1e-12):
+        raise SlotError("left theta changed: put each nudged parameter back")
+    if np.shape(got) != theta.shape or not np.allclose(got, want, rtol=1e-7, atol=1e-9):
+        raise SlotError("on a smooth loss of 3 parameters the gradient differs from the "
+                        "exact one by more than a central difference's error")
+    if calls[0] not in (2 * theta.size, 2 * theta.size + 1):
+        raise SlotError(f"called the loss {calls[0]} times for {theta.size} parameters; a "
+                        f"central difference needs 2 per parameter")
+
+
+CONTRACTS["central_difference_gradient"] = _check_central_difference
+
+
+# ------------------------------------------------------ lesson 02's scalar engine
+class ScalarNode:
+    """A scalar of a recorded computation, in the convention of lesson 02's `Node`: the
+    value `.data`, the gradient `.grad`, the inputs `.parents` and the op name `.op`
+    ("+", "-", "*", "square", "relu"). These are the nodes the slot of lesson 02's walk
+    hands a piece. `.inputs` is `.parents` under the name `engine.scalar` uses, so
+    `engine.scalar.topological_order` can count a graph of either kind."""
+
+    def __init__(self, data, parents=(), op=""):
+        self.data = float(data)
+        self.grad = 0.0
+        self.parents = tuple(parents)
+        self.op = op
+
+    @property
+    def inputs(self):
+        return self.parents
+
+    def __add__(self, other):
+        other = _scalar_node(other)
+        return ScalarNode(self.data + other.data, (self, other), "+")
+
+    def __sub__(self, other):
+        other = _scalar_node(other)
+        return ScalarNode(self.data - other.data, (self, other), "-")
+
+    def __mul__(self, other):
+        other = _scalar_node(other)
+        return ScalarNode(self.data * other.data, (self, other), "*")
+
+    def __radd__(self, other):
+        return _scalar_node(other) + self
+
+    def __rsub__(self, other):
+        return _scalar_node(other) - self
+
+    def __rmul__(self, other):
+        return _scalar_node(other) * self
+
+    def square(self):
+        return ScalarNode(self.data ** 2, (self,), "square")
+
+    def relu(self):
+        return ScalarNode(self.data if self.data > 0 else 0.0, (self,), "relu")
+
+
+def _scalar_node(value):
+    return value if isinstance(value, ScalarNode) else ScalarNode(value)
+
+
+def _scalar_case(leaf, square):
+    """A graph with every op of lesson 02, a ReLU on and one off, and fan-out; the leaves
+    (a, b, c) and the root. `leaf` makes a leaf, `square(v)` squares a value."""
+    a, b, c = leaf(1.5), leaf(-2.0), leaf(0.5)
+    h = a * b + c                       # -2.5: the first ReLU is off
+    s = square(a - c) * b + h.relu() * a + (a * c).relu()
+    return (a, b, c), s * a + square(b)
+
+
+def _check_scalar_backward(fn):
+    # Where lesson 03 runs it: `fn(root)` on a graph of ScalarNodes, with the walk's own
+    # rules (its default); compared with engine.scalar on the same graph, run twice.
+    from engine.scalar import Value
+    (va, vb, vc), vroot = _scalar_case(Value, lambda v: v ** 2)
+    vroot.backward()
+    want = [va.grad, vb.grad, vc.grad]
+    leaves, root = _scalar_case(ScalarNode, ScalarNode.square)
+    for times in (1, 2):
+        fn(root)
+        got = [leaf.grad for leaf in leaves]
+        if not np.allclose(got, [times * w for w in want], rtol=1e-12, atol=1e-12):
+            shown = ", ".join(f"{g:.6g}" for g in got)
+            raise SlotError(f"after backward #{times} on a graph of +, -, *, square and relu "
+                            f"with a shared input the leaves hold ({shown}); engine.scalar "
+                            f"gives ({', '.join(f'{times * w:.6g}' for w in want)})")
+
+
+CONTRACTS["scalar_backward"] = _check_scalar_backward

@@ -544,3 +544,151 @@ def test_lesson03_gradient_ratio_names_the_mistake(answer, words):
 
 def test_lesson03_gradient_ratio_stub():
     fails_with(lesson03.check_gradient_ratio, stub, words=("03.5", "not done yet"))
+
+
+# ============================== lesson 02's walk as the piece `scalar_backward`, run in 03
+@pytest.fixture()
+def pieces_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
+    return tmp_path
+
+
+def sub_rule(g, a, b):
+    return g, -g
+
+
+def add_rule(g, a, b):
+    return g, g
+
+
+def mul_rule(g, a, b):
+    return g * b, g * a
+
+
+def square_rule(g, a):
+    return 2 * a * g
+
+
+def relu_rule(g, a):
+    return g if a > 0 else 0.0
+
+
+def rule_table():
+    return {"+": add_rule, "-": sub_rule, "*": mul_rule, "square": square_rule, "relu": relu_rule}
+
+
+def walk_with_your_rules(root, rules=None):
+    """The lesson's signature: without `rules`, the table of the notebook's rules."""
+    rules = rule_table() if rules is None else rules
+    order = topological_order(root)
+    for node in order:
+        if node.parents:
+            node.grad = 0.0
+    root.grad = 1.0
+    for node in reversed(order):
+        for parent, g in zip(node.parents, local_gradients(node, rules)):
+            parent.grad += g
+
+
+def test_lesson02_passed_walk_is_saved_and_is_the_scalar_engine_of_lesson03(pieces_folder,
+                                                                            capsys):
+    from coursework import pieces, slots
+    from engine.scalar import Value
+    leaf, backward, owner = pieces.scalar_engine()
+    assert leaf is Value and owner == "the engine's (engine.scalar), because not written yet"
+    lesson02.check_backward(topological_order, walk_with_your_rules, Node)
+    assert "Saved, with your rules, as the piece 'scalar_backward'." in capsys.readouterr().out
+    saved = (pieces_folder / "scalar_backward.py").read_text()
+    assert "rule_table" in saved and "topological_order" in saved   # its helpers travel with it
+    leaf, backward, owner = pieces.scalar_engine()
+    assert leaf is slots.ScalarNode and owner == "yours (02.1-02.2)"
+    # lesson 03's use: a shared bias, a relu on and off, summed
+    w, b = [leaf(2.0), leaf(-1.0)], leaf(0.5)
+    L = sum(((wi * xi + b).relu() - 1.0) * ((wi * xi + b).relu() - 1.0)
+            for wi, xi in zip(w, (1.0, 3.0)))
+    backward(L)
+    assert [wi.grad for wi in w] == [3.0, 0.0] and b.grad == 3.0
+
+
+def test_lesson02_walk_whose_default_rules_are_wrong_is_named(pieces_folder):
+    def bad_table():
+        return dict(rule_table(), **{"*": lambda g, a, b: (g * a, g * b)})
+
+    def walk(root, rules=None):
+        return walk_with_your_rules(root, bad_table() if rules is None else rules)
+    message = fails_with(lesson02.check_backward, topological_order, walk, Node,
+                         words=("your rules from 02.1", "not -4", "Rerun the 02.1 cell"))
+    assert "RULES cell" not in message
+
+
+@pytest.mark.parametrize("change, why", [
+    ("parent.grad += g", "after backward #1"),          # overwrite at a fan-out
+    ("if node.parents:", "after backward #2"),          # leaves reset too
+])
+def test_a_broken_scalar_walk_falls_back_to_engine_scalar_with_the_reason(pieces_folder,
+                                                                         change, why):
+    import json
+    from coursework import pieces
+    from engine.scalar import Value
+    source = (
+        "def backward(root, rules=None):\n"
+        "    rules = {'+': lambda g, a, b: (g, g), '-': lambda g, a, b: (g, -g),\n"
+        "             '*': lambda g, a, b: (g * b, g * a), 'square': lambda g, a: 2 * a * g,\n"
+        "             'relu': lambda g, a: g if a > 0 else 0.0}\n"
+        "    order, seen = [], set()\n"
+        "    def visit(n):\n"
+        "        if n not in seen:\n"
+        "            seen.add(n)\n"
+        "            for p in n.parents:\n"
+        "                visit(p)\n"
+        "            order.append(n)\n"
+        "    visit(root)\n"
+        "    for node in order:\n"
+        "        if node.parents:\n"
+        "            node.grad = 0.0\n"
+        "    root.grad = 1.0\n"
+        "    for node in reversed(order):\n"
+        "        if not node.parents:\n"
+        "            continue\n"
+        "        out = rules[node.op](node.grad, *(p.data for p in node.parents))\n"
+        "        for parent, g in zip(node.parents, out if isinstance(out, tuple) else (out,)):\n"
+        "            parent.grad += g\n")
+    broken = {"parent.grad += g": "parent.grad = g",
+              "if node.parents:": "if True:"}[change]
+    source = source.replace(change, broken) if change != "if node.parents:" else \
+        source.replace("    for node in order:\n        if node.parents:",
+                       "    for node in order:\n        if True:")
+    (pieces_folder / "scalar_backward.py").write_text(source)
+    (pieces_folder / "index.json").write_text(json.dumps(
+        {"scalar_backward": {"function": "backward", "exercise": "02.2"}}))
+    leaf, backward, owner = pieces.scalar_engine()
+    assert leaf is Value and backward is Value.backward
+    assert owner.startswith("the engine's (engine.scalar), because yours was skipped: ") and why in owner, owner
+
+
+def test_the_unbroken_scalar_walk_of_the_broken_test_keeps_the_contract():
+    """The source the broken cases start from is right: only the change breaks it."""
+    from coursework import slots
+    slots.check("scalar_backward", walk_with_your_rules)
+
+
+def test_lesson02_walk_with_rule_table_default_names_the_list_rules(pieces_folder):
+    """The lesson's `backward(root, rules=None)` takes the notebook's `rule_table()`: a rule
+    there that returns a list is named."""
+    namespace = {"topological_order": topological_order, "local_gradients": local_gradients,
+                 "REFERENCE": lesson02.REFERENCE_RULES}
+    exec("def square_backward(g, a):\n    return [2 * a * g]\n"
+         "def rule_table():\n    return dict(REFERENCE, square=square_backward)\n", namespace)
+    exec(compile(__import__("inspect").getsource(walk_with_your_rules), "<walk>", "exec"),
+         namespace)
+    fails_with(lesson02.check_backward, topological_order, namespace["walk_with_your_rules"],
+               Node, words=("your rules from 02.1", "square_backward returned a list", "tuple"))
+
+
+def test_lesson03_residual_vjp_derivation_mistakes():
+    """03.4 is derived, not copied: each wrong derivation gets its hint."""
+    lesson03.check_residual_vjp(lambda g, vjp: vjp(g) + g)
+    fails_with(lesson03.check_residual_vjp, lambda g, vjp: g,
+               words=["only the shortcut", "branch_vjp(grad_out)"])
+    fails_with(lesson03.check_residual_vjp, lambda g, vjp: 0.5 * (g + vjp(g)),
+               words=["y = x + F(x)"])

@@ -29,6 +29,7 @@ SOLUTION_PIECES = {
     "central_difference_gradient": ("00", "central_difference_gradient", "00.1"),
     "matmul_vjp": ("03", "matmul_vjp", "03.1"),
     "unbroadcast": ("03", "unbroadcast", "03.2"),
+    "scalar_backward": ("02", "backward", "02.2"),
     "numerical_partial": ("04", "numerical_partial", "04.1"),
     "gradient_errors": ("04", "gradient_errors", "04.2"),
     "spot_check": ("04", "spot_check", "04.3"),

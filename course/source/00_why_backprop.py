@@ -4,8 +4,9 @@
 # **Goals.** By the end of this lesson you will have
 # 1. written a gradient by *finite differences*: nudge one parameter, rerun the network;
 # 2. run the same network's gradient by *reverse mode* (backprop), written out in numpy;
-# 3. measured both as the parameter count P grows from about 10 to 10 000, and seen one
-#    grow like P while the other stays at "a few forward passes";
+# 3. predicted what each costs in forward passes, then counted and measured both as the
+#    parameter count P grows from about 10 to 10 000, and seen one grow like P while the
+#    other stays at "a few forward passes";
 # 4. done the arithmetic that rules finite differences out for real models:
 #    7 billion parameters at 0.1 s per forward pass.
 #
@@ -19,9 +20,9 @@
 # fails until every exercise is done.
 #
 # **Your pieces in the engine.** Fills: the finite-difference gradient, the core of a
-# gradient checker (00.1, saved as the piece `central_difference_gradient`). Runs: no
-# earlier pieces (this is the first lesson). (The whole map: CONTRIBUTING.md, "Exercise <->
-# slot".)
+# gradient checker (00.1, saved as the piece `central_difference_gradient`; lesson 01 runs
+# it to check the gradient you derive there by hand). Runs: no earlier pieces (this is the
+# first lesson). (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import numpy as np
@@ -147,11 +148,50 @@ print(g_bp[:5])
 # Both methods give the same numbers (to about 8 digits, the precision finite differences
 # can reach in float64; lesson 04 is about exactly that). The difference is what they cost.
 #
+# ## Exercise 00.2 · Predict the cost of one gradient
+#
+# Before counting or timing anything, predict. Write `step_seconds(n_params,
+# seconds_per_forward)` returning the pair `(finite_difference_seconds, backprop_seconds)`
+# that one gradient costs, for a network of `n_params` parameters whose forward pass takes
+# `seconds_per_forward`. Work both out from code you have read:
+# - finite differences: how many times does your `central_difference_gradient` call the
+#   loss?
+# - backprop: `backprop_gradient` runs the forward pass once, then the backward pass. Price
+#   the backward pass in forward passes by its matrix products, which are most of the work
+#   (the elementwise steps are cheap next to them). In the forward pass a layer makes one
+#   product, its input times its weight. On the way back, a layer in the middle of a deep
+#   network owes two gradients: its weight's, for the optimizer, and its input's, for the
+#   layer below. Find the two products that do this for `W2` in `backprop_gradient` and
+#   compare their sizes with the forward product `h @ W2`.
+#
+# The check compares your prediction with the rule; the cells after it count and time both
+# methods against your prediction.
+
+# %%
+def step_seconds(n_params, seconds_per_forward):
+    """(finite-difference seconds, backprop seconds) for one gradient."""
+    ### BEGIN SOLUTION
+    return 2 * n_params * seconds_per_forward, 3 * seconds_per_forward
+    ### END SOLUTION
+
+# %%
+# CHECK 00.2
+lesson00.check_step_seconds(step_seconds)
+
+# %% [markdown]
+# The rule: finite differences make **two forward passes per parameter**; backprop makes
+# **one forward pass plus a backward pass worth about two**, three in all. `d_W2 = h.T @
+# d_pred` and `d_h = d_pred @ W2.T` each multiply matrices of the same sizes as `h @ W2`, so
+# each costs what the forward product costs; every layer but the first does both (the first
+# needs no gradient for its input `x`, which is data). Lessons 03 and 07 come back to this
+# "2x".
+#
 # ## Counting forward passes
 #
-# Wrap the loss in a counter and ask each method for one gradient. Counting needs no big
-# network: the count follows from the loop, so we count on small ones and check the rule
-# "2 per parameter" there. The timing below runs the big one anyway.
+# Wrap the loss in a counter and ask your `central_difference_gradient` for one gradient.
+# Counting needs no big network: the count follows from the loop, so we count on small ones
+# and compare with your prediction there (at one second per forward pass, `step_seconds`
+# returns forward passes). The timing below runs the big one anyway.
 
 # %%
 class CountingLoss:
@@ -164,14 +204,18 @@ class CountingLoss:
         return loss_fn(theta, self.x, self.y, self.hidden)
 
 
-print(f"{'hidden':>7} {'P':>7} {'forward passes (finite diff.)':>30} {'(backprop)':>11}")
+print(f"{'hidden':>7} {'P':>7} {'finite-difference passes: counted':>34} {'predicted':>10}")
 for hidden in [1, 10, 100]:
     theta, x, y = make_problem(hidden)
     counter = CountingLoss(x, y, hidden)
     central_difference_gradient(counter, theta)
-    assert counter.calls == 2 * theta.size
-    print(f"{hidden:>7} {theta.size:>7} {counter.calls:>30} {1:>11}")
-print(f"{1000:>7} {10 * 1000 + 1:>7} {2 * (10 * 1000 + 1):>30} {1:>11}   (by the rule 2P, not run)")
+    predicted, _ = step_seconds(theta.size, 1.0)
+    # (a loop that also evaluates L(theta) once makes one call more; the check allows it)
+    assert predicted == 2 * theta.size and counter.calls in (predicted, predicted + 1)
+    print(f"{hidden:>7} {theta.size:>7} {counter.calls:>34} {predicted:>10g}")
+print(f"{1000:>7} {10 * 1000 + 1:>7} {'(not run)':>34} {step_seconds(10_001, 1.0)[0]:>10g}")
+print(f"backprop, predicted: {step_seconds(10_001, 1.0)[1]:g} forward passes' worth at any size "
+      f"(timed below)")
 
 # %% [markdown]
 # Finite differences need 2P forward passes; backprop needs one forward pass and one
@@ -202,6 +246,7 @@ with fixed_threads(1):
                                    repeats=3 if theta.size > 1000 else 5))
         print(f"P={theta.size:>6}: finite differences {t_fd[-1]*1e3:9.2f} ms [timed]   "
               f"backprop {t_bp[-1]*1e6:8.1f} us [timed] = {t_bp[-1]/t_fwd[-1]:.1f} forward passes")
+print(f"your prediction: backprop = {step_seconds(1, 1.0)[1]:g} forward passes")
 
 # What the lesson claims, on any machine: at the largest size finite differences
 # (20,002 forward passes) cost far more than backprop, and backprop stays a few forward passes.
@@ -228,27 +273,12 @@ plt.show()
 # microseconds, so Python's fixed cost per call decides it, not arithmetic (backprop makes
 # fewer calls than three forward passes would, so it can even look cheaper than 3). From a
 # few thousand parameters on, arithmetic dominates and the ratio settles at two to three
-# forward passes, the "about 3" that counting predicts.
+# forward passes, the "about 3" of your prediction.
 #
-# ## Exercise 00.2 · The 7-billion-parameter arithmetic
+# ## The 7-billion-parameter arithmetic
 #
-# Write `step_seconds(n_params, seconds_per_forward)` returning the pair
-# `(finite_difference_seconds, backprop_seconds)` for one gradient:
-# - central finite differences: two forward passes per parameter;
-# - backprop: one forward pass plus a backward pass that costs about **two** forward passes
-#   (each weight matrix takes part in two matrix products on the way back: one for the
-#   gradient of its input, one for its own gradient; lessons 03 and 07 show why).
-
-# %%
-def step_seconds(n_params, seconds_per_forward):
-    """(finite-difference seconds, backprop seconds) for one gradient."""
-    ### BEGIN SOLUTION
-    return 2 * n_params * seconds_per_forward, 3 * seconds_per_forward
-    ### END SOLUTION
-
-# %%
-# CHECK 00.2
-lesson00.check_step_seconds(step_seconds)
+# Your `step_seconds` is the arithmetic that rules finite differences out. A model of 7
+# billion parameters whose forward pass takes 0.1 s:
 
 # %%
 fd_s, bp_s = step_seconds(7_000_000_000, 0.1)

@@ -17,8 +17,10 @@
 # for the trip back.
 #
 # **Your pieces in the engine.** Fills: no slot (the two layers by hand are the pattern
-# lesson 02's engine generalises). Runs: no earlier pieces. (The whole map: CONTRIBUTING.md,
-# "Exercise <-> slot".)
+# lesson 02's engine generalises). Runs: your `central_difference_gradient` of lesson 00
+# (piece of 00.1) checks the gradient you derive by hand; without it, the engine's central
+# difference does, and the lesson says why. (The whole map: CONTRIBUTING.md, "Exercise <->
+# slot".)
 
 # %% [markdown]
 # ## The network
@@ -167,15 +169,32 @@ for name, value in grads.items():
     print(f"{name} = {value:g}")
 
 # %% [markdown]
-# Two weight gradients, 4 and 24. Are they right? Lesson 00's central difference says so:
-# nudge each weight by a tiny amount in both directions and rerun the forward pass.
+# Two weight gradients, 4 and 24. Are they right? Ask the gradient you wrote in lesson 00:
+# `central_difference_gradient` nudges each weight by a tiny amount in both directions and
+# reruns the forward pass. Your lesson 00 function was saved as a piece when its check
+# passed; `coursework.pieces.central_difference()` loads it, checks it on a loss with a
+# known gradient, and hands it over, or hands over the engine's central difference
+# (`engine.eps_sweep.finite_difference`) and says why. The next cell says whose code runs
+# (its output is not compared when the notebook is checked: it depends on your pieces
+# folder); the cell after it prints the same whoever's code ran.
 
 # %%
-eps = 1e-6
-fd_w1 = (forward(x, w1 + eps, w2, y)[0] - forward(x, w1 - eps, w2, y)[0]) / (2 * eps)
-fd_w2 = (forward(x, w1, w2 + eps, y)[0] - forward(x, w1, w2 - eps, y)[0]) / (2 * eps)
-print(f"dL/dw1: backward {grads['dL_dw1']:g}, central difference {fd_w1:.6f}")
-print(f"dL/dw2: backward {grads['dL_dw2']:g}, central difference {fd_w2:.6f}")
+# NBVAL_IGNORE_OUTPUT
+# (whose code runs depends on the pieces you have saved)
+from coursework.pieces import central_difference
+
+central_difference_gradient, owner = central_difference()
+print("central difference:", owner)
+
+# %%
+import numpy as np
+
+weights = np.array([w1, w2])
+fd = central_difference_gradient(lambda t: forward(x, t[0], t[1], y)[0], weights)
+print(f"dL/dw1: backward {grads['dL_dw1']:g}, central difference {fd[0]:.4f}")
+print(f"dL/dw2: backward {grads['dL_dw2']:g}, central difference {fd[1]:.4f}")
+assert np.allclose(fd, [grads["dL_dw1"], grads["dL_dw2"]], rtol=1e-6)
+print("the central difference agrees with your backward pass to 6 digits")
 
 # %% [markdown]
 # What do the gradients *say*? $\partial L/\partial w_1 = 24$: raising $w_1$ by a small

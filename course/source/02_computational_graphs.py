@@ -17,9 +17,11 @@
 # generic walk strings the rules together for whatever graph the forward pass produced.
 # That is all an autodiff engine is.
 #
-# **Your pieces in the engine.** Fills: the local rules and the backward walk of a scalar
-# engine (02.1-02.3; the engine's own is `engine.scalar`; these are not saved as pieces).
-# Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+# **Your pieces in the engine.** Fills: the scalar engine's local rules and backward walk
+# (`engine.scalar` is the engine's own): when the check of 02.2 passes, your walk is saved
+# as the piece `scalar_backward`, with your four rules of 02.1 and your topological order
+# travelling with it. Lesson 03 runs it, beside the tape, on a computation of a thousand
+# numbers. Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import matplotlib.pyplot as plt
@@ -115,12 +117,8 @@ plt.show()
 # with respect to the operation's output. The operation's *local rule* turns it into one
 # gradient per input: `grad_out` times the local derivative, evaluated at the forward
 # values. A rule is a plain function `rule(grad_out, *inputs)` returning one gradient per
-# input (a single number for a one-input operation). Here is subtraction, done for you:
-
-# %%
-def sub_backward(grad_out, a, b):
-    """z = a - b: dz/da = 1, dz/db = -1."""
-    return grad_out, -grad_out
+# input (a single number for a one-input operation). Subtraction is done for you, at the
+# top of the exercise cell below.
 
 # %% [markdown]
 # ## Exercise 02.1 · Four local rules
@@ -137,6 +135,11 @@ def sub_backward(grad_out, a, b):
 # forward values: multiplying needs both inputs again on the way back.
 
 # %%
+def sub_backward(grad_out, a, b):
+    """z = a - b: dz/da = 1, dz/db = -1. (Done for you.)"""
+    return grad_out, -grad_out
+
+
 def add_backward(grad_out, a, b):
     """z = a + b. Return (grad_a, grad_b)."""
     ### BEGIN SOLUTION
@@ -169,22 +172,6 @@ def relu_backward(grad_out, a):
 lesson02.check_local_rules(add_backward, mul_backward, square_backward, relu_backward)
 
 # %% [markdown]
-# The rules go into a table keyed by the `op` name a node records. `local_gradients` looks
-# up a node's rule and calls it with the node's gradient and its inputs' forward values.
-
-# %%
-RULES = {"+": add_backward, "-": sub_backward, "*": mul_backward,
-         "square": square_backward, "relu": relu_backward}
-
-
-def local_gradients(node, rules):
-    """What `node` sends to each of its parents: its rule applied to node.grad."""
-    if not node.parents:
-        return ()
-    out = rules[node.op](node.grad, *(p.data for p in node.parents))
-    return out if isinstance(out, tuple) else (out,)
-
-# %% [markdown]
 # ## The walk
 #
 # Four facts turn the rules into a backward pass.
@@ -205,11 +192,30 @@ def local_gradients(node, rules):
 #
 # ## Exercise 02.2 · Topological order and the backward walk
 #
+# The rules go into a table keyed by the `op` name a node records: `rule_table()`, at the
+# top of the next cell, builds it from your functions (it builds it afresh at each call, so a
+# rule you fix in 02.1 is the one the walk uses). `local_gradients` looks up a node's rule
+# and calls it with the node's gradient and its inputs' forward values.
+#
 # Write `topological_order(root)`, a list of every node `root` depends on, inputs before
 # the nodes made from them, `root` last. Then write `backward(root, rules)`: zero the
 # intermediate nodes, seed, walk in reverse, add into each parent.
 
 # %%
+def rule_table():
+    """The local rules by op name: yours from 02.1, and sub_backward."""
+    return {"+": add_backward, "-": sub_backward, "*": mul_backward,
+            "square": square_backward, "relu": relu_backward}
+
+
+def local_gradients(node, rules):
+    """What `node` sends to each of its parents: its rule applied to node.grad."""
+    if not node.parents:
+        return ()
+    out = rules[node.op](node.grad, *(p.data for p in node.parents))
+    return out if isinstance(out, tuple) else (out,)
+
+
 def topological_order(root):
     """Every node that root depends on, each after all of its parents; root last."""
     ### BEGIN SOLUTION
@@ -228,8 +234,9 @@ def topological_order(root):
     ### END SOLUTION
 
 
-def backward(root, rules=RULES):
+def backward(root, rules=None):
     """Give every intermediate node d(root)/d(node) in .grad; add it to each leaf's .grad."""
+    rules = rule_table() if rules is None else rules
     ### BEGIN SOLUTION
     order = topological_order(root)
     for node in order:
@@ -311,7 +318,7 @@ backward(u)
 for node in topological_order(u):
     for i, parent in enumerate(node.parents):
         if parent is w:
-            share = local_gradients(node, RULES)[i]
+            share = local_gradients(node, rule_table())[i]
             print(f"the {node.op!r} node (grad {node.grad:g}) sends w {share:g}")
 print(f"w.grad = {w.grad:g}, the sum of both")
 
@@ -353,7 +360,7 @@ print(f"Value: u = w^2 + w at w = 3, du/dw = {vw.grad:g}")
 # | | your `Node` | `engine.scalar.Value` |
 # |---|---|---|
 # | inputs of a node, operation | `.parents`, `.op` | `.inputs`, `.op` (and an optional `.label`) |
-# | the rules | `RULES[op](grad_out, *inputs)` returns what each input receives | `LOCAL_GRADIENTS[op](out, *inputs)` returns the local derivatives; `backward` multiplies them by the node's gradient |
+# | the rules | `rule_table()[op](grad_out, *inputs)` returns what each input receives | `LOCAL_GRADIENTS[op](out, *inputs)` returns the local derivatives; `backward` multiplies them by the node's gradient |
 # | operations | `+ - *`, `square`, `relu` | also `/`, `**`, `neg`, `tanh`, `exp`, `log` |
 # | the walk | your `backward` | `Value.backward()`: the same four steps |
 # | clearing a leaf | `w.grad = 0.0` | `w.zero_grad()` |
@@ -499,7 +506,8 @@ plt.show()
 # - Four local rules, each a line or two, each reading only its own forward inputs.
 # - A topological order and a walk: seed 1, reverse order, `+=` into each input. With the
 #   rules it differentiates any graph made of these operations, including graphs shaped by
-#   `if`s and loops, because the graph is recorded as the code runs.
+#   `if`s and loops, because the graph is recorded as the code runs. Saved, rules and all, as
+#   your piece `scalar_backward`: lesson 03 runs it beside the tape.
 # - The habit of clearing gradients once per step, and the knowledge that summing is right
 #   inside a pass (fan-out) and a choice across passes (accumulation).
 #

@@ -2,14 +2,16 @@
 # # 03 · VJPs and tensors
 #
 # **Goals.** By the end of this lesson you will have
-# 1. measured why no engine ever builds a Jacobian: its size and its build time against one
+# 1. run your scalar engine of lesson 02 and the tape on the same thousand numbers: the same
+#    gradient, thousands of nodes against a handful of array operations;
+# 2. measured why no engine ever builds a Jacobian: its size and its build time against one
 #    vector-Jacobian product (VJP), as the layer widens;
-# 2. written the backward of a matrix product (two matrix products, checked by shapes and by
+# 3. written the backward of a matrix product (two matrix products, checked by shapes and by
 #    `engine.gradcheck`) and plugged it into the engine as an op;
-# 3. written the backward of broadcasting (a sum back to the input's shape);
-# 4. built a whole Jacobian two ways, by forward mode (JVPs, one column each) and by reverse
+# 4. written the backward of broadcasting (a sum back to the input's shape);
+# 5. built a whole Jacobian two ways, by forward mode (JVPs, one column each) and by reverse
 #    mode (VJPs, one row each), timed both and found where one overtakes the other;
-# 5. followed gradients through 30 layers: products like $0.5^n$ and $1.5^n$, and how a
+# 6. followed gradients through 30 layers: products like $0.5^n$ and $1.5^n$, and how a
 #    residual connection ($I + \partial F/\partial x$) changes them.
 #
 # Lessons 01-02 moved single numbers. Real layers move arrays, and every scalar rule you
@@ -18,8 +20,10 @@
 #
 # **Your pieces in the engine.** Fills: two entries of the tape's rule table: the matmul VJP
 # (03.1, piece `matmul_vjp`) and the sum back to an input's shape (03.2, piece
-# `unbroadcast`); lesson 04 runs both inside the tape. Runs: no earlier pieces. (The whole
-# map: CONTRIBUTING.md, "Exercise <-> slot".)
+# `unbroadcast`); lesson 04 runs both inside the tape. Runs: your scalar engine of lesson 02
+# (piece `scalar_backward`: your rules of 02.1 and your walk of 02.2) beside the tape, on
+# the same computation; without it, `engine.scalar` runs, and the lesson says why. (The
+# whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import numpy as np
@@ -33,6 +37,116 @@ np.set_printoptions(precision=4, suppress=True)
 
 from engine.timing import fixed_threads, median_seconds   # fixed thread pools; the median of several calls
 
+# %% [markdown]
+# ## One number per node: your scalar engine against the tape
+#
+# Take a layer of $n$ units with one weight each and a shared bias,
+# $L = \sum_i (\operatorname{relu}(w_i x_i + b) - y_i)^2$, and its gradient with respect to
+# every $w_i$ and $b$. Your lesson 02 engine can do it: one node per number and per
+# operation. `coursework.pieces.scalar_engine()` loads your walk and rules of lesson 02
+# (saved as the piece `scalar_backward` when 02.2 passed), checks them in their slot, and
+# hands them over with the node type they run on (`coursework.slots.ScalarNode`, the `Node`
+# of lesson 02); without the piece it hands over `engine.scalar`. The next cell says whose
+# code runs (its output is not compared when the notebook is checked: it depends on your
+# pieces folder); everything after it prints the same whoever's engine ran.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (whose code runs depends on the pieces you have saved)
+from coursework.pieces import scalar_engine
+
+leaf, scalar_backward, owner = scalar_engine()
+print("scalar engine:", owner)
+
+# %%
+from engine.scalar import topological_order
+from engine.tensor import TapeObserver, observe
+
+
+def tree_sum(values):
+    """Add in pairs, a tree of depth log2(n): a recursive walk of the graph stays shallow."""
+    while len(values) > 1:
+        pairs = [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)]
+        values = pairs + values[len(pairs) * 2:]      # an odd one out waits a round
+    return values[0]
+
+
+def scalar_layer(w, x, b, y):
+    """L = sum((relu(w_i x_i + b) - y_i)^2), one scalar operation at a time."""
+    errors = [(wi * xi + b).relu() - yi for wi, xi, yi in zip(w, x, y)]
+    return tree_sum([e * e for e in errors])
+
+
+def tensor_layer(w, x, b, y):
+    """The same loss as four array operations on the tape."""
+    e = F.relu(w * x + b) - y
+    return (e * e).sum()
+
+
+class OpCounter(TapeObserver):
+    """Counts the operations the tape records."""
+    def __init__(self):
+        self.ops = 0
+
+    def after_forward(self, op, inputs, result, recorded):
+        self.ops += recorded
+
+
+n = 1000
+rng = np.random.default_rng(0)
+w0, x0, y0, b0 = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n), 0.1
+
+w_s, b_s = [leaf(v) for v in w0], leaf(b0)
+L_s = scalar_layer(w_s, x0.tolist(), b_s, y0.tolist())
+scalar_backward(L_s)
+
+w_t, b_t = Tensor(w0, requires_grad=True), Tensor(b0, requires_grad=True)
+with observe(OpCounter()) as tape_ops:
+    L_t = tensor_layer(w_t, x0, b_t, y0)
+L_t.backward()
+
+same = (np.allclose([v.grad for v in w_s], w_t.grad, rtol=1e-12, atol=1e-14)
+        and np.isclose(b_s.grad, float(b_t.grad), rtol=1e-12))
+print(f"n = {n}: the same loss ({L_s.data:.6g}) and the same gradient both ways: {same}")
+print(f"scalar engine: {len(topological_order(L_s))} nodes, one Python object per number "
+      f"and per operation")
+print(f"tape:          {tape_ops.ops} recorded operations on arrays of {n}")
+assert same
+
+# %% [markdown]
+# Every number of the scalar graph is a Python object, and every step of its backward walk
+# is a Python function call, a dictionary lookup and a few attribute reads, whatever the
+# operation. The tape records a handful of operations whatever $n$ is, and each of them runs
+# one numpy loop in compiled code over the whole array. Time per element, both ways:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings differ from run to run and machine to machine; the assert holds on any)
+
+
+def scalar_step():
+    w, b = [leaf(v) for v in w0], leaf(b0)
+    scalar_backward(scalar_layer(w, x0.tolist(), b, y0.tolist()))
+
+
+def tensor_step():
+    w, b = Tensor(w0, requires_grad=True), Tensor(b0, requires_grad=True)
+    tensor_layer(w, x0, b, y0).backward()
+
+
+with fixed_threads(1):
+    t_scalar = median_seconds(scalar_step, repeats=5)
+    t_tensor = median_seconds(tensor_step, repeats=21)
+print(f"forward + backward, per element: scalar engine {t_scalar / n * 1e9:8.0f} ns [timed], "
+      f"tape {t_tensor / n * 1e9:6.1f} ns [timed], ratio {t_scalar / t_tensor:.0f}")
+# thousands of Python calls against a few numpy loops: far more than 10x on any machine
+assert t_scalar > 10 * t_tensor, "the scalar engine should lose by more than 10x"
+
+# %% [markdown]
+# The scalar engine pays its bookkeeping per *number*; the tape pays it per *array*, and the
+# arithmetic in between runs in compiled loops. That, not any new mathematics, is why real
+# engines work on tensors. The price is that a rule now has to handle whole arrays at once:
+# the rest of this lesson writes those rules.
 # %% [markdown]
 # ## The Jacobian, and why nobody builds it
 #
@@ -137,17 +251,17 @@ for n in (1_000, 10_000, 50_000):
 # ## Exercise 03.1 · The matmul VJP
 #
 # For $Z = A B$ with $A \in \mathbb{R}^{m \times k}$, $B \in \mathbb{R}^{k \times n}$ and the
-# upstream gradient $\bar Z \in \mathbb{R}^{m \times n}$:
+# upstream gradient $\bar Z = \partial L / \partial Z \in \mathbb{R}^{m \times n}$, derive
+# $\bar A$ and $\bar B$ before you write them. Two facts are enough:
 #
-# $$\bar A = \bar Z B^\top \quad (m \times n)(n \times k) = (m \times k), \qquad
-#   \bar B = A^\top \bar Z \quad (k \times m)(m \times n) = (k \times n).$$
-#
-# You do not need to memorise where the transposes go: a gradient always has the shape of
-# its input, and only one arrangement of $\bar Z$ with $B$ (or $A$) gives that shape. Each
-# product is as big as the forward one, so the backward of a linear layer costs twice its
-# forward (the "2x" behind the 6N FLOPs rule of lesson 07). Note what it reads: $B$ for
-# $\bar A$ and $A$ for $\bar B$. That $A$ is the layer's input activation, kept from the
-# forward pass.
+# 1. **The entries.** $Z_{ij} = \sum_p A_{ip} B_{pj}$ is a sum of scalar products, and in
+#    lesson 02 a product $z = a b$ sent `grad_out * b` to $a$ and `grad_out * a` to $b$. The
+#    entry $A_{ip}$ takes part in every $Z_{ij}$ of row $i$ (one for each $j$), and at a
+#    fan-out the contributions add: write $\partial L / \partial A_{ip}$ as a sum over $j$,
+#    then read that sum as a matrix product. Do the same for $B_{pj}$.
+# 2. **The shapes.** A gradient has the shape of its input: $\bar A$ is $m \times k$ and
+#    $\bar B$ is $k \times n$. Of the products of $\bar Z$ with $B$ or $B^\top$, only one
+#    has the shape $m \times k$; that is a check on your derivation, for free.
 #
 # Write `matmul_vjp(a, b, grad_out)` returning `(grad_a, grad_b)` for 2-D arrays.
 
@@ -164,6 +278,17 @@ from coursework import lesson03
 lesson03.check_matmul_vjp(matmul_vjp)
 
 # %% [markdown]
+# The derivation, written out: $\partial L / \partial A_{ip} = \sum_j \bar Z_{ij} B_{pj}$ and
+# $\partial L / \partial B_{pj} = \sum_i A_{ip} \bar Z_{ij}$, that is
+#
+# $$\bar A = \bar Z B^\top \quad (m \times n)(n \times k) = (m \times k), \qquad
+#   \bar B = A^\top \bar Z \quad (k \times m)(m \times n) = (k \times n).$$
+#
+# Each product is as big as the forward one, so the backward of a linear layer costs twice
+# its forward (the "2x" of lesson 00, behind the 6N FLOPs rule of lesson 07). Note what it
+# reads: $B$ for $\bar A$ and $A$ for $\bar B$. That $A$ is the layer's input activation,
+# kept from the forward pass.
+#
 # The check also ran your function *inside the engine*. An op is a small class with a
 # `forward` that saves what backward needs and a `vjp(g)` that returns one gradient per
 # input (see `engine/rules.py`); `engine.tensor.apply` runs any such class on tensors and
@@ -386,28 +511,19 @@ assert tf * 10 < tr, "one input: forward mode (1 pass) should beat reverse mode 
 #
 # $$\bar h_0^\top = \bar h_L^\top\, J_{L-1} J_{L-2} \cdots J_0 .$$
 #
-# If every $J_l$ shrinks vectors by about 0.5, the product shrinks them by $0.5^L$; if it
-# stretches them by 1.5, by $1.5^L$. Nothing is computed wrongly: the chain rule is exact,
-# and its answer is tiny (vanishing gradients) or huge (exploding ones).
-
-# %%
-for n in (10, 20, 30, 50):
-    print(f"n = {n:2d}: 0.5^n = {0.5 ** n:.3g}   1.5^n = {1.5 ** n:.4g}")
-
-# %% [markdown]
-# A **residual connection** $y = x + F(x)$ changes the graph, not the rules. $x$ reaches $y$
-# along two paths, straight and through $F$, and at a fan-out contributions add:
-#
-# $$\frac{\partial y}{\partial x} = I + \frac{\partial F}{\partial x}, \qquad
-#   \bar x = \bar y + J_F^\top \bar y .$$
-#
-# Even when the branch's $J_F$ shrinks everything, the identity path hands $\bar y$ down
-# unchanged.
+# What that product does to the gradient's size over many layers is exercise 03.5's
+# question. First, the connection that deep networks use to tame it.
 #
 # ## Exercise 03.4 · The residual VJP
 #
+# A **residual connection** $y = x + F(x)$ changes the graph, not the rules. Derive its VJP
+# from lesson 02 before you write it: along how many paths does $x$ reach $y$? What does
+# each path hand back to $x$, given $\bar y$ (for the path through $F$, that is what
+# `branch_vjp` computes)? And what happens to contributions that meet at a fan-out?
+#
 # Write `residual_vjp(grad_out, branch_vjp)`: the VJP of $y = x + F(x)$, given `grad_out`
-# $= \bar y$ and a function `branch_vjp(g)` that returns $J_F^\top g$.
+# $= \bar y$ and a function `branch_vjp(g)` that returns $J_F^\top g$, the VJP of the
+# branch $F$ alone.
 
 # %%
 def residual_vjp(grad_out, branch_vjp):
@@ -421,6 +537,14 @@ def residual_vjp(grad_out, branch_vjp):
 lesson03.check_residual_vjp(residual_vjp)
 
 # %% [markdown]
+# Two paths, straight and through $F$, and at a fan-out contributions add:
+#
+# $$\frac{\partial y}{\partial x} = I + \frac{\partial F}{\partial x}, \qquad
+#   \bar x = \bar y + J_F^\top \bar y .$$
+#
+# Even when the branch's $J_F$ shrinks everything, the identity path hands $\bar y$ down
+# unchanged.
+#
 # Now three stacks of 30 linear layers of width 64, each layer $W_l = s\, Q_l$ with $Q_l$ a
 # random rotation (so it scales every vector by exactly $s$):
 # - plain, $s = 0.5$: $h_{l+1} = W_l h_l$;
@@ -449,6 +573,17 @@ def predicted_ratio(scale, depth):
 # %%
 # CHECK 03.5
 lesson03.check_gradient_ratio(predicted_ratio)
+
+# %% [markdown]
+# Each layer's VJP multiplies the gradient by $W_l^\top = s\,Q_l^\top$, and a rotation keeps
+# norms, so each layer scales the norm by exactly $s$: $s^{depth}$ in all. If every $J_l$
+# shrinks vectors by about 0.5, the product shrinks them by $0.5^L$; if it stretches them by
+# 1.5, by $1.5^L$. Nothing is computed wrongly: the chain rule is exact, and its answer is
+# tiny (vanishing gradients) or huge (exploding ones).
+
+# %%
+for n in (10, 20, 30, 50):
+    print(f"n = {n:2d}: 0.5^n = {0.5 ** n:.3g}   1.5^n = {1.5 ** n:.4g}")
 
 # %%
 depth, width = 30, 64
@@ -533,6 +668,9 @@ plt.show()
 # - A Jacobian builder in both modes: $n$ JVPs or $m$ VJPs; reverse mode wins whenever there
 #   are more inputs than outputs, which for a loss is always.
 # - `residual_vjp`: a fan-out with the identity on one path.
+# - Your scalar engine of lesson 02 beside the tape: the same gradient, but a Python object
+#   per number and a Python call per node, against a few array operations; the reason every
+#   rule above works on whole arrays.
 #
 # The costs: a VJP never forms the Jacobian, but it reads forward values. The matmul VJP
 # reads the layer's input activation $A$; the tanh VJP reads $y$. For a batch of tokens these
