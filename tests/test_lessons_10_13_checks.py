@@ -879,3 +879,64 @@ def test_10_1_tanh_in_a_comment_or_docstring_is_not_a_call():
         return t
     assert not lesson10._calls(kernel, "tanh")
     assert lesson10._calls(bias_gelu_math_tanh, "tanh")
+
+
+# ------------------------------------------- the learner's gradient checker
+def _code_cell(lesson_glob, marker):
+    from notebook_tools import ROOT
+    source = next((ROOT / "course" / "source").glob(lesson_glob)).read_text()
+    found = [c for c in source.split("\n# %%") if marker in c and not c.startswith(" [markdown]")]
+    assert len(found) == 1, marker
+    return found[0].split("\n", 1)[1]
+
+
+def _run_cell(cell, namespace):
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(cell, namespace)
+    return out.getvalue()
+
+
+def _xent_numpy(logits, targets):          # 10.2's contract, written in numpy
+    loss, grad = lesson10.softmax_cross_entropy_reference(logits, targets)
+    logits[...] = grad
+    return loss
+
+
+@pytest.mark.parametrize("owner", ["yours (04.3)", "the engine's (not written yet)"])
+def test_lessons_10_and_11_print_the_same_checked_lines_whoever_checks(owner, monkeypatch,
+                                                                        tmp_path):
+    """The compared cells of lessons 10 and 11 print the same whether the learner's 04.3
+    spot_check (saved from the lesson 04 solution) or the engine's checked the gradients;
+    only the nbval-ignored cell before them names the owner."""
+    from coursework.pieces import gradient_checker
+    from test_pieces_end_to_end import save_solution_pieces
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path / "pieces"))
+    if owner.startswith("yours"):
+        save_solution_pieces(["spot_check"], tmp_path)
+    spot_check, who = gradient_checker()
+    assert who == owner
+    ns = {"np": np, "spot_check": spot_check, "embedding_backward":
+          lesson11.scatter_add_reference, "softmax_cross_entropy_fused": _xent_numpy}
+    out = _run_cell(_code_cell("11_*.py", "ids_check = np.array"), ns)
+    assert out == ("20 elements of the (10, 3) table checked in float64: every one agrees "
+                   "with central differences: True\n")
+    out = _run_cell(_code_cell("10_*.py", "logits_check = np.random"), ns)
+    assert out == ("your softmax + cross-entropy gradient: 10 elements checked in float64, "
+                   "all agree with central differences: True\n")
+
+
+def test_a_wrong_scatter_add_fails_the_lessons_gradient_check(monkeypatch, tmp_path):
+    from coursework.pieces import gradient_checker
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
+
+    def last_write_wins(ids, g, vocab_size):
+        d = np.zeros((vocab_size, g.shape[1]))
+        d[ids] = g
+        return d
+
+    ns = {"np": np, "spot_check": gradient_checker()[0], "embedding_backward": last_write_wins}
+    with pytest.raises(AssertionError):
+        _run_cell(_code_cell("11_*.py", "ids_check = np.array"), ns)
