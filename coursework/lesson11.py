@@ -6,7 +6,12 @@
      number of threads. The check recognises "last write wins" and numpy's
      buffered `d[ids] += g` (both drop repeated ids), garbage in untouched
      rows, and runs that differ (a race).
-11.2 what decoupled weight decay does to one embedding row over a run:
+11.2 the memory of an embedding gradient for one batch: dense, the whole
+     (V, C) table, or row-sparse, the distinct rows the batch touched plus
+     one id each. The check recognises a row per token (repeats counted
+     twice), the ids forgotten, a dense gradient of the batch's shape, and
+     elements counted instead of bytes.
+11.3 what decoupled weight decay does to one embedding row over a run:
      dense AdamW decays every row at every step, a sparse ("lazy") update
      only on the steps where the row's token appeared.
 """
@@ -21,7 +26,8 @@ from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
 
 EX_SCATTER = "11.1 (embedding_backward)"
-EX_DECAY = "11.2 (decay_factors)"
+EX_SPARSE = "11.2 (gradient_bytes)"
+EX_DECAY = "11.3 (decay_factors)"
 
 
 def scatter_add_reference(ids, g, vocab_size):
@@ -146,6 +152,80 @@ def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
 
 
 # --------------------------------------------------------------- 11.2
+def gradient_bytes_reference(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    """(dense, row-sparse) bytes of one batch's embedding gradient."""
+    rows = np.unique(np.asarray(ids)).size
+    return vocab_size * width * value_bytes, rows * (width * value_bytes + id_bytes)
+
+
+def row_sparse_gradient(ids, g):
+    """The embedding gradient as a row-sparse pair: (the distinct ids, sorted; their summed
+    rows), what a sparse optimizer reads instead of the (V, C) table."""
+    rows, inverse = np.unique(np.asarray(ids), return_inverse=True)
+    values = np.zeros((rows.size, g.shape[1]), g.dtype)
+    np.add.at(values, inverse.reshape(-1), g)
+    return rows, values
+
+
+def _sparse_hint(got, ids, vocab_size, width, value_bytes, id_bytes, which):
+    n, rows = np.asarray(ids).size, np.unique(np.asarray(ids)).size
+    if which == "dense":
+        if got == n * width * value_bytes:
+            return ("that is the batch's upstream gradient, one row per token. The dense "
+                    "gradient has the table's shape: vocab_size rows of width values.")
+        if got == vocab_size * width:
+            return "that counts values, not bytes: multiply by value_bytes."
+        if got == vocab_size * width * value_bytes * 8:
+            return "that counts bits; count bytes (value_bytes per value)."
+        return "the dense gradient is the whole table: vocab_size * width * value_bytes."
+    if got == n * (width * value_bytes + id_bytes):
+        return (f"that is one row per token ({n} tokens), but only {rows} distinct ids: "
+                f"repeated ids are summed into one row, so count np.unique(ids).size rows.")
+    if got == rows * width * value_bytes:
+        return ("the rows alone do not say which rows they are: add one id of id_bytes per "
+                "stored row.")
+    if got == rows * (width + 1):
+        return "that counts values, not bytes: value_bytes per value, id_bytes per id."
+    if got == n * width * value_bytes:
+        return (f"that is one row per token without the ids; store the {rows} distinct "
+                f"rows and one id each.")
+    return (f"a row-sparse gradient stores the {rows} distinct rows the batch touched "
+            f"(width * value_bytes each) and one id per row (id_bytes).")
+
+
+def check_gradient_bytes(gradient_bytes) -> None:
+    """(dense bytes, row-sparse bytes) of a batch's embedding gradient."""
+    rng = np.random.default_rng(112)
+    cases = [(np.array([3, 1, 3, 3, 0, 5, 1]), 9, 4, 4, 8),
+             (rng.integers(0, 1000, size=(8, 64)), 50_000, 768, 2, 8),
+             (rng.integers(0, 40, size=300), 40, 16, 4, 4)]
+    for ids, vocab, width, value_bytes, id_bytes in cases:
+        got = attempt(EX_SPARSE, gradient_bytes, ids.copy(), vocab, width, value_bytes, id_bytes)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise ExerciseError(EX_SPARSE, f"return a pair (dense_bytes, sparse_bytes), got "
+                                           f"{got!r}")
+        try:
+            dense, sparse = (int(x) for x in got)
+        except (TypeError, ValueError):
+            raise ExerciseError(EX_SPARSE, f"return two whole numbers of bytes, got "
+                                           f"{got!r}") from None
+        want = gradient_bytes_reference(ids, vocab, width, value_bytes, id_bytes)
+        where = (f"(ids of shape {ids.shape}, vocab_size={vocab}, width={width}, "
+                 f"value_bytes={value_bytes}, id_bytes={id_bytes})")
+        if (dense, sparse) == want:
+            continue
+        if (sparse, dense) == want:
+            raise ExerciseError(EX_SPARSE, f"the two numbers are swapped {where}: first the "
+                                           f"dense table, then the row-sparse gradient.")
+        for value, right, which in ((dense, want[0], "dense"), (sparse, want[1], "sparse")):
+            if value != right:
+                hint = _sparse_hint(value, ids, vocab, width, value_bytes, id_bytes, which)
+                raise ExerciseError(EX_SPARSE, f"the {which} gradient is {value:,} bytes, "
+                                               f"expected {right:,} {where}; {hint}")
+    passed(EX_SPARSE, "dense and row-sparse bytes are right, repeated ids counted once.")
+
+
+# --------------------------------------------------------------- 11.3
 def decay_factors_reference(steps_seen, n_steps, lr, weight_decay):
     shrink = 1.0 - lr * weight_decay
     return shrink ** n_steps, shrink ** len(set(steps_seen))

@@ -9,8 +9,23 @@
      L2 regularisation in place of decoupled decay, missing or off-by-one
      bias correction, eps inside the square root, and decay applied after
      the update.
-12.3 the failure-mode table as a diagnosis: six runs with symptoms, one
+12.3 reading a log of per-group gradient norms: the global norm per step,
+     the steps of a spike (against the median of the steps before), the
+     groups whose norm is exactly zero at every step. The check recognises a
+     sum of norms, a spike judged against the step before or flagged a step
+     late, and a small norm, or one zero step, taken for a cut graph.
+12.4 the schedule of gradient buckets on one link during the backward: each
+     bucket is sent once its backward is done and the link is free. The
+     check recognises sending only after the whole backward, sends that
+     overlap on one link, ready times that are not cumulative, and a bucket
+     sent before it exists.
+12.5 the failure-mode table as a diagnosis: six runs with symptoms, one
      cause each.
+
+Lesson 12 also runs the learner's lesson 09 pieces in the order between
+backward and step with mixed precision: `mixed_precision_pieces()` gives each
+piece or the engine's version with the same calling convention
+(`engine_update_scale`, `engine_master_weight_step`, round_to_bf16).
 """
 from __future__ import annotations
 
@@ -24,7 +39,9 @@ from .pieces import save_piece
 
 EX_CLIP = "12.1 (clip_global_norm)"
 EX_ADAMW = "12.2 (adamw_step)"
-EX_DIAG = "12.3 (diagnose)"
+EX_NORMS = "12.3 (summarize_norms)"
+EX_BUCKETS = "12.4 (bucket_schedule)"
+EX_DIAG = "12.5 (diagnose)"
 
 
 # --------------------------------------------------------------- 12.1
@@ -228,7 +245,224 @@ def check_adamw_step(adamw_step, repeats: int = 5) -> None:
                      f"[timed], speedup {t_ref / t_yours:.1f}x.")
 
 
+# ------------------------------------------- lesson 09's pieces, in order
+def engine_update_scale(scale, good_steps, finite, growth_interval):
+    """The engine's loss-scaler rule (engine.precision.DynamicLossScaler) with the calling
+    convention of exercise 09.3: (new_scale, new_good_steps, apply_step)."""
+    from engine.precision import DynamicLossScaler
+    scaler = DynamicLossScaler(init_scale=scale, growth_interval=growth_interval,
+                               min_scale=0.0)
+    scaler.good_steps = int(good_steps)
+    apply = scaler.update(bool(finite))
+    return scaler.scale, scaler.good_steps, apply
+
+
+def engine_master_weight_step(master, grad, lr):
+    """The engine's master-weight SGD step (engine.precision.MixedPrecisionWeights) with the
+    calling convention of exercise 09.2: (new fp32 master, bf16 weights for the forward)."""
+    from engine.precision import MixedPrecisionWeights
+    weights = MixedPrecisionWeights({"w": master}, storage="bf16", master_weights=True)
+    weights.sgd_step({"w": grad}, lr)
+    return weights.master["w"], weights.weights["w"]
+
+
+def _engine_to_bf16(x):
+    from engine.precision import round_to_bf16
+    return round_to_bf16(x)
+
+
+# piece name -> (exercise, the engine's version with the same calling convention)
+PRECISION_PIECES = {"to_bf16": ("09.1", _engine_to_bf16),
+                    "update_scale": ("09.3", engine_update_scale),
+                    "master_weight_step": ("09.2", engine_master_weight_step)}
+
+
+def mixed_precision_pieces() -> dict:
+    """name -> (function, owner) for lesson 09's pieces: the learner's saved piece when it
+    loads (and keeps its slot's contract, where the slot has one), else the engine's
+    version, with the reason. Never raises."""
+    from .pieces import piece_for_slot
+    chosen = {}
+    for name, (exercise, engine_version) in PRECISION_PIECES.items():
+        fn, why = piece_for_slot(name)
+        chosen[name] = ((fn, f"yours ({exercise})") if fn is not None
+                        else (engine_version, f"the engine's ({why})"))
+    return chosen
+
+
 # --------------------------------------------------------------- 12.3
+def summarize_norms_reference(group_norms, spike_factor=10.0):
+    """(global norm per step, spike steps, groups exactly zero at every step)."""
+    per_group = np.array([np.asarray(v, dtype=np.float64) for v in group_norms.values()])
+    total = np.sqrt(np.sum(per_group ** 2, axis=0))
+    spikes = [t for t in range(1, total.size)
+              if total[t] > spike_factor * float(np.median(total[:t]))]
+    frozen = sorted(k for k, v in group_norms.items() if np.all(np.asarray(v) == 0.0))
+    return total, spikes, frozen
+
+
+def norm_log_example():
+    """A log of per-group norms over 30 steps: a spike at step 12, a quiet step at 20 (a
+    small batch), `adapter` cut from the graph, `head` converged to tiny norms, `gain`
+    zero on one step only."""
+    steps = np.arange(30)
+    base = 0.97 ** steps
+    quiet = np.where(steps == 20, 0.01, 1.0)
+    spike = np.where(steps == 12, 50.0, 1.0)
+    return {"embed": list(1.0 * base * quiet * spike), "block": list(2.0 * base * quiet * spike),
+            "head": list(1e-7 * base), "adapter": [0.0] * 30,
+            "gain": [0.0 if t == 5 else 0.003 for t in steps]}
+
+
+def check_summarize_norms(summarize_norms) -> None:
+    """The global norm per step, the spikes, the frozen groups of a per-group log."""
+    log = norm_log_example()
+    got = attempt(EX_NORMS, summarize_norms, {k: list(v) for k, v in log.items()}, 10.0)
+    if not (isinstance(got, tuple) and len(got) == 3):
+        raise ExerciseError(EX_NORMS, f"return three things (global norms per step, spike "
+                                      f"steps, frozen groups), got {type(got).__name__}.")
+    total, spikes, frozen = got
+    want_total, want_spikes, want_frozen = summarize_norms_reference(log, 10.0)
+    total = np.asarray(total, dtype=np.float64).reshape(-1)
+    if total.shape != want_total.shape:
+        raise ExerciseError(EX_NORMS, f"one global norm per step: {want_total.size} steps, got "
+                                      f"{total.size} numbers.")
+    if not np.allclose(total, want_total, rtol=1e-9):
+        groups = np.array([v for v in log.values()])
+        if np.allclose(total, groups.sum(axis=0), rtol=1e-9):
+            hint = ("that is the sum of the groups' norms. The global norm is the norm of all "
+                    "gradients together: sqrt(sum over groups of norm**2).")
+        elif np.allclose(total, (groups ** 2).sum(axis=0), rtol=1e-9):
+            hint = "that is the squared norm: take the square root of the sum of squares."
+        else:
+            hint = "the global norm of step t is sqrt(sum over groups of norm[t]**2)."
+        raise ExerciseError(EX_NORMS, f"the global norm at step 0 is {total[0]:.6g}, expected "
+                                      f"{want_total[0]:.6g}; {hint}")
+    try:
+        spikes = sorted(int(t) for t in spikes)
+    except (TypeError, ValueError):
+        raise ExerciseError(EX_NORMS, f"give the spikes as a list of step numbers, got "
+                                      f"{spikes!r}") from None
+    if spikes != want_spikes:
+        before = [t for t in range(1, total.size) if total[t] > 10.0 * total[t - 1]]
+        if spikes == before or 21 in spikes:
+            hint = ("step 21 is an ordinary step after a quiet one (step 20, a small batch): "
+                    "against the step before it looks like a spike. Compare each step with the "
+                    "median of all the steps before it, which one odd step does not move.")
+        elif spikes == [t - 1 for t in want_spikes] or spikes == [t + 1 for t in want_spikes]:
+            hint = "name the step whose own norm jumped (its index in the log)."
+        elif not spikes:
+            hint = (f"step 12's norm is {want_total[12] / np.median(want_total[:12]):.0f} times "
+                    f"the median of the steps before it.")
+        elif 0 in spikes:
+            hint = "step 0 has no earlier steps to compare with: start at step 1."
+        else:
+            hint = ("a spike is a step whose global norm exceeds spike_factor times the median "
+                    "of the global norms of all earlier steps.")
+        raise ExerciseError(EX_NORMS, f"the spike steps are {spikes}, expected {want_spikes}; "
+                                      f"{hint}")
+    try:
+        frozen = sorted(str(k) for k in frozen)
+    except TypeError:
+        raise ExerciseError(EX_NORMS, f"give the frozen groups as a list of names, got "
+                                      f"{frozen!r}") from None
+    if frozen != want_frozen:
+        if "head" in frozen:
+            hint = ("'head' has tiny norms (1e-7), not zero ones: a converged or slow group. "
+                    "A cut graph gives exactly 0.0; compare with == 0, not with a tolerance.")
+        elif "gain" in frozen:
+            hint = ("'gain' is zero at step 5 only (that step its gradient happened to vanish); "
+                    "a frozen group is zero at every step.")
+        else:
+            hint = "'adapter' is 0.0 at every step: its gradient never arrives."
+        raise ExerciseError(EX_NORMS, f"the frozen groups are {frozen}, expected {want_frozen}; "
+                                      f"{hint}")
+    passed(EX_NORMS, f"global norms right; spike at step {want_spikes[0]}; frozen: "
+                     f"{', '.join(want_frozen)}.")
+
+
+# --------------------------------------------------------------- 12.4
+def bucket_schedule_reference(backward_ms, bucket_bytes, link_bytes_per_ms):
+    """(start, end) in ms of each bucket's send, one link, buckets in backward order."""
+    schedule, ready, link_free = [], 0.0, 0.0
+    for compute, size in zip(backward_ms, bucket_bytes):
+        ready += compute
+        start = max(ready, link_free)
+        link_free = start + size / link_bytes_per_ms
+        schedule.append((start, link_free))
+    return schedule
+
+
+def _schedule_variants(backward_ms, bucket_bytes, link):
+    """Typical wrong schedules and the hint each deserves."""
+    total = float(sum(backward_ms))
+    after, t = [], total
+    for size in bucket_bytes:
+        after.append((t, t + size / link))
+        t += size / link
+    overlapping, ready = [], 0.0
+    for compute, size in zip(backward_ms, bucket_bytes):
+        ready += compute
+        overlapping.append((ready, ready + size / link))
+    own, free = [], 0.0
+    for compute, size in zip(backward_ms, bucket_bytes):
+        start = max(float(compute), free)
+        free = start + size / link
+        own.append((start, free))
+    early, free = [], float(backward_ms[0])
+    for size in bucket_bytes:
+        early.append((free, free + size / link))
+        free += size / link
+    return [
+        (after, "every send starts after the whole backward: no overlap. A bucket can go as "
+                "soon as its own backward is done, while the backward of the layers below "
+                "still runs."),
+        (overlapping, "two sends overlap in time, but one link carries one bucket at a time: "
+                      "a bucket that is ready while the link is busy waits for the previous "
+                      "send to end, start = max(ready, end of the previous send)."),
+        (own, "a bucket is ready when the backward *up to it* is done: the backward runs the "
+              "buckets one after another, so bucket i is ready at sum(backward_ms[:i + 1])."),
+        (early, "a bucket was sent before its backward had produced it: start = max(ready, "
+                "end of the previous send), never earlier than ready."),
+    ]
+
+
+def check_bucket_schedule(bucket_schedule) -> None:
+    """Start and end of each bucket's all-reduce on one link during the backward."""
+    cases = [([4.0, 10.0, 10.0, 1.0], [2000, 8000, 8000, 30000], 1000.0),
+             ([3.0, 1.0, 1.0, 6.0, 2.0], [6000, 500, 500, 500, 4000], 500.0),
+             ([5.0], [1000], 100.0)]
+    for backward_ms, bucket_bytes, link in cases:
+        got = attempt(EX_BUCKETS, bucket_schedule, list(backward_ms), list(bucket_bytes), link)
+        try:
+            got = [(float(a), float(b)) for a, b in got]
+        except (TypeError, ValueError):
+            raise ExerciseError(EX_BUCKETS, f"return one (start_ms, end_ms) pair per bucket, "
+                                            f"got {got!r}") from None
+        want = bucket_schedule_reference(backward_ms, bucket_bytes, link)
+        where = (f"backward_ms={backward_ms}, bucket_bytes={bucket_bytes}, "
+                 f"link_bytes_per_ms={link:g}")
+        if len(got) != len(want):
+            raise ExerciseError(EX_BUCKETS, f"{len(got)} pairs for {len(want)} buckets ({where}).")
+        if np.allclose(got, want, rtol=1e-9, atol=1e-9):
+            continue
+        hint = None
+        for variant, text in _schedule_variants(backward_ms, bucket_bytes, link):
+            if np.allclose(got, variant, rtol=1e-9, atol=1e-9):
+                hint = text
+                break
+        if hint is None:
+            i = next(k for k, (a, b) in enumerate(zip(got, want))
+                     if not np.allclose(a, b, rtol=1e-9, atol=1e-9))
+            hint = (f"bucket {i} is sent {got[i][0]:g}-{got[i][1]:g} ms, expected "
+                    f"{want[i][0]:g}-{want[i][1]:g} ms. Ready at the end of its backward "
+                    f"(a running sum of backward_ms), sent when ready and the link is free, "
+                    f"for bytes / link_bytes_per_ms.")
+        raise ExerciseError(EX_BUCKETS, f"{where}: {hint}")
+    passed(EX_BUCKETS, "each bucket goes when its backward is done and the link is free.")
+
+
+# --------------------------------------------------------------- 12.5
 CAUSES = {
     "activations": "the activation cache (tensors saved for backward), not the weights",
     "attention_scores": "the [N, N] attention scores",

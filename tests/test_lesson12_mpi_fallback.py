@@ -1,8 +1,9 @@
-"""Lesson 12's data-parallel cell without MPI: the in-process stand-in checks the same claims.
+"""Lesson 12's data-parallel cells without MPI: the in-process stand-in checks the same claims.
 
 The notebook run by nbval takes the MPI path where mpi4py and mpiexec exist; this test takes
 the other path (BACKPROP_NO_MPI=1, as on a machine without MPI) by running the lesson's own
-launch cell, and asserts the two claims the compared cell prints.
+launch cell, and asserts the claims the compared cell after it prints: the two gradient
+equalities and the counted bytes (K times the gradient when syncing every micro-batch).
 """
 import contextlib
 import io
@@ -38,12 +39,17 @@ def test_launch_cell_without_mpi_checks_both_claims(monkeypatch, tmp_path):
           "json": json, "shutil": shutil, "subprocess": subprocess, "Path": Path,
           "DEMO_DIR": tmp_path, "DP_SCRIPT": tmp_path / "dp_demo.py"}
     exec(code_cell(text, "def data_parallel_in_process"), ns)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    progress = io.StringIO()
+    with contextlib.redirect_stdout(progress):
         exec(code_cell(text, "MPI_OK = mpi_available()"), ns)
     assert ns["MPI_OK"] is False
+    assert "thread replicas" in progress.getvalue()     # says what it waits for, first
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code_cell(text, "bytes reduced per rank"), ns)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and all(line.endswith(": True") for line in lines), lines
+    assert len(lines) == 3 and all(line.endswith(": True") for line in lines[:2]), lines
+    assert "sync every micro-batch 4 x the" in lines[2] and lines[2].endswith("last only 1 x")
     dp = ns["dp"]
     assert dp["ranks"] == 2 and dp["micro_batches"] == 4
     assert dp["parallel_vs_single"] < 1e-5

@@ -331,6 +331,67 @@ def test_11_1_racy_threads_are_caught_when_they_race():
 
 
 # ------------------------------------------------------------------ 11.2
+def bytes_right(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    rows = len(np.unique(ids))
+    return vocab_size * width * value_bytes, rows * width * value_bytes + rows * id_bytes
+
+
+def bytes_per_token(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    return vocab_size * width * value_bytes, np.size(ids) * (width * value_bytes + id_bytes)
+
+
+def bytes_no_ids(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    return vocab_size * width * value_bytes, len(np.unique(ids)) * width * value_bytes
+
+
+def bytes_dense_of_batch(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    return np.size(ids) * width * value_bytes, bytes_right(ids, vocab_size, width,
+                                                           value_bytes, id_bytes)[1]
+
+
+def bytes_values_not_bytes(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    return vocab_size * width, len(np.unique(ids)) * (width + 1)
+
+
+def bytes_swapped(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    return bytes_right(ids, vocab_size, width, value_bytes, id_bytes)[::-1]
+
+
+def bytes_hardcoded_fp32(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    return bytes_right(ids, vocab_size, width, 4, 8)
+
+
+def test_11_2_passes(capsys):
+    lesson11.check_gradient_bytes(bytes_right)
+    assert "Exercise 11.2 (gradient_bytes) passed." in capsys.readouterr().out
+
+
+def test_11_2_stub_says_not_done():
+    expect(lesson11.check_gradient_bytes, stub, "11.2", "not done yet")
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (bytes_per_token, "repeated ids are summed into one row"),
+    (bytes_no_ids, "add one id of id_bytes"),
+    (bytes_dense_of_batch, "one row per token. The dense gradient has the table's shape"),
+    (bytes_values_not_bytes, "counts values, not bytes"),
+    (bytes_swapped, "swapped"),
+    (bytes_hardcoded_fp32, "vocab_size * width * value_bytes"),
+])
+def test_11_2_names_the_mistake(fn, phrase):
+    expect(lesson11.check_gradient_bytes, fn, "11.2", phrase)
+
+
+def test_11_2_row_sparse_gradient_is_the_dense_one_on_its_rows():
+    ids = np.array([[5, 2], [5, 9]])
+    g = np.arange(8.0).reshape(4, 2)
+    rows, values = lesson11.row_sparse_gradient(ids, g)
+    assert rows.tolist() == [2, 5, 9]
+    assert np.array_equal(values, lesson11.scatter_add_reference(ids.ravel(), g, 10)[rows])
+    assert rows.nbytes + values.nbytes == lesson11.gradient_bytes_reference(ids, 10, 2, 8, 8)[1]
+
+
+# ------------------------------------------------------------------ 11.3
 def decay_right(steps_seen, n_steps, lr, wd):
     return (1 - lr * wd) ** n_steps, (1 - lr * wd) ** len(steps_seen)
 
@@ -351,13 +412,13 @@ def decay_lazy_wrong(steps_seen, n_steps, lr, wd):
     return (1 - lr * wd) ** n_steps, (1 - lr * wd) ** (n_steps - len(steps_seen))
 
 
-def test_11_2_passes(capsys):
+def test_11_3_passes(capsys):
     lesson11.check_decay_factors(decay_right)
-    assert "Exercise 11.2 (decay_factors) passed." in capsys.readouterr().out
+    assert "Exercise 11.3 (decay_factors) passed." in capsys.readouterr().out
 
 
-def test_11_2_stub_says_not_done():
-    expect(lesson11.check_decay_factors, stub, "11.2", "not done yet")
+def test_11_3_stub_says_not_done():
+    expect(lesson11.check_decay_factors, stub, "11.3", "not done yet")
 
 
 @pytest.mark.parametrize("fn, phrase", [
@@ -366,8 +427,8 @@ def test_11_2_stub_says_not_done():
     (decay_linear, "compounds"),
     (decay_lazy_wrong, "the lazy update decays the row on"),
 ])
-def test_11_2_names_the_mistake(fn, phrase):
-    expect(lesson11.check_decay_factors, fn, "11.2", phrase)
+def test_11_3_names_the_mistake(fn, phrase):
+    expect(lesson11.check_decay_factors, fn, "11.3", phrase)
 
 
 # ------------------------------------------------------------------ 12.1
@@ -497,19 +558,191 @@ def test_12_2_state_and_in_place():
     expect(lesson12.check_adamw_step, adamw_no_update, "12.2", "did not change", repeats=1)
 
 
+# ------------------------------------------------- 12: lesson 09's pieces
+def test_mixed_precision_pieces_fall_back_to_the_engine_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))   # a folder of its own
+    chosen = lesson12.mixed_precision_pieces()
+    assert set(chosen) == {"to_bf16", "update_scale", "master_weight_step"}
+    for name, (fn, owner) in chosen.items():
+        assert owner == "the engine's (not written yet)", (name, owner)
+    assert chosen["update_scale"][0] is lesson12.engine_update_scale
+
+
+def test_the_engine_versions_pass_the_lesson_09_checks(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))   # a folder of its own
+    from coursework import lesson09
+    lesson09.check_update_scale(lesson12.engine_update_scale)
+    lesson09.check_master_weight_step(lesson12.engine_master_weight_step)
+    lesson09.check_to_bf16(lesson12.PRECISION_PIECES["to_bf16"][1])
+    assert capsys.readouterr().out.count("passed") == 3
+
+
+def update_scale_mine(scale, good_steps, finite, growth_interval):
+    if finite:
+        good_steps += 1
+        return (scale * 2, 0, True) if good_steps == growth_interval else (scale, good_steps, True)
+    return scale / 2, 0, False
+
+
+def test_mixed_precision_pieces_run_the_learners_saved_piece(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))   # a folder of its own
+    from coursework import lesson09
+    lesson09.check_update_scale(update_scale_mine)
+    fn, owner = lesson12.mixed_precision_pieces()["update_scale"]
+    assert owner == "yours (09.3)" and fn.__name__ == "update_scale_mine"
+    assert fn(8.0, 0, False, 3) == (4.0, 0, False)
+
+
+def test_a_piece_that_does_not_load_falls_back_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))   # a folder of its own
+    import json
+    folder = pieces_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "master_weight_step.py").write_text("def master_weight_step(:\n")
+    index = folder / "index.json"
+    entries = json.loads(index.read_text()) if index.exists() else {}
+    entries["master_weight_step"] = {"function": "master_weight_step", "exercise": "09.2"}
+    index.write_text(json.dumps(entries))
+    fn, owner = lesson12.mixed_precision_pieces()["master_weight_step"]
+    assert fn is lesson12.engine_master_weight_step
+    assert owner.startswith("the engine's (yours does not load: SyntaxError")
+
+
 # ------------------------------------------------------------------ 12.3
+def norms_right(group_norms, spike_factor=10.0):
+    total = np.zeros(len(next(iter(group_norms.values()))))
+    for norms in group_norms.values():
+        total += np.asarray(norms) ** 2
+    total = np.sqrt(total)
+    spikes = [t for t in range(1, len(total)) if total[t] / np.median(total[:t]) > spike_factor]
+    return list(total), spikes, [k for k, v in group_norms.items() if max(v) == 0 == min(v)]
+
+
+def _norms_with(global_=None, spikes=None, frozen=None):
+    def fn(group_norms, spike_factor=10.0):
+        total, s, f = norms_right(group_norms, spike_factor)
+        return (global_(group_norms, total) if global_ else total,
+                spikes(total) if spikes else s, frozen(group_norms) if frozen else f)
+    return fn
+
+
+norms_sum = _norms_with(global_=lambda g, t: np.sum([v for v in g.values()], axis=0))
+norms_squared = _norms_with(global_=lambda g, t: np.asarray(t) ** 2)
+norms_vs_previous = _norms_with(spikes=lambda t: [i for i in range(1, len(t))
+                                                  if t[i] > 10 * t[i - 1]])
+norms_one_late = _norms_with(spikes=lambda t: [i + 1 for i in range(1, len(t))
+                                               if t[i] > 10 * np.median(t[:i])])
+norms_none = _norms_with(spikes=lambda t: [])
+norms_tolerance = _norms_with(frozen=lambda g: [k for k, v in g.items() if max(v) < 1e-6])
+norms_any_zero = _norms_with(frozen=lambda g: [k for k, v in g.items() if min(v) == 0.0])
+
+
+def test_12_3_passes(capsys):
+    lesson12.check_summarize_norms(norms_right)
+    assert "Exercise 12.3 (summarize_norms) passed." in capsys.readouterr().out
+
+
+def test_12_3_stub_says_not_done():
+    expect(lesson12.check_summarize_norms, stub, "12.3", "not done yet")
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (norms_sum, "sum of the groups' norms"),
+    (norms_squared, "squared norm"),
+    (norms_vs_previous, "median of all the steps before it"),
+    (norms_one_late, "whose own norm jumped"),
+    (norms_none, "times the median of the steps before it"),
+    (norms_tolerance, "tiny norms (1e-7), not zero ones"),
+    (norms_any_zero, "zero at step 5 only"),
+])
+def test_12_3_names_the_mistake(fn, phrase):
+    expect(lesson12.check_summarize_norms, fn, "12.3", phrase)
+
+
+def test_12_3_rejects_a_dict():
+    expect(lesson12.check_summarize_norms, lambda g, f=10.0: {"global": 1}, "12.3",
+           "return three things")
+
+
+# ------------------------------------------------------------------ 12.4
+def buckets_right(backward_ms, bucket_bytes, link):
+    out, clock, link_free = [], 0.0, 0.0
+    for ms, size in zip(backward_ms, bucket_bytes):
+        clock += ms
+        begin = clock if clock > link_free else link_free
+        link_free = begin + size / link
+        out.append([begin, link_free])
+    return out
+
+
+def buckets_after_backward(backward_ms, bucket_bytes, link):
+    return buckets_right([sum(backward_ms)] + [0] * (len(backward_ms) - 1), bucket_bytes, link)
+
+
+def buckets_overlapping(backward_ms, bucket_bytes, link):
+    ready = np.cumsum(backward_ms)
+    return [(r, r + b / link) for r, b in zip(ready, bucket_bytes)]
+
+
+def buckets_not_cumulative(backward_ms, bucket_bytes, link):
+    out, free = [], 0.0
+    for ms, size in zip(backward_ms, bucket_bytes):
+        begin = max(ms, free)
+        free = begin + size / link
+        out.append((begin, free))
+    return out
+
+
+def buckets_before_ready(backward_ms, bucket_bytes, link):
+    out, free = [], backward_ms[0]
+    for size in bucket_bytes:
+        out.append((free, free + size / link))
+        free += size / link
+    return out
+
+
+def buckets_times_link(backward_ms, bucket_bytes, link):
+    return buckets_right(backward_ms, bucket_bytes, 1 / link)
+
+
+def test_12_4_passes(capsys):
+    lesson12.check_bucket_schedule(buckets_right)
+    assert "Exercise 12.4 (bucket_schedule) passed." in capsys.readouterr().out
+
+
+def test_12_4_stub_says_not_done():
+    expect(lesson12.check_bucket_schedule, stub, "12.4", "not done yet")
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (buckets_after_backward, "no overlap"),
+    (buckets_overlapping, "one link carries one bucket at a time"),
+    (buckets_not_cumulative, "sum(backward_ms[:i + 1])"),
+    (buckets_before_ready, "before its backward had produced it"),
+    (buckets_times_link, "bytes / link_bytes_per_ms"),
+])
+def test_12_4_names_the_mistake(fn, phrase):
+    expect(lesson12.check_bucket_schedule, fn, "12.4", phrase)
+
+
+def test_12_4_wants_pairs():
+    expect(lesson12.check_bucket_schedule, lambda b, s, l: [1.0, 2.0], "12.4",
+           "one (start_ms, end_ms) pair per bucket")
+
+
+# ------------------------------------------------------------------ 12.5
 RIGHT = {"A": "missing_div_k", "B": "attention_scores", "C": "unordered_scatter",
          "D": "bf16_swallowed", "E": "activations", "F": "fp16_overflow"}
 
 
-def test_12_3_passes_and_prints_first_moves(capsys):
+def test_12_5_passes_and_prints_first_moves(capsys):
     lesson12.check_diagnose(lambda: dict(RIGHT))
     out = capsys.readouterr().out
-    assert "Exercise 12.3 (diagnose) passed." in out and "fp32 master weights" in out
+    assert "Exercise 12.5 (diagnose) passed." in out and "fp32 master weights" in out
 
 
-def test_12_3_stub_says_not_done():
-    expect(lesson12.check_diagnose, stub, "12.3", "not done yet")
+def test_12_5_stub_says_not_done():
+    expect(lesson12.check_diagnose, stub, "12.5", "not done yet")
 
 
 @pytest.mark.parametrize("answer, phrase", [
@@ -519,12 +752,12 @@ def test_12_3_stub_says_not_done():
     ({k: v for k, v in RIGHT.items() if k != "C"}, "no diagnosis for run(s) C"),
     ({**RIGHT, "C": "race"}, "not one of the causes"),
 ])
-def test_12_3_names_the_wrong_run(answer, phrase):
-    expect(lesson12.check_diagnose, lambda: answer, "12.3", phrase)
+def test_12_5_names_the_wrong_run(answer, phrase):
+    expect(lesson12.check_diagnose, lambda: answer, "12.5", phrase)
 
 
-def test_12_3_rejects_a_list():
-    expect(lesson12.check_diagnose, lambda: list(RIGHT.values()), "12.3", "return a dict")
+def test_12_5_rejects_a_list():
+    expect(lesson12.check_diagnose, lambda: list(RIGHT.values()), "12.5", "return a dict")
 
 
 # ------------------------------------------------------------------ 13.1
@@ -646,3 +879,64 @@ def test_10_1_tanh_in_a_comment_or_docstring_is_not_a_call():
         return t
     assert not lesson10._calls(kernel, "tanh")
     assert lesson10._calls(bias_gelu_math_tanh, "tanh")
+
+
+# ------------------------------------------- the learner's gradient checker
+def _code_cell(lesson_glob, marker):
+    from notebook_tools import ROOT
+    source = next((ROOT / "course" / "source").glob(lesson_glob)).read_text()
+    found = [c for c in source.split("\n# %%") if marker in c and not c.startswith(" [markdown]")]
+    assert len(found) == 1, marker
+    return found[0].split("\n", 1)[1]
+
+
+def _run_cell(cell, namespace):
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(cell, namespace)
+    return out.getvalue()
+
+
+def _xent_numpy(logits, targets):          # 10.2's contract, written in numpy
+    loss, grad = lesson10.softmax_cross_entropy_reference(logits, targets)
+    logits[...] = grad
+    return loss
+
+
+@pytest.mark.parametrize("owner", ["yours (04.3)", "the engine's (not written yet)"])
+def test_lessons_10_and_11_print_the_same_checked_lines_whoever_checks(owner, monkeypatch,
+                                                                        tmp_path):
+    """The compared cells of lessons 10 and 11 print the same whether the learner's 04.3
+    spot_check (saved from the lesson 04 solution) or the engine's checked the gradients;
+    only the nbval-ignored cell before them names the owner."""
+    from coursework.pieces import gradient_checker
+    from test_pieces_end_to_end import save_solution_pieces
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path / "pieces"))
+    if owner.startswith("yours"):
+        save_solution_pieces(["spot_check"], tmp_path)
+    spot_check, who = gradient_checker()
+    assert who == owner
+    ns = {"np": np, "spot_check": spot_check, "embedding_backward":
+          lesson11.scatter_add_reference, "softmax_cross_entropy_fused": _xent_numpy}
+    out = _run_cell(_code_cell("11_*.py", "ids_check = np.array"), ns)
+    assert out == ("20 elements of the (10, 3) table checked in float64: every one agrees "
+                   "with central differences: True\n")
+    out = _run_cell(_code_cell("10_*.py", "logits_check = np.random"), ns)
+    assert out == ("your softmax + cross-entropy gradient: 10 elements checked in float64, "
+                   "all agree with central differences: True\n")
+
+
+def test_a_wrong_scatter_add_fails_the_lessons_gradient_check(monkeypatch, tmp_path):
+    from coursework.pieces import gradient_checker
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path))
+
+    def last_write_wins(ids, g, vocab_size):
+        d = np.zeros((vocab_size, g.shape[1]))
+        d[ids] = g
+        return d
+
+    ns = {"np": np, "spot_check": gradient_checker()[0], "embedding_backward": last_write_wins}
+    with pytest.raises(AssertionError):
+        _run_cell(_code_cell("11_*.py", "ids_check = np.array"), ns)

@@ -9,7 +9,8 @@
 # 3. written a fused bias + GELU kernel in numba (exercise 10.1), checked and timed against
 #    the unfused version, and measured beside the trainer's own kernel;
 # 4. decided, with numbers, whether GELU's backward should *save* its tanh or *recompute* it;
-# 5. seen layer-norm backward done in one pass over memory instead of a dozen;
+# 5. seen layer-norm backward done in one pass over memory instead of a dozen, and checked
+#    it (and your 10.2 gradient) with your own gradient checker of lesson 04;
 # 6. written the fused softmax + cross-entropy whose gradient overwrites the logits
 #    (exercise 10.2), and measured the memory that saves;
 # 7. derived the online softmax and built attention on it (exercise 10.3), measured the
@@ -22,7 +23,9 @@
 # **Your pieces in the engine.** Fills: two kernels of the trainer's registry, the fused
 # bias + GELU forward (10.1, `bias_gelu_forward`) and the softmax + cross-entropy that
 # overwrites its logits (10.2, `softmax_cross_entropy`); lesson 13's trainer runs both.
-# Runs: no earlier pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+# Runs: your gradient checker (04.3, `spot_check`), on the one-pass layer-norm backward
+# and on your 10.2 gradient, in float64; the engine's checker runs instead, saying why,
+# when yours is not saved. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import os
@@ -75,6 +78,10 @@ def best_seconds(fn, repeats=7):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+print("Measuring this machine: 15 copies of 134 MB, 15 matrix products (some seconds) ...",
+      flush=True)
+
+
 @njit(parallel=True)
 def parallel_copy(src, dst):
     for i in prange(src.size):
@@ -329,6 +336,7 @@ def measure_bias_gelu(rows, cols=512, repeats=5):
     return result
 
 
+print("Timing six versions at two sizes, five runs each (some seconds) ...", flush=True)
 measured = {"trainer shape (2048, 512), 4 MB": measure_bias_gelu(2048),
             "(32768, 512), 64 MB": measure_bias_gelu(32768)}
 for shape, table in measured.items():
@@ -451,6 +459,7 @@ print("recomputing backward equals the reference:",
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+print("Timing both backwards on 64 MB arrays (some seconds) ...", flush=True)
 u_big = rng.normal(size=(32768, 512)).astype(np.float32)      # 64 MB, beyond the caches
 g_big = rng.normal(size=u_big.shape).astype(np.float32)
 t_saved = np.tanh(GELU_K * (u_big + GELU_A * u_big * u_big * u_big)).astype(np.float32)
@@ -545,8 +554,39 @@ theirs = reference.layer_norm_xhat_backward(g_ln, xhat_ln, rstd_ln, w_ln)
 for name, a_, b_ in zip(["dx", "dw", "db"], ours, theirs):
     print(f"{name}: equals the reference to 1e-12: {np.allclose(a_, b_, rtol=1e-12, atol=1e-12)}")
 
+# %% [markdown]
+# Equal to the reference says both were derived alike; it does not say the derivation is
+# right. A gradient checker does: take the scalar `f(x) = sum(g * y(x))`, whose gradient
+# with respect to x is exactly the dx the backward computes for the upstream gradient g,
+# and compare it with central differences of f, element by element, in float64. The
+# checker is yours, `spot_check` of exercise 04.3, when you saved it; otherwise the
+# engine's, with the same calling convention. The next cell says whose runs.
+
 # %%
 # NBVAL_IGNORE_OUTPUT
+from coursework.pieces import gradient_checker
+
+spot_check, checker_owner = gradient_checker()
+print(f"gradient checker: {checker_owner}")
+
+# %%
+def ln_loss(x_, w_):
+    """The scalar whose gradients are the one-pass kernel's dx and dw for upstream g_ln."""
+    return float(np.sum(g_ln * reference.layer_norm_xhat_forward(x_, w_, b_ln, 1e-5)[0]))
+
+
+dx_one, dw_one, _ = layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln)
+ln_rows = {"dx": spot_check(lambda x_: ln_loss(x_, w_ln), x_ln, dx_one, n_checks=8),
+           "dw": spot_check(lambda w_: ln_loss(x_ln, w_), w_ln, dw_one, n_checks=8)}
+for name, rows in ln_rows.items():
+    assert all(bool(r.ok) for r in rows), f"{name}: {[r for r in rows if not r.ok]}"
+    print(f"one-pass layer-norm backward, {name}: {len(rows)} elements checked in float64, "
+          f"all agree with central differences: {all(bool(r.ok) for r in rows)}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print("Timing the numpy and the one-pass backward on 34 MB arrays (some seconds) ...",
+      flush=True)
 rows_ln = 65536                              # 65536 x 128 float32 = 34 MB per array
 x_ln = rng.normal(size=(rows_ln, 128)).astype(np.float32)
 w_ln = rng.normal(size=128).astype(np.float32)
@@ -638,6 +678,21 @@ def softmax_cross_entropy_fused(logits, targets):
 # %%
 # CHECK 10.2
 lesson10.check_softmax_cross_entropy(softmax_cross_entropy_fused)
+
+# %% [markdown]
+# Your kernel returns a loss and leaves its gradient in the buffer: exactly what a gradient
+# checker compares. The same checker as for the layer norm, in float64:
+
+# %%
+logits_check = np.random.default_rng(104).normal(size=(5, 7)) * 2
+targets_check = np.array([0, 6, 3, 3, 1])
+grad_check = logits_check.copy()
+softmax_cross_entropy_fused(grad_check, targets_check)       # the gradient overwrites it
+xent_rows = spot_check(lambda l_: float(softmax_cross_entropy_fused(l_.copy(), targets_check)),
+                       logits_check, grad_check, n_checks=10)
+assert all(bool(r.ok) for r in xent_rows), [r for r in xent_rows if not r.ok]
+print(f"your softmax + cross-entropy gradient: {len(xent_rows)} elements checked in float64, "
+      f"all agree with central differences: {all(bool(r.ok) for r in xent_rows)}")
 
 # %% [markdown]
 # Now the memory, measured. `tracemalloc` sees every array numpy allocates, so it can report

@@ -8,18 +8,21 @@
 #    scatter-add lose updates and change its last bits from run to run;
 # 3. written a scatter-add that is exact, parallel and bit-for-bit deterministic
 #    (exercise 11.1), the kernel the trainer's embedding runs on;
-# 4. measured how much of an embedding gradient is structurally zero at real vocabulary
-#    sizes, and what storing it densely costs;
-# 5. worked out why dense AdamW quietly changes what a sparse gradient means
-#    (exercise 11.2).
+# 4. checked your scatter-add's gradient with your own gradient checker of lesson 04;
+# 5. measured how much of an embedding gradient is structurally zero at real vocabulary
+#    sizes, and counted what a dense and a row-sparse gradient cost in bytes (exercise 11.2);
+# 6. worked out why dense AdamW quietly changes what a sparse gradient means
+#    (exercise 11.3).
 #
 # Every other layer of a transformer is dense: each weight meets every token. The token
 # embedding is the exception, and its gradient is where ordering, determinism and memory
 # problems of the backward pass show up first.
 #
 # **Your pieces in the engine.** Fills: the trainer's embedding backward, a deterministic
-# scatter-add (11.1, `embedding_backward`); lesson 13's trainer runs it. Runs: no earlier
-# pieces. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+# scatter-add (11.1, `embedding_backward`); lesson 13's trainer runs it. Runs: your
+# gradient checker (04.3, `spot_check`), on your scatter-add in float64; the engine's
+# checker runs instead, saying why, when yours is not saved. (The whole map:
+# CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import os
@@ -161,7 +164,7 @@ expected_total = float(ids_many.size * 4)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-print(f"threads: {numba.get_num_threads()}")
+print(f"threads: {numba.get_num_threads()}; five runs of 2 million tokens ...", flush=True)
 for run in range(5):
     d = scatter_add_racy(ids_many, ones, 8)
     lost = expected_total - float(d.sum(dtype=np.float64))
@@ -251,6 +254,31 @@ from coursework import lesson11
 lesson11.check_embedding_backward(embedding_backward)
 
 # %% [markdown]
+# **Checked by your gradient checker.** The scatter-add is the VJP of the gather
+# `y = E[ids]`, so central differences of a scalar loss of `E` must agree with it: take
+# `f(E) = sum(g * E[ids])`, whose gradient is exactly your `embedding_backward(ids, g, V)`.
+# Your `spot_check` of lesson 04 (exercise 04.3) nudges elements of E, in float64, on a small
+# table where some ids repeat and some rows are never read; the engine's checker, with the
+# same calling convention, runs when yours is not saved. The next cell says whose runs.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from coursework.pieces import gradient_checker
+
+spot_check, checker_owner = gradient_checker()
+print(f"gradient checker: {checker_owner}")
+
+# %%
+ids_check = np.array([4, 1, 4, 7, 1, 4, 0, 9])          # 4 and 1 repeat; 2, 3, 5, 6, 8 unread
+g_check = np.random.default_rng(111).normal(size=(ids_check.size, 3))
+table = np.random.default_rng(112).normal(size=(10, 3))
+scatter_rows = spot_check(lambda E_: float(np.sum(g_check * E_[ids_check])), table,
+                          embedding_backward(ids_check, g_check, 10), n_checks=20)
+assert all(bool(r.ok) for r in scatter_rows), [r for r in scatter_rows if not r.ok]
+print(f"{len(scatter_rows)} elements of the (10, 3) table checked in float64: every one "
+      f"agrees with central differences: {all(bool(r.ok) for r in scatter_rows)}")
+
+# %% [markdown]
 # The same idea runs the trainer: `engine.trainer.kernels.embedding_backward` splits the table's
 # columns between threads and walks the tokens in order (and adds the position embedding's
 # gradient too). Compare it with yours, and with `np.add.at`, at the tiny trainer's shape:
@@ -314,22 +342,65 @@ for start in (0, 40_000, 80_000):
 # 1/(k + 2.7). Sampling 16 384 tokens from that law (seeded, so the numbers are fixed), next
 # to the bound 1 - B·T/V, for a table of width d = 4096 in float32:
 
+# %% [markdown]
+# ## Exercise 11.2 · The bytes of a dense and a sparse gradient
+#
+# A dense embedding gradient is the whole (V, C) table, zeros included. A *row-sparse* one
+# keeps only the distinct rows the batch touched, each with the id that says which row it
+# is. Write `gradient_bytes(ids, vocab_size, width, value_bytes=4, id_bytes=8)` returning
+# `(dense_bytes, sparse_bytes)` for one batch of token ids (any shape): `value_bytes` per
+# gradient value (4 in float32, 2 in bf16), `id_bytes` per stored id (8 for int64).
+# The cell after the check builds both gradients for a real batch and measures them.
+
 # %%
-def zipf_batch_rows(vocab_size, tokens, seed=0):
-    """Distinct rows touched by `tokens` draws from a Zipf-Mandelbrot law over the vocabulary."""
+def gradient_bytes(ids, vocab_size, width, value_bytes=4, id_bytes=8):
+    """(dense, row-sparse) bytes of one batch's embedding gradient."""
+    ### BEGIN SOLUTION
+    touched = len(set(np.asarray(ids).ravel().tolist()))
+    return vocab_size * width * value_bytes, touched * (width * value_bytes + id_bytes)
+    ### END SOLUTION
+
+# %%
+# CHECK 11.2
+lesson11.check_gradient_bytes(gradient_bytes)
+
+# %% [markdown]
+# Now measured: the first batch of words above, with an upstream gradient of width 256 in
+# float32. The dense gradient is your `embedding_backward`'s table; the row-sparse one is
+# `lesson11.row_sparse_gradient`: `np.unique` finds the distinct ids, `np.add.at` sums each
+# token's gradient into its id's row. The bytes are those of the arrays themselves.
+
+# %%
+batch_ids = word_ids[:batch_tokens]
+g_words = np.random.default_rng(113).normal(size=(batch_tokens, 256)).astype(np.float32)
+dense_dE = embedding_backward(batch_ids, g_words, len(word_vocab))
+sparse_ids, sparse_rows = lesson11.row_sparse_gradient(batch_ids, g_words)
+predicted = gradient_bytes(batch_ids, len(word_vocab), 256)
+measured = (dense_dE.nbytes, sparse_ids.nbytes + sparse_rows.nbytes)
+assert np.allclose(dense_dE[sparse_ids], sparse_rows, rtol=1e-5, atol=1e-5)
+assert not dense_dE[np.setdiff1d(np.arange(len(word_vocab)), sparse_ids)].any()
+print(f"dense:      predicted {predicted[0]:>10,} bytes, measured {measured[0]:>10,}")
+print(f"row-sparse: predicted {predicted[1]:>10,} bytes, measured {measured[1]:>10,} "
+      f"({sparse_ids.size} rows and their ids)")
+print(f"the same gradient: the sparse rows equal the dense table's rows, every other row "
+      f"is zero; the sparse one takes {measured[1] / measured[0]:.1%} of the bytes")
+
+# %%
+def zipf_batch(vocab_size, tokens, seed=0):
+    """`tokens` ids drawn from a Zipf-Mandelbrot law over the vocabulary."""
     p = 1.0 / (np.arange(vocab_size) + 2.7)
     p /= p.sum()
-    return np.unique(np.random.default_rng(seed).choice(vocab_size, size=tokens, p=p)).size
+    return np.random.default_rng(seed).choice(vocab_size, size=tokens, p=p)
 
 
 d_model = 4096
 print(f"{'V':>8} {'bound':>7} {'Zipf':>7} {'dense dE':>10} {'sparse dE':>10}")
 shares = {}
 for vocab in (32_000, 50_257, 128_000, 256_000):
-    touched = zipf_batch_rows(vocab, batch_tokens)
+    batch = zipf_batch(vocab, batch_tokens)
+    touched = np.unique(batch).size
     shares[vocab] = (1 - batch_tokens / vocab, 1 - touched / vocab)
-    dense_bytes = vocab * d_model * 4
-    sparse_bytes = touched * (d_model * 4 + 8)      # the rows, plus one int64 id per row
+    dense_bytes, sparse_bytes = gradient_bytes(batch, vocab, d_model)   # float32, int64 ids
     print(f"{vocab:>8,} {shares[vocab][0]:7.1%} {shares[vocab][1]:7.1%} "
           f"{dense_bytes / 1e6:7.0f} MB {sparse_bytes / 1e6:7.0f} MB")
 
@@ -435,7 +506,7 @@ plt.show()
 # but they regularise rare tokens very differently, so switching an embedding to sparse
 # gradients with a stock AdamW silently changes the training recipe.
 #
-# ## Exercise 11.2 · Decay that never sees a gradient
+# ## Exercise 11.3 · Decay that never sees a gradient
 #
 # Take weight decay alone (ignore the gradient step). Write `decay_factors(steps_seen,
 # n_steps, lr, weight_decay)` returning `(dense_factor, lazy_factor)`: the factors by which
@@ -452,7 +523,7 @@ def decay_factors(steps_seen, n_steps, lr, weight_decay):
     ### END SOLUTION
 
 # %%
-# CHECK 11.2
+# CHECK 11.3
 lesson11.check_decay_factors(decay_factors)
 
 # %%
@@ -476,7 +547,8 @@ print("  (a token in every batch is decayed alike under both)")
 #   same.
 # - **Sparsity**: a batch of 16 384 tokens leaves at least 87% of a 128 000-row gradient at
 #   zero (far more under a Zipf law); a dense gradient stores those zeros, hundreds of MB
-#   for a wide model.
+#   for a wide model, where a row-sparse one stores the touched rows and their ids
+#   (`gradient_bytes`, measured on a real batch).
 # - **Sparse gradients and AdamW**: dense AdamW decays and moves every row every step; a
 #   lazy update touches only rows that appeared. Rare tokens are regularised very
 #   differently under the two.
