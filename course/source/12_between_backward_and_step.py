@@ -383,7 +383,7 @@ print(f"clip, then unscale: {np.linalg.norm(wrong['w']):.3g}, {ratio:.0f} times 
 #   so the loss can still fall. It is not convergence: a converged model has small
 #   gradients, not exactly zero ones.
 #
-# Three runs of a small two-layer regression on the course's tape engine, 80 steps of SGD,
+# Four runs of a small two-layer regression on the course's tape engine, 80 steps of SGD,
 # with the norm logged per layer and the loss measured on a fixed validation batch after
 # every step. At step 40 one training batch arrives with its targets multiplied by 100.
 
@@ -800,21 +800,21 @@ print(f"bytes reduced per rank in one step of K = {dp['micro_batches']} micro-ba
 # (which path ran depends on what is installed; timings differ from run to run)
 assert dp["parallel_vs_single"] < 1e-5, "the data-parallel gradient differs from one process's"
 assert dp["every_vs_last"] < 1e-5, "syncing every micro-batch changed the gradient"
-ms = {k: 1e3 * v for k, v in dp.items() if k.endswith("_s")}
+dp_ms = {k: 1e3 * v for k, v in dp.items() if k.endswith("_s")}
 if MPI_OK:
     print(f"ran on {dp['ranks']} MPI processes; gradient buffer {dp['bytes'] / 1e6:.1f} MB")
-    print(f"one all-reduce of {dp['bytes'] / 1e6:.1f} MB:        {ms['allreduce_s']:7.2f} ms [timed]")
-    print(f"forward + backward (8 sequences):     {ms['forward_backward_s']:7.1f} ms [timed]")
-    print(f"  then a blocking all-reduce:          {ms['sequential_s']:7.1f} ms [timed]")
-    print(f"  with buckets overlapped:             {ms['overlapped_s']:7.1f} ms [timed]")
+    print(f"one all-reduce of {dp['bytes'] / 1e6:.1f} MB:        {dp_ms['allreduce_s']:7.2f} ms [timed]")
+    print(f"forward + backward (8 sequences):     {dp_ms['forward_backward_s']:7.1f} ms [timed]")
+    print(f"  then a blocking all-reduce:          {dp_ms['sequential_s']:7.1f} ms [timed]")
+    print(f"  with buckets overlapped:             {dp_ms['overlapped_s']:7.1f} ms [timed]")
 else:
     print(f"mpiexec or mpi4py is not installed (or BACKPROP_NO_MPI is set), so the claims were "
           f"checked in-process on {dp['ranks']} thread replicas, without any all-reduce.\n"
           "For the real thing install both with\n"
           "    pip install -e '.[mpi]'      (or: conda install -c conda-forge mpi4py mpich)\n"
           "and run the cell above again.")
-print(f"K = {dp['micro_batches']} micro-batches, sync each: {ms['sync_every_s']:7.1f} ms [timed]")
-print(f"K = {dp['micro_batches']} micro-batches, last only: {ms['sync_last_s']:7.1f} ms [timed]")
+print(f"K = {dp['micro_batches']} micro-batches, sync each: {dp_ms['sync_every_s']:7.1f} ms [timed]")
+print(f"K = {dp['micro_batches']} micro-batches, last only: {dp_ms['sync_last_s']:7.1f} ms [timed]")
 
 # %% [markdown]
 # The bytes are counted, so they hold on any machine: syncing every micro-batch hands K
