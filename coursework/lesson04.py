@@ -658,7 +658,9 @@ def check_localize(localize) -> None:
         first_in_dict = next((n for n in parts if failing[n]), None)
         if want is None:
             hint = (f"every part passes its check here, yet you returned {got!r}. Hint: "
-                    f"return None when no check fails, and judge each part by report.ok.")
+                    f"return None when no check fails, and judge each part by report.ok "
+                    f"(with eps=1e-5: a much larger step's truncation error can fail a "
+                    f"correct part).")
         elif got is None:
             hint = ("you returned None, but a check fails. Hint: "
                     + ("every op passes on its own here; the layer "

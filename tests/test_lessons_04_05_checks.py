@@ -457,6 +457,14 @@ def test_04_6_names_the_mistake(answer, words):
     fails_with(lesson04.check_localize, answer, words=["Exercise 04.6", *words])
 
 
+def test_04_6_a_layer_named_when_its_op_fails(monkeypatch):
+    # parts listed network first, so a layers-first walk is not the dict's order
+    monkeypatch.setattr(lesson04, "_LOCAL_CASES", lesson04._LOCAL_CASES[1:2])
+    fails_with(lesson04.check_localize, localize_layers_first,
+               words=["the layer 'hidden' fails because one of its ops does",
+                      "check every op before any layer"])
+
+
 def test_04_6_none_when_nothing_fails():
     def never_none(parts):
         return localize_right(parts) or "network"
