@@ -25,9 +25,9 @@
 # `numerical_partial`), the two errors (04.2, `gradient_errors`), random spot checks (04.3,
 # `spot_check`); lesson 05 hunts broken backward rules with your `spot_check` (the engine's
 # runs where yours is not saved, and the lesson says so). The fixes of 04.5
-# (`away_from_kink`, `same_mask`) and the walk of 04.6 (`localize`) fill no slot. Runs: your lesson 03 rules (03.1
-# `matmul_vjp`, 03.2 `unbroadcast`) inside the tape near the end, checked by your
-# `spot_check`. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+# (`away_from_kink`, `same_mask`) and the walk of 04.6 (`localize`) fill no slot. Runs:
+# your lesson 03 rules (03.1 `matmul_vjp`, 03.2 `unbroadcast`) inside the tape near the
+# end, checked by your `spot_check`. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 from typing import NamedTuple
