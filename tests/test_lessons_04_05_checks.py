@@ -355,6 +355,123 @@ def test_04_5_the_unfair_checks_fail_a_right_gradient():
         assert all(r.ok for r in rows) is passes
 
 
+# ---------------------------------------------------------------- 04.6
+import engine  # noqa: E402
+
+
+def report_of(part):
+    return engine.gradcheck(part.fn, part.inputs, eps=1e-5, raise_on_failure=False)
+
+
+def localize_right(parts):
+    # written differently: rank the parts by level, then take the first failing one
+    rank = {"op": 0, "layer": 1, "network": 2}
+    ranked = sorted(parts, key=lambda name: rank[parts[name].level])   # stable: dict order
+    failing = [name for name in ranked if not report_of(parts[name]).ok]
+    return failing[0] if failing else None
+
+
+def localize_top_down(parts):
+    for level in ("network", "layer", "op"):
+        for name, part in parts.items():
+            if part.level == level and not report_of(part).ok:
+                return name
+    return None
+
+
+def localize_dict_order(parts):
+    return next((name for name, part in parts.items() if not report_of(part).ok), None)
+
+
+def localize_layers_first(parts):
+    for level in ("layer", "op", "network"):
+        for name, part in parts.items():
+            if part.level == level and not report_of(part).ok:
+                return name
+    return None
+
+
+def localize_ops_only(parts):
+    return next((name for name, part in parts.items()
+                 if part.level == "op" and not report_of(part).ok), None)
+
+
+def localize_report(parts):
+    for level in ("op", "layer", "network"):
+        for part in parts.values():
+            if part.level == level:
+                report = report_of(part)
+                if not report.ok:
+                    return report
+    return None
+
+
+def localize_raises(parts):
+    for level in ("op", "layer", "network"):
+        for name, part in parts.items():
+            if part.level == level:
+                engine.gradcheck(part.fn, part.inputs, eps=1e-5)
+    return None
+
+
+def localize_always_softplus(parts):
+    return "softplus"
+
+
+def localize_all_failing(parts):
+    return [name for name in parts if not report_of(parts[name]).ok]
+
+
+def test_04_6_passes_a_local_to_global_walk(capsys):
+    lesson04.check_localize(localize_right)
+    assert "Exercise 04.6 (localize) passed." in capsys.readouterr().out
+
+
+def test_04_6_the_cases_are_what_the_lesson_says():
+    """The lesson's network: softplus, hidden and the network fail; the variants: add_bias,
+    then a bug only the hidden layer's batch shows, then nothing."""
+    failing = []
+    for what, bugs, order in lesson04._LOCAL_CASES:
+        parts = lesson04.network_parts(bugs, order)
+        failing.append(sorted(n for n, p in parts.items() if not lesson04.check_part(p).ok))
+    assert failing == [["hidden", "network", "softplus"], ["add_bias", "hidden", "network"],
+                       ["hidden", "network"], []]
+    assert [localize_right(lesson04.network_parts(b, o)) for _, b, o in
+            lesson04._LOCAL_CASES] == ["softplus", "add_bias", "hidden", None]
+    # the lesson's own dict lists the network first
+    assert list(lesson04.network_parts())[0] == "network"
+
+
+@pytest.mark.parametrize("answer, words", [
+    (stub, ["not done yet"]),
+    (localize_top_down, ["the end-to-end check only says something is wrong"]),
+    (localize_dict_order, ["first failing part in the order the dict lists them"]),
+    (localize_layers_first, ["fails because one of its ops does"]),
+    (localize_ops_only, ["every op passes on its own here", "check the layers after the ops"]),
+    (localize_report, ["returned a report", "return the part's name"]),
+    (localize_raises, ["raised on a failing check", "raise_on_failure=False"]),
+    (localize_always_softplus, ["'softplus' passes its check"]),
+    (localize_all_failing, ["return one name"]),
+])
+def test_04_6_names_the_mistake(answer, words):
+    fails_with(lesson04.check_localize, answer, words=["Exercise 04.6", *words])
+
+
+def test_04_6_a_layer_named_when_its_op_fails(monkeypatch):
+    # parts listed network first, so a layers-first walk is not the dict's order
+    monkeypatch.setattr(lesson04, "_LOCAL_CASES", lesson04._LOCAL_CASES[1:2])
+    fails_with(lesson04.check_localize, localize_layers_first,
+               words=["the layer 'hidden' fails because one of its ops does",
+                      "check every op before any layer"])
+
+
+def test_04_6_none_when_nothing_fails():
+    def never_none(parts):
+        return localize_right(parts) or "network"
+    fails_with(lesson04.check_localize, never_none,
+               words=["every part passes its check here", "return None"])
+
+
 # ================================================================ lesson 05
 import engine  # noqa: E402
 from engine import Tensor  # noqa: E402

@@ -12,7 +12,8 @@
 #    (dropout without a fixed seed) and low precision (float32), and written the fixes for
 #    the first two;
 # 4. checked the engine from local to global, one op, one layer, a whole network, with
-#    `engine.gradcheck`.
+#    `engine.gradcheck`, and written the walk that names the most local failing part of a
+#    broken network.
 #
 # **Why check at all.** A backward rule with a wrong formula does not crash. It returns an
 # array of the right shape, full of finite, plausible numbers, and training runs on, only
@@ -24,9 +25,9 @@
 # `numerical_partial`), the two errors (04.2, `gradient_errors`), random spot checks (04.3,
 # `spot_check`); lesson 05 hunts broken backward rules with your `spot_check` (the engine's
 # runs where yours is not saved, and the lesson says so). The fixes of 04.5
-# (`away_from_kink`, `same_mask`) fill no slot. Runs: your lesson 03 rules (03.1
-# `matmul_vjp`, 03.2 `unbroadcast`) inside the tape near the end, checked by your
-# `spot_check`. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+# (`away_from_kink`, `same_mask`) and the walk of 04.6 (`localize`) fill no slot. Runs:
+# your lesson 03 rules (03.1 `matmul_vjp`, 03.2 `unbroadcast`) inside the tape near the
+# end, checked by your `spot_check`. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 from typing import NamedTuple
@@ -559,6 +560,72 @@ def loss_of_W1(array):
 show(spot_check(loss_of_W1, W1, params[1].grad, n_checks=6, seed=0))
 
 # %% [markdown]
+# ## Exercise 04.6 · Which part is broken?
+#
+# The order pays off when something fails. `lesson04.network_parts()` is another small
+# network, taken apart: a dict `{name: Part}`, each `Part(level, fn, inputs)` a piece of
+# code to check with `engine.gradcheck(part.fn, part.inputs, ...)`, its `level` one of
+# `"op"`, `"layer"`, `"network"`. Two of its ops, `softplus` and `add_bias`, are
+# `engine.rules.Op` subclasses written for it, as a new op would be, and one backward rule is
+# broken. The dict lists the network first, the way one reads a model top-down.
+#
+# Write `localize(parts)`: check the parts from local to global (every op, then every layer,
+# then the network; within a level, in the dict's order) and return the name of the first
+# that fails, or `None` when every check passes. Use `engine.gradcheck` with `eps=1e-5`, as
+# for the layer above, and `raise_on_failure=False`: a walk that stops at the first exception
+# cannot say which part failed first in this order. The check also hands your function
+# variants of the network with the bug elsewhere, and without one.
+
+# %%
+parts = lesson04.network_parts()
+for name, part in parts.items():
+    print(f"{name:14} {part}")
+
+
+# %%
+def localize(parts):
+    """The name of the most local part whose gradient check fails (ops, then layers, then
+    the network), or None if every part passes."""
+    ### BEGIN SOLUTION
+    for level in ("op", "layer", "network"):
+        for name, part in parts.items():
+            if part.level != level:
+                continue
+            report = engine.gradcheck(part.fn, part.inputs, eps=1e-5, raise_on_failure=False)
+            if not report.ok:
+                return name
+    return None
+    ### END SOLUTION
+
+# %%
+# CHECK 04.6
+lesson04.check_localize(localize)
+
+# %% [markdown]
+# Your `localize` on the lesson's network, next to the verdict of every part, in the order
+# it walks them:
+
+# %%
+print("most local failure:", localize(parts))
+for level in lesson04.LEVELS:
+    for name, part in parts.items():
+        if part.level == level:
+            print(f"   {level:8} {name:14} {verdict(lesson04.check_part(part))}")
+
+# %% [markdown]
+# Three checks fail, and only one of them says where to look. The network and the `hidden`
+# layer fail because `softplus` does: they contain it. Read top-down, the first failure is
+# the network's, which only says that something, somewhere, is wrong. Read from the ops out,
+# the first failure is the op, and the bug is in its `vjp`.
+#
+# When every op passes and a layer fails, as in one of the check's variants, the bug lies in
+# what the layer adds to its ops. There, `add_bias` takes one row of the upstream gradient
+# where it should sum over the batch; its own check ran on a single row, where the two agree,
+# and only the layer's batch of four rows shows the difference. The layer's failure points at
+# the new thing it does (a bias broadcast over a batch), and step 4, checks at other inputs,
+# pins it on the op.
+
+# %% [markdown]
 # ## Your lesson 03 rules inside the tape
 #
 # The tape's matmul and add run `vjp` rules from `engine/rules.py`. In lesson 03 you wrote
@@ -595,6 +662,8 @@ assert all(r.ok for r in rows)
 # - `best_step`: ε* = (3u)^(1/3), about 7e-6 in float64; the reason checks run in float64.
 # - `away_from_kink` and `same_mask`: a fair check for a correct gradient, with every point
 #   farther than ε from a kink (on its own side) and one mask for every forward pass.
+# - `localize`: ops, then layers, then the network; the first failure in that order names
+#   the op to fix, or the layer whose composition hides the bug.
 #
 # A check of `k` elements costs `2k` forward passes, whatever the model's size, which is why
 # it is a development tool and not a training step. And it is a *sample*: passing spot checks
