@@ -524,3 +524,43 @@ def seconds(piece: str, fn, cfg, batch_size: int, repeats: int = 5) -> tuple[flo
         return (median_seconds(lambda: mine.step(1e-9), repeats),
                 median_seconds(lambda: engine.step(1e-9), repeats))
     raise KeyError(f"no timing for the piece {piece!r}")
+
+
+# ------------------------------------------- lesson 13's other pieces, in their slots
+def _check_to_bf16(fn):
+    # Where lesson 13 runs it: on trained float32 weights (one flat buffer), bit for bit
+    # the engine's rounding, the input left as it was.
+    from engine.precision import round_to_bf16
+    rng = np.random.default_rng(901)
+    x = (rng.normal(size=4096) * 0.05).astype(np.float32)
+    x[:4] = np.array([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -(1.0 + 2 ** -8), 0.0], np.float32)
+    before = x.copy()
+    got = fn(x)
+    if got is None:
+        raise SlotError("returned None instead of the rounded array")
+    got = np.asarray(got)
+    if not np.array_equal(x, before):
+        raise SlotError("changed the weights it was handed: return the rounded copy")
+    if got.dtype != np.float32 or got.shape != x.shape:
+        raise SlotError(f"returned {got.dtype} of shape {got.shape} for float32 weights of "
+                        f"shape {x.shape}; return float32 of the same shape")
+    want = round_to_bf16(x)
+    if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+        i = int(np.argmax(got.view(np.uint32) != want.view(np.uint32)))
+        raise SlotError(f"on float32 weights it rounds {float(x[i])!r} to {float(got[i])!r}, "
+                        f"bf16 (ties to even) is {float(want[i])!r}")
+
+
+def _check_checkpoint_peak(fn):
+    # Where lesson 13 runs it: the fused trainer's sizes, a checkpoint at every block and
+    # one segment over all of them.
+    from .lesson08 import exact_checkpoint_peak
+    a, b = 1 << 20, 17 << 20              # a residual stream, one block's buffers
+    for n_blocks, k in ((4, 1), (4, 4), (12, 1), (6, 4)):
+        got, want = fn(n_blocks, k, a, b), exact_checkpoint_peak(n_blocks, k, a, b)
+        if got is None or float(got) != want:
+            raise SlotError(f"checkpoint_peak({n_blocks}, {k}, {a}, {b}) gives {got!r}, the "
+                            f"peak is {want}")
+
+
+CONTRACTS.update(to_bf16=_check_to_bf16, checkpoint_peak=_check_checkpoint_peak)
