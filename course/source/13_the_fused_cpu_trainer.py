@@ -259,7 +259,7 @@ print(f"sgemm on ({B * T}, {cfg.n_embd}) @ ({cfg.n_embd}, {4 * cfg.n_embd}), bes
 # The run is a fixed 250 steps of 2048 characters, a little more than one pass over the
 # training text, so every run does the same work and ends in the same place, however busy
 # the machine. The dashboard counts the steps done and left and, from the measured step
-# time, the time left. On an idle two-core machine the run takes about a minute.
+# time, the time left. On an idle two-core machine the run takes under a minute.
 
 # %%
 STEPS, EVAL_EVERY = 250, 25
