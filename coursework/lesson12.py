@@ -281,13 +281,9 @@ def mixed_precision_pieces() -> dict:
     """name -> (function, owner) for lesson 09's pieces: the learner's saved piece when it
     loads (and keeps its slot's contract, where the slot has one), else the engine's
     version, with the reason. Never raises."""
-    from .pieces import piece_for_slot
-    chosen = {}
-    for name, (exercise, engine_version) in PRECISION_PIECES.items():
-        fn, why = piece_for_slot(name)
-        chosen[name] = ((fn, f"yours ({exercise})") if fn is not None
-                        else (engine_version, f"the engine's ({why})"))
-    return chosen
+    from .pieces import piece_or_engine
+    return {name: piece_or_engine(name, exercise, engine_version)
+            for name, (exercise, engine_version) in PRECISION_PIECES.items()}
 
 
 # --------------------------------------------------------------- 12.3

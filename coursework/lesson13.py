@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ._core import ExerciseError, attempt, passed
-from .pieces import load_piece, piece_for_slot, pieces_report
+from .pieces import load_piece, piece_for_slot, piece_or_engine, pieces_report
 from .slots import (ADAPTERS, TRAINER_SLOTS, SegmentAdamW, accumulated_gradient, engine_clip,
                     seconds)
 
@@ -287,3 +287,104 @@ def check_train_step(train_step) -> None:
                                          f"each, so the trainer can time them.")
     passed(EX_STEP, "zero, loss, backward, clip and step, in order; 3 steps equal the "
                     "reference.")
+
+
+# ------------------------------------------------------- what a step achieves
+def step_flops(cfg, batch_size: int) -> float:
+    """FLOPs of one training step as lesson 07's budget counts them (`engine.budget`):
+    6 per matmul weight per token (2 forward, 4 backward), plus attention's Q @ K^T and
+    P @ V over the full T x T square, forward and backward."""
+    from engine import budget
+    return float(budget.flops(_budget_config(cfg, batch_size))["per_step"]["total"])
+
+
+def _budget_config(cfg, batch_size: int, **knobs):
+    """The budget's description (lesson 07) of a GPT config at micro-batch `batch_size`."""
+    from engine import budget
+    return budget.BudgetConfig(n_layer=cfg.n_layer, d_model=cfg.n_embd, n_head=cfg.n_head,
+                               vocab_size=cfg.vocab_size, block_size=cfg.block_size,
+                               micro_batch=batch_size, seq_len=cfg.block_size, **knobs)
+
+
+def sgemm_flops_per_s(m: int, k: int, n: int, repeats: int = 30, seed: int = 0) -> float:
+    """The machine's measured float32 matmul rate: FLOP/s (2*m*k*n per product) of the
+    fastest of `repeats` (m, k) @ (k, n) products through numpy's BLAS."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(m, k)).astype(np.float32)
+    b = rng.normal(size=(k, n)).astype(np.float32)
+    out = np.empty((m, n), np.float32)
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.matmul(a, b, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * m * k * n / best
+
+
+def mfu(flops_per_step: float, step_seconds: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation: the FLOP/s a training step achieves (the model's FLOPs
+    per step over the step's seconds) as a fraction of the machine's peak FLOP/s."""
+    return flops_per_step / step_seconds / peak_flops_per_s
+
+
+# --------------------------------------------- more of the learner's pieces
+def checkpoint_peak_piece():
+    """(checkpoint_peak, owner): the learner's 08.3 formula when saved and keeping its
+    slot's contract, else the course's reference formula, and why. Never raises."""
+    from .lesson08 import exact_checkpoint_peak
+    return piece_or_engine("checkpoint_peak", "08.3", exact_checkpoint_peak,
+                           fallback="the reference formula's")
+
+
+def bf16_piece():
+    """(to_bf16, owner): the learner's 09.1 rounding when saved and keeping its slot's
+    contract, else the engine's `engine.precision.round_to_bf16`, and why. Never raises."""
+    from engine.precision import round_to_bf16
+    return piece_or_engine("to_bf16", "09.1", round_to_bf16)
+
+
+def fused_activation_sizes(cfg, batch_size: int) -> dict:
+    """Bytes of the fused trainer's activation buffers (float32), from lesson 07's budget
+    of the fused trainer (`engine.budget.fused_trainer_saved`): `boundary`, one residual
+    stream (a block's input, what a checkpoint keeps); `block`, what one block's backward
+    reads beyond its input; `outside`, what no checkpoint touches (the last block's
+    output, the final layer norm, the logits)."""
+    from engine.budget.activations import fused_trainer_saved
+    config = _budget_config(cfg, batch_size, recompute="full")
+    stream, block, attention, final_ln, head = fused_trainer_saved(config)
+    one = stream.elements * stream.itemsize
+    return {"boundary": one, "block": block.bytes + attention.bytes,
+            "outside": one + final_ln.bytes + head.bytes}
+
+
+def predicted_checkpointed_bytes(checkpoint_peak, cfg, batch_size: int) -> int:
+    """The checkpointed fused trainer's activation bytes by lesson 08's formula: its L
+    blocks checkpointed every block (k = 1), plus what lies outside every segment."""
+    sizes = fused_activation_sizes(cfg, batch_size)
+    return int(checkpoint_peak(cfg.n_layer, 1, sizes["boundary"], sizes["block"])
+               + sizes["outside"])
+
+
+def bf16_bits(to_bf16, x: np.ndarray) -> np.ndarray:
+    """float32 -> its bf16 rounding (by `to_bf16`) stored as 16-bit integers: the upper
+    half of each rounded float32, half the bytes."""
+    rounded = np.asarray(to_bf16(np.ascontiguousarray(x, dtype=np.float32)), np.float32)
+    return (rounded.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+
+def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
+    """16-bit bf16 patterns -> float32 (exact: bf16 is the upper half of a float32)."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def export_bf16(to_bf16, params_flat: np.ndarray, folder) -> dict:
+    """Write the trained weights twice, as float32 and as bf16 (rounded by `to_bf16`),
+    each a .npy file in `folder`; read the bf16 file back. Returns the two paths, their
+    sizes in bytes and the float32 weights read back from the bf16 file."""
+    from pathlib import Path
+    folder = Path(folder)
+    f32, b16 = folder / "weights_fp32.npy", folder / "weights_bf16.npy"
+    np.save(f32, np.asarray(params_flat, np.float32))
+    np.save(b16, bf16_bits(to_bf16, params_flat))
+    return {"fp32_path": f32, "bf16_path": b16, "fp32_bytes": f32.stat().st_size,
+            "bf16_bytes": b16.stat().st_size, "weights": from_bf16_bits(np.load(b16))}

@@ -353,14 +353,15 @@ def pieces_report(names) -> list[tuple[str, str]]:
     return report
 
 
-def piece_or_engine(name: str, exercise: str, engine_version):
+def piece_or_engine(name: str, exercise: str, engine_version, fallback: str = "the engine's"):
     """(function, owner) for a slot a lesson runs: the learner's saved piece `name` when it
     loads and keeps its slot's contract, owner "yours (NN.k)"; else `engine_version`, owner
-    "the engine's, because <why>". Never raises."""
+    "the engine's, because <why>" (`fallback` names it when it is not the engine's).
+    Never raises."""
     fn, why = piece_for_slot(name)
     if fn is not None:
         return fn, f"yours ({exercise})"
-    return engine_version, f"the engine's, because {why}"
+    return engine_version, f"{fallback}, because {why}"
 
 
 def block_count():

@@ -883,3 +883,18 @@ def _check_scalar_backward(fn):
 
 
 CONTRACTS["scalar_backward"] = _check_scalar_backward
+
+# ------------------------------------------- lesson 13's other pieces, in their slots
+def _check_checkpoint_peak(fn):
+    # Where lesson 13 runs it: the fused trainer's sizes, a checkpoint at every block and
+    # one segment over all of them.
+    from .lesson08 import exact_checkpoint_peak
+    a, b = 1 << 20, 17 << 20              # a residual stream, one block's buffers
+    for n_blocks, k in ((4, 1), (4, 4), (12, 1), (6, 4)):
+        got, want = fn(n_blocks, k, a, b), exact_checkpoint_peak(n_blocks, k, a, b)
+        if got is None or float(got) != want:
+            raise SlotError(f"checkpoint_peak({n_blocks}, {k}, {a}, {b}) gives {got!r}, the "
+                            f"peak is {want}")
+
+
+CONTRACTS["checkpoint_peak"] = _check_checkpoint_peak

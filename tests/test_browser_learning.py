@@ -9,7 +9,8 @@ holding a copy of the course's start page and a small notebook, and checks
 * a failing exercise check shows its one-line message, not a traceback;
 * the eps sweep redraws in place: a slider move changes the picture within a
   moment and the cell's height never drops, not even for one frame;
-* the training dashboard shows its progress bar, smoothed tokens/s and, at
+* the training dashboard is drawn while its cell still runs: its progress bar
+  moves step by step before the cell ends; it shows smoothed tokens/s and, at
   the end, that the run stopped early and why.
 
 Screenshots go to /tmp/learning_*.png. Skipped, saying why, without Chromium or
@@ -38,7 +39,7 @@ CELLS = [
     "dash = TrainerDashboard(total_steps=40, redraw_every=5, title='a short run')\n"
     "display(dash.ui)\n"
     "for step in range(1, 13):\n"
-    "    time.sleep(0.1)\n"
+    "    time.sleep(0.5)\n"
     "    dash({'step': step, 'loss': 4.0 - 0.1 * step, 'step_time': 0.5,\n"
     "          'tokens_per_s': 8192.0, 'grad_norm': 1.0})\n"
     "dash.finish(reason='the test time limit')",
@@ -94,8 +95,9 @@ def test_the_start_page_opens_first(lab, browser):
     page.screenshot(path=str(SHOTS / "learning_start_page.png"))
 
 
-def _open_learning(browser, base, token):
-    """Open learning.ipynb, run its first cell, and once its widget is drawn, the rest.
+def _open_learning(browser, base, token, before_the_rest=None):
+    """Open learning.ipynb, run its first cell, and once its widget is drawn (and
+    `before_the_rest(page)` has run, if given), the rest.
     (JupyterLab's widget manager starts with the first widget it draws and asks the
     kernel for its state; a kernel busy with the next cells would answer only when
     they are all done, so a live view would show nothing until then.)"""
@@ -108,6 +110,8 @@ def _open_learning(browser, base, token):
     first = page.locator(".jp-NotebookPanel .jp-CodeCell").nth(0)
     expect(first.locator(".widget-label").filter(has_text="eps = ")).to_be_visible(
         timeout=180_000)
+    if before_the_rest is not None:
+        before_the_rest(page)
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-below')")
     return page
 
@@ -115,17 +119,31 @@ def _open_learning(browser, base, token):
 def test_what_a_learner_sees(lab, browser):
     from playwright.sync_api import expect
     base, token, _ = lab
-    page = _open_learning(browser, base, token)
+
+    def watch_the_dashboard(page):
+        # every change of the dashboard cell, before and after its run ends: the
+        # progress bar's width and whether the cell shows the end of the run yet
+        page.evaluate("""(el) => {
+            window.__bar = [];
+            new MutationObserver(() => {
+                const bar = el.querySelector('.widget-hprogress .progress-bar');
+                if (bar) window.__bar.push([bar.style.width,
+                                            el.innerText.includes('stopped early')]);
+            }).observe(el, {subtree: true, childList: true, attributes: true,
+                            characterData: true});
+        }""", page.locator(".jp-NotebookPanel .jp-CodeCell").nth(1).element_handle())
+
+    page = _open_learning(browser, base, token, before_the_rest=watch_the_dashboard)
     cells = page.locator(".jp-NotebookPanel .jp-CodeCell")
 
-    # the dashboard: progress, speed, and why the run stopped
+    # the dashboard: progress while the cell runs, speed, and why the run stopped
     dash = cells.nth(1)
-    # (a widget shown by a cell that keeps the kernel busy is drawn here only when the
-    # cell ends, so the browser sees the end of the run; tests/test_trainer_widget.py
-    # checks the progress and time left step by step)
     expect(dash.locator(".widget-hprogress")).to_have_count(1, timeout=180_000)
     expect(dash).to_contain_text("stopped early at step 12 of 40: the test time limit",
                                  timeout=60_000)
+    during = {width for width, ended in page.evaluate("window.__bar") if not ended}
+    assert len(during) >= 2, (f"the progress bar did not move while its cell ran (widths "
+                              f"seen before the end: {sorted(during)})")
     expect(dash).to_contain_text("tokens/s (smoothed)")
     expect(dash.locator(".jp-OutputArea-output img")).to_have_count(1)
     dash.scroll_into_view_if_needed()

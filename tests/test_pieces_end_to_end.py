@@ -3,7 +3,8 @@
 Every solution function that a check saves as a piece is taken from its lesson source
 (course/source/NN_*.py), defined the way a notebook defines it, and saved through the
 check's own `save_piece` (fresh-namespace reload and the slot's contract) into a
-temporary pieces folder. Lesson 13's `plug_in_pieces` must then put every trainer slot
+temporary pieces folder, by `coursework.solution_pieces`, the builder lesson 13's
+solution notebook runs on. Lesson 13's `plug_in_pieces` must then put every trainer slot
 on the learner's code, and a few float64 steps must give the engine's own losses.
 Typical broken pieces are refused by the check and, written to the folder anyway,
 skipped by lesson 13 with the reason.
@@ -11,7 +12,6 @@ skipped by lesson 13 with the reason.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,55 +19,9 @@ import pytest
 
 from coursework import lesson12, lesson13, pieces
 from coursework._core import ExerciseError
+from coursework.solution_pieces import SOLUTION_PIECES, save_solution_pieces, solution_namespace
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import build_course  # noqa: E402
-
-# piece -> (lesson, the solution's function, exercise)
-SOLUTION_PIECES = {
-    "central_difference_gradient": ("00", "central_difference_gradient", "00.1"),
-    "matmul_vjp": ("03", "matmul_vjp", "03.1"),
-    "unbroadcast": ("03", "unbroadcast", "03.2"),
-    "scalar_backward": ("02", "backward", "02.2"),
-    "numerical_partial": ("04", "numerical_partial", "04.1"),
-    "gradient_errors": ("04", "gradient_errors", "04.2"),
-    "spot_check": ("04", "spot_check", "04.3"),
-    "block_saved_elements": ("06", "block_saved_elements", "06.2"),
-    "accumulate": ("08", "accumulate", "08.1"),
-    "checkpoint_replay": ("08", "checkpointed_backward", "08.2"),
-    "checkpoint_peak": ("08", "checkpoint_peak", "08.3"),
-    "to_bf16": ("09", "to_bf16", "09.1"),
-    "update_scale": ("09", "update_scale", "09.3"),
-    "master_weight_step": ("09", "master_weight_step", "09.2"),
-    "bias_gelu_forward": ("10", "bias_gelu_fused", "10.1"),
-    "softmax_cross_entropy": ("10", "softmax_cross_entropy_fused", "10.2"),
-    "embedding_backward": ("11", "embedding_backward", "11.1"),
-    "clip_global_norm": ("12", "clip_global_norm", "12.1"),
-    "adamw_step": ("12", "adamw_step", "12.2"),
-}
-IMPORT = re.compile(r"^(import |from )\S+", re.M)
-
-
-def solution_namespace(lesson: str, tmp_path: Path) -> dict:
-    """A lesson's imports and its solution cells, each defined from a file as a notebook
-    cell is (so the source of every function can be read back)."""
-    source = next((ROOT / "course" / "source").glob(f"{lesson}_*.py")).read_text()
-    cells = [src for kind, src in build_course.parse_cells(source) if kind == "code"]
-    namespace: dict = {"__name__": f"lesson{lesson}_notebook"}
-    for cell in cells:
-        for line in cell.splitlines():
-            if IMPORT.match(line) and "mpi4py" not in line:
-                exec(line, namespace)
-    for i, cell in enumerate(cells):
-        if "### BEGIN SOLUTION" in cell:
-            path = tmp_path / f"lesson{lesson}_cell{i}.py"
-            path.write_text(cell)
-            try:
-                exec(compile(cell, str(path), "exec"), namespace)
-            except NameError:      # a solution cell that uses an earlier cell's result
-                pass
-    return namespace
 
 
 @pytest.fixture()
@@ -77,15 +31,6 @@ def pieces_folder(tmp_path, monkeypatch):
     yield folder
     from engine.trainer.model import reset_kernels
     reset_kernels()
-
-
-def save_solution_pieces(names, tmp_path):
-    spaces = {}
-    for name in names:
-        lesson, function, exercise = SOLUTION_PIECES[name]
-        if lesson not in spaces:
-            spaces[lesson] = solution_namespace(lesson, tmp_path)
-        assert pieces.save_piece(name, spaces[lesson][function], exercise) is not None, name
 
 
 def run_trainer(trainer, train_step, steps=3):
@@ -314,3 +259,67 @@ def test_a_save_leaves_no_temporary_files_and_clears_those_of_a_killed_one(piece
     save_solution_pieces(["clip_global_norm"], tmp_path)
     assert sorted(p.name for p in pieces_folder.iterdir()) == ["clip_global_norm.py",
                                                                "index.json"]
+
+
+# ------------------------------------------- lesson 13's solution run and its other pieces
+def test_lesson_13_as_a_solution_notebook_runs_on_a_fresh_folder_of_reference_pieces(
+        pieces_folder):
+    from coursework import solution_pieces
+    pieces_folder.mkdir()
+    (pieces_folder / "index.json").write_text("{}")          # the learner's own folder
+    folder = solution_pieces.use_solution_pieces(before_lesson="13")
+    assert folder != pieces_folder and pieces.pieces_dir() == folder
+    assert (pieces_folder / "index.json").read_text() == "{}"    # never written
+    assert sorted(p.stem for p in folder.glob("*.py")) == sorted(SOLUTION_PIECES)
+    trainer = lesson13.plug_in_pieces()
+    assert trainer.skipped == {} and all("yours (" in line for line in trainer.slot_table())
+    assert lesson13.checkpoint_peak_piece()[1] == "yours (08.3)"
+    assert lesson13.bf16_piece()[1] == "yours (09.1)"
+
+
+def test_only_a_notebook_in_course_solutions_is_a_solution_run(tmp_path, monkeypatch):
+    from coursework.solution_pieces import in_solution_notebook
+    monkeypatch.chdir(ROOT / "course" / "solutions")
+    assert in_solution_notebook()
+    monkeypatch.chdir(ROOT / "course")                       # where student notebooks run
+    assert not in_solution_notebook()
+    monkeypatch.chdir(tmp_path)
+    assert not in_solution_notebook()
+
+
+def _write_piece(folder, name, source, function):
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text(source)
+    (folder / "index.json").write_text(f'{{"{name}": {{"function": "{function}", '
+                                       f'"exercise": "99.9"}}}}')
+
+
+def test_lesson_13_runs_the_engine_s_formula_and_rounding_without_pieces(pieces_folder):
+    from engine.precision import round_to_bf16
+    from coursework.lesson08 import exact_checkpoint_peak
+    fn, owner = lesson13.checkpoint_peak_piece()
+    assert fn is exact_checkpoint_peak and owner == "the reference formula's, because not written yet"
+    fn, owner = lesson13.bf16_piece()
+    assert fn is round_to_bf16 and owner == "the engine's, because not written yet"
+
+
+def test_a_wrong_checkpoint_formula_is_skipped_by_lesson_13_with_the_reason(pieces_folder):
+    _write_piece(pieces_folder, "checkpoint_peak",
+                 "def peak(n, k, a, b):\n    return -(-n // k) * a\n", "peak")
+    fn, owner = lesson13.checkpoint_peak_piece()
+    assert owner.startswith("the reference formula's, because yours was skipped: checkpoint_peak(4, 1")
+    from engine.gpt_config import tiny_config
+    from engine.trainer.model import FusedGPT
+    cfg = tiny_config(103)
+    assert lesson13.predicted_checkpointed_bytes(fn, cfg, 16) == \
+        FusedGPT(cfg, batch_size=16, checkpointing=True).acts.saved_nbytes()
+
+
+def test_a_truncating_bf16_is_skipped_by_lesson_13_with_the_reason(pieces_folder):
+    _write_piece(pieces_folder, "to_bf16",
+                 "def cut(x):\n    return (x.view(np.uint32) & np.uint32(0xFFFF0000))"
+                 ".view(np.float32)\n", "cut")
+    fn, owner = lesson13.bf16_piece()
+    assert owner.startswith("the engine's, because yours was skipped: on a float32 array")
+    from engine.precision import round_to_bf16
+    assert fn is round_to_bf16

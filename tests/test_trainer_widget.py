@@ -1,9 +1,12 @@
 """TrainerDashboard without a browser: feed it records, read its models back.
 
-The dashboard must show what it is given (the status line, the figure), redraw
-only when asked to (every `redraw_every` steps, on evaluation steps, at the
-end), never stop a run (its callback returns None), reject records without
-the fields it needs, and work as the real trainer's callback.
+The dashboard must show what it is given (the status line, the progress with the
+steps and time left, the figure with the loss and the gradient norm, the MFU),
+write it into its widget models during the run (that is what the browser
+receives while the cell runs; nothing is printed), redraw only when asked to
+(every `redraw_every` steps, on evaluation steps, at the end), never stop a run
+(its callback returns None), reject records without the fields it needs, and
+work as the real trainer's callback.
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ def test_redraws_only_when_due():
     dash = TrainerDashboard(total_steps=25, redraw_every=10)
     for step in range(1, 10):
         dash(record(step))
-    assert dash.redraws == 0 and dash.plot.outputs == ()
+    assert dash.redraws == 0 and dash.plot.value == b""
     dash(record(10))
     assert dash.redraws == 1
     dash(record(11, val=2.0))            # evaluation steps always redraw
@@ -67,19 +70,20 @@ def test_redraws_only_when_due():
     assert dash.redraws == 5 and dash.status.value.startswith("<code>done: ")
 
 
-def test_the_figure_is_one_png_in_the_output_widget():
+def test_the_figure_is_one_png_in_the_image_widget():
     dash = TrainerDashboard(redraw_every=1, reference_loss=3.25)
     dash(record(1, val=3.0))
-    dash(record(2))
-    outputs = dash.plot.outputs
-    assert len(outputs) == 1                       # replaced, not appended
-    assert outputs[0]["output_type"] == "display_data"
-    assert "image/png" in outputs[0]["data"]
+    first = dash.plot.value
+    dash(record(2, grad_norm=0.25))
+    assert bytes(dash.plot.value).startswith(b"\x89PNG") and bytes(dash.plot.value) == dash.png
+    assert bytes(dash.plot.value) != bytes(first)   # replaced in place by the new picture
     fig = dash.make_figure()
-    loss_ax = fig.axes[0]
+    loss_ax, norm_ax = fig.axes[:2]
     labels = [line.get_label() for line in loss_ax.get_lines()]
     assert "validation" in labels and "unigram entropy" in labels
     assert list(loss_ax.get_lines()[0].get_ydata()) == [3.0, 3.0]
+    assert "gradient norm" in norm_ax.get_title()
+    assert list(norm_ax.get_lines()[0].get_ydata()) == [0.5, 0.25]
 
 
 def test_callback_never_stops_the_run():
@@ -116,7 +120,7 @@ def test_as_the_real_trainers_callback():
     assert dash.series()["val_step"] == [2, 4]
     assert dash.records[-1]["loss"] == result.history[-1]["loss"]
     assert "step 4/4" in dash.summary() and "tokens/s" in dash.summary()
-    assert len(dash.plot.outputs) == 1
+    assert bytes(dash.plot.value).startswith(b"\x89PNG")
 
 
 def test_progress_bar_time_left_and_smoothed_speed():
@@ -126,7 +130,8 @@ def test_progress_bar_time_left_and_smoothed_speed():
         dash(record(step, step_time=0.1, tokens_per_s=20_000))
     assert dash.progress.value == 20 and dash.progress.max == 100
     line = dash.progress_line()
-    assert line.startswith("step 20 of 100 (20%)") and "left" in line
+    assert line.startswith("step 20 of 100 (20%), 80 steps left, about ") and \
+        line.endswith(" s left")
     # 80 steps at a smoothed step time between 0.1 and 0.2 s
     assert 80 * 0.1 <= dash.time_left() <= 80 * 0.2
     smoothed = dash._smooth_speed
@@ -152,3 +157,36 @@ def test_a_run_that_stops_early_says_so_and_why():
     unexplained(record(1))
     unexplained.finish()
     assert "stopped early at step 1 of 10" in unexplained.progress_line(done=True)
+
+
+def test_mfu_is_shown_when_the_record_has_it():
+    dash = TrainerDashboard(total_steps=10)
+    dash(record(1))
+    assert "MFU" not in dash.summary()
+    dash(record(2, mfu=0.234))
+    assert "MFU 23%" in dash.summary() and "MFU 23%" in dash.status.value
+
+
+def test_without_a_total_the_progress_says_only_the_step():
+    dash = TrainerDashboard()
+    dash(record(7))
+    assert dash.progress_line() == "step 7"
+
+
+def test_the_widgets_change_during_the_run_and_nothing_is_printed(capsys):
+    """What the browser is sent while the cell runs: every change of a widget's value
+    (each becomes a comm message at once). The progress bar and the text move with every
+    step, the picture with every redraw, all before finish()."""
+    dash = TrainerDashboard(total_steps=30, redraw_every=10)
+    sent = {"progress": [], "progress_text": [], "status": [], "plot": []}
+    for name in sent:
+        getattr(dash, name).observe(lambda change, name=name: sent[name].append(change["new"]),
+                                    names="value")
+    for step in range(1, 21):
+        dash(record(step, loss=4.0 - 0.05 * step))
+    assert sent["progress"] == [float(s) for s in range(1, 21)]
+    assert len(set(sent["progress_text"])) == 20 and len(set(sent["status"])) == 20
+    assert len(sent["plot"]) == 2 and sent["plot"][0] != sent["plot"][1]   # steps 10 and 20
+    assert "10 steps left" in sent["progress_text"][-1]
+    dash.finish()
+    assert capsys.readouterr().out == ""

@@ -1,4 +1,4 @@
-"""A live view of a training run: loss curves, tokens per second, where the time goes.
+"""A live view of a training run: loss and gradient norm, speed, MFU, where the time goes.
 
 The dashboard computes nothing about the model. It is a callback: the trainer
 (`engine.train.train(callback=...)`, or a hand-written loop) calls it with one
@@ -8,24 +8,29 @@ record per optimizer step, the dict `engine.train` documents:
     phases {loss, backward, optimizer, evaluation}   (seconds, optional)
     val_loss                                          (only on evaluation steps)
     time_left                                         (seconds, optional)
+    mfu                                               (model FLOPs utilisation, a
+                                                       fraction, optional)
 
-and the dashboard writes what it was given into widget models: a progress
-bar with the time left (`.progress`, `.progress_text`), a status line
-(`.status.value`: smoothed tokens/s, ms per step, the loss), and a figure
-(`.plot`, an Output whose picture is replaced in one update, never printed
-into), so a notebook that shows it replays under nbval. `finish(reason=...)`
-says plainly whether the run reached its last step or stopped early, and why. The figure is redrawn every `redraw_every` steps, on evaluation steps
-and by `finish()`; drawing costs tens of milliseconds, so redrawing every
-step would slow a fast trainer measurably.
+and the dashboard writes what it was given into widget models, during the run:
+a progress bar with the steps done and left and the time left (`.progress`,
+`.progress_text`), a status line (`.status.value`: smoothed tokens/s, ms per
+step, the loss, the gradient norm, the MFU), and a figure (`.plot`, an
+ipywidgets Image whose PNG is replaced in place). Each assignment to a widget
+model is sent to the browser at once, as a comm message, while the cell still
+runs; nothing is ever printed (a notebook that shows the dashboard replays
+under nbval). `finish(reason=...)` says plainly whether the run reached its
+last step or stopped early, and why. The figure is redrawn every
+`redraw_every` steps, on evaluation steps and by `finish()`; drawing costs
+tens of milliseconds, so redrawing every step would slow a fast trainer
+measurably.
 
     dash = TrainerDashboard(total_steps=300)
     display(dash)                         # or dash.ui
     result = train(config, callback=dash)
-    dash.finish()                         # or dash.finish(reason="the 300 s time limit")
+    dash.finish()                         # or dash.finish(reason="stopped by hand")
 """
 from __future__ import annotations
 
-import base64
 import html
 import io
 
@@ -38,7 +43,8 @@ FIGURE_FONT_SIZE = 11
 
 
 class TrainerDashboard:
-    """Loss (training and validation), tokens/s and the time per phase, live.
+    """Loss (training and validation), gradient norm, tokens/s, MFU and the time per
+    phase, live.
 
     total_steps: for the progress text (None if unknown). redraw_every: redraw
     the figure every this many steps. reference_loss: a horizontal line on the
@@ -68,7 +74,7 @@ class TrainerDashboard:
                                         bar_style="info", layout=w.Layout(width="420px"))
         self.progress_text = w.HTML(self._progress_html())
         self.status = w.HTML(self._status_html(), style={"font_size": "15px"})
-        self.plot = w.Output(layout=w.Layout(min_height="330px"))
+        self.plot = w.Image(format="png", layout=w.Layout(min_height="330px"))
         self.ui = PreviewVBox([self.title, w.HBox([self.progress, self.progress_text]),
                                self.status, self.plot], preview=lambda: self.png)
 
@@ -134,9 +140,12 @@ class TrainerDashboard:
             return f"stopped early at step {step}{of}: {self.stopped_early}"
         if done:
             return f"finished: step {step}{of}"
+        if not self.total_steps:
+            return f"step {step}"
         left = self.time_left()
-        pct = f" ({step / self.total_steps:.0%})" if self.total_steps else ""
-        return f"step {step}{of}{pct}" + (f", about {_seconds(left)} left" if left else "")
+        return (f"step {step}{of} ({step / self.total_steps:.0%}), "
+                f"{max(self.total_steps - int(step), 0)} steps left"
+                + (f", about {_seconds(left)} left" if left else ""))
 
     def _progress_html(self, done: bool = False) -> str:
         color = "#b35900" if done and self.stopped_early else "inherit"
@@ -153,6 +162,7 @@ class TrainerDashboard:
             "step": [x["step"] for x in r],
             "loss": [x["loss"] for x in r],
             "tokens_per_s": [x.get("tokens_per_s") for x in r],
+            "grad_norm": [x.get("grad_norm") for x in r],
             "val_step": [s for s, _ in val],
             "val_loss": [v for _, v in val],
             "phases": {p: sum(x.get("phases", {}).get(p, 0.0) for x in r) for p in PHASES},
@@ -174,6 +184,8 @@ class TrainerDashboard:
             parts.append(f"{last['step_time'] * 1e3:.0f} ms/step")
         if last.get("grad_norm") is not None:
             parts.append(f"grad norm {last['grad_norm']:.3f}")
+        if last.get("mfu") is not None:
+            parts.append(f"MFU {last['mfu']:.0%}")
         total = sum(s["phases"].values())
         if total > 0:
             parts.append("time in " + ", ".join(f"{p} {v / total:.0%}"
@@ -189,11 +201,12 @@ class TrainerDashboard:
         import matplotlib
         from matplotlib.figure import Figure
         with matplotlib.rc_context({"font.size": FIGURE_FONT_SIZE}):
-            return self._draw(Figure(figsize=(11, 3.4)))
+            return self._draw(Figure(figsize=(13, 3.4)))
 
     def _draw(self, fig):
         s = self.series()
-        ax_loss, ax_speed, ax_phase = fig.subplots(1, 3, gridspec_kw={"width_ratios": [3, 2, 2]})
+        ax_loss, ax_norm, ax_speed, ax_phase = fig.subplots(
+            1, 4, gridspec_kw={"width_ratios": [3, 2, 2, 2]})
         ax_loss.plot(s["step"], s["loss"], color="C0", lw=1, label="training (batch)")
         if s["val_step"]:
             ax_loss.plot(s["val_step"], s["val_loss"], "o-", color="C3", label="validation")
@@ -205,6 +218,12 @@ class TrainerDashboard:
         ax_loss.set_title("loss")
         ax_loss.grid(True, alpha=0.3)
         ax_loss.legend(fontsize=FIGURE_FONT_SIZE - 1)
+        norms = [(st, v) for st, v in zip(s["step"], s["grad_norm"]) if v is not None]
+        if norms:
+            ax_norm.plot([a for a, _ in norms], [b for _, b in norms], color="C1", lw=1)
+        ax_norm.set_xlabel("step")
+        ax_norm.set_title("gradient norm (before clipping)")
+        ax_norm.grid(True, alpha=0.3)
         speed = [(st, v) for st, v in zip(s["step"], s["tokens_per_s"]) if v]
         if speed:
             ax_speed.plot([a for a, _ in speed], [b for _, b in speed], color="C2", lw=1)
@@ -223,15 +242,14 @@ class TrainerDashboard:
         return fig
 
     def redraw(self) -> None:
-        """Replace the figure in the Output widget (a PNG, in one model update so the
-        cell never collapses; no printing)."""
+        """Replace the picture in the Image widget: one model update with the PNG's
+        bytes, sent to the browser as it happens; the image keeps its place and size,
+        so the cell never collapses; no printing."""
         fig = self.make_figure()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=90)
         self.png = buf.getvalue()
-        self.plot.outputs = ({"output_type": "display_data", "metadata": {},
-                              "data": {"image/png": base64.b64encode(self.png).decode("ascii"),
-                                       "text/plain": "<training dashboard figure>"}},)
+        self.plot.value = self.png
         self.redraws += 1
 
     def _repr_mimebundle_(self, **kwargs):

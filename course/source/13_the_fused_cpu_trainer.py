@@ -6,10 +6,13 @@
 #    kernels filling every gap, and seen exactly whose code runs where;
 # 2. written the training step itself, with its division of labour: zero, loss, backward,
 #    clip and update (exercise 13.1);
-# 3. trained a small GPT on the Python documentation, on this CPU, with a live loss curve
-#    and tokens per second;
+# 3. trained a small GPT on the Python documentation, on this CPU, for a fixed number of
+#    steps, with a live loss curve, the gradient norm, tokens per second and the model FLOPs
+#    utilisation (MFU);
 # 4. compared the budget's prediction (lesson 07) with the step you measured;
-# 5. read text the model wrote before and after training.
+# 5. predicted the activation memory of the checkpointed trainer with your lesson 08
+#    formula, and exported the trained weights in bf16 with your lesson 09 rounding;
+# 6. read text the model wrote before and after training.
 #
 # Everything in this lesson runs on `engine.trainer.model`: the GPT-2 style model of the design
 # (learned positions, pre-LayerNorm, causal attention, tanh-GELU MLP, tied embedding) on
@@ -17,15 +20,18 @@
 # activation laid out once, so a step allocates nothing.
 #
 # **Your pieces in the engine.** Fills: the training step (13.1). Runs: your pieces of
-# lessons 08-12 on the fused model (08.1, 10.1, 10.2, 11.1, 12.1, 12.2), each checked in its
-# slot first, the engine's version where one is missing or breaks its slot; the table below
-# says which ran and how fast. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+# lessons 08-12 on the fused model (08.1, 10.1, 10.2, 11.1, 12.1, 12.2), your checkpoint
+# formula (08.3) on the checkpointed trainer and your bf16 rounding (09.1) on the trained
+# weights, each checked in its slot first, the engine's version where one is missing or
+# breaks its slot; the table below says which ran and how fast. (The whole map:
+# CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
 import os
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")   # see lesson 10: threads wait asleep
 
 import math
+import tempfile
 import time
 
 import numpy as np
@@ -33,7 +39,8 @@ import matplotlib.pyplot as plt
 
 from engine import budget
 from engine.trainer.data import Dataset, batch_at, builtin_text, eval_batches, unigram_entropy
-from coursework import lesson13
+from coursework import lesson13, solution_pieces
+from coursework.pieces import pieces_dir
 from engine.trainer.model import FusedGPT, kernel_owners, reset_kernels
 from engine.gpt_config import tiny_config
 from engine.trainer.optim import lr_at
@@ -70,12 +77,13 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 # %% [markdown]
 # ## Whose pieces run
 #
-# Six of your exercises fill a *slot* of the trainer. Each was saved as a *piece* in
+# Eight of your exercises fill a *slot* of the trainer. Each was saved as a *piece* in
 # `course/my_pieces/` when its check passed. `lesson13.plug_in_pieces()` loads each one on its
 # own, as a file, runs it in its slot on the buffers the trainer will hand it (float32
 # activations for the kernels; float32 views of one flat buffer for clipping and AdamW, where
 # working *in place* is part of the contract), compares it with the engine's version, and
-# plugs in those that keep the contract:
+# plugs in those that keep the contract (the last two below are checked the same way where
+# they run, further down):
 #
 # | slot | exercise | where it runs |
 # |---|---|---|
@@ -86,6 +94,8 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 # | AdamW update | 12.2 | the optimizer, once per parameter tensor of the flat buffer |
 # | accumulation loop | 08.1 | K micro-batches on the fused model, below |
 # | the training step | 13.1 | the training loop below |
+# | checkpoint memory formula | 08.3 | the checkpointed trainer's activations, below |
+# | bf16 rounding | 09.1 | the trained weights exported in bf16, below |
 #
 # A piece you have not written, or one that breaks its slot, leaves the engine's version in
 # place, and the table says which and why. With each of your pieces goes its speed against
@@ -93,18 +103,38 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 # (The model calls every kernel through a registry, `engine.trainer.model.KERNELS`;
 # `use_kernel(name, function, owner=...)` replaces one, after a small adapter from your
 # exercise's signature to the model's calling convention, in `coursework/slots.py`.)
+#
+# Your pieces live in `course/my_pieces/`. The *solution* notebook of this lesson never
+# reads them: it fills a new temporary folder with the reference solutions of lessons
+# 00-12, saved through the same checks, and runs the trainer on those, so what it shows
+# is the trainer assembled from a full set of pieces.
+
+# %%
+if solution_pieces.in_solution_notebook():
+    solution_pieces.use_solution_pieces(before_lesson="13")
+    print("This is the solution notebook: the pieces below are the reference solutions of "
+          "lessons 00-12, saved into a temporary folder through their checks, standing in "
+          "for yours.")
+else:
+    print(f"your pieces: {pieces_dir()}")
 
 # %%
 trainer = lesson13.plug_in_pieces()
 clip, make_optimizer = trainer.clip, trainer.make_optimizer
-
-# %%
-# NBVAL_IGNORE_OUTPUT
 print("whose code the trainer runs:")
-for line in trainer.slot_table(cfg, B, train_step_owner="yours (exercise 13.1, below)"):
+for line in trainer.slot_table(train_step_owner="yours (exercise 13.1, below)"):
     print(" ", line)
 print("kernel registry:", {k: v for k, v in kernel_owners().items() if v != "engine"} or
       "all kernels are the engine's")
+
+# %% [markdown]
+# And how fast each of your pieces runs in its slot, against the engine's version (the
+# figures depend on this machine and its load; only the ratio means much):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+for line in trainer.slot_table(cfg, B, train_step_owner="yours (exercise 13.1, below)"):
+    print(" ", line)
 
 # %% [markdown]
 # ## Before training
@@ -196,21 +226,44 @@ print(f"mean loss over 4 micro-batches of {B // 4}: {loss_k:.4f}; one batch of {
 assert same
 
 # %% [markdown]
-# ## Training, live
+# ## How well the step uses the machine: MFU
 #
-# The loop below is the whole trainer: a batch, your step, a validation loss every 50
-# steps, and one record per step handed to a dashboard. `TrainerDashboard` draws what it is
-# given: the training loss of each batch, the validation loss, the dashed unigram-entropy
-# line, tokens per second, and the share of time in each phase. (`python -m engine.train`
-# runs the same loop from a terminal, with checkpoints and logs.)
-#
-# The run is 600 steps of 2048 characters, about three passes over the training text, or
-# at most five minutes, whichever comes first. On an idle two-core machine it takes one to
-# two minutes.
+# **MFU**, the model FLOPs utilisation, is the one number that says how much of the
+# machine a trainer uses: the FLOP/s a training step achieves, counting only the model's
+# own FLOPs (lesson 07's count, 6 per weight per token plus attention's two products;
+# recomputed work does not count), divided by the peak FLOP/s of the machine. Here the
+# peak is measured, not taken from a data sheet: the best rate numpy's float32 matmul
+# (sgemm) reaches on the model's largest matmul shape, (B·T, C) @ (C, 4C), on this CPU.
 
 # %%
-STEPS, EVAL_EVERY, TIME_LIMIT_S = 600, 50, 300
-LR, WARMUP, MAX_NORM = 2e-3, 30, 1.0
+flops_per_step = lesson13.step_flops(cfg, B)
+print(f"FLOPs per training step (lesson 07's count): {flops_per_step / 1e9:.2f} G")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+peak_flops = lesson13.sgemm_flops_per_s(B * T, cfg.n_embd, 4 * cfg.n_embd)
+print(f"sgemm on ({B * T}, {cfg.n_embd}) @ ({cfg.n_embd}, {4 * cfg.n_embd}), best of 30: "
+      f"{peak_flops / 1e9:.1f} GFLOP/s [timed]")
+
+# %% [markdown]
+# ## Training, live
+#
+# The loop below is the whole trainer: a batch, your step, a validation loss every 25
+# steps, and one record per step handed to a dashboard. `TrainerDashboard` draws what it is
+# given: the training loss of each batch, the validation loss, the dotted unigram-entropy
+# line, the gradient norm before clipping (the number lesson 12 says to log: spikes and
+# trends show there first), tokens per second, the MFU, and the share of time in each
+# phase. (`python -m engine.train` runs the same loop from a terminal, with checkpoints
+# and logs.)
+#
+# The run is a fixed 250 steps of 2048 characters, a little more than one pass over the
+# training text, so every run does the same work and ends in the same place, however busy
+# the machine. The dashboard counts the steps done and left and, from the measured step
+# time, the time left. On an idle two-core machine the run takes under a minute.
+
+# %%
+STEPS, EVAL_EVERY = 250, 25
+LR, WARMUP, MAX_NORM = 2e-3, 25, 1.0
 dashboard = TrainerDashboard(total_steps=STEPS, redraw_every=10, reference_loss=entropy,
                              title="tiny GPT on the Python docs")
 
@@ -232,30 +285,32 @@ for step in range(STEPS):
                             lr_at(step, lr=LR, warmup=WARMUP, total=STEPS), MAX_NORM, phase)
     step_time = time.perf_counter() - t0
     record = {"step": step + 1, "loss": float(loss), "grad_norm": float(norm),
-              "step_time": step_time, "tokens_per_s": B * T / step_time}
-    out_of_time = time.perf_counter() - t_start > TIME_LIMIT_S
-    if (step + 1) % EVAL_EVERY == 0 or step + 1 == STEPS or out_of_time:
+              "step_time": step_time, "tokens_per_s": B * T / step_time,
+              "mfu": lesson13.mfu(flops_per_step, step_time, peak_flops)}
+    if (step + 1) % EVAL_EVERY == 0 or step + 1 == STEPS:
         with phase("evaluation"):
             record["val_loss"] = validation_loss(model)
     record["phases"] = dict(phase.seconds)
     history.append(record)
     dashboard(record)
-    if out_of_time:
-        break
-dashboard.finish(reason=f"the {TIME_LIMIT_S} s time limit" if out_of_time else None)
+dashboard.finish()
 elapsed = time.perf_counter() - t_start
 val_after = history[-1]["val_loss"]
 assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in history), \
     "a training step produced a NaN or inf loss or gradient norm"
 step_times = [r["step_time"] for r in history[1:]]
-print(f"{len(history)} steps in {elapsed:.0f} s [timed]; median step {np.median(step_times) * 1e3:.0f} ms "
-      f"[timed], {B * T / np.median(step_times):,.0f} tokens/s")
+median_step = float(np.median(step_times))
+print(f"{len(history)} steps in {elapsed:.0f} s [timed]; median step {median_step * 1e3:.0f} ms "
+      f"[timed], {B * T / median_step:,.0f} tokens/s, MFU "
+      f"{lesson13.mfu(flops_per_step, median_step, peak_flops):.0%} [timed]")
 print(f"validation loss: {val_before:.3f} before, {val_after:.3f} after "
       f"(unigram entropy {entropy:.3f})")
 
 # %%
+print(f"{len(history)} steps run, as planned: {len(history) == STEPS}")
 print("validation loss at least 1 nat below where it started:", val_after < val_before - 1.0)
-print("validation loss below the unigram entropy of the characters:", val_after < entropy)
+print("validation loss at least 0.5 nat below the unigram entropy of the characters:",
+      val_after < entropy - 0.5)
 
 # %% [markdown]
 # ## After training
@@ -301,35 +356,101 @@ print(f"activations saved for backward: budget (tape engine) "
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# the rate BLAS reaches on the model's largest matmul shape, (B*T, C) @ (C, 4C)
-a = np.random.default_rng(0).normal(size=(B * T, cfg.n_embd)).astype(np.float32)
-w = np.random.default_rng(1).normal(size=(cfg.n_embd, 4 * cfg.n_embd)).astype(np.float32)
-sgemm_times = []
-for _ in range(30):
-    t0 = time.perf_counter()
-    a @ w
-    sgemm_times.append(time.perf_counter() - t0)
-peak = 2 * a.shape[0] * a.shape[1] * w.shape[1] / min(sgemm_times)   # best of 30
-median_step = float(np.median(step_times))
-achieved = flops_model / median_step
+achieved = flops_budget / median_step
+step_mfu = lesson13.mfu(flops_budget, median_step, peak_flops)
 print(f"measured: {median_step * 1e3:.0f} ms per step [timed] = "
-      f"{achieved / 1e9:.1f} GFLOP/s of useful work")
-print(f"sgemm on the model's largest matmul shape: {peak / 1e9:.1f} GFLOP/s")
-if achieved <= peak:
-    print(f"the whole step runs at {achieved / peak:.0%} of that rate; at that rate alone the "
-          f"budget's FLOPs would take {flops_budget / peak * 1e3:.0f} ms")
+      f"{achieved / 1e9:.1f} GFLOP/s of the model's FLOPs")
+print(f"sgemm on the model's largest matmul shape: {peak_flops / 1e9:.1f} GFLOP/s [timed]")
+if step_mfu <= 1:
+    print(f"MFU {step_mfu:.0%}: at the sgemm rate alone the step's FLOPs would take "
+          f"{flops_budget / peak_flops * 1e3:.0f} ms")
 else:
     print("the sgemm measurement was slowed by other work on this machine (the step beat it); "
-          "run this cell again when the machine is quieter")
+          "run the sgemm cell again when the machine is quieter")
 
 # %% [markdown]
 # The budget and the model agree on the parameters, on the fixed memory and, to a tenth of
 # a megabyte, on the activations kept for the backward (the budget counts what the tape
 # engine saves; the fused model lays out nearly the same tensors once, in its own buffers).
 # They differ on the FLOPs: the budget counts attention over the full T × T square, as the
-# tape engine computes it, while the fused kernel skips the masked half. A step running at
-# a fraction of the matmul rate is normal for a model this small: much of its time goes to
-# the memory-bound kernels of lesson 10, to attention, and to Python between kernels.
+# tape engine computes it, while the fused kernel skips the masked half; MFU is quoted
+# with the budget's count, the convention (skipping work is the kernel's gain, not the
+# model's). An MFU of a few tens of percent is normal for a model this small: much of its
+# time goes to the memory-bound kernels of lesson 10, to attention, and to Python between
+# kernels, none of which run at the matmul rate.
+#
+# ## Your checkpoint formula on the fused trainer
+#
+# `FusedGPT(..., checkpointing=True)` keeps only each block's input and recomputes the
+# block in the backward, one block's buffers shared by all blocks. Lesson 08's formula
+# predicts what it keeps: the L blocks checkpointed every block (k = 1), each boundary one
+# residual stream, each block what its backward reads beyond its input (the sizes come from
+# lesson 07's budget of the fused trainer), plus what lies outside every segment (the last
+# block's output, the final layer norm, the logits). The model lays out its buffers once,
+# so its bytes are exact, and the prediction must equal them to the byte.
+
+# %%
+checkpoint_peak, peak_owner = lesson13.checkpoint_peak_piece()
+ckpt_model = FusedGPT(cfg, batch_size=B, params=model.params.to_dict(), checkpointing=True)
+predicted_ckpt = lesson13.predicted_checkpointed_bytes(checkpoint_peak, cfg, B)
+measured_ckpt = ckpt_model.acts.saved_nbytes()
+print(f"the checkpoint formula: {peak_owner}")
+print(f"activations of the checkpointed trainer: predicted {predicted_ckpt / 1e6:.2f} MB, "
+      f"the model's buffers {measured_ckpt / 1e6:.2f} MB; equal to the byte: "
+      f"{predicted_ckpt == measured_ckpt}")
+print(f"without checkpointing: {model.acts.saved_nbytes() / 1e6:.2f} MB, "
+      f"{model.acts.saved_nbytes() / measured_ckpt:.1f}x as much")
+
+# %% [markdown]
+# The price is time: the backward runs each block's forward again. Both models, the same
+# trained weights, the same batch: the same loss and gradient, at different speeds.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+def timed_steps(m, n=4):
+    """Median seconds of forward + backward on one batch; the loss and gradient."""
+    times = []
+    for _ in range(n):
+        m.zero_grad()
+        t0 = time.perf_counter()
+        loss = m.forward(x_one, y_one)
+        m.backward()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), loss, m.grads.flat.copy()
+
+
+plain_s, plain_loss, plain_grad = timed_steps(model)
+ckpt_s, ckpt_loss, ckpt_grad = timed_steps(ckpt_model)
+assert math.isclose(plain_loss, ckpt_loss, rel_tol=1e-5)
+assert np.allclose(plain_grad, ckpt_grad, rtol=1e-3, atol=1e-6), "the recompute changed a gradient"
+print(f"forward + backward: {plain_s * 1e3:.0f} ms plain, {ckpt_s * 1e3:.0f} ms checkpointed "
+      f"[timed] ({ckpt_s / plain_s - 1:+.0%}); the same loss and gradient")
+model.zero_grad()
+
+# %% [markdown]
+# ## The trained weights in bf16, with your rounding
+#
+# A model is trained in float32 but can be kept and shipped in bf16: half the bytes, the
+# same range (lesson 09). Your `to_bf16` rounds the trained weights; the upper 16 bits of
+# each rounded float32 are its bf16 pattern, and that is what the file stores. Read back,
+# the weights give a validation loss that barely moves:
+
+# %%
+to_bf16, bf16_owner = lesson13.bf16_piece()
+exported = lesson13.export_bf16(to_bf16, model.params.flat, tempfile.mkdtemp())
+trained = model.params.flat.copy()
+model.params.flat[...] = exported["weights"]
+val_bf16 = validation_loss(model)
+model.params.flat[...] = trained                     # back to the float32 weights
+print(f"the bf16 rounding: {bf16_owner}")
+print(f"weights file: float32 {exported['fp32_bytes']:,} bytes, bf16 {exported['bf16_bytes']:,} "
+      f"bytes ({exported['bf16_bytes'] / exported['fp32_bytes']:.2f} of it)")
+print("validation loss changes by less than 0.02 nats in bf16:", abs(val_bf16 - val_after) < 0.02)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(f"validation loss: float32 weights {val_after:.4f}, bf16 weights {val_bf16:.4f} "
+      f"({val_bf16 - val_after:+.4f})")
 #
 # ## The division of labour
 #
@@ -376,12 +497,14 @@ print(f"backward / loss phase: {phase_totals['backward'] / phase_totals['loss']:
 # - **Checked where they run**: each piece was loaded on its own and run in its slot, on
 #   the buffers the trainer hands it, before it went in; a missing or broken piece left the
 #   engine's version in place and the table said why. Your accumulation loop of lesson 08
-#   drove the fused model unchanged.
+#   drove the fused model unchanged, your checkpoint formula predicted the checkpointed
+#   trainer's memory to the byte, and your bf16 rounding halved the weights file.
 # - **The training step** (exercise 13.1): zero, loss, backward, clip, step, in that order.
 #   Each slip has a signature you met in this course: a missing zero_grad piles up
 #   gradients, clipping after the step protects nothing.
 # - **A measured run**: the validation loss falls far below the unigram entropy in a few
-#   hundred steps on a CPU, at a speed you measured in tokens per second, and the budget of
+#   hundred steps on a CPU, at a speed you measured in tokens per second and as MFU, the
+#   share of this CPU's matmul rate the step turns into the model's FLOPs; the budget of
 #   lesson 07 predicted the step's parameters, memory and FLOPs before it ran.
 #
 # The backward pass's formulas were never the hard part. Where its numbers live, in which
