@@ -75,7 +75,7 @@ def _is_compiled(fn) -> bool:
 
 
 def _fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms [timed]"
+    return f"{seconds * 1e3:.3g} ms"
 
 
 # --------------------------------------------------------------- 10.1

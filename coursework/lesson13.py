@@ -77,8 +77,8 @@ class Trainer:
             line = f"{role:>40} ({exercise}): {self.owner(name)}"
             if cfg is not None and name in self.pieces:
                 yours, engines = timer(name, self.pieces[name], cfg, batch_size)
-                line += (f"; {yours * 1e3:.3g} ms [timed] vs the engine's "
-                         f"{engines * 1e3:.3g} ms [timed]")
+                line += (f"; {yours * 1e3:.3g} ms vs the engine's "
+                         f"{engines * 1e3:.3g} ms")
                 if yours > slow_ratio * engines:
                     slow.append(f"{name} ({yours / engines:.1f}x the engine's time)")
             lines.append(line)

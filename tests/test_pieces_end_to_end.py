@@ -201,7 +201,7 @@ def test_the_slot_table_times_each_piece_and_names_a_slow_one(pieces_folder, tmp
     cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=8)
     table = trainer.slot_table(cfg, batch_size=4, train_step_owner="yours (13.1)")
     clip_line = next(line for line in table if "global-norm clipping" in line)
-    assert "yours (12.1)" in clip_line and "ms [timed] vs the engine's" in clip_line
+    assert "yours (12.1)" in clip_line and "ms vs the engine's" in clip_line
     # which piece is called slow must not hang on this machine's load: a fixed timer
     table = trainer.slot_table(cfg, batch_size=4, timer=lambda name, fn, cfg, b: (3e-3, 1e-3))
     assert table[-1] == "slow pieces: clip_global_norm (3.0x the engine's time)"

@@ -244,8 +244,8 @@ with fixed_threads(1):
         t_bp.append(median_seconds(lambda: backprop_gradient(theta, x, y, hidden), repeats=21))
         t_fd.append(median_seconds(lambda: central_difference_gradient(f, theta),
                                    repeats=3 if theta.size > 1000 else 5))
-        print(f"P={theta.size:>6}: finite differences {t_fd[-1]*1e3:9.2f} ms [timed]   "
-              f"backprop {t_bp[-1]*1e6:8.1f} us [timed] = {t_bp[-1]/t_fwd[-1]:.1f} forward passes")
+        print(f"P={theta.size:>6}: finite differences {t_fd[-1]*1e3:9.2f} ms   "
+              f"backprop {t_bp[-1]*1e6:8.1f} us = {t_bp[-1]/t_fwd[-1]:.1f} forward passes")
 print(f"your prediction: backprop = {step_seconds(1, 1.0)[1]:g} forward passes")
 
 # What the lesson claims, on any machine: at the largest size finite differences

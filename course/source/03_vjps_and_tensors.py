@@ -137,8 +137,8 @@ def tensor_step():
 with fixed_threads(1):
     t_scalar = median_seconds(scalar_step, repeats=5)
     t_tensor = median_seconds(tensor_step, repeats=21)
-print(f"forward + backward, per element: scalar engine {t_scalar / n * 1e9:8.0f} ns [timed], "
-      f"tape {t_tensor / n * 1e9:6.1f} ns [timed], ratio {t_scalar / t_tensor:.0f}")
+print(f"forward + backward, per element: scalar engine {t_scalar / n * 1e9:8.0f} ns, "
+      f"tape {t_tensor / n * 1e9:6.1f} ns, ratio {t_scalar / t_tensor:.0f}")
 # thousands of Python calls against a few numpy loops: far more than 10x on any machine
 assert t_scalar > 10 * t_tensor, "the scalar engine should lose by more than 10x"
 
@@ -206,8 +206,8 @@ with fixed_threads(1):        # one BLAS thread: no jump where BLAS would start 
         W, x, v = layer(n)
         t_vjp.append(median_seconds(lambda: one_vjp(W, x, v), repeats=21))
         t_jac.append(median_seconds(lambda: v @ full_jacobian(W, x), repeats=3))
-        print(f"n = {n:5d}: one VJP {t_vjp[-1] * 1e3:8.3f} ms [timed]   build J, then v^T J "
-              f"{t_jac[-1] * 1e3:9.1f} ms [timed]   ratio {t_jac[-1] / t_vjp[-1]:6.0f}")
+        print(f"n = {n:5d}: one VJP {t_vjp[-1] * 1e3:8.3f} ms   build J, then v^T J "
+              f"{t_jac[-1] * 1e3:9.1f} ms   ratio {t_jac[-1] / t_vjp[-1]:6.0f}")
 # n backward passes against one: at n = 1024 the Jacobian route loses by far more than 50x.
 assert t_jac[-1] > 50 * t_vjp[-1], "building J should cost about n VJPs"
 
@@ -451,7 +451,7 @@ with fixed_threads(1):
         t_forward.append(median_seconds(lambda: jacobian(f, x0, "forward"), repeats=5))
         t_reverse.append(median_seconds(lambda: jacobian(f, x0, "reverse"), repeats=5))
         print(f"n = {n:4d} inputs, m = {m_out} outputs: forward {t_forward[-1] * 1e3:7.1f} ms "
-              f"[timed] ({n} JVPs), reverse {t_reverse[-1] * 1e3:7.1f} ms [timed] ({m_out} VJPs)")
+              f" ({n} JVPs), reverse {t_reverse[-1] * 1e3:7.1f} ms ({m_out} VJPs)")
 # 4 JVPs against 64 VJPs at the left end, 512 against 64 at the right end.
 assert t_forward[0] < t_reverse[0], "with 4 inputs and 64 outputs forward mode should win"
 assert t_reverse[-1] < t_forward[-1], "with 512 inputs and 64 outputs reverse mode should win"
@@ -490,8 +490,8 @@ with fixed_threads(1):
         extremes[title] = (tf, tr)
         m = f(Tensor(x0)).size
         passes = lambda k: f"{k} pass" + ("es" if k > 1 else "")  # noqa: E731
-        print(f"{title:24s} (n={x0.size}, m={m}): forward {tf * 1e3:7.1f} ms [timed] "
-              f"({passes(x0.size)}), reverse {tr * 1e3:7.1f} ms [timed] ({passes(m)})")
+        print(f"{title:24s} (n={x0.size}, m={m}): forward {tf * 1e3:7.1f} ms "
+              f"({passes(x0.size)}), reverse {tr * 1e3:7.1f} ms ({passes(m)})")
 # 2048 passes against 1: the suited mode wins by far more than 10x at each extreme.
 tf, tr = extremes["many inputs, one output"]
 assert tr * 10 < tf, "one output: reverse mode (1 pass) should beat forward mode (2048 passes)"

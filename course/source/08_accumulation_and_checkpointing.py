@@ -230,7 +230,7 @@ assert all(np.allclose(grads_k[16][n], g, rtol=1e-4, atol=1e-5 * np.abs(g).max()
            for n, g in grads_k[1].items()), "16 micro-batches of 1 changed the gradient"
 rates = {K: tokens / seconds for K, seconds in best.items()}
 for K, seconds in best.items():
-    print(f"K={K:>2} micro-batches of {16 // K:>2}: {seconds * 1e3:7.1f} ms [timed] per step, "
+    print(f"K={K:>2} micro-batches of {16 // K:>2}: {seconds * 1e3:7.1f} ms per step, "
           f"{rates[K]:8,.0f} tokens/s, {rates[K] / rates[1]:.2f}x the K=1 throughput")
 
 fig, ax = plt.subplots(figsize=(6, 2.8))
@@ -449,10 +449,10 @@ with engine.kernels.use("numpy"), fixed_threads(1):   # as in the accumulation t
 assert all(np.allclose(p.grad, plain_grads[n], rtol=1e-5, atol=1e-6 * np.abs(plain_grads[n]).max())
            for n, p in timed_model.parameters().items()), "checkpointing changed the gradient"
 (f_plain, b_plain), (f_ckpt, b_ckpt) = best["none"], best["every"]
-print(f"plain step:        forward {f_plain * 1e3:6.1f} ms [timed] + backward {b_plain * 1e3:6.1f} "
-      f"ms [timed] (backward/forward = {b_plain / f_plain:.2f})")
-print(f"checkpoint/block:  forward {f_ckpt * 1e3:6.1f} ms [timed] + backward {b_ckpt * 1e3:6.1f} "
-      f"ms [timed] (the backward now includes the recompute)")
+print(f"plain step:        forward {f_plain * 1e3:6.1f} ms + backward {b_plain * 1e3:6.1f} "
+      f"ms (backward/forward = {b_plain / f_plain:.2f})")
+print(f"checkpoint/block:  forward {f_ckpt * 1e3:6.1f} ms + backward {b_ckpt * 1e3:6.1f} "
+      f"ms (the backward now includes the recompute)")
 print(f"extra time: +{(f_ckpt + b_ckpt) / (f_plain + b_plain) - 1:.0%} measured; "
       f"+{predicted_overhead(tcfg):.0%} predicted from FLOPs")
 

@@ -568,8 +568,8 @@ wide = P.make_classification(n=4096, d_in=256, d_hidden=512, classes=64)
 with fixed_threads(1):   # one thread: a busy machine slows both alike
     t_fp32 = P.time_training_step(P.POLICIES["fp32"], wide, repeats=5)
     t_bf16 = P.time_training_step(P.POLICIES["bf16 + fp32 master"], wide, repeats=5)
-print(f"training step: fp32 {t_fp32 * 1e3:.1f} ms [timed], emulated bf16 mixed "
-      f"{t_bf16 * 1e3:.1f} ms [timed] -> {t_bf16 / t_fp32:.1f}x the fp32 time")
+print(f"training step: fp32 {t_fp32 * 1e3:.1f} ms, emulated bf16 mixed "
+      f"{t_bf16 * 1e3:.1f} ms -> {t_bf16 / t_fp32:.1f}x the fp32 time")
 
 A = rng.normal(size=(1024, 1024)).astype(np.float32)
 B = rng.normal(size=(1024, 1024)).astype(np.float32)
@@ -588,8 +588,8 @@ with fixed_threads(1):
     t_mm = best_time(lambda: A @ B)
     t_mm_mixed = best_time(lambda: P.matmul_mixed(A, B, "bf16"))
     t_round = best_time(lambda: P.round_to_bf16(A))
-print(f"1024x1024 matmul: fp32 {t_mm * 1e3:.1f} ms [timed], bf16 storage emulated "
-      f"{t_mm_mixed * 1e3:.1f} ms [timed]; rounding one 1024x1024 array {t_round * 1e3:.1f} ms [timed]")
+print(f"1024x1024 matmul: fp32 {t_mm * 1e3:.1f} ms, bf16 storage emulated "
+      f"{t_mm_mixed * 1e3:.1f} ms; rounding one 1024x1024 array {t_round * 1e3:.1f} ms")
 print("this CPU's low-precision instruction flags:", P.cpu_flags_for_low_precision() or "none found")
 
 # The emulation does the fp32 work plus rounding passes, so it can only be slower.
@@ -624,8 +624,8 @@ else:
     ta16, tb16 = ta.bfloat16(), tb.bfloat16()
     t_t32 = best_time(lambda: ta @ tb)
     t_t16 = best_time(lambda: ta16 @ tb16)
-    print(f"PyTorch 1024x1024 matmul: fp32 {t_t32 * 1e3:.1f} ms [timed], bf16 "
-          f"{t_t16 * 1e3:.1f} ms [timed] -> bf16 takes {t_t16 / t_t32:.2f}x the fp32 time")
+    print(f"PyTorch 1024x1024 matmul: fp32 {t_t32 * 1e3:.1f} ms, bf16 "
+          f"{t_t16 * 1e3:.1f} ms -> bf16 takes {t_t16 / t_t32:.2f}x the fp32 time")
 
 # %% [markdown]
 # On a CPU with bf16 instructions, a native bf16 matmul can beat fp32 (on the machine this

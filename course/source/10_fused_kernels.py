@@ -105,10 +105,10 @@ t_gemm = best_seconds(lambda: a_mat @ a_mat, repeats=15)
 PEAK_FLOPS = 2 * n**3 / t_gemm
 
 print(f"numba threads: {numba.get_num_threads()}")
-print(f"copy, numpy: {moved / t_numpy_copy / 1e9:6.1f} GB/s ({t_numpy_copy*1e3:.1f} ms [timed])")
-print(f"copy, numba: {moved / t_numba_copy / 1e9:6.1f} GB/s ({t_numba_copy*1e3:.1f} ms [timed])")
+print(f"copy, numpy: {moved / t_numpy_copy / 1e9:6.1f} GB/s ({t_numpy_copy*1e3:.1f} ms)")
+print(f"copy, numba: {moved / t_numba_copy / 1e9:6.1f} GB/s ({t_numba_copy*1e3:.1f} ms)")
 print(f"memory bandwidth used below: {BANDWIDTH / 1e9:.1f} GB/s")
-print(f"sgemm {n}x{n}: {PEAK_FLOPS / 1e9:.1f} GFLOP/s ({t_gemm*1e3:.1f} ms [timed])")
+print(f"sgemm {n}x{n}: {PEAK_FLOPS / 1e9:.1f} GFLOP/s ({t_gemm*1e3:.1f} ms)")
 print(f"ridge point: {PEAK_FLOPS / BANDWIDTH:.1f} FLOP per byte")
 
 # %% [markdown]
@@ -344,7 +344,7 @@ for shape, table in measured.items():
     print(shape)
     print(f"{'version':>17} {'time':>18} {'GB/s':>7} {'GFLOP/s':>8}  speedup over numpy")
     for name, m in table.items():
-        print(f"{name:>17} {m['seconds']*1e3:11.2f} ms [timed] {m['gbs']:7.1f} {m['gflops']:8.2f}"
+        print(f"{name:>17} {m['seconds']*1e3:11.2f} ms {m['gbs']:7.1f} {m['gflops']:8.2f}"
               f"  {numpy_s / m['seconds']:5.1f}x")
     print()
 print(f"memory bandwidth of this machine: {BANDWIDTH / 1e9:.1f} GB/s")
@@ -468,8 +468,8 @@ gelu_backward_saved(g_big, u_big, t_saved, dx_big)
 gelu_backward_recompute(g_big, u_big, dx_big)
 t_save = median_seconds(lambda: gelu_backward_saved(g_big, u_big, t_saved, dx_big), repeats=5)
 t_recompute = median_seconds(lambda: gelu_backward_recompute(g_big, u_big, dx_big), repeats=5)
-print(f"backward reading saved t: {t_save*1e3:.1f} ms [timed] (reads g, u, t; writes dx)")
-print(f"backward recomputing t:   {t_recompute*1e3:.1f} ms [timed] (reads g, u; writes dx)")
+print(f"backward reading saved t: {t_save*1e3:.1f} ms (reads g, u, t; writes dx)")
+print(f"backward recomputing t:   {t_recompute*1e3:.1f} ms (reads g, u; writes dx)")
 print(f"recompute / save time: {t_recompute / t_save:.2f}")
 dx_saved = gelu_backward_saved(g_big, u_big, t_saved, np.empty_like(g_big))
 assert np.allclose(gelu_backward_recompute(g_big, u_big, dx_big), dx_saved, rtol=1e-4,
@@ -598,9 +598,9 @@ layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln)
 t_ref = median_seconds(lambda: reference.layer_norm_xhat_backward(g_ln, xhat_ln, rstd_ln, w_ln), 5)
 t_one = median_seconds(lambda: layer_norm_backward_one_pass(g_ln, xhat_ln, rstd_ln, w_ln), 5)
 array_bytes = x_ln.nbytes
-print(f"numpy reference: {t_ref*1e3:.1f} ms [timed], about 22 array passes "
+print(f"numpy reference: {t_ref*1e3:.1f} ms, about 22 array passes "
       f"= {22 * array_bytes / t_ref / 1e9:.1f} GB/s")
-print(f"one pass:        {t_one*1e3:.1f} ms [timed], 3 array passes "
+print(f"one pass:        {t_one*1e3:.1f} ms, 3 array passes "
       f"= {3 * array_bytes / t_one / 1e9:.1f} GB/s")
 print(f"speedup {t_ref / t_one:.1f}x; bandwidth of this machine {BANDWIDTH / 1e9:.1f} GB/s")
 for name, a_, b_ in zip(["dx", "dw", "db"],
@@ -732,8 +732,8 @@ print(f"same loss: {math.isclose(loss_unfused, float(loss_fused), rel_tol=1e-5)}
 t_unfused = median_seconds(lambda: unfused_loss_and_grad(logits, targets), repeats=5)
 t_fused = median_seconds(lambda: softmax_cross_entropy_fused(logits.copy(), targets), repeats=5)
 t_copy = median_seconds(lambda: logits.copy(), repeats=5)
-print(f"unfused (numpy): {t_unfused*1e3:.1f} ms [timed]")
-print(f"fused (numba):   {t_fused*1e3:.1f} ms [timed] (including a {t_copy*1e3:.1f} ms [timed] "
+print(f"unfused (numpy): {t_unfused*1e3:.1f} ms")
+print(f"fused (numba):   {t_fused*1e3:.1f} ms (including a {t_copy*1e3:.1f} ms "
       f"copy that the trainer does not need)")
 print(f"speedup: {t_unfused / t_fused:.1f}x")
 assert math.isclose(float(softmax_cross_entropy_fused(logits.copy(), targets)), loss_unfused,
@@ -940,11 +940,11 @@ with fixed_threads(1):
                               repeats=5, warmup=1)
 print(f"B=2 T=512 H=4 C=128 float32, one thread   forward   backward   saved for backward")
 print(f"standard (keeps P)             {t_fwd_std * 1e3:7.1f} ms {t_bwd_std * 1e3:7.1f} ms   "
-      f"{probs.nbytes / 2**20:6.2f} MiB [timed]")
+      f"{probs.nbytes / 2**20:6.2f} MiB")
 print(f"flash (recomputes P)          {t_fwd_fl * 1e3:7.1f} ms {t_bwd_fl * 1e3:7.1f} ms   "
-      f"{row_lse.nbytes / 2**20:6.2f} MiB [timed]")
+      f"{row_lse.nbytes / 2**20:6.2f} MiB")
 print(f"the backward's recompute costs {t_bwd_fl / t_bwd_std:.1f}x the standard backward "
-      f"here [timed]")
+      f"here")
 assert t_bwd_fl > t_bwd_std, "recomputing S and P should make the flash backward slower"
 
 # %% [markdown]

@@ -310,9 +310,9 @@ def ms(fn):
 
 
 flat_ids, flat_g = ids_batch.ravel(), g_batch.reshape(-1, 128)
-print(f"np.add.at:        {ms(lambda: np.add.at(np.zeros((V_chars, 128), np.float32), flat_ids, flat_g)):.3f} ms [timed]")
-print(f"yours:            {ms(lambda: embedding_backward(flat_ids, flat_g, V_chars)):.3f} ms [timed]")
-print(f"trainer kernel:   {ms(lambda: fused.embedding_backward(ids_batch, g_batch, V_chars)):.3f} ms [timed]")
+print(f"np.add.at:        {ms(lambda: np.add.at(np.zeros((V_chars, 128), np.float32), flat_ids, flat_g)):.3f} ms")
+print(f"yours:            {ms(lambda: embedding_backward(flat_ids, flat_g, V_chars)):.3f} ms")
+print(f"trainer kernel:   {ms(lambda: fused.embedding_backward(ids_batch, g_batch, V_chars)):.3f} ms")
 
 # %% [markdown]
 # ## Most of the gradient is zero

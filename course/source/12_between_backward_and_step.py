@@ -157,7 +157,7 @@ x_batch, y_batch = batch_at(dataset.train, 0, 0, 8, cfg.block_size)
 model.zero_grad()
 model.forward(x_batch, y_batch)
 model.backward()
-print(f"done in {time.perf_counter() - t_start:.1f} s [timed]")
+print(f"done in {time.perf_counter() - t_start:.1f} s")
 
 # %%
 flat = model.grads.flat.astype(np.float64)
@@ -223,7 +223,7 @@ for n_params in (P_TINY, 10_000_000):
     adamw_update(p, g, m, v, items, lr=1e-3, step=1)
     t_numpy = ms(lambda: adamw_numpy(p, g, m, v, 2, 1e-3, 0.9, 0.95, 1e-8, 0.1))
     t_fused = ms(lambda: adamw_update(p, g, m, v, items, lr=1e-3, step=2))
-    print(f"P = {n_params:>10,}: numpy {t_numpy:7.2f} ms [timed], fused {t_fused:6.2f} ms [timed], "
+    print(f"P = {n_params:>10,}: numpy {t_numpy:7.2f} ms, fused {t_fused:6.2f} ms, "
           f"speedup {t_numpy / t_fused:4.1f}x; fused moves {28 * n_params / t_fused / 1e6:5.1f} GB/s")
     state = [a.copy() for a in (p, m, v)]       # one more step from the same state, both ways
     adamw_numpy(*state[:1], g, *state[1:], 3, 1e-3, 0.9, 0.95, 1e-8, 0.1)
@@ -803,18 +803,18 @@ assert dp["every_vs_last"] < 1e-5, "syncing every micro-batch changed the gradie
 dp_ms = {k: 1e3 * v for k, v in dp.items() if k.endswith("_s")}
 if MPI_OK:
     print(f"ran on {dp['ranks']} MPI processes; gradient buffer {dp['bytes'] / 1e6:.1f} MB")
-    print(f"one all-reduce of {dp['bytes'] / 1e6:.1f} MB:        {dp_ms['allreduce_s']:7.2f} ms [timed]")
-    print(f"forward + backward (8 sequences):     {dp_ms['forward_backward_s']:7.1f} ms [timed]")
-    print(f"  then a blocking all-reduce:          {dp_ms['sequential_s']:7.1f} ms [timed]")
-    print(f"  with buckets overlapped:             {dp_ms['overlapped_s']:7.1f} ms [timed]")
+    print(f"one all-reduce of {dp['bytes'] / 1e6:.1f} MB:        {dp_ms['allreduce_s']:7.2f} ms")
+    print(f"forward + backward (8 sequences):     {dp_ms['forward_backward_s']:7.1f} ms")
+    print(f"  then a blocking all-reduce:          {dp_ms['sequential_s']:7.1f} ms")
+    print(f"  with buckets overlapped:             {dp_ms['overlapped_s']:7.1f} ms")
 else:
     print(f"mpiexec or mpi4py is not installed (or BACKPROP_NO_MPI is set), so the claims were "
           f"checked in-process on {dp['ranks']} thread replicas, without any all-reduce.\n"
           "For the real thing install both with\n"
           "    pip install -e '.[mpi]'      (or: conda install -c conda-forge mpi4py mpich)\n"
           "and run the cell above again.")
-print(f"K = {dp['micro_batches']} micro-batches, sync each: {dp_ms['sync_every_s']:7.1f} ms [timed]")
-print(f"K = {dp['micro_batches']} micro-batches, last only: {dp_ms['sync_last_s']:7.1f} ms [timed]")
+print(f"K = {dp['micro_batches']} micro-batches, sync each: {dp_ms['sync_every_s']:7.1f} ms")
+print(f"K = {dp['micro_batches']} micro-batches, last only: {dp_ms['sync_last_s']:7.1f} ms")
 
 # %% [markdown]
 # The bytes are counted, so they hold on any machine: syncing every micro-batch hands K

@@ -243,7 +243,7 @@ print(f"FLOPs per training step (lesson 07's count): {flops_per_step / 1e9:.2f} 
 # NBVAL_IGNORE_OUTPUT
 peak_flops = lesson13.sgemm_flops_per_s(B * T, cfg.n_embd, 4 * cfg.n_embd)
 print(f"sgemm on ({B * T}, {cfg.n_embd}) @ ({cfg.n_embd}, {4 * cfg.n_embd}), best of 30: "
-      f"{peak_flops / 1e9:.1f} GFLOP/s [timed]")
+      f"{peak_flops / 1e9:.1f} GFLOP/s")
 
 # %% [markdown]
 # ## Training, live
@@ -300,9 +300,9 @@ assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in histo
     "a training step produced a NaN or inf loss or gradient norm"
 step_times = [r["step_time"] for r in history[1:]]
 median_step = float(np.median(step_times))
-print(f"{len(history)} steps in {elapsed:.0f} s [timed]; median step {median_step * 1e3:.0f} ms "
-      f"[timed], {B * T / median_step:,.0f} tokens/s, MFU "
-      f"{lesson13.mfu(flops_per_step, median_step, peak_flops):.0%} [timed]")
+print(f"{len(history)} steps in {elapsed:.0f} s; median step {median_step * 1e3:.0f} ms "
+      f", {B * T / median_step:,.0f} tokens/s, MFU "
+      f"{lesson13.mfu(flops_per_step, median_step, peak_flops):.0%}")
 print(f"validation loss: {val_before:.3f} before, {val_after:.3f} after "
       f"(unigram entropy {entropy:.3f})")
 
@@ -358,9 +358,9 @@ print(f"activations saved for backward: budget (tape engine) "
 # NBVAL_IGNORE_OUTPUT
 achieved = flops_budget / median_step
 step_mfu = lesson13.mfu(flops_budget, median_step, peak_flops)
-print(f"measured: {median_step * 1e3:.0f} ms per step [timed] = "
+print(f"measured: {median_step * 1e3:.0f} ms per step = "
       f"{achieved / 1e9:.1f} GFLOP/s of the model's FLOPs")
-print(f"sgemm on the model's largest matmul shape: {peak_flops / 1e9:.1f} GFLOP/s [timed]")
+print(f"sgemm on the model's largest matmul shape: {peak_flops / 1e9:.1f} GFLOP/s")
 if step_mfu <= 1:
     print(f"MFU {step_mfu:.0%}: at the sgemm rate alone the step's FLOPs would take "
           f"{flops_budget / peak_flops * 1e3:.0f} ms")
@@ -424,7 +424,7 @@ ckpt_s, ckpt_loss, ckpt_grad = timed_steps(ckpt_model)
 assert math.isclose(plain_loss, ckpt_loss, rel_tol=1e-5)
 assert np.allclose(plain_grad, ckpt_grad, rtol=1e-3, atol=1e-6), "the recompute changed a gradient"
 print(f"forward + backward: {plain_s * 1e3:.0f} ms plain, {ckpt_s * 1e3:.0f} ms checkpointed "
-      f"[timed] ({ckpt_s / plain_s - 1:+.0%}); the same loss and gradient")
+      f" ({ckpt_s / plain_s - 1:+.0%}); the same loss and gradient")
 model.zero_grad()
 
 # %% [markdown]
@@ -471,7 +471,7 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 for p, seconds in phase_totals.items():
-    print(f"{p:>10}: {seconds:6.1f} s [timed] ({seconds / total:.0%})")
+    print(f"{p:>10}: {seconds:6.1f} s ({seconds / total:.0%})")
 print(f"backward / loss phase: {phase_totals['backward'] / phase_totals['loss']:.1f}")
 
 # %% [markdown]
