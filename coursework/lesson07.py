@@ -2,12 +2,15 @@
 
 07.1 the FLOPs of a training step per token, 07.2 the bytes per parameter
 of the fixed memory, 07.3 the micro-batch at which activations overtake
-the fixed memory. Each is checked against `engine.budget` (the numbers the
+the fixed memory, 07.4 the floor of a step's time and the MFU a measured step
+reached. Each is checked against `engine.budget` (the numbers the
 widget and the command line show) on several configurations, and the usual
 slips (forward only, no attention term, no master weights, an off-by-one
 search) are named.
 """
 from __future__ import annotations
+
+import math
 
 from ._core import ExerciseError, attempt, passed
 
@@ -219,3 +222,49 @@ def check_crossover_batch(find_crossover_batch) -> None:
     first = _crossover_cases()[0]
     passed(EX_CROSS, f"GPT-2 small at N={first.seq_len}: activations overtake the fixed memory "
                      f"at B={bm.crossover_batch(first)}.")
+
+
+# ------------------------------------------------------------------ 07.4
+EX_STEP = "07.4 (step_floor_and_mfu)"
+
+
+def check_step_floor_and_mfu(step_floor_and_mfu) -> None:
+    """step_floor_and_mfu(step_flops, device_flops, measured_seconds) -> (the fastest the
+    step could run on that device, in seconds; the fraction of it the measured step reached)."""
+    # (FLOPs of a step, the device's dense FLOP/s, a measured step in seconds)
+    cases = [(1.2e12, 1.0e11, 40.0), (6.0e9, 2.0e11, 0.3), (3.12e17, 3.12e14, 2500.0)]
+    for step_flops, device_flops, measured in cases:
+        got = attempt(EX_STEP, step_floor_and_mfu, step_flops, device_flops, measured)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise ExerciseError(EX_STEP, f"return the pair (floor_seconds, mfu), got {got!r}.")
+        floor = _number(EX_STEP, got[0], "the floor")
+        mfu = _number(EX_STEP, got[1], "the MFU")
+        want_floor = step_flops / device_flops
+        want_mfu = want_floor / measured
+        where = (f"for {step_flops:.3g} FLOPs per step on a device of {device_flops:.3g} "
+                 f"FLOP/s, measured {measured:g} s per step")
+        if not math.isclose(floor, want_floor, rel_tol=1e-9):
+            if math.isclose(floor, device_flops / step_flops, rel_tol=1e-9):
+                hint = "seconds are FLOPs divided by FLOP/s, not the other way round."
+            elif math.isclose(floor, 1e3 * want_floor, rel_tol=1e-9):
+                hint = "give the floor in seconds, not milliseconds."
+            elif math.isclose(floor, measured, rel_tol=1e-9):
+                hint = ("the floor is a prediction from the FLOP count alone, the step at the "
+                        "device's full rate; the measured time is the other half of the story.")
+            else:
+                hint = "the fastest possible step does step_flops at device_flops per second."
+            raise ExerciseError(EX_STEP, f"{where}, your floor is {floor:.4g} s, expected "
+                                         f"{want_floor:.4g} s. Hint: {hint}")
+        if not math.isclose(mfu, want_mfu, rel_tol=1e-9):
+            if math.isclose(mfu, 1 / want_mfu, rel_tol=1e-9):
+                hint = ("an MFU is at most 1: the share of the device's rate the step reached, "
+                        "floor / measured (a step can be slower than the floor, never faster).")
+            elif math.isclose(mfu, 100 * want_mfu, rel_tol=1e-9):
+                hint = "give the MFU as a fraction between 0 and 1, not a percentage."
+            else:
+                hint = ("the FLOP/s the step achieved (step_flops / measured) over the device's "
+                        "FLOP/s; it equals floor / measured.")
+            raise ExerciseError(EX_STEP, f"{where}, your MFU is {mfu:.4g}, expected "
+                                         f"{want_mfu:.4g}. Hint: {hint}")
+    passed(EX_STEP, "a step of 1.2 TFLOP on a 100 GFLOP/s device takes at least 12 s; "
+                    "measured at 40 s, it ran at MFU 0.30.")

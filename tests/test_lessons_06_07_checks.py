@@ -292,3 +292,32 @@ def test_lesson_06_shows_the_memory_timeline_before_it_is_run():
     for folder in ("course", "course/solutions"):
         picture = ROOT / folder / images[0]
         assert picture.is_file() and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ 07.4
+def test_07_4_right_answer_written_otherwise_passes(capsys):
+    def via_rates(step_flops, device_flops, measured_seconds):
+        achieved = step_flops / measured_seconds           # the FLOP/s the step reached
+        return step_flops * (1 / device_flops), achieved / device_flops
+    lesson07.check_step_floor_and_mfu(via_rates)
+    assert "passed" in capsys.readouterr().out
+
+
+def test_07_4_stub_says_not_done():
+    def stub(step_flops, device_flops, measured_seconds):
+        raise NotImplementedError()
+    fails_with(lesson07.check_step_floor_and_mfu, stub, words=("not done",))
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda f, d, m: (d / f, (f / d) / m), ("FLOPs divided by FLOP/s",)),
+    (lambda f, d, m: (1e3 * f / d, (f / d) / m), ("not milliseconds",)),
+    (lambda f, d, m: (m, (f / d) / m), ("prediction from the FLOP count",)),
+    (lambda f, d, m: (f / d, m / (f / d)), ("at most 1",)),
+    (lambda f, d, m: (f / d, 100 * (f / d) / m), ("not a percentage",)),
+    (lambda f, d, m: (f / d, f / m), ("over the device's",)),
+    (lambda f, d, m: f / d, ("return the pair",)),
+    (lambda f, d, m: None, ("return the pair",)),
+])
+def test_07_4_each_slip_gets_its_own_hint(wrong, words):
+    fails_with(lesson07.check_step_floor_and_mfu, wrong, words=words)

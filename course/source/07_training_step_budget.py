@@ -10,12 +10,13 @@
 # 3. in activation memory (lesson 06), and where it overtakes the fixed memory as B × N grows;
 # 4. with recompute: how much memory it saves and how many FLOPs it adds; with gradient
 #    accumulation: more tokens per step for no extra memory;
-# 5. and you will compare the prediction with what our engine measures.
+# 5. and you will compare the prediction with what our engine measures: the bytes, and the
+#    step time, whose floor / measured ratio is the MFU (exercise 07.4).
 #
 # All numbers come from `engine.budget`. The same functions drive the calculator widget below
 # and the command line `python -m engine.budget`, so what you read here is what they show.
 #
-# **Your pieces in the engine.** Fills: no slot (the budget is `engine.budget`; 07.1-07.3
+# **Your pieces in the engine.** Fills: no slot (the budget is `engine.budget`; 07.1-07.4
 # are checked against it, not saved). Runs: your lesson 06 block count (06.2
 # `block_saved_elements`) inside the activation budget, beside `engine.budget`'s count and
 # the measurement (the engine's count runs, saying why, when yours is missing or broken).
@@ -358,12 +359,32 @@ for changes, m in zip(SHAPES, measured):
 #
 # The calculator's step time is the step's FLOPs over the FLOP/s the device really delivers:
 # `FLOPs / (mfu × R)`, with R the device's dense FLOP/s and `mfu` (model FLOP utilization)
-# the fraction of it a real run reaches. On "this machine" R is measured: one large float32
-# matrix product (`bm.this_machine()`). With `mfu = 1` the prediction is the fastest a step
-# could possibly be, since no step of a model beats the machine's own best matmul. Our tape
-# engine runs op by op in numpy, with many small products, so expect the measured step to be
-# slower, often several times: the ratio is the MFU our engine reaches, the number the `mfu`
-# knob stands for. Both sides run on one thread here, so that a busy machine changes both alike.
+# the fraction of it a real run reaches. With `mfu = 1` the prediction is the fastest a step
+# could possibly be, a *floor*: no step of a model beats the machine's own best matmul.
+# Measure a real step and the ratio floor / measured is the MFU that code reached, the
+# number the `mfu` knob stands for.
+#
+# ## Exercise 07.4 · The floor of a step, and the MFU a measured step reached
+#
+# Write `step_floor_and_mfu(step_flops, device_flops, measured_seconds)`: return the pair
+# (the floor in seconds, the MFU as a fraction). Before you run the cell after the check,
+# predict: our tape engine runs op by op in numpy, with many small products and a Python
+# call per op; will its MFU on this CPU be near 1, near 0.5, or well below? The cell then
+# measures the tiny model's step (B=4) on one thread, against this machine's float32 matmul
+# rate measured the same way (`bm.this_machine()`), so that a busy machine slows both alike,
+# and runs your function on the measurement.
+
+# %%
+def step_floor_and_mfu(step_flops, device_flops, measured_seconds):
+    """(the fastest the step could run on this device in seconds, the MFU the measured step reached)."""
+    ### BEGIN SOLUTION
+    floor = step_flops / device_flops
+    return floor, floor / measured_seconds
+    ### END SOLUTION
+
+# %%
+# CHECK 07.4
+lesson07.check_step_floor_and_mfu(step_floor_and_mfu)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -379,18 +400,22 @@ ids = np.random.default_rng(0).integers(0, step_cfg.vocab_size, size=(4, step_cf
 with fixed_threads(1):
     machine = bm.this_machine()
     measured_step = median_seconds(lambda: model(ids, ids).backward(), 3, warmup=1)
-predicted = bm.budget(step_cfg.with_(mfu=1.0, **machine)).device
-print(f"{step_cfg.name}, B=4: {bm.human_flops(bm.flops(step_cfg)['per_step']['total'])} per "
-      f"step; this machine's float32 matmul: {bm.human_flops(machine['device_flops'])}/s")
-print(f"predicted at MFU 1: {bm.human_seconds(predicted.step_seconds)}; measured: "
-      f"{bm.human_seconds(measured_step)}; our tape engine's MFU: "
-      f"{predicted.step_seconds / measured_step:.2f}")
-# the claim: the prediction at MFU 1 is a floor (with a margin for a machine busy while
-# the matmul rate was measured)
-assert measured_step > 0.5 * predicted.step_seconds
+step_flops = bm.flops(step_cfg)["per_step"]["total"]
+floor, tape_mfu = step_floor_and_mfu(step_flops, machine["device_flops"], measured_step)
+# your floor is the calculator's step time at MFU 1 (one piece of arithmetic, two callers)
+assert abs(floor - bm.budget(step_cfg.with_(mfu=1.0, **machine)).device.step_seconds) <= 1e-9 * floor
+print(f"{step_cfg.name}, B=4: {bm.human_flops(step_flops)} per step; this machine's float32 "
+      f"matmul: {bm.human_flops(machine['device_flops'])}/s")
+print(f"floor (MFU 1): {bm.human_seconds(floor)}; measured: {bm.human_seconds(measured_step)}; "
+      f"our tape engine's MFU: {tape_mfu:.2f}")
+# the claim: the floor is a floor (with a margin for a machine busy while the matmul rate
+# was measured)
+assert measured_step > 0.5 * floor
 
 # %% [markdown]
-# Lesson 13 puts its fused trainer on the same comparison. For a large model on a GPU, an
+# On this CPU the tape engine typically lands well below 1: every op is a separate numpy
+# call that reads and writes its arrays, and the small products of a tiny model run far from
+# the rate of one large matmul. Lesson 13 puts its fused trainer on the same comparison. For a large model on a GPU, an
 # MFU of 0.3 to 0.5 is what good runs reach (the calculator's default is 0.4): read the
 # calculator's step time as "if my code is that good".
 #
@@ -415,5 +440,8 @@ print(report.stdout)
 #   they overtake the fixed memory; past it, the batch shape decides whether a step fits.
 # * The engine's own activation model equals its measurement exactly; the rule of thumb and
 #   the per-op transformer count let you reason about models the engine cannot run here.
+# * A step's FLOPs over the device's FLOP/s is the floor of its time; floor / measured is the
+#   MFU the code reached. Our tape engine's MFU is far below 1; lesson 13's fused trainer's
+#   is higher, and the gap is what a fused trainer is for.
 # * Next, lesson 08 measures the two levers this budget exposes: gradient accumulation and
 #   activation checkpointing.
