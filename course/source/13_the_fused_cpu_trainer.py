@@ -300,7 +300,7 @@ assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in histo
     "a training step produced a NaN or inf loss or gradient norm"
 step_times = [r["step_time"] for r in history[1:]]
 median_step = float(np.median(step_times))
-print(f"{len(history)} steps in {elapsed:.0f} s; median step {median_step * 1e3:.0f} ms "
+print(f"{len(history)} steps in {elapsed:.0f} s; median step {median_step * 1e3:.0f} ms"
       f", {B * T / median_step:,.0f} tokens/s, MFU "
       f"{lesson13.mfu(flops_per_step, median_step, peak_flops):.0%}")
 print(f"validation loss: {val_before:.3f} before, {val_after:.3f} after "
