@@ -20,6 +20,10 @@ from engine.rules import Op
 from ._core import ExerciseError, attempt, passed
 from ._restore import check_restored
 from .pieces import save_piece
+# 04.6's network is built from two of lesson 05's suspect ops (the same classes, so a planted
+# bug means the same in both lessons): softplus's "formula" forgets to divide by 1 + e^x;
+# add_bias's "scale" halves the bias gradient, its "broadcast" takes one row of the batch.
+from .lesson05 import _AddBias, _Softplus
 
 EX_PARTIAL = "04.1 (numerical_partial)"
 EX_ERRORS = "04.2 (gradient_errors)"
@@ -515,46 +519,13 @@ class Part(NamedTuple):
         return f"Part({self.level!r}, inputs of shapes {shapes})"
 
 
-class _Softplus(Op):
-    """log(1 + e^x), element by element; `bug` (a class attribute) plants a wrong VJP."""
-    name = "softplus"
-    bug: str | None = None
-
-    def forward(self, x):
-        self.save(x=x)
-        return np.logaddexp(0.0, x)
-
-    def vjp(self, g):
-        slope = 1.0 / (1.0 + np.exp(-self.x))
-        if self.bug == "formula":
-            slope = np.exp(self.x)          # forgot to divide by 1 + e^x
-        return (g * slope,)
-
-
-class _AddBias(Op):
-    """x (B, C) + b (C,): b is repeated along the batch axis."""
-    name = "add_bias"
-    bug: str | None = None
-
-    def forward(self, x, b):
-        return x + b
-
-    def vjp(self, g):
-        gb = g.sum(axis=0)
-        if self.bug == "scale":
-            gb = 0.5 * gb
-        elif self.bug == "one row":
-            gb = g[0]                        # one row of the batch, not the sum over it
-        return (g, gb)
-
-
 def network_parts(bugs: dict | None = None, order=None) -> dict:
     """The lesson's small network as named parts {name: Part}, listed network first.
 
     Ops: matmul, add_bias, softplus (the last two written here, as `engine.rules.Op`
     subclasses), cross_entropy. Layers: hidden = softplus(add_bias(x @ W1, b1)) and
     head = h @ W2 + b2. The network: cross_entropy(head(hidden(x))). `bugs` plants a wrong
-    VJP ({"softplus": "formula"} or {"add_bias": "scale" or "one row"}); with no argument,
+    VJP ({"softplus": "formula"} or {"add_bias": "scale" or "broadcast"}); with no argument,
     the lesson's bug. `order` lists the names in another order (the same parts)."""
     from engine import functional as F
     from engine.tensor import apply
@@ -619,7 +590,7 @@ _LOCAL_CASES = (
     ("the lesson's network, its parts listed layers first", None,
      ("hidden", "head", "network", "matmul", "add_bias", "softplus", "cross_entropy")),
     ("the network with add_bias's bias gradient halved", {"add_bias": "scale"}, None),
-    ("the network with a bug that only shows on a batch of rows", {"add_bias": "one row"},
+    ("the network with a bug that only shows on a batch of rows", {"add_bias": "broadcast"},
      ("softplus", "network", "head", "cross_entropy", "hidden", "matmul", "add_bias")),
     ("the network with no bug", {}, None),
 )
