@@ -1,18 +1,31 @@
 """How fast is the fused trainer? `python -m engine.bench --help`.
 
-Measures, in one process and one run:
+    python -m engine.bench                      # the tiny config, in detail
+    python -m engine.bench --shapes             # one table: tiny, T512, T1024, wide
+    python -m engine.bench --shapes tiny T=256,B=8 --attention flash
+
+Measures, in one process and one run (per shape, with --shapes):
 
 * compile: the first step (numba compiles each kernel, or loads it from the
   on-disk cache), reported apart from the steady state;
-* ms/step and tokens/s: median over --steps training steps (forward,
-  backward, clipping, AdamW) after --warmup steps;
-* GFLOP/s of the step, and of its linear layers' matrix products against the
-  same products run alone (the machine's sgemm rate for those shapes);
-* where the time goes, kernel by kernel;
+* ms/step and tokens/s: median and quartiles over --steps training steps
+  (forward, backward, clipping, AdamW) after --warmup steps;
 * PyTorch eager, when it imports: the same model with the same initial
-  weights and batches, timed step for step in alternation with ours (so a
-  busy machine slows both alike), the ratio, and the largest relative
-  difference between the two first-step gradients;
+  weights and batches, and the largest relative difference between the two
+  first-step gradients. The method, for a shared machine that may slow
+  either side at any moment: first --alone-steps steps of ours in a row,
+  then as many of PyTorch's (the standalone figures); then --steps steps of
+  each in alternating blocks of --block steps, ours first in even rounds,
+  PyTorch first in odd ones (both orders; blocks rather than single steps,
+  so that neither side starts each step with cold caches and thread
+  pools). The paired ratio is the median over rounds of (PyTorch's block
+  median / ours), with its range;
+* GFLOP/s of the step, its share of the machine's sgemm rate (a 1024^3
+  product through SciPy's BLAS on all cores, measured right after), and the
+  linear layers' matrix products against the same products run alone;
+* where the time goes, kernel by kernel, and outside the kernels (Python
+  between kernels, replicas waiting for each other and summing gradients,
+  clipping and AdamW);
 * activation_bytes: the bytes of the buffers the step keeps from forward to
   backward (all replicas), attention's share apart (--attention chooses the
   kernel: standard keeps (B, H, T, T) probabilities, flash (B, H, T) numbers).
@@ -22,7 +35,8 @@ bytes and forward+backward ms of both our attention kernels and of PyTorch's
 scaled_dot_product_attention in the same model, in one run.
 
 Timings on a shared machine are noisy; medians and same-run ratios are the
-numbers to quote. Nothing here is a test: it reports, it does not judge.
+numbers to quote, with the machine's load. Nothing here is a test: it
+reports, it does not judge.
 """
 from __future__ import annotations
 
@@ -96,13 +110,18 @@ def _cache_stats(kernels) -> dict:
 
 def _numba_kernels():
     from numba.core.registry import CPUDispatcher
+    from ..numba_config import ParallelKernel
     from . import kernels as fused
     found = []
     for mod in (fused.embedding, fused.layernorm, fused.gelu, fused.attention,
-                fused.flash_attention,
+                fused.flash_attention, fused._lanes,
                 fused.crossentropy, fused.residual, fused.linear, fused.adamw):
-        found += [v for v in vars(mod).values() if isinstance(v, CPUDispatcher)]
-    return found
+        for v in vars(mod).values():
+            if isinstance(v, CPUDispatcher):
+                found.append(v)
+            elif isinstance(v, ParallelKernel):
+                found += v.dispatchers()
+    return list({id(d): d for d in found}.values())      # helpers imported twice, once
 
 
 def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
