@@ -15,10 +15,11 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
   machine code loaded back from the on-disk cache. With the flags, a first
   run and a later run on the same machine gave different bits
   (tests/trainer/test_reproducible_bits.py), so a run stopped and resumed
-  did not continue bit for bit. The price, measured on a busy 2-core
-  machine: LayerNorm about 2x and GELU about 1.5x slower alone (their row
-  sums no longer vectorise), attention unchanged within the noise, a
-  training step a few percent. (Without fast-math's "no NaN, no Inf"
+  did not continue bit for bit. The price was the row sums that no
+  longer vectorised (LayerNorm about 2x slower alone, softmax's exp loop
+  scalar); engine/trainer/kernels/_lanes.py wins it back with the
+  reordering written into the source (eight partial sums in a fixed
+  order), which every compile honours alike. (Without fast-math's "no NaN, no Inf"
   assumptions a NaN in the loss survives to be reported, as before.)
 * Threads: the `omp` threading layer starts a parallel loop in about 2 us
   against about 70 us for numba's own `workqueue`; with dozens of parallel
