@@ -2,8 +2,10 @@
 engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
 
 * `kernel` compiles a serial function, `parallel_kernel` one whose `prange`
-  loops run on all cores. Both cache the machine code on disk
-  (`cache=True`), so only the first run on a machine pays the compile.
+  loops run on all cores, or serially when the caller has one numba thread
+  (`ParallelKernel`: two builds, each compiled on first use). Both cache the
+  machine code on disk (`cache=True`), so only the first run on a machine
+  pays the compile.
 * Nothing is declared with a fixed signature: numba compiles one version per
   dtype on first call, so the same source runs in float32 (training) and in
   float64 (the gradient checks).
@@ -13,10 +15,11 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
   machine code loaded back from the on-disk cache. With the flags, a first
   run and a later run on the same machine gave different bits
   (tests/trainer/test_reproducible_bits.py), so a run stopped and resumed
-  did not continue bit for bit. The price, measured on a busy 2-core
-  machine: LayerNorm about 2x and GELU about 1.5x slower alone (their row
-  sums no longer vectorise), attention unchanged within the noise, a
-  training step a few percent. (Without fast-math's "no NaN, no Inf"
+  did not continue bit for bit. The price was the row sums that no
+  longer vectorised (LayerNorm about 2x slower alone, softmax's exp loop
+  scalar); engine/trainer/kernels/_lanes.py wins it back with the
+  reordering written into the source (eight partial sums in a fixed
+  order), which every compile honours alike. (Without fast-math's "no NaN, no Inf"
   assumptions a NaN in the loss survives to be reported, as before.)
 * Threads: the `omp` threading layer starts a parallel loop in about 2 us
   against about 70 us for numba's own `workqueue`; with dozens of parallel
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 
 
 def _quiet_idle_threads() -> None:
@@ -74,8 +78,52 @@ THREADING_LAYER = _prefer_omp_threads()
 # nogil: kernels release Python's lock, so several threads can run them at once.
 _OPTIONS = dict(cache=True, fastmath=FASTMATH, error_model="numpy", nogil=True)
 kernel = functools.partial(numba.njit, **_OPTIONS)
-parallel_kernel = functools.partial(numba.njit, parallel=True, **_OPTIONS)
 prange = numba.prange
+
+
+class ParallelKernel:
+    """A `prange` kernel in two builds, each compiled on first use: parallel
+    (numba's threads), and serial for callers that run on one thread.
+
+    The trainer's default runs one single-threaded model replica per core, so
+    every one of its kernel calls sees one numba thread; there the parallel
+    build would only pay its set-up, and compiling it (the parfor passes, the
+    gufunc around each loop) costs several times what the serial build does.
+    Both builds run the same arithmetic in the same order (reductions go
+    through fixed chunks, never through prange's own), so they give the same
+    bits. The serial build is compiled from a copy of the function under
+    another name: numba's on-disk cache files are named by the function and
+    do not tell a parallel build from a serial one."""
+
+    def __init__(self, fn):
+        twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial",
+                                  fn.__defaults__, fn.__closure__)
+        twin.__qualname__ = fn.__qualname__ + "_serial"
+        twin.__module__ = fn.__module__
+        self.parallel = numba.njit(parallel=True, **_OPTIONS)(fn)
+        self.serial = numba.njit(**_OPTIONS)(twin)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args):
+        if numba.get_num_threads() == 1:
+            return self.serial(*args)
+        return self.parallel(*args)
+
+    def dispatchers(self):
+        return (self.serial, self.parallel)
+
+
+def parallel_kernel(fn):
+    """Decorator: fn as a ParallelKernel (see there)."""
+    return ParallelKernel(fn)
+
+
+# The parallel build alone, for a kernel whose serial build is slow: numba
+# compiles a prange body as a separate function whose arrays LLVM may assume
+# do not overlap, and a serial loop that writes its output in place over an
+# input (GELU's backward: dh is dout) loses that. Measured: 1.1 ms parallel on
+# one thread against 57 ms serial, for a (1024, 512) float32 array in place.
+parallel_only_kernel = functools.partial(numba.njit, parallel=True, **_OPTIONS)
 njit = numba.njit
 
 # The tape's kernels (engine/kernels/fast.py) are numba.njit with these options.

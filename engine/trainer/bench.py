@@ -1,18 +1,31 @@
 """How fast is the fused trainer? `python -m engine.bench --help`.
 
-Measures, in one process and one run:
+    python -m engine.bench                      # the tiny config, in detail
+    python -m engine.bench --shapes             # one table: tiny, T512, T1024, wide
+    python -m engine.bench --shapes tiny T=256,B=8 --attention flash
+
+Measures, in one process and one run (per shape, with --shapes):
 
 * compile: the first step (numba compiles each kernel, or loads it from the
   on-disk cache), reported apart from the steady state;
-* ms/step and tokens/s: median over --steps training steps (forward,
-  backward, clipping, AdamW) after --warmup steps;
-* GFLOP/s of the step, and of its linear layers' matrix products against the
-  same products run alone (the machine's sgemm rate for those shapes);
-* where the time goes, kernel by kernel;
+* ms/step and tokens/s: median and quartiles over --steps training steps
+  (forward, backward, clipping, AdamW) after --warmup steps;
 * PyTorch eager, when it imports: the same model with the same initial
-  weights and batches, timed step for step in alternation with ours (so a
-  busy machine slows both alike), the ratio, and the largest relative
-  difference between the two first-step gradients;
+  weights and batches, and the largest relative difference between the two
+  first-step gradients. The method, for a shared machine that may slow
+  either side at any moment: first --alone-steps steps of ours in a row,
+  then as many of PyTorch's (the standalone figures); then --steps steps of
+  each in alternating blocks of --block steps, ours first in even rounds,
+  PyTorch first in odd ones (both orders; blocks rather than single steps,
+  so that neither side starts each step with cold caches and thread
+  pools). The paired ratio is the median over rounds of (PyTorch's block
+  median / ours), with its range;
+* GFLOP/s of the step, its share of the machine's sgemm rate (a 1024^3
+  product through SciPy's BLAS on all cores, measured right after), and the
+  linear layers' matrix products against the same products run alone;
+* where the time goes, kernel by kernel, and outside the kernels (Python
+  between kernels, replicas waiting for each other and summing gradients,
+  clipping and AdamW);
 * activation_bytes: the bytes of the buffers the step keeps from forward to
   backward (all replicas), attention's share apart (--attention chooses the
   kernel: standard keeps (B, H, T, T) probabilities, flash (B, H, T) numbers).
@@ -22,7 +35,8 @@ bytes and forward+backward ms of both our attention kernels and of PyTorch's
 scaled_dot_product_attention in the same model, in one run.
 
 Timings on a shared machine are noisy; medians and same-run ratios are the
-numbers to quote. Nothing here is a test: it reports, it does not judge.
+numbers to quote, with the machine's load. Nothing here is a test: it
+reports, it does not judge.
 """
 from __future__ import annotations
 
@@ -96,13 +110,18 @@ def _cache_stats(kernels) -> dict:
 
 def _numba_kernels():
     from numba.core.registry import CPUDispatcher
+    from ..numba_config import ParallelKernel
     from . import kernels as fused
     found = []
     for mod in (fused.embedding, fused.layernorm, fused.gelu, fused.attention,
-                fused.flash_attention,
+                fused.flash_attention, fused._lanes,
                 fused.crossentropy, fused.residual, fused.linear, fused.adamw):
-        found += [v for v in vars(mod).values() if isinstance(v, CPUDispatcher)]
-    return found
+        for v in vars(mod).values():
+            if isinstance(v, CPUDispatcher):
+                found.append(v)
+            elif isinstance(v, ParallelKernel):
+                found += v.dispatchers()
+    return list({id(d): d for d in found}.values())      # helpers imported twice, once
 
 
 def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
@@ -270,8 +289,17 @@ def format_sweep(r: dict) -> str:
 def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         with_torch: bool = True, torch_attention: str = "sdpa", threads: int | None = None,
         thread_mode: str = "replicas", seed: int = 0, data=None, progress=None,
-        attention: str = "standard") -> dict:
-    """Benchmark the fused trainer (and PyTorch eager when available); returns a report dict."""
+        attention: str = "standard", block: int = 4, alone: int | None = None) -> dict:
+    """Benchmark the fused trainer (and PyTorch eager when available); returns a report dict.
+
+    Timing method (a shared machine slows either side at any moment):
+    `alone` steps of ours in a row, then as many of PyTorch's (default
+    steps // 2; the standalone figures), then `steps` steps of each in
+    alternating blocks of `block` steps, ours first in even rounds and
+    PyTorch first in odd ones (both orders; a block rather than single steps,
+    so neither side's thread pools and caches are cold at every step). The
+    paired ratio is the median over rounds of (PyTorch block median / our
+    block median); every median comes with its quartiles."""
     say = progress or (lambda line: None)
     torch = None
     torch_reason = "disabled with --no-torch"
@@ -298,7 +326,7 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
     try:
         report = _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention,
                           n_threads, thread_mode, replicas, thread_info, seed, data, say,
-                          attention)
+                          attention, block, alone)
         restore_threads(thread_info)                  # BLAS back to its own threads
         report["linear"]["machine_sgemm_gflops"] = machine_sgemm_rate()
         return report
@@ -309,7 +337,8 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
 
 
 def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention, n_threads,
-             thread_mode, replicas, thread_info, seed, data, say, attention="standard"):
+             thread_mode, replicas, thread_info, seed, data, say, attention="standard",
+             block=4, alone=None):
     from .data import batch_at
     from .model import decay_segments
     from .optim import AdamW
@@ -319,7 +348,8 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     params = init_params(cfg, seed, dtype)
     if data is None:
         data = np.random.default_rng(seed).integers(0, cfg.vocab_size, 200_000)
-    batches = [batch_at(data, seed, i, B, T) for i in range(steps + warmup + 1)]
+    alone_n = (max(1, steps // 2) if alone is None else alone) if torch is not None else 0
+    batches = [batch_at(data, seed, i, B, T) for i in range(warmup + 1 + steps + alone_n)]
 
     model = ThreadReplicas(cfg, B, replicas, params=params, dtype=dtype, attention=attention)
     kept = activation_bytes(model.replicas)
@@ -327,6 +357,7 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     phase_s = {"replica 0 forward+backward": 0.0, "all replicas forward+backward": 0.0,
                "clip + AdamW": 0.0}
     ours = _our_step(model, opt, batches, phase_s)
+    alone = alone_n
 
     say("first step (compiling numba kernels, or loading them from the cache)...")
     t0 = time.perf_counter()
@@ -338,19 +369,26 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     if torch is not None:
         twin = _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say,
                            attention)
-    t_ours, t_torch = _time_steps(ours, twin and twin["step"], warmup, steps, say)
+    waits = lambda: (phase_s["all replicas forward+backward"]  # noqa: E731
+                     - phase_s["replica 0 forward+backward"])
+    timing = _time_steps(ours, twin and twin["step"], warmup, steps, say, block, alone, waits)
+    t_ours, t_torch = timing["ours"], timing["torch"]
     per_kernel, prof_wall, rest, matmul_ms = _profile(model, ours, phase_s, steps, warmup)
 
     gemm_alone = sgemm_rate(cfg, B, T, dtype, replicas)
     model.close()
     setup = {**cfg.to_dict(), "batch_size": B, "dtype": "float32", "threads": n_threads,
              "thread_mode": thread_mode, "replicas": replicas, "attention": attention,
-             "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"]}
+             "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"],
+             "block": block}
     report = _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms,
                      per_kernel, prof_wall, rest, replicas, torch_reason)
     report.update(kept)
+    report["ours"]["wait_ms_per_step"] = timing["wait_s"] / len(t_ours) * 1e3
+    report["ours"]["alone"] = _spread(timing["ours_alone"])
+    report["ours"]["spread"] = _spread(t_ours)
     if twin is not None:
-        report["torch"] = _torch_report(torch, torch_attention, twin, t_torch, t_ours, B * T)
+        report["torch"] = _torch_report(torch, torch_attention, twin, timing, B * T)
     return report
 
 
@@ -384,13 +422,23 @@ def _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms, 
     return report
 
 
-def _torch_report(torch, torch_attention, twin, t_torch, t_ours, tokens) -> dict:
+def _torch_report(torch, torch_attention, twin, timing, tokens) -> dict:
+    """PyTorch's times beside ours: paired (the alternating blocks) and alone."""
+    t_torch, t_ours = timing["torch"], timing["ours"]
     tms, ms = _median_ms(t_torch), _median_ms(t_ours)
+    ratios = [theirs / mine for mine, theirs in timing["rounds"]]
+    alone = _spread(timing["torch_alone"])
+    ours_alone = _spread(timing["ours_alone"])["median"]
     return {"version": torch.__version__, "attention": torch_attention,
             "ms_per_step": tms, "tokens_per_s": tokens / (tms / 1e3),
             "ms_min": min(t_torch) * 1e3, "speedup_best": min(t_torch) / min(t_ours),
             "first_step_s": twin["first_step_s"], "ms_all": [t * 1e3 for t in t_torch],
-            "speedup": tms / ms, "first_step_grad_max_rel_diff": twin["worst"],
+            "spread": _spread(t_torch), "alone": alone,
+            "speedup": tms / ms,
+            "speedup_rounds": {"median": float(np.median(ratios)), "min": min(ratios),
+                               "max": max(ratios), "rounds": len(ratios)},
+            "speedup_alone": alone["median"] / ours_alone if ours_alone else None,
+            "first_step_grad_max_rel_diff": twin["worst"],
             "first_step_grad_worst_tensor": twin["worst_name"]}
 
 
@@ -457,23 +505,67 @@ def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say,
             "first_step_s": time.perf_counter() - t0}
 
 
-def _time_steps(ours, theirs, warmup, steps, say):
-    """Warm up, then time `steps` steps, alternating ours and theirs (when given)."""
+def _time_steps(ours, theirs, warmup, steps, say, block=4, alone=None, waits=None):
+    """Warm up, then time both sides (see `run`): returns a dict of per-step
+    seconds, "ours"/"torch" from the paired blocks, "ours_alone"/"torch_alone"
+    from the standalone runs, and "rounds": (ours median, theirs median) per
+    pair of blocks. `waits`, when given, is a callable returning the replica
+    waiting accumulated so far (read before and after the paired blocks)."""
     for i in range(1, warmup + 1):
         ours(i)
         if theirs is not None:
             theirs(i)
-    say(f"timing {steps} steps" + (" alternating with PyTorch..." if theirs else "..."))
-    t_ours, t_torch = [], []
-    for i in range(warmup + 1, warmup + 1 + steps):
-        t0 = time.perf_counter()
-        ours(i)
-        t_ours.append(time.perf_counter() - t0)
-        if theirs is not None:
+    out = {"ours": [], "torch": [], "ours_alone": [], "torch_alone": [], "rounds": []}
+    next_batch = {}                         # each side takes the same batches in order
+
+    def timed(fn, count, into):
+        got = []
+        for _ in range(count):
+            n = next_batch.get(fn, warmup + 1)
             t0 = time.perf_counter()
-            theirs(i)
-            t_torch.append(time.perf_counter() - t0)
-    return t_ours, t_torch
+            fn(n)
+            got.append(time.perf_counter() - t0)
+            next_batch[fn] = n + 1
+        into.extend(got)
+        return got
+
+    if theirs is None:
+        say(f"timing {steps} steps...")
+        w0 = waits() if waits else 0.0
+        timed(ours, steps, out["ours"])
+        out["wait_s"] = (waits() - w0) if waits else 0.0
+        return out
+    alone = max(1, steps // 2) if alone is None else alone
+    block = max(1, min(block, steps))
+    if alone:
+        say(f"timing {alone} steps of each alone...")
+        timed(ours, alone, out["ours_alone"])
+        timed(theirs, alone, out["torch_alone"])
+    say(f"timing {steps} steps of each in alternating blocks of {block}, both orders...")
+    w0 = waits() if waits else 0.0
+    done = r = 0
+    while done < steps:
+        count = min(block, steps - done)
+        if r % 2 == 0:                               # ours first, then theirs...
+            a = timed(ours, count, out["ours"])
+            b = timed(theirs, count, out["torch"])
+        else:                                        # ...then the other order
+            b = timed(theirs, count, out["torch"])
+            a = timed(ours, count, out["ours"])
+        out["rounds"].append((float(np.median(a)), float(np.median(b))))
+        done += count
+        r += 1
+    out["wait_s"] = (waits() - w0) if waits else 0.0
+    return out
+
+
+def _spread(times) -> dict:
+    """Median and the quartiles of a list of seconds, in ms."""
+    ms = np.asarray(times) * 1e3
+    if ms.size == 0:
+        return {"median": None, "p25": None, "p75": None}
+    return {"median": float(np.median(ms)), "p25": float(np.percentile(ms, 25)),
+            "p75": float(np.percentile(ms, 75))}
 
 
 def _profile(model, ours, phase_s, steps, warmup):
@@ -520,20 +612,32 @@ def format_report(r: dict) -> str:
         lines.insert(2, f"activations kept for the backward: {_kib_or_mib(r['activation_bytes'])}, "
                         f"attention's share {_kib_or_mib(r['attention_saved_bytes'])} "
                         f"({c.get('attention', 'standard')} kernel)")
-    lines.append(f"{'':24}{'ms/step':>10}{'tokens/s':>12}{'GFLOP/s':>10}{'best ms':>10}")
-    lines.append(f"{'fused (FusedGPT)':24}{o['ms_per_step']:>10.1f}{o['tokens_per_s']:>12,.0f}"
-                 f"{o['gflops']:>10.1f}{o['ms_min']:>10.1f}")
+    q = lambda sp: f"{sp['median']:.1f} ({sp['p25']:.1f}-{sp['p75']:.1f})"  # noqa: E731
+    lines.append(f"{'':24}{'ms/step (quartiles)':>22}{'tokens/s':>10}{'GFLOP/s':>9}"
+                 f"{'best ms':>9}{'alone ms':>20}")
+    alone = lambda sp: q(sp) if sp["median"] is not None else "-"  # noqa: E731
+    lines.append(f"{'fused (FusedGPT)':24}{q(o['spread']):>22}{o['tokens_per_s']:>10,.0f}"
+                 f"{o['gflops']:>9.1f}{o['ms_min']:>9.1f}{alone(o['alone']):>20}")
     if t:
         gf = r["flops_per_step"]["total"] / (t["ms_per_step"] / 1e3) / 1e9
-        lines.append(f"{'PyTorch ' + t['version'] + ' eager':24}{t['ms_per_step']:>10.1f}"
-                     f"{t['tokens_per_s']:>12,.0f}{gf:>10.1f}{t['ms_min']:>10.1f}")
-        lines.append(f"speed-up over PyTorch eager: {t['speedup']:.2f}x (medians of "
-                     f"{o['steps']} alternating steps; {t['speedup_best']:.2f}x best step "
-                     f"against best step; attention={t['attention']})")
+        lines.append(f"{'PyTorch ' + t['version'] + ' eager':24}{q(t['spread']):>22}"
+                     f"{t['tokens_per_s']:>10,.0f}{gf:>9.1f}{t['ms_min']:>9.1f}"
+                     f"{alone(t['alone']):>20}")
+        sr = t["speedup_rounds"]
+        lines.append(f"speed-up over PyTorch eager: {sr['median']:.2f}x paired (median of "
+                     f"{sr['rounds']} rounds of {c.get('block', 1)}-step blocks in both orders, "
+                     f"range {sr['min']:.2f}-{sr['max']:.2f}x; {t['speedup']:.2f}x from the "
+                     f"step medians, {t['speedup_best']:.2f}x best step against best step"
+                     + (f", {t['speedup_alone']:.2f}x alone" if t["speedup_alone"] else "")
+                     + f"; attention={t['attention']})")
         lines.append(f"first-step gradients: largest relative difference "
                      f"{t['first_step_grad_max_rel_diff']:.2e} ({t['first_step_grad_worst_tensor']})")
     else:
         lines.append(f"PyTorch comparison skipped: {r['torch_skipped']}")
+    if c["replicas"] > 1:
+        lines.append(f"waiting for the other replicas and summing their gradients: "
+                     f"{o['wait_ms_per_step']:.1f} ms a step "
+                     f"({o['wait_ms_per_step'] / o['ms_per_step']:.0%} of the median step)")
     lin = r["linear"]
     lines.append("")
     lines.append(f"linear layers: {lin['in_step_gflops'] or 0:.1f} GFLOP/s inside the step vs "
@@ -544,13 +648,103 @@ def format_report(r: dict) -> str:
                      f"{lin['machine_sgemm_gflops']:.1f} GFLOP/s; the whole step ran at "
                      f"{o['gflops'] / lin['machine_sgemm_gflops']:.0%} of it")
     lines.append("")
-    lines.append(f"where the time goes (profiled step {r['profiled_step_ms']:.1f} ms; kernels "
-                 f"of {r['per_kernel_note']}):")
+    lines += format_profile(r)
+    return "\n".join(lines)
+
+
+def format_profile(r: dict) -> list[str]:
+    """Where the time of one step went: kernel by kernel, then outside the kernels."""
+    lines = [f"where the time goes (profiled step {r['profiled_step_ms']:.1f} ms; kernels "
+             f"of {r['per_kernel_note']}):"]
     total = sum(r["per_kernel_ms"].values())
     for name, ms in r["per_kernel_ms"].items():
         lines.append(f"  {name:24}{ms:8.2f} ms  {ms / total:6.1%} of the kernels")
     for name, ms in r["outside_kernels_ms"].items():
         lines.append(f"  {name}: {ms:.2f} ms")
+    return lines
+
+
+# ------------------------------------------------------------------ shape table
+TOKENS_PER_STEP = 2048
+SHAPES = {   # name -> (B, T, n_layer, n_head, n_embd); B * T = 2048 tokens a step
+    "tiny": (16, 128, 4, 4, 128),
+    "T512": (4, 512, 4, 4, 128),
+    "T1024": (2, 1024, 4, 4, 128),
+    "wide": (16, 128, 6, 8, 256),
+}
+DEFAULT_SHAPES = tuple(SHAPES)
+
+
+def parse_shape(text: str) -> tuple[str, tuple[int, int, int, int, int]]:
+    """A preset name (SHAPES) or key=value pairs over tiny's, e.g. "T=256,B=8,C=192,H=6".
+    Keys: B, T, L (layers), H (heads), C (width)."""
+    if text in SHAPES:
+        return text, SHAPES[text]
+    values = dict(zip("BTLHC", SHAPES["tiny"]))
+    for part in text.split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip().upper()
+        if not eq or key not in values or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"shape {text!r}: use a preset ({', '.join(SHAPES)}) or "
+                             f"key=value pairs with keys B, T, L, H, C (e.g. T=256,B=8)")
+        values[key] = int(value)
+    return text, tuple(values[k] for k in "BTLHC")
+
+
+def run_shapes(shapes, vocab_size: int, data=None, progress=None, **kwargs) -> list[dict]:
+    """`run` for each (name, (B, T, L, H, C)); each report gets its "shape" name."""
+    say = progress or (lambda line: None)
+    reports = []
+    for name, (B, T, L, H, C) in shapes:
+        say(f"--- shape {name}: B={B} T={T} L={L} H={H} C={C}")
+        cfg = GPTConfig(vocab_size=vocab_size, block_size=T, n_layer=L, n_head=H, n_embd=C)
+        report = run(cfg, B, data=data, progress=progress, **kwargs)
+        report["shape"] = name
+        reports.append(report)
+    return reports
+
+
+def format_table(reports: list[dict]) -> str:
+    """One line per shape: ours and PyTorch's ms/step (median, quartiles), tokens/s,
+    GFLOP/s, the share of the machine's sgemm rate, the ratios (paired rounds and
+    alone), the replicas' waiting share and the first-step gradient agreement."""
+    w = max([5] + [len(r.get("shape", "")) for r in reports])
+    head = (f"{'shape':>{w}}{'B':>4}{'T':>6}{'L':>3}{'H':>3}{'C':>5} |"
+            f"{'ours ms/step':>20}{'tok/s':>8}{'GFLOP/s':>8}{'sgemm':>6}{'wait':>5} |"
+            f"{'torch ms/step':>20}{'tok/s':>8} |{'paired x (range)':>18}"
+            f"{'alone ms ours/torch':>21}{'x':>6} |{'grad rel':>9}")
+    lines = [head, "-" * len(head)]
+    q = lambda sp: f"{sp['median']:.1f} ({sp['p25']:.0f}-{sp['p75']:.0f})"  # noqa: E731
+    for r in reports:
+        c, o, t = r["config"], r["ours"], r["torch"]
+        sgemm = r["linear"].get("machine_sgemm_gflops")
+        share = f"{o['gflops'] / sgemm:.0%}" if sgemm else "-"
+        wait = f"{o['wait_ms_per_step'] / o['ms_per_step']:.0%}" if c["replicas"] > 1 else "-"
+        line = (f"{r.get('shape', ''):>{w}}{c['batch_size']:>4}{c['block_size']:>6}"
+                f"{c['n_layer']:>3}{c['n_head']:>3}{c['n_embd']:>5} |{q(o['spread']):>20}"
+                f"{o['tokens_per_s']:>8,.0f}{o['gflops']:>8.1f}{share:>6}{wait:>5} |")
+        if t:
+            sr = t["speedup_rounds"]
+            alone = (f"{o['alone']['median']:.1f}/{t['alone']['median']:.1f}"
+                     if t["speedup_alone"] else "-")
+            line += (f"{q(t['spread']):>20}{t['tokens_per_s']:>8,.0f} |"
+                     f"{sr['median']:>7.2f} ({sr['min']:.2f}-{sr['max']:.2f})"
+                     f"{alone:>21}{(t['speedup_alone'] or 0):>6.2f} |"
+                     f"{t['first_step_grad_max_rel_diff']:>9.1e}")
+        else:
+            line += f"{'(no torch)':>20}"
+        lines.append(line)
+    r0 = reports[0]
+    t0 = r0["torch"]
+    lines.append(f"ours: {r0['config']['threads']} thread(s), "
+                 f"{r0['config']['thread_mode']}; {r0['config']['attention']} attention"
+                 + (f"; PyTorch {t0['version']} eager, attention={t0['attention']}" if t0 else "")
+                 + f"; float32; vocabulary {r0['config']['vocab_size']}")
+    lines.append("ms/step: median (quartiles) of the paired steps; sgemm: the step's GFLOP/s "
+                 "over the machine's 1024^3 sgemm rate; wait: replicas waiting and summing "
+                 "gradients, share of the step; paired x: median (range) over rounds of "
+                 "PyTorch's block median / ours; alone: medians of the standalone runs; "
+                 "grad rel: largest first-step gradient difference to PyTorch, relative")
     return "\n".join(lines)
 
 
@@ -574,6 +768,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument("--torch-attention", choices=("sdpa", "manual"), default="sdpa")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--shapes", nargs="*", metavar="SHAPE", default=None,
+                   help="instead of one shape: one table over these shapes (presets "
+                        + ", ".join(f"{k}=B{v[0]},T{v[1]},L{v[2]},H{v[3]},C{v[4]}"
+                                    for k, v in SHAPES.items())
+                        + "; or key=value pairs over tiny's, e.g. T=256,B=8); "
+                        "no names: all the presets")
+    p.add_argument("--block", type=int, default=4,
+                   help="steps per block when alternating with PyTorch (default 4)")
+    p.add_argument("--alone-steps", type=int, default=None,
+                   help="steps of each side run alone first (default steps // 2; 0: none)")
     p.add_argument("--attention", choices=("standard", "flash"), default="standard",
                    help="our attention kernel: standard keeps the T x T probabilities, "
                         "flash one number per row")
@@ -582,8 +786,8 @@ def main(argv=None) -> int:
                         "PyTorch SDPA at T = " + ", ".join(map(str, SWEEP_LENGTHS))
                         + " (B = 2048 // T; median of --steps forward+backward passes)")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.block < 1 or (args.alone_steps or 0) < 0:
+        p.error("--steps and --block must be >= 1, --warmup and --alone-steps >= 0")
     for flag, value in (("--batch-size", args.batch_size), ("--threads", args.threads)):
         if value is not None and value < 1:
             p.error(f"{flag} must be at least 1, got {value}")
@@ -593,6 +797,25 @@ def main(argv=None) -> int:
     if vocab is None:
         ds = Dataset.from_text(builtin_text())
         vocab, data = ds.tokenizer.vocab_size, ds.train
+    progress = None if args.json else (lambda s: print(s, file=sys.stderr))
+    options = dict(steps=args.steps, warmup=args.warmup, with_torch=not args.no_torch,
+                   torch_attention=args.torch_attention, threads=args.threads,
+                   thread_mode=args.thread_mode, attention=args.attention, block=args.block,
+                   alone=args.alone_steps)
+    if args.shapes is not None:
+        try:
+            shapes = [parse_shape(s) for s in (args.shapes or DEFAULT_SHAPES)]
+        except ValueError as exc:
+            p.error(str(exc))
+        reports = run_shapes(shapes, vocab, data=data, progress=progress, **options)
+        if args.json:
+            print(json.dumps(reports, indent=2))
+        else:
+            print(format_table(reports))
+            for r in reports:
+                print(f"\n[{r['shape']}] first step {r['compile']['first_step_s']:.2f} s; "
+                      + "\n".join(format_profile(r)))
+        return 0
     try:
         cfg = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer,
                         n_head=args.n_head, n_embd=args.n_embd)
@@ -605,11 +828,7 @@ def main(argv=None) -> int:
                                 (lambda s: print(s, file=sys.stderr)))
         print(json.dumps(sweep, indent=2) if args.json else format_sweep(sweep))
         return 0
-    report = run(cfg, args.batch_size, steps=args.steps, warmup=args.warmup,
-                 with_torch=not args.no_torch, torch_attention=args.torch_attention,
-                 threads=args.threads, thread_mode=args.thread_mode, data=data,
-                 progress=None if args.json else (lambda s: print(s, file=sys.stderr)),
-                 attention=args.attention)
+    report = run(cfg, args.batch_size, data=data, progress=progress, **options)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

@@ -24,7 +24,8 @@ works while the backward computes the blocks below. `wait()` before the
 optimizer step is the only synchronisation.
 
 (With more than one thread replica per process, the replicas' gradients are
-summed first and the buckets start right after: no overlap then.)
+summed first, bucket by bucket during the backward, and the MPI buckets
+start once all are summed: no overlap with MPI then.)
 
 Accumulation: with K micro-batches per step, only the last backward starts
 all-reduces; the first K-1 add into the local gradient buffer. Reducing
@@ -128,8 +129,11 @@ class ThreadReplicas:
     Replica r takes rows [r * B/n, (r + 1) * B/n) of every micro-batch and runs
     its whole forward and backward on one thread, single-threaded kernels and
     single-threaded BLAS, reading the one shared parameter buffer and adding
-    into its own gradient buffer. After the last micro-batch the replicas'
-    gradients are summed in a fixed order into `grads`.
+    into its own gradient buffer. In the last micro-batch's backward the
+    replicas' gradients are summed into `grads`, bucket by bucket as soon as
+    every replica has finished one, by the replicas whose backward is over
+    (`_BucketSum`); each number is summed in replica order, whichever thread
+    does it.
 
     Why not one model with multi-threaded kernels? Each kernel then ends at a
     barrier where every thread waits for the slowest; a step has about a
@@ -196,28 +200,48 @@ class ThreadReplicas:
                          grad_ready=None):
         """Forward and backward of one micro-batch over all replicas; returns
         (loss, forward s, backward s) with the timings of replica 0. When `last`,
-        the replicas' gradients are summed into self.grads (then grad_ready, if
-        given, is called once per bucket: the MPI all-reduce starts from here)."""
+        the replicas' gradients are summed into self.grads, bucket by bucket
+        while the backward runs (see _BucketSum); then grad_ready, if given, is
+        called once per bucket: the MPI all-reduce starts from here."""
         scale = loss_scale / self.n
         if self.n == 1:
             return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
                                                      grad_ready=grad_ready)
-        results = self._each(lambda r: self.replicas[r].forward_backward(
-            ids[self.rows[r]], targets[self.rows[r]], loss_scale=scale))
-        if last:
-            self.reduce(grad_ready)
+        summing = _BucketSum(self) if last else None
+
+        def one(r):
+            model = self.replicas[r]
+            if summing is None:
+                return model.forward_backward(ids[self.rows[r]], targets[self.rows[r]],
+                                              loss_scale=scale)
+            with summing.failing():
+                result = model.forward_backward(ids[self.rows[r]], targets[self.rows[r]],
+                                                loss_scale=scale, grad_ready=summing.done)
+                summing.help()
+            return result
+
+        results = self._each(one)
+        if last and grad_ready is not None:
+            for start, stop in self.buckets:
+                grad_ready(start, stop)
         loss = sum(r[0] for r in results) / self.n
         return loss, results[0][1], results[0][2]
 
     def reduce(self, grad_ready=None) -> None:
         """grads = sum of the replicas' gradients, in replica order (deterministic)."""
-        total = self.grads.flat
-        np.copyto(total, self.replicas[0].grads.flat)
-        for m in self.replicas[1:]:
-            total += m.grads.flat
+        for start, stop in self.buckets:
+            self._sum_bucket(start, stop)
         if grad_ready is not None:
             for start, stop in self.buckets:
                 grad_ready(start, stop)
+
+    def _sum_bucket(self, start: int, stop: int) -> None:
+        """grads[start:stop] = replica 0's + replica 1's + ..., always in that order,
+        so the bits do not depend on which thread sums."""
+        total = self.grads.flat[start:stop]
+        np.copyto(total, self.replicas[0].grads.flat[start:stop])
+        for m in self.replicas[1:]:
+            total += m.grads.flat[start:stop]
 
     def loss(self, ids, targets) -> float:
         losses = self._each(lambda r: self.replicas[r].loss(ids[self.rows[r]],
@@ -238,6 +262,65 @@ class ThreadReplicas:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+class _BucketSum:
+    """Sums the replicas' gradients bucket by bucket during the last backward.
+
+    Each replica's backward reports a bucket (a flat range: the final
+    LayerNorm, blocks L-1 ... 0, the embeddings) as soon as it is final; once
+    every replica has reported it, the bucket can be summed. A replica whose
+    backward is over does not wait idle: it sums every bucket that is ready,
+    in order, and waits only for buckets still being computed. So the sum
+    overlaps the slower replica's backward, and what is left when the last
+    replica ends is its last bucket (the embeddings). Each bucket is summed
+    exactly once, by whichever thread claims it, always in replica order."""
+
+    def __init__(self, owner: ThreadReplicas):
+        import threading
+        self.owner = owner
+        self.index = {span: i for i, span in enumerate(owner.buckets)}
+        self.reported = [0] * len(owner.buckets)
+        self.claimed = 0                      # buckets handed to a summing thread so far
+        self.failed = False
+        self.cond = threading.Condition()
+
+    def done(self, start: int, stop: int) -> None:
+        """grad_ready of one replica: this replica's bucket [start, stop) is final."""
+        with self.cond:
+            i = self.index[(start, stop)]
+            self.reported[i] += 1
+            if self.reported[i] == self.owner.n:
+                self.cond.notify_all()
+
+    def help(self) -> None:
+        """Sum ready buckets in order until every bucket is claimed."""
+        n, count = self.owner.n, len(self.reported)
+        while True:
+            with self.cond:
+                while (self.claimed < count and self.reported[self.claimed] < n
+                       and not self.failed):
+                    self.cond.wait()
+                if self.claimed == count or self.failed:
+                    return
+                i = self.claimed
+                self.claimed += 1
+            self.owner._sum_bucket(*self.owner.buckets[i])
+
+    def failing(self):
+        """Context: a replica that raises wakes the others (no one waits forever)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def guard():
+            try:
+                yield
+            except BaseException:
+                with self.cond:
+                    self.failed = True
+                    self.cond.notify_all()
+                raise
+        return guard()
 
 
 def numba_layer() -> str:

@@ -42,3 +42,34 @@ def test_cli_json(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["config"]["vocab_size"] == 12 and len(report["ours"]["ms_all"]) == 1
     assert np.isfinite(report["ours"]["gflops"])
+
+
+def test_shapes_parse_as_presets_or_pairs():
+    assert bench.parse_shape("T1024") == ("T1024", (2, 1024, 4, 4, 128))
+    assert bench.parse_shape("T=256,B=8")[1] == (8, 256, 4, 4, 128)
+    with pytest.raises(ValueError, match="key=value"):
+        bench.parse_shape("T=big")
+    for name, (B, T, *_rest) in bench.SHAPES.items():
+        assert B * T == bench.TOKENS_PER_STEP, name
+
+
+def test_paired_timing_alternates_blocks_in_both_orders_on_the_same_batches():
+    from engine.trainer.bench import _time_steps
+    calls = []
+    ours = lambda i: calls.append(("ours", i))      # noqa: E731
+    theirs = lambda i: calls.append(("torch", i))   # noqa: E731
+    t = _time_steps(ours, theirs, warmup=1, steps=4, say=lambda s: None, block=2, alone=1)
+    timed = calls[2:]                                # after one warm-up step each
+    assert [c[0] for c in timed] == ["ours", "torch"] + ["ours"] * 2 + ["torch"] * 4 + ["ours"] * 2
+    assert sorted(i for s, i in timed if s == "ours") == sorted(i for s, i in timed if s == "torch")
+    assert len(t["ours"]) == len(t["torch"]) == 4 and len(t["rounds"]) == 2
+    assert len(t["ours_alone"]) == len(t["torch_alone"]) == 1
+
+
+def test_shape_table_has_one_row_per_shape():
+    shapes = [bench.parse_shape("B=2,T=8,L=1,H=2,C=8"), bench.parse_shape("B=2,T=16,L=1,H=2,C=8")]
+    reports = bench.run_shapes(shapes, 11, steps=1, warmup=0, with_torch=False)
+    table = bench.format_table(reports).splitlines()
+    assert [r["shape"] for r in reports] == ["B=2,T=8,L=1,H=2,C=8", "B=2,T=16,L=1,H=2,C=8"]
+    assert "(no torch)" in table[2] and "(no torch)" in table[3]
+    assert all(r["ours"]["wait_ms_per_step"] >= 0 for r in reports)

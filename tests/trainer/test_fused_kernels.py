@@ -223,3 +223,48 @@ def test_mixed_dtypes_get_a_clear_error(rng):
     with pytest.raises(TypeError, match="mix dtypes"):
         F.layernorm_forward(rng.standard_normal((2, 4)).astype(np.float32),
                             np.ones(4), np.zeros(4))
+
+
+# ------------------------------------------------------------------ lane reductions, builds
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 100])
+def test_lane_reductions_equal_numpy_at_any_length(rng, n):
+    from engine.trainer.kernels._lanes import row_dot, row_max, row_sum
+    a, b = rng.standard_normal(n + 3), rng.standard_normal(n + 3)
+    a[n:] = b[n:] = 1e6                                # past n: must not be read
+    assert abs(row_sum(a, n) - a[:n].sum()) < 1e-12 * n
+    assert abs(row_dot(a, b, n) - a[:n] @ b[:n]) < 1e-12 * n
+    assert row_max(a, n) == a[:n].max()
+
+
+def test_lane_sum_order_is_the_written_one():
+    # 1 followed by fifteen 2**-24 in float32: left to right, every small number
+    # rounds away against the 1; in lanes, lane k sums a[k] and a[k + 8], then
+    # the eight partials are combined pairwise, and most of them survive.
+    from engine.trainer.kernels._lanes import row_sum
+    a = np.array([1.0] + [2.0 ** -24] * 15, np.float32)
+    sequential = np.float32(0)
+    for v in a:
+        sequential = np.float32(sequential + v)
+    p = a[:8] + a[8:]
+    tree = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+    assert sequential == np.float32(1.0) and tree > sequential
+    assert row_sum(a, 16) == tree
+
+
+def test_serial_and_parallel_builds_give_the_same_bits(rng):
+    import numba
+    from engine.numba_config import ParallelKernel
+    assert isinstance(F.layernorm.layernorm_backward_kernel, ParallelKernel)
+    x = rng.standard_normal((96, 40)).astype(np.float32)
+    dout = rng.standard_normal((96, 40)).astype(np.float32)
+    w, b = rng.standard_normal(40).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    results = []
+    for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        numba.set_num_threads(n)
+        try:
+            out, mean, rstd = F.layernorm_forward(x, w, b)
+            results.append((out, *F.layernorm_backward(dout, x, w, mean, rstd),
+                            F.bias_grad(dout)))
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert all(np.array_equal(a, b) for a, b in zip(results[0], results[-1]))

@@ -97,6 +97,37 @@ def test_thread_replicas_equal_one_model_with_the_whole_batch():
         reps.close()
 
 
+def test_replica_gradients_summed_during_the_backward_equal_a_sum_afterwards():
+    x, y = batch(6)
+    reps = ThreadReplicas(CFG, 4, 2, params=init_params(CFG, seed=6, dtype=np.float32))
+    try:
+        reps.zero_grad()
+        reps.forward_backward(x, y, last=False)      # no sum during the backward...
+        reps.reduce()                                 # ...one serial sum afterwards
+        after = reps.grads.flat.copy()
+        reps.zero_grad()
+        reps.forward_backward(x, y)                   # bucket by bucket, during it
+        assert np.array_equal(reps.grads.flat, after), "the same bits, whoever sums"
+        assert np.any(after != 0)
+    finally:
+        reps.close()
+
+
+def test_a_replica_that_fails_does_not_leave_the_others_waiting():
+    x, y = batch(7)
+    reps = ThreadReplicas(CFG, 4, 2)
+    broken = reps.replicas[1]
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("replica 1 broke")
+    broken.forward_backward = fail
+    try:
+        with pytest.raises(RuntimeError, match="replica 1 broke"):
+            reps.forward_backward(x, y)               # returns instead of waiting forever
+    finally:
+        reps.close()
+
+
 def test_a_training_step_allocates_no_arrays():
     """After the first step, forward + backward create no numpy arrays: every
     buffer was laid out when the model was built (numpy reports its data

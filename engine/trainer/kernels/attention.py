@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output
+from ._lanes import row_dot, row_max, row_sum
 from ...numba_config import kernel, parallel_kernel, prange
 from ...fast_math import exp
 
@@ -109,25 +110,26 @@ def _transposed_times_lower(out_t, xt, m, Tp):
 def _softmax_causal_rows(s, T):
     """Row i of s becomes softmax(s[i, :i+1]), zeros after the diagonal.
 
-    The exponentials run over the whole padded row and the masked part is then
-    multiplied away: loops of one fixed length vectorise completely, while
-    loops of length i + 1 leave a scalar remainder in every row."""
+    Only the column blocks that `_causal_rows_times` wrote are read: up to
+    width = i + 1 rounded up to TILE. The exponentials run over that whole
+    width and the masked part is then multiplied away: loops of one fixed
+    length vectorise completely, while loops of length i + 1 leave a scalar
+    remainder in every row. The row's maximum and sum go through the lane
+    reductions of `_lanes` (a plain `total += e` would keep the exp loop
+    scalar too)."""
     Tp = s.shape[1]
     one = s.dtype.type(1)
     zero = one - one
     for i in range(T):
         row = s[i]
-        m = row[0]
-        for j in range(1, i + 1):
-            m = max(m, row[j])
-        total = zero
-        for j in range(Tp):
-            e = exp(row[j] - m) if j <= i else zero
-            row[j] = e
-            total += e
-        inv = one / total
-        for j in range(Tp):
+        width = _padded(i + 1, TILE)
+        m = row_max(row, i + 1)
+        for j in range(width):
+            row[j] = exp(row[j] - m) if j <= i else zero
+        inv = one / row_sum(row, width)
+        for j in range(width):
             row[j] *= inv
+        row[width:Tp] = zero
 
 
 @kernel
@@ -200,9 +202,7 @@ def _head_backward(dy, qkv, probs, dqkv, b, h):
     ds = _tile(Tp, Tp, qkv)
     _causal_rows_times(ds, g, vt, Tp)           # dP = dY V^T
     for t in range(Tp):                         # dS = scale * P * (dP - rowsum(P * dP))
-        dot = one - one
-        for j in range(t + 1):
-            dot += p[t, j] * ds[t, j]
+        dot = row_dot(p[t], ds[t], t + 1)
         for j in range(t + 1):
             ds[t, j] = scale * p[t, j] * (ds[t, j] - dot)
         ds[t, t + 1:] = 0

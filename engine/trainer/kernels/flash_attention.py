@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output
+from ._lanes import row_dot, row_max, row_sum
 from .attention import _check_qkv, _load_cols, _load_rows, _padded, _rows4_product
 from ...numba_config import kernel, parallel_kernel, prange
 from ...fast_math import exp
@@ -110,17 +111,12 @@ def _head_forward(qkv, y, lse, b, h):
             if j0 == i0:
                 _mask_above_diagonal(s, -np.inf)  # the diagonal tile: only j <= i counts
             for r in range(TILE):
-                tile_max = s[r, 0]                # column j0 <= i always exists
-                for c in range(1, TILE):
-                    tile_max = max(tile_max, s[r, c])
+                tile_max = row_max(s[r], TILE)    # column j0 <= i always exists
                 new_max = tile_max if j0 == 0 else max(m[r], tile_max)
                 rescale = zero if j0 == 0 else exp(m[r] - new_max)
-                row_sum = zero
-                for c in range(TILE):
-                    e = exp(s[r, c] - new_max)
-                    s[r, c] = e
-                    row_sum += e
-                total[r] = (zero if j0 == 0 else total[r] * rescale) + row_sum
+                for c in range(TILE):             # no running sum: this loop vectorises
+                    s[r, c] = exp(s[r, c] - new_max)
+                total[r] = (zero if j0 == 0 else total[r] * rescale) + row_sum(s[r], TILE)
                 m[r] = new_max
                 for d in range(hp):
                     acc[i0 + r, d] *= rescale
@@ -157,10 +153,8 @@ def _head_backward(dy, qkv, y, lse, dqkv, b, h):
     # D_i = dy_i . y_i = rowsum(P * dP), and the row statistics, padded
     rowdot, row_lse = np.zeros(Tp, dt), np.zeros(Tp, dt)
     for t in range(T):
-        acc = zero
-        for d in range(hs):
-            acc += dy[row0 + t, h * hs + d] * y[row0 + t, h * hs + d]
-        rowdot[t] = acc
+        r = row0 + t
+        rowdot[t] = row_dot(dy[r, h * hs:(h + 1) * hs], y[r, h * hs:(h + 1) * hs], hs)
         row_lse[t] = lse[b, h, t]
     dq, dk, dv = np.zeros((Tp, hp), dt), np.zeros((Tp, hp), dt), np.zeros((Tp, hp), dt)
     p, ds, tr = np.empty((TILE, TILE), dt), np.empty((TILE, TILE), dt), np.empty((TILE, TILE), dt)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
+from ...numba_config import REDUCE_CHUNKS, parallel_kernel, parallel_only_kernel, prange
 from ...fast_math import tanh
 
 from ...constants import GELU_A, GELU_K  # one copy for every kernel
@@ -37,7 +37,7 @@ def bias_gelu_forward_kernel(h, bias, out):
             out[n, f] = half * u * (one + t)
 
 
-@parallel_kernel
+@parallel_only_kernel      # dh may be dout itself (the model does that): see numba_config
 def bias_gelu_backward_kernel(dout, h, bias, dh, dbias):
     N, F = h.shape
     one, half = h.dtype.type(1), h.dtype.type(0.5)

@@ -6,9 +6,13 @@
               dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))
               dw  += sum over rows of dout * xhat,  db += sum over rows of dout
 
-The backward needs two row reductions (mean(g), mean(g xhat)); both come
-from one sweep over the row while it sits in L1, and the same sweep adds the
-row's share of dw and db into a per-chunk partial sum. `xhat` is recomputed
+The backward needs two row reductions (mean(g), mean(g xhat)). One sweep
+over the row, while it sits in L1, writes g and g * xhat into two row-sized
+scratch arrays and adds the row's share of dw and db into a per-chunk
+partial sum; the two means are then lane sums (`_lanes.row_sum`), so no
+loop carries a running scalar sum and every loop vectorises without
+fast-math. The forward does the same: the centred row goes into `out`
+first, and its sum of squares is a lane dot product. `xhat` is recomputed
 from x, mean and rstd instead of being stored: one multiply-add per element is
 cheaper than writing and re-reading a (rows, C) array.
 
@@ -20,26 +24,22 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
+from ._lanes import row_dot, row_sum
 from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
 
 
 @parallel_kernel
 def layernorm_forward_kernel(x, w, b, eps, out, mean, rstd):
     N, C = x.shape
-    zero, one, width = x.dtype.type(0), x.dtype.type(1), x.dtype.type(C)
+    one, width = x.dtype.type(1), x.dtype.type(C)
     for n in prange(N):
-        row = x[n]
-        total = zero
+        row, o = x[n], out[n]
+        mu = row_sum(row, C) / width
+        for c in range(C):                   # the centred row, kept in out for now
+            o[c] = row[c] - mu
+        r = one / np.sqrt(row_dot(o, o, C) / width + eps)
         for c in range(C):
-            total += row[c]
-        mu = total / width
-        sq = zero
-        for c in range(C):
-            d = row[c] - mu
-            sq += d * d
-        r = one / np.sqrt(sq / width + eps)
-        for c in range(C):
-            out[n, c] = (row[c] - mu) * r * w[c] + b[c]
+            o[c] = o[c] * r * w[c] + b[c]
         mean[n] = mu
         rstd[n] = r
 
@@ -47,27 +47,26 @@ def layernorm_forward_kernel(x, w, b, eps, out, mean, rstd):
 @parallel_kernel
 def layernorm_backward_kernel(dout, x, w, mean, rstd, dx, dw, db):
     N, C = x.shape
-    zero, width = x.dtype.type(0), x.dtype.type(C)
+    width = x.dtype.type(C)
     chunk = (N + REDUCE_CHUNKS - 1) // REDUCE_CHUNKS
     dw_part = np.zeros((REDUCE_CHUNKS, C), x.dtype)
     db_part = np.zeros((REDUCE_CHUNKS, C), x.dtype)
     for k in prange(REDUCE_CHUNKS):
+        g = np.empty(C, x.dtype)                 # one row of dout * w, then of it * xhat
+        gx = np.empty(C, x.dtype)
         for n in range(k * chunk, min(N, (k + 1) * chunk)):
             mu, r = mean[n], rstd[n]
-            sum_g = zero
-            sum_gx = zero
-            for c in range(C):
+            for c in range(C):                   # no running sum here: this loop vectorises
                 xhat = (x[n, c] - mu) * r
-                g = dout[n, c] * w[c]
-                sum_g += g
-                sum_gx += g * xhat
+                g[c] = dout[n, c] * w[c]
+                gx[c] = g[c] * xhat
                 dw_part[k, c] += dout[n, c] * xhat
                 db_part[k, c] += dout[n, c]
-            mean_g = sum_g / width
-            mean_gx = sum_gx / width
+            mean_g = row_sum(g, C) / width
+            mean_gx = row_sum(gx, C) / width
             for c in range(C):
                 xhat = (x[n, c] - mu) * r
-                dx[n, c] += r * (dout[n, c] * w[c] - mean_g - xhat * mean_gx)
+                dx[n, c] += r * (g[c] - mean_g - xhat * mean_gx)
     for k in range(REDUCE_CHUNKS):           # fixed order: same bits on any thread count
         for c in range(C):
             dw[c] += dw_part[k, c]
