@@ -31,11 +31,18 @@ $(STAMP): pyproject.toml
 	done
 	@touch $(STAMP)
 
+# The course's lab asks no "get notified about Jupyter news?" question and fetches nothing
+# from the web on its own (JupyterLab's settings overrides inside this venv only).
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_OVERRIDES): $(STAMP)
+	@mkdir -p $(dir $@)
+	@printf '%s\n' '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+
 # The lab opens on the start page. Its terminals start in course/ with .venv/bin first on
 # PATH (set again after ~/.bashrc, which may put pyenv or conda first), so `pytest` and
 # `python` typed there are the course's own.
 LAB_BASHRC := $(VENV)/lab-terminal.bashrc
-lab: $(STAMP)
+lab: $(STAMP) $(LAB_OVERRIDES)
 	@printf '%s\n' '[ -f ~/.bashrc ] && . ~/.bashrc' \
 	    'export PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"' > $(LAB_BASHRC)
 	@echo "Starting JupyterLab on course/ (the URL with its token follows; Ctrl-C stops it)"
@@ -47,7 +54,7 @@ lab: $(STAMP)
 
 # Every test: engine, widgets, the browser test, and nbval over every solution
 # notebook (two workers; a notebook's cells stay together on one worker).
-test: $(STAMP)
+test: $(STAMP) $(LAB_OVERRIDES)
 	$(BIN)/python -m pytest -n 2 --dist loadfile tests course/solutions --nbval $(PYTEST_ARGS)
 
 # Rebuild student and solution notebooks from course/source (LESSONS="00 01" for some).

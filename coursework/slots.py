@@ -599,7 +599,8 @@ def _check_to_bf16(fn):
         before = x.copy()
         with P.use_bf16_rounding(None):
             want = P.round_to_bf16(x)
-        got = fn(x)
+        with np.errstate(all="ignore"):   # the probe holds NaNs and infinities on purpose
+            got = fn(x)
         if not _same_bits(x, before):
             raise SlotError(f"changed the float32 array of shape {x.shape} it was handed: the "
                             f"engine rounds weights and activations it still needs, so work on "

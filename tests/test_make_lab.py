@@ -66,6 +66,12 @@ def test_make_lab_serves_the_course():
             assert r.url.split("?")[0].endswith("/lab/tree/00_start_here.ipynb"), r.url
         assert "00_start_here.ipynb" in names
         assert min(n for n in names if n.endswith(".ipynb")) == "00_start_here.ipynb"
+        notices = (f"http://127.0.0.1:{port}/lab/api/settings/"
+                   f"@jupyterlab/apputils-extension:notification?token={token}")
+        with urllib.request.urlopen(notices, timeout=10) as r:
+            schema = json.load(r)["schema"]["properties"]  # overrides become the defaults
+        assert schema["fetchNews"]["default"] == "false", (
+            f"the course's lab should not ask about or fetch Jupyter news: {schema['fetchNews']}")
         found = _run_in_lab_terminal(port, token, "which pytest python; pwd")
         assert f"{ROOT / 'course'}\r\n" in found, f"the terminal does not start in course/: {found!r}"
         assert f"{VENV_BIN}/pytest" in found and f"{VENV_BIN}/python" in found, (
