@@ -5,7 +5,7 @@ check runs in the notebook, in `pytest --nbval` and in the test suite (which
 also feeds it typical wrong answers and reads the hint it gives).
 """
 from ._core import ExerciseError, attempt, close, passed
-from .pieces import load_piece, pieces_dir, pieces_report, save_piece
+from .pieces import load_piece, pieces_dir, piece_for_slot, save_piece
 
 __all__ = ["ExerciseError", "attempt", "passed", "close", "save_piece", "load_piece",
-           "pieces_report", "pieces_dir"]
+           "piece_for_slot", "pieces_dir"]

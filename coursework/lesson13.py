@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ._core import ExerciseError, attempt, passed
-from .pieces import load_piece, piece_for_slot, piece_or_engine, pieces_report
+from .pieces import piece_for_slot, piece_or_engine
 from .slots import (ADAPTERS, TRAINER_SLOTS, SegmentAdamW, accumulated_gradient, engine_clip,
                     seconds)
 
@@ -31,15 +31,6 @@ EX_STEP = "13.1 (train_step)"
 
 # piece name -> (exercise that saves it, what it replaces in the trainer)
 TRAINER_PIECES = {name: (exercise, role) for name, (exercise, role, _) in TRAINER_SLOTS.items()}
-
-def load_trainer_piece(name: str):
-    """The learner's saved function for `name`, or None if it was never saved."""
-    return load_piece(name)
-
-
-def trainer_pieces_report() -> list[tuple[str, str]]:
-    """For each trainer piece, whose code the trainer will run."""
-    return pieces_report(TRAINER_PIECES)
 
 
 class Trainer:

@@ -295,6 +295,17 @@ def piece_for_slot(name: str):
     return fn, None
 
 
+def piece_or_engine(name: str, exercise: str, engine_version, fallback: str = "the engine's"):
+    """(function, owner) for a slot a lesson runs: the learner's saved piece `name` when it
+    loads and keeps its slot's contract, owner "yours (NN.k)"; else `engine_version`, owner
+    "the engine's, because <why>" (`fallback` names it when it is not the engine's).
+    Never raises."""
+    fn, why = piece_for_slot(name)
+    if fn is not None:
+        return fn, f"yours ({exercise})"
+    return engine_version, f"{fallback}, because {why}"
+
+
 class TapeRun:
     """Which of the learner's lesson 03 rules ran inside the tape, and how often."""
 
@@ -338,30 +349,6 @@ def gradient_checker():
     (`slots.engine_spot_check`, the same calling convention and rows)."""
     from .slots import engine_spot_check
     return piece_or_engine("spot_check", "04.3", engine_spot_check)
-
-
-def pieces_report(names) -> list[tuple[str, str]]:
-    """For each piece name, whose code will run: 'yours', 'reference' (never
-    saved), or 'reference (yours does not load: <error>)'."""
-    report = []
-    for name in names:
-        try:
-            owner = "yours" if load_piece(name) is not None else "reference"
-        except Exception as err:  # e.g. a kernel that used a notebook variable
-            owner = f"reference (yours does not load: {type(err).__name__}: {err})"
-        report.append((name, owner))
-    return report
-
-
-def piece_or_engine(name: str, exercise: str, engine_version, fallback: str = "the engine's"):
-    """(function, owner) for a slot a lesson runs: the learner's saved piece `name` when it
-    loads and keeps its slot's contract, owner "yours (NN.k)"; else `engine_version`, owner
-    "the engine's, because <why>" (`fallback` names it when it is not the engine's).
-    Never raises."""
-    fn, why = piece_for_slot(name)
-    if fn is not None:
-        return fn, f"yours ({exercise})"
-    return engine_version, f"{fallback}, because {why}"
 
 
 def block_count():

@@ -22,9 +22,9 @@ def test_a_saved_numba_kernel_loads_and_a_broken_one_is_reported(tmp_path, monke
     assert np.array_equal(loaded(np.arange(3.0)), [0.0, 2.0, 4.0])
     # a piece whose code refers to a name the notebook had but the file lacks
     (tmp_path / "double.py").write_text("def double(x):\n    return FACTOR * x\nFACTOR_USED = FACTOR\n")
-    report = dict(pieces.pieces_report(["double", "never_written"]))
-    assert report["never_written"] == "reference"
-    assert report["double"].startswith("reference (yours does not load: NameError")
+    assert pieces.piece_for_slot("never_written") == (None, "not written yet")
+    fn, why = pieces.piece_for_slot("double")
+    assert fn is None and why.startswith("yours does not load: NameError")
 
 
 def _write_piece(folder, name, source, function):
