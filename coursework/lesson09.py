@@ -15,6 +15,7 @@ import numpy as np
 from engine.precision import round_to_bf16
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
+from .slots import engine_update_scale
 
 EX_BF16 = "09.1 (to_bf16)"
 EX_MASTER = "09.2 (master_weight_step)"
@@ -94,15 +95,6 @@ def check_to_bf16(to_bf16) -> None:
 
 
 # ------------------------------------------------------------------ 09.3
-def _reference_update(scale, good_steps, finite, growth_interval):
-    if not finite:
-        return scale * 0.5, 0, False
-    good_steps += 1
-    if good_steps >= growth_interval:
-        return scale * 2.0, 0, True
-    return scale, good_steps, True
-
-
 def check_update_scale(update_scale) -> None:
     """update_scale(scale, good_steps, finite, growth_interval)
     -> (new_scale, new_good_steps, apply_step)."""
@@ -116,7 +108,7 @@ def check_update_scale(update_scale) -> None:
         except (TypeError, ValueError):
             raise ExerciseError(EX_SCALE, f"return three values (new_scale, new_good_steps, "
                                 f"apply_step), got {got!r}.") from None
-        want = _reference_update(scale, good, finite, interval)
+        want = engine_update_scale(scale, good, finite, interval)
         if (float(new_scale), int(new_good), bool(apply)) == want:
             continue
         call = (f"update_scale(scale={scale:g}, good_steps={good}, finite={finite}, "

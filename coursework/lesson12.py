@@ -36,6 +36,7 @@ import numpy as np
 from engine.timing import median_seconds
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
+from .slots import engine_master_weight_step, engine_update_scale
 
 EX_CLIP = "12.1 (clip_global_norm)"
 EX_ADAMW = "12.2 (adamw_step)"
@@ -246,27 +247,9 @@ def check_adamw_step(adamw_step, repeats: int = 5) -> None:
 
 
 # ------------------------------------------- lesson 09's pieces, in order
-def engine_update_scale(scale, good_steps, finite, growth_interval):
-    """The engine's loss-scaler rule (engine.precision.DynamicLossScaler) with the calling
-    convention of exercise 09.3: (new_scale, new_good_steps, apply_step)."""
-    from engine.precision import DynamicLossScaler
-    scaler = DynamicLossScaler(init_scale=scale, growth_interval=growth_interval,
-                               min_scale=0.0)
-    scaler.good_steps = int(good_steps)
-    apply = scaler.update(bool(finite))
-    return scaler.scale, scaler.good_steps, apply
-
-
-def engine_master_weight_step(master, grad, lr):
-    """The engine's master-weight SGD step (engine.precision.MixedPrecisionWeights) with the
-    calling convention of exercise 09.2: (new fp32 master, bf16 weights for the forward)."""
-    from engine.precision import MixedPrecisionWeights
-    weights = MixedPrecisionWeights({"w": master}, storage="bf16", master_weights=True)
-    weights.sgd_step({"w": grad}, lr)
-    return weights.master["w"], weights.weights["w"]
-
-
 def _engine_to_bf16(x):
+    # The engine's rounding, imported when called, so that this function stands alone
+    # (exercise 09.1's check can save it as a piece, as it saves the learner's).
     from engine.precision import round_to_bf16
     return round_to_bf16(x)
 

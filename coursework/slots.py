@@ -674,6 +674,27 @@ def _check_update_scale(fn):
                             f"{engine.good_steps}, {applied}")
 
 
+# The engine's versions, with the calling conventions of exercises 09.3 and 09.2.
+def engine_update_scale(scale, good_steps, finite, growth_interval):
+    """The engine's loss-scaler rule (engine.precision.DynamicLossScaler) with the calling
+    convention of exercise 09.3: (new_scale, new_good_steps, apply_step)."""
+    from engine.precision import DynamicLossScaler
+    scaler = DynamicLossScaler(init_scale=scale, growth_interval=growth_interval,
+                               min_scale=0.0)
+    scaler.good_steps = int(good_steps)
+    apply = scaler.update(bool(finite))
+    return scaler.scale, scaler.good_steps, apply
+
+
+def engine_master_weight_step(master, grad, lr):
+    """The engine's master-weight SGD step (engine.precision.MixedPrecisionWeights) with the
+    calling convention of exercise 09.2: (new fp32 master, bf16 weights for the forward)."""
+    from engine.precision import MixedPrecisionWeights
+    weights = MixedPrecisionWeights({"w": master}, storage="bf16", master_weights=True)
+    weights.sgd_step({"w": grad}, lr)
+    return weights.master["w"], weights.weights["w"]
+
+
 CONTRACTS.update({"checkpoint_replay": _check_checkpoint_replay, "to_bf16": _check_to_bf16,
                   "master_weight_step": _check_master_weight_step,
                   "update_scale": _check_update_scale})
