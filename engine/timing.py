@@ -42,6 +42,15 @@ def median_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
     return float(np.median(times))
 
 
+def sgemm_flops(n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of one n x n x n float32 product through SciPy's BLAS (its default
+    threads), median of `repeats`: the ceiling of any matmul on this machine."""
+    from scipy.linalg import blas
+    a = np.asfortranarray(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
+    seconds = median_seconds(lambda: blas.sgemm(1.0, a, a), repeats, warmup=1)
+    return 2 * n ** 3 / seconds
+
+
 def _openblas_entry_points(names):
     """(library path, function) for every OpenBLAS mapped into this process that
     has one of `names`, SciPy's first (it runs the engine's matrix products);

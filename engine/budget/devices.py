@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..timing import sgemm_flops
+
 GiB = 2 ** 30
 
 
@@ -51,18 +53,6 @@ def device_figures(cfg) -> tuple[int, float] | None:
     if not memory and not flops:
         return None
     return memory, flops
-
-
-def sgemm_flops(n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of one n x n x n float32 product through SciPy's BLAS (its
-    default threads): the ceiling of any matmul on this machine."""
-    import numpy as np
-    from scipy.linalg import blas
-
-    from ..timing import median_seconds
-    a = np.asfortranarray(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
-    seconds = median_seconds(lambda: blas.sgemm(1.0, a, a), repeats, warmup=1)
-    return 2 * n ** 3 / seconds
 
 
 def machine_memory() -> int:

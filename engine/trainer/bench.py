@@ -48,7 +48,7 @@ import time
 import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
-from ..timing import median_seconds
+from ..timing import median_seconds, sgemm_flops
 
 
 # --------------------------------------------------------------- the torch twin
@@ -162,15 +162,6 @@ def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
     if pool is not None:
         pool.shutdown()
     return {"flops": flops, "seconds": seconds, "gflops": flops / seconds / 1e9}
-
-
-def machine_sgemm_rate(n: int = 1024, repeats: int = 5) -> float:
-    """GFLOP/s of one large float32 product (n x n x n) through SciPy's BLAS with
-    its default threads: the machine's ceiling for any matmul here."""
-    from scipy.linalg import blas
-    a = np.asfortranarray(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
-    seconds = median_seconds(lambda: blas.sgemm(1.0, a, a), repeats, warmup=1)
-    return 2 * n ** 3 / seconds / 1e9
 
 
 # ------------------------------------------------------------ activation memory
@@ -328,7 +319,7 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
                           n_threads, thread_mode, replicas, thread_info, seed, data, say,
                           attention, block, alone)
         restore_threads(thread_info)                  # BLAS back to its own threads
-        report["linear"]["machine_sgemm_gflops"] = machine_sgemm_rate()
+        report["linear"]["machine_sgemm_gflops"] = sgemm_flops() / 1e9
         return report
     finally:
         restore_threads(thread_info)
