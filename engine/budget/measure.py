@@ -1,8 +1,10 @@
 """Measure a model's activation bytes on the tape (engine.memory), to check the prediction."""
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 
+from ..tensor import TapeObserver
 from .config import BudgetConfig, BudgetError
 from .counts import flops
 from .activations import engine_activations
@@ -34,26 +36,27 @@ def measurable(cfg: BudgetConfig) -> BudgetConfig:
     return run
 
 
-class _StepProgress:
+class _StepProgress(TapeObserver):
     """Counts the tape's events (each forward op, each node the backward visits) of a step
     whose total is known, and reports (fraction done, seconds left) at most every 0.2 s."""
 
     def __init__(self, total: int, report):
-        import time
-        self.total, self.report, self.clock = max(total, 1), report, time.perf_counter
-        self.done, self.start, self.last = 0, self.clock(), 0.0
+        self.total, self.report = max(total, 1), report
+        self.done, self.start, self.last = 0, time.perf_counter(), 0.0
 
-    def tick(self, *args, **kwargs) -> None:
+    def _tick(self) -> None:
         self.done += 1
-        now = self.clock()
+        now = time.perf_counter()
         if now - self.last >= 0.2:
             self.last = now
             fraction = min(self.done / self.total, 1.0)
-            left = (now - self.start) * (1 - fraction) / fraction
-            self.report(fraction, left)
+            self.report(fraction, (now - self.start) * (1 - fraction) / fraction)
 
-    after_forward = after_backward = tick
-    before_forward = lambda self, op: None
+    def after_forward(self, op, inputs, result, recorded) -> None:
+        self._tick()
+
+    def after_backward(self, node, g, grads, released) -> None:
+        self._tick()
 
 
 def _tape_step(run: BudgetConfig, seed: int, observers=()):
