@@ -100,13 +100,15 @@ def check_prompt(config: TrainConfig, tokenizer: CharTokenizer) -> None:
 
 
 # -------------------------------------------------------------------- memory
-def step_bytes(cfg, batch_size: int, itemsize: int, checkpointing: bool) -> int:
+def step_bytes(cfg, batch_size: int, itemsize: int, checkpointing: bool,
+               attention: str = "standard") -> int:
     """Bytes of engine.trainer.model.StepBuffers for a micro-batch of batch_size
     sequences of cfg.block_size tokens (tests compare it with the real buffers)."""
     B, T, C, V, H, L = (batch_size, cfg.block_size, cfg.n_embd, cfg.vocab_size, cfg.n_head,
                         cfg.n_layer)
     N = B * T
-    per_layer = 15 * N * C + 4 * N + B * H * T * T      # LayerBuffers
+    kept = B * H * T if attention == "flash" else B * H * T * T   # lse rows, or P
+    per_layer = 15 * N * C + 4 * N + kept               # LayerBuffers
     layer_sets = 1 if checkpointing else L
     stream = (L + 1) * N * C
     final = N * C + 2 * N + N * V + N                   # lnf, its mean and rstd, logits, losses
@@ -125,9 +127,9 @@ def training_bytes(config: TrainConfig, vocab_size: int, local_batch: int,
     grads = P * n_replicas + (P if n_replicas > 1 else 0)
     parts = {"weights and AdamW moments": 3 * P, "gradients": grads,
              "activations": n_replicas * step_bytes(cfg, local_batch // n_replicas, item,
-                                                    config.checkpointing)}
+                                                    config.checkpointing, config.attention)}
     if config.prompt is not None:
-        parts["sampling copy"] = P + step_bytes(cfg, 1, item, False)
+        parts["sampling copy"] = P + step_bytes(cfg, 1, item, False)   # samples with the standard kernel
     return parts
 
 

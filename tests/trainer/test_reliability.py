@@ -339,13 +339,24 @@ def test_resuming_with_no_steps_left_is_an_error(checkpoint, corpus, capsys):
 def test_the_memory_estimate_matches_the_buffers_the_model_allocates():
     from engine.trainer.model import StepBuffers
     cfg = T.TrainConfig(n_layer=2, n_head=2, n_embd=16, block_size=8).model_config(11)
-    for checkpointing in (False, True):
-        for dtype in (np.float32, np.float64):
-            real = StepBuffers(cfg, 3, cfg.block_size, dtype, checkpointing)
-            total = sum(a.nbytes for a in vars(real).values() if isinstance(a, np.ndarray))
-            total += sum(s.nbytes() for s in real.layer_sets)
-            assert preflight.step_bytes(cfg, 3, np.dtype(dtype).itemsize,
-                                        checkpointing) == total
+    for attention in ("standard", "flash"):
+        for checkpointing in (False, True):
+            for dtype in (np.float32, np.float64):
+                real = StepBuffers(cfg, 3, cfg.block_size, dtype, checkpointing, attention)
+                total = sum(a.nbytes for a in vars(real).values() if isinstance(a, np.ndarray))
+                total += sum(s.nbytes() for s in real.layer_sets)
+                assert preflight.step_bytes(cfg, 3, np.dtype(dtype).itemsize, checkpointing,
+                                            attention) == total, (attention, checkpointing)
+
+
+def test_the_memory_estimate_of_a_flash_run_counts_no_t_by_t_probabilities():
+    standard = T.TrainConfig(batch_size=8, block_size=1024)
+    flash = T.TrainConfig(batch_size=8, block_size=1024, attention="flash")
+    acts = {c.attention: preflight.training_bytes(c, 100, 8, 2)["activations"]
+            for c in (standard, flash)}
+    cfg = standard.model_config(100)
+    probabilities = 4 * 8 * cfg.n_head * 1024 * (1024 - 1) * cfg.n_layer   # P, less the lse
+    assert acts["standard"] - acts["flash"] == probabilities
 
 
 def test_the_memory_check_refuses_what_does_not_fit():
