@@ -73,8 +73,19 @@ def test_gelu_backward_may_overwrite_its_input_gradient(rng):
 
 
 # ------------------------------------------------------------------ attention
-@pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32)])
-def test_attention_equals_masked_softmax_reference(rng, B, T, H, C):
+@pytest.fixture(params=["one thread: BLAS per head", "threads: tiles in parallel"])
+def attention_build(request, monkeypatch):
+    """Run the attention test once on each build, whatever this machine's thread count."""
+    from engine.trainer.kernels import attention
+    one_thread = request.param.startswith("one thread")
+    monkeypatch.setattr(attention, "_one_thread", lambda: one_thread)
+    return request.param
+
+
+# T = 150: three blocks of query rows (64, 64, 22) in the BLAS build
+@pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32),
+                                     (1, 150, 2, 8)])
+def test_attention_equals_masked_softmax_reference(rng, attention_build, B, T, H, C):
     qkv = rng.standard_normal((B, T, 3 * C))
     out, probs = F.attention_forward(qkv, H)
     want, want_p = ref.attention(qkv, H)
@@ -85,6 +96,31 @@ def test_attention_equals_masked_softmax_reference(rng, B, T, H, C):
     assert rel(dqkv, ref.attention_grad(dout, qkv, H)) < RTOL
     loss = lambda z: float((ref.attention(z, H)[0] * dout).sum())  # noqa: E731
     assert ref.directional_check(loss, qkv, dqkv, rng) < 1e-6
+
+
+def test_attention_builds_agree_and_the_thread_count_picks_one(rng, monkeypatch):
+    """The replicas (one numba thread each) run the BLAS build; more threads, the
+    tiles. Same numbers to float32 rounding, and each build repeats its bits."""
+    import numba
+    from engine.trainer.kernels import attention
+    qkv = rng.standard_normal((2, 96, 3 * 32)).astype(np.float32)
+    dout = rng.standard_normal((2, 96, 32)).astype(np.float32)
+    runs = {}
+    for one_thread in (True, False):
+        monkeypatch.setattr(attention, "_one_thread", lambda: one_thread)
+        out, probs = F.attention_forward(qkv, 4)
+        runs[one_thread] = (out, probs, F.attention_backward(dout, qkv, probs))
+        again = F.attention_forward(qkv, 4)[0]
+        assert np.array_equal(again, out), "a build must give the same bits every call"
+    for blas, tiles in zip(runs[True], runs[False]):
+        assert rel(blas, tiles) < 1e-5
+    monkeypatch.undo()
+    previous = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        assert attention._one_thread()
+    finally:
+        numba.set_num_threads(previous)
 
 
 # ------------------------------------------------------------------ cross-entropy

@@ -16,24 +16,41 @@ The softmax backward is the O(T^2) form above, one dot product per row, never
 the (T x T) Jacobian per row. P is saved (B, H, T, T) for the backward; its
 upper triangle stays zero.
 
-Speed. The B*H pairs run in parallel (`prange`). Each pair copies its slices
-into small zero-padded tiles (rows padded to a multiple of 16, the float32
-vector width on AVX-512), so every product is a dense tile product with
-lengths the compiler can vectorise, and the causal mask becomes "skip the
-column blocks past the diagonal": half the multiply-adds of the full square.
-`_rows4_product` computes four output rows at once so each row of the right
-operand, once loaded, feeds four multiply-adds.
+Two builds, chosen by how many numba threads the caller has:
+
+* One thread (every model replica of the trainer's default): the (batch,
+  head) pairs run one after another, and every product is a BLAS call on
+  the head's slices of the QKV buffer, read in place (linear.gemm_kernel
+  takes row strides). Causality is blocked: query rows go in blocks of
+  ROW_BLOCK, and block [r0, r1) only multiplies keys 0 ... r1-1, so the
+  products skip all but the diagonal block's upper half. What is left
+  between the products is the softmax and its backward, row by row.
+* Several threads (`--thread-mode kernels`): the pairs run in parallel
+  (`prange`). BLAS must not run inside a prange (its threads would nest in
+  numba's), so each pair copies its slices into small zero-padded tiles
+  (rows padded to a multiple of 16, the float32 vector width on AVX-512)
+  and multiplies them with hand-written loops; `_rows4_product` computes
+  four output rows at once so each row of the right operand, once loaded,
+  feeds four multiply-adds.
+
+Both builds share the row-wise softmax and softmax backward. They agree to
+rounding (BLAS sums in its own order), not bit for bit; each is
+deterministic on its own.
 """
 from __future__ import annotations
 
 import numpy as np
 
+import numba
+
 from ._buffers import float_dtype, output
+from .linear import gemm_kernel
 from ._lanes import row_dot, row_max, row_sum
-from ...numba_config import kernel, parallel_kernel, prange
+from ...numba_config import kernel, parallel_only_kernel, prange
 from ...fast_math import exp
 
-TILE = 16   # column padding: one AVX-512 register of float32
+TILE = 16        # column padding of the tile build: one AVX-512 register of float32
+ROW_BLOCK = 64   # query rows per BLAS product in the one-thread build
 
 
 @kernel
@@ -107,29 +124,43 @@ def _transposed_times_lower(out_t, xt, m, Tp):
 
 
 @kernel
+def _softmax_causal_row(row, i, width, end):
+    """row[:end] becomes softmax(row[:i+1]) followed by zeros; row[:width]
+    (width > i) holds computed scores.
+
+    The exponentials run over all `width` entries and the masked ones are
+    zeroed afterwards: a mask inside the loop (`exp(..) if j <= i else 0`)
+    kept the exp loop from vectorising (1.9 against 0.8 ns an element). The
+    row's maximum and sum go through the lane reductions of `_lanes` (a
+    plain `total += e` would keep a loop scalar too)."""
+    one = row.dtype.type(1)
+    m = row_max(row, i + 1)
+    for j in range(width):
+        row[j] = exp(row[j] - m)
+    row[i + 1:end] = one - one
+    inv = one / row_sum(row, width)
+    for j in range(width):
+        row[j] *= inv
+
+
+@kernel
+def _softmax_backward_row(p, d, t, width, scale):
+    """d[:width] = scale * p * (d - sum(p * d)), dS from dP for row t
+    (p is zero past t, so the whole width needs no mask)."""
+    dot = row_dot(p, d, t + 1)
+    for j in range(width):
+        d[j] = scale * p[j] * (d[j] - dot)
+
+
+@kernel
 def _softmax_causal_rows(s, T):
-    """Row i of s becomes softmax(s[i, :i+1]), zeros after the diagonal.
+    """Row i of the tile s becomes softmax(s[i, :i+1]), zeros after the diagonal.
 
     Only the column blocks that `_causal_rows_times` wrote are read: up to
-    width = i + 1 rounded up to TILE. The exponentials run over that whole
-    width and the masked part is then multiplied away: loops of one fixed
-    length vectorise completely, while loops of length i + 1 leave a scalar
-    remainder in every row. The row's maximum and sum go through the lane
-    reductions of `_lanes` (a plain `total += e` would keep the exp loop
-    scalar too)."""
-    Tp = s.shape[1]
-    one = s.dtype.type(1)
-    zero = one - one
+    width = i + 1 rounded up to TILE (loops of one fixed multiple vectorise
+    completely, while loops of length i + 1 leave a scalar remainder)."""
     for i in range(T):
-        row = s[i]
-        width = _padded(i + 1, TILE)
-        m = row_max(row, i + 1)
-        for j in range(width):
-            row[j] = exp(row[j] - m) if j <= i else zero
-        inv = one / row_sum(row, width)
-        for j in range(width):
-            row[j] *= inv
-        row[width:Tp] = zero
+        _softmax_causal_row(s[i], i, _padded(i + 1, TILE), s.shape[1])
 
 
 @kernel
@@ -202,10 +233,9 @@ def _head_backward(dy, qkv, probs, dqkv, b, h):
     ds = _tile(Tp, Tp, qkv)
     _causal_rows_times(ds, g, vt, Tp)           # dP = dY V^T
     for t in range(Tp):                         # dS = scale * P * (dP - rowsum(P * dP))
-        dot = row_dot(p[t], ds[t], t + 1)
-        for j in range(t + 1):
-            ds[t, j] = scale * p[t, j] * (ds[t, j] - dot)
-        ds[t, t + 1:] = 0
+        width = _padded(t + 1, TILE)            # the columns dP was computed for
+        _softmax_backward_row(p[t], ds[t], t, width, scale)
+        ds[t, width:] = 0
     dq = _tile(Tp, hp, qkv)
     _lower_times(dq, ds, k, Tp)                 # dQ = dS K
     dkt = _tile(hp, Tp, qkv)
@@ -220,18 +250,88 @@ def _head_backward(dy, qkv, probs, dqkv, b, h):
             dqkv[r, 2 * C + h * hs + d] = dvt[d, t]
 
 
-@parallel_kernel
-def attention_forward_kernel(qkv, y, probs):
+@parallel_only_kernel
+def attention_forward_tiles(qkv, y, probs):
     B, H = probs.shape[0], probs.shape[1]
     for task in prange(B * H):                  # every (batch, head) pair is independent
         _head_forward(qkv, y, probs, task // H, task % H)
 
 
-@parallel_kernel
-def attention_backward_kernel(dy, qkv, probs, dqkv):
+@parallel_only_kernel
+def attention_backward_tiles(dy, qkv, probs, dqkv):
     B, H = probs.shape[0], probs.shape[1]
     for task in prange(B * H):
         _head_backward(dy, qkv, probs, dqkv, task // H, task % H)
+
+
+@kernel
+def _head_views(m, b, h, T, hs, C):
+    """Head h's (T, hs) slices of batch b in a (B*T, 3C) array: Q, K, V (or dQ, dK, dV)."""
+    rows = m[b * T:(b + 1) * T]
+    return (rows[:, h * hs:(h + 1) * hs], rows[:, C + h * hs:C + (h + 1) * hs],
+            rows[:, 2 * C + h * hs:2 * C + (h + 1) * hs])
+
+
+@kernel
+def _width8(i, r1):
+    """Columns a row i handles: i + 1 rounded up to a multiple of 8 (one vector), at most r1."""
+    return min((i + 8) // 8 * 8, r1)
+
+
+@kernel
+def attention_forward_blas(qkv, y, probs):
+    """The one-thread build: per head, per block of query rows, S = scale Q K^T
+    and Y = P V as BLAS products on the keys that block can see."""
+    B, H, T = probs.shape[0], probs.shape[1], probs.shape[2]
+    C = y.shape[1]
+    hs = C // H
+    one = qkv.dtype.type(1)
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    for b in range(B):
+        for h in range(H):
+            q, k, v = _head_views(qkv, b, h, T, hs, C)
+            yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
+            p = probs[b, h]
+            for r0 in range(0, T, ROW_BLOCK):
+                r1 = min(r0 + ROW_BLOCK, T)
+                gemm_kernel(q[r0:r1], k[:r1], p[r0:r1, :r1], False, True, scale, 0.0)
+                for i in range(r0, r1):
+                    _softmax_causal_row(p[i], i, _width8(i, r1), T)
+                gemm_kernel(p[r0:r1, :r1], v[:r1], yh[r0:r1], False, False, one, 0.0)
+
+
+@kernel
+def attention_backward_blas(dy, qkv, probs, dqkv):
+    """The one-thread build of the backward, block of query rows by block:
+    dP = dY V^T, dS, then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the
+    keys the block saw. Scratch: one (ROW_BLOCK, T) block of dS."""
+    B, H, T = probs.shape[0], probs.shape[1], probs.shape[2]
+    C = dy.shape[1]
+    hs = C // H
+    one = qkv.dtype.type(1)
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    ds = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
+    for b in range(B):
+        for h in range(H):
+            q, k, v = _head_views(qkv, b, h, T, hs, C)
+            dq, dk, dv = _head_views(dqkv, b, h, T, hs, C)
+            g = dy[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
+            p = probs[b, h]
+            dk[:, :] = 0
+            dv[:, :] = 0
+            for r0 in range(0, T, ROW_BLOCK):
+                r1 = min(r0 + ROW_BLOCK, T)
+                d = ds[:r1 - r0, :r1]
+                gemm_kernel(g[r0:r1], v[:r1], d, False, True, one, 0.0)          # dP = dY V^T
+                for t in range(r0, r1):
+                    _softmax_backward_row(p[t], d[t - r0], t, r1, scale)        # dS, in place
+                gemm_kernel(d, k[:r1], dq[r0:r1], False, False, one, 0.0)       # dQ = dS K
+                gemm_kernel(d, q[r0:r1], dk[:r1], True, False, one, 1.0)        # dK += dS^T Q
+                gemm_kernel(p[r0:r1, :r1], g[r0:r1], dv[:r1], True, False, one, 1.0)  # dV += P^T dY
+
+
+def _one_thread() -> bool:
+    return numba.get_num_threads() == 1
 
 
 def _check_qkv(kernel_name, qkv, n_head):
@@ -253,7 +353,8 @@ def attention_forward(qkv, n_head, *, out=None, probs=None):
     B, T, C = _check_qkv(name, qkv, n_head)
     out = output(name, "out", out, (B, T, C), dtype)
     probs = output(name, "probs", probs, (B, n_head, T, T), dtype)
-    attention_forward_kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), probs)
+    kernel = attention_forward_blas if _one_thread() else attention_forward_tiles
+    kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), probs)
     return out, probs
 
 
@@ -266,6 +367,7 @@ def attention_backward(dout, qkv, probs, *, dqkv=None):
         raise ValueError(f"{name}: dout {dout.shape} and probs {probs.shape} do not fit "
                          f"qkv {qkv.shape}; expected ({B}, {T}, {C}) and ({B}, H, {T}, {T})")
     dqkv = output(name, "dqkv", dqkv, qkv.shape, dtype)
-    attention_backward_kernel(np.ascontiguousarray(dout).reshape(B * T, C),
-                              qkv.reshape(B * T, 3 * C), probs, dqkv.reshape(B * T, 3 * C))
+    kernel = attention_backward_blas if _one_thread() else attention_backward_tiles
+    kernel(np.ascontiguousarray(dout).reshape(B * T, C),
+           qkv.reshape(B * T, 3 * C), probs, dqkv.reshape(B * T, 3 * C))
     return dqkv

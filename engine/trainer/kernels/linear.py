@@ -38,19 +38,25 @@ _dgemm = types.ExternalFunction("engine_fused_dgemm", _GEMM_SIGNATURE)
 
 
 @kernel
-def gemm_kernel(a, b, out, trans_a, trans_b, beta):
-    """out = op(a) @ op(b) + beta * out, for C-contiguous 2-D a, b, out."""
+def gemm_kernel(a, b, out, trans_a, trans_b, alpha, beta):
+    """out = alpha op(a) @ op(b) + beta out, for 2-D arrays whose rows are
+    contiguous: whole C-ordered arrays, or slices of them (the rows of one
+    attention head inside the QKV buffer). Each row stride becomes the
+    routine's leading dimension, so a slice is read in place, never copied."""
     m, n = out.shape
     k = a.shape[0] if trans_a else a.shape[1]
+    item = out.itemsize
     # Fortran arguments are pointers, so every scalar travels in a 1-element array.
     flags = np.array([ord("T") if trans_b else ord("N"), ord("T") if trans_a else ord("N")],
                      np.int8)
-    dims = np.array([n, m, k, b.shape[1], a.shape[1], n], np.int32)   # n m k ldb lda ldc
-    scalars = np.array([1.0, beta], out.dtype)                         # alpha, beta
+    dims = np.array([n, m, k, b.strides[0] // item, a.strides[0] // item,
+                     out.strides[0] // item], np.int32)                # n m k ldb lda ldc
+    scalars = np.empty(2, out.dtype)
+    scalars[0], scalars[1] = alpha, beta
     args = (flags[0:1].ctypes, flags[1:2].ctypes, dims[0:1].ctypes, dims[1:2].ctypes,
             dims[2:3].ctypes, scalars[0:1].ctypes, b.ctypes, dims[3:4].ctypes, a.ctypes,
             dims[4:5].ctypes, scalars[1:2].ctypes, out.ctypes, dims[5:6].ctypes)
-    if out.itemsize == 4:   # float32
+    if item == 4:   # float32
         _sgemm(*args)
     else:
         _dgemm(*args)
@@ -72,7 +78,7 @@ def gemm(a, b, out, *, trans_a=False, trans_b=False, accumulate=False):
             if not accumulate:
                 out[...] = 0
         else:
-            gemm_kernel(a, b, out, trans_a, trans_b, 1.0 if accumulate else 0.0)
+            gemm_kernel(a, b, out, trans_a, trans_b, 1.0, 1.0 if accumulate else 0.0)
     return out
 
 
