@@ -307,7 +307,7 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         thread_mode = "kernels"                 # numba's workqueue layer: one model only
     if thread_mode == "replicas":
         replicas = max(d for d in range(1, n_threads + 1) if batch_size % d == 0)
-        thread_info = set_threads(1)
+        thread_info = set_threads(n_threads, blas=1)   # replicas: one numba thread each
     else:
         replicas = 1
         thread_info = set_threads(n_threads)

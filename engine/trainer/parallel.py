@@ -37,6 +37,8 @@ import os
 
 import numpy as np
 
+from .kernels.threads import one_numba_thread
+
 INSTALL_HINT = ("pip install -e '.[mpi]'   (installs mpi4py and MPICH; with conda: "
                 "conda install -c conda-forge mpi4py mpich)")
 
@@ -193,7 +195,8 @@ class ThreadReplicas:
     def _each(self, fn):
         """fn(replica index) on every replica, replica 0 on the calling thread."""
         futures = [self._workers().submit(fn, r) for r in range(1, self.n)]
-        first = fn(0)
+        with one_numba_thread():               # replica 0 runs here, on the calling thread
+            first = fn(0)
         return [first] + [f.result() for f in futures]
 
     def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, last: bool = True,
@@ -205,8 +208,9 @@ class ThreadReplicas:
         called once per bucket: the MPI all-reduce starts from here."""
         scale = loss_scale / self.n
         if self.n == 1:
-            return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
-                                                     grad_ready=grad_ready)
+            with one_numba_thread():
+                return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
+                                                         grad_ready=grad_ready)
         summing = _BucketSum(self) if last else None
 
         def one(r):
@@ -244,6 +248,9 @@ class ThreadReplicas:
             total += m.grads.flat[start:stop]
 
     def loss(self, ids, targets) -> float:
+        if self.n == 1:
+            with one_numba_thread():
+                return self.replicas[0].loss(ids, targets)
         losses = self._each(lambda r: self.replicas[r].loss(ids[self.rows[r]],
                                                             targets[self.rows[r]]))
         return float(np.mean(losses))

@@ -163,7 +163,7 @@ def _threads(config, rank, world_size):
         config = dataclasses.replace(config, thread_mode="kernels")   # workqueue layer only
     if config.thread_mode == "replicas":
         n_replicas = max(d for d in range(1, n_threads + 1) if local_batch % d == 0)
-        thread_info = set_threads(1)
+        thread_info = set_threads(n_threads, blas=1)   # replicas: one numba thread each
     else:
         n_replicas = 1
         thread_info = set_threads(n_threads)

@@ -6,28 +6,45 @@ data parallelism with several processes on one machine, each process must
 take its share of the cores, or the pools of all processes fight over them
 and every barrier waits for a thread that is not running.
 
-`set_threads(n)` sets both pools. The BLAS pool is reached through the
+`set_threads(n)` sets both pools (`set_threads(n, blas=1)`: n numba threads,
+single-threaded BLAS, as the trainer's replicas want: each replica runs
+its kernels under `one_numba_thread()`, and what runs between replicas,
+the gradient norm and the AdamW update, uses all n). The BLAS pool is reached through the
 `openblas_set_num_threads` entry point of every OpenBLAS loaded (numpy's and
 SciPy's; engine.timing); with another BLAS (MKL, Accelerate) that part is
 skipped and reported.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numba
 
 from ...timing import blas_threads, restore_blas_threads, set_blas_threads
 
-def set_threads(n: int) -> dict:
-    """Use n threads in numba kernels (on the calling thread) and in BLAS;
-    returns what was set, including the previous values (for restore_threads)."""
+def set_threads(n: int, *, blas: int | None = None) -> dict:
+    """Use n threads in numba kernels (on the calling thread) and `blas` (default
+    n) in BLAS; returns what was set, including the previous values (for
+    restore_threads)."""
     n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
-    previous = {"numba": numba.get_num_threads(), "blas": set_blas_threads(n)}
+    blas = n if blas is None else max(1, int(blas))
+    previous = {"numba": numba.get_num_threads(), "blas": set_blas_threads(blas)}
     numba.set_num_threads(n)
-    blas = blas_threads()
-    return {"numba": n, "blas": blas, "blas_library": next(iter(previous["blas"]), None),
+    return {"numba": n, "blas": blas_threads(), "blas_library": next(iter(previous["blas"]), None),
             "previous": previous}
+
+
+@contextlib.contextmanager
+def one_numba_thread():
+    """Run the block with one numba thread on the calling thread (a model replica's
+    work), then give the calling thread back its previous count."""
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
 
 
 def restore_threads(info: dict) -> None:
