@@ -21,8 +21,11 @@ All kernels run in float32 (training) and float64 (gradient checks): numba
 compiles one version per dtype on first use and caches it on disk. Each
 `prange` kernel has a parallel and a serial build (engine.numba_config.
 ParallelKernel); a caller on one numba thread, as every model replica is,
-runs and compiles only the serial one. Row reductions go through the
-written-out lanes of `_lanes` (vectorised, same bits on every compile).
+runs and compiles only the serial one. Attention's one-thread build is a
+different algorithm, not a copy: BLAS products on each head's slices
+(attention.py says why the threaded build cannot call BLAS). Row
+reductions go through the written-out lanes of `_lanes` (vectorised, same
+bits on every compile).
 
 `engine.trainer.kernels.threads.set_threads(n)` sets both thread pools a step uses
 (numba's and BLAS's); see engine/trainer/parallel.py for why the trainer prefers one
