@@ -21,6 +21,8 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
   reordering written into the source (eight partial sums in a fixed
   order), which every compile honours alike. (Without fast-math's "no NaN, no Inf"
   assumptions a NaN in the loss survives to be reported, as before.)
+* Vectors: numba's loops may use 512-bit registers where the CPU has them
+  (`_full_width_vectors`).
 * Threads: the `omp` threading layer starts a parallel loop in about 2 us
   against about 70 us for numba's own `workqueue`; with dozens of parallel
   loops per training step that difference is visible, so we ask for it when
@@ -48,7 +50,30 @@ def _quiet_idle_threads() -> None:
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")   # 2**4 cycles, then sleep
 
 
+def _full_width_vectors() -> None:
+    """Let LLVM use the CPU's full vector width (512 bits with AVX-512).
+
+    LLVM's tuning for Intel's AVX-512 server CPUs prefers 256-bit vectors
+    (older ones lowered their clock for 512-bit code), so numba's loops used
+    half the registers' width. Measured here (Emerald Rapids, one thread,
+    float32): bias + GELU forward 0.79 -> 0.59 ms, backward 1.10 -> 0.87 ms
+    for a (1024, 512) array. Same bits either way: without fast-math the
+    vector width changes how many elements a loop does at once, never the
+    order of any sum (the lanes of `_lanes` are written out). Skipped when
+    the user chose a CPU (NUMBA_CPU_NAME) or its features (NUMBA_CPU_FEATURES),
+    as CI's run on the AVX2 code paths does, and on CPUs without AVX-512."""
+    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
+        return
+    import llvmlite.binding as llvm
+    import numba.core.config
+    features = llvm.get_host_cpu_features().flatten()
+    if "+avx512f" in features.split(","):
+        os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+        numba.core.config.reload_config()     # numba read its settings when engine imported it
+
+
 _quiet_idle_threads()
+_full_width_vectors()
 
 import numba  # noqa: E402
 
