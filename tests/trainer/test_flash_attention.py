@@ -1,6 +1,7 @@
-"""The tiled attention kernel equals the textbook attention (float64, 1e-10
-relative), passes a central-difference check, keeps O(T) numbers per head, and
-gives a FusedGPT the same gradients as the standard kernel."""
+"""The flash attention kernel, in both builds (BLAS per head for one thread,
+tiles in parallel), equals the textbook attention (float64, 1e-10 relative),
+passes a central-difference check, keeps O(T) numbers per head, and gives a
+FusedGPT the same gradients as the standard kernel."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,12 +27,14 @@ def rng():
 
 # odd T, T not a multiple of the tile, T of exactly one and of several tiles,
 # one head, head size 1
+# (and, for the BLAS build, T = 150: query-row blocks of 64, 64 and 22)
 SHAPES = [(2, 7, 2, 6), (1, 33, 3, 12), (2, TILE, 4, 8), (1, 2 * TILE + 5, 1, 5),
-          (2, 19, 3, 3), (1, 1, 1, 1), (1, 3 * TILE, 2, 40)]
+          (2, 19, 3, 3), (1, 1, 1, 1), (1, 3 * TILE, 2, 40), (1, 150, 2, 8)]
 
 
 @pytest.mark.parametrize("B,T,H,C", SHAPES)
-def test_flash_forward_equals_reference_and_saves_the_row_logsumexp(rng, B, T, H, C):
+def test_flash_forward_equals_reference_and_saves_the_row_logsumexp(rng, attention_build,
+                                                                   B, T, H, C):
     qkv = rng.standard_normal((B, T, 3 * C)) * 2
     out, lse = F.flash_attention_forward(qkv, H)
     want, _ = ref.attention(qkv, H)
@@ -45,7 +48,8 @@ def test_flash_forward_equals_reference_and_saves_the_row_logsumexp(rng, B, T, H
 
 
 @pytest.mark.parametrize("B,T,H,C", SHAPES)
-def test_flash_backward_equals_reference_and_passes_gradcheck(rng, B, T, H, C):
+def test_flash_backward_equals_reference_and_passes_gradcheck(rng, attention_build,
+                                                              B, T, H, C):
     qkv = rng.standard_normal((B, T, 3 * C))
     out, lse = F.flash_attention_forward(qkv, H)
     dout = rng.standard_normal(out.shape)
@@ -55,14 +59,14 @@ def test_flash_backward_equals_reference_and_passes_gradcheck(rng, B, T, H, C):
     assert ref.directional_check(loss, qkv, dqkv, rng) < 1e-6
 
 
-def test_flash_survives_large_scores(rng):
+def test_flash_survives_large_scores(rng, attention_build):
     """The running maximum keeps exp from overflowing where a naive softmax would."""
     qkv = rng.standard_normal((1, 40, 3 * 8)) * 30
     out, lse = F.flash_attention_forward(qkv, 2)
     assert np.all(np.isfinite(out)) and rel(out, ref.attention(qkv, 2)[0]) < RTOL
 
 
-def test_float32_flash_matches_the_standard_kernel(rng):
+def test_float32_flash_matches_the_standard_kernel(rng, attention_build):
     qkv = rng.standard_normal((2, 45, 3 * 32)).astype(np.float32)
     dout = rng.standard_normal((2, 45, 32)).astype(np.float32)
     out, probs = F.attention_forward(qkv, 4)

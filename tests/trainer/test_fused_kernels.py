@@ -73,15 +73,6 @@ def test_gelu_backward_may_overwrite_its_input_gradient(rng):
 
 
 # ------------------------------------------------------------------ attention
-@pytest.fixture(params=["one thread: BLAS per head", "threads: tiles in parallel"])
-def attention_build(request, monkeypatch):
-    """Run the attention test once on each build, whatever this machine's thread count."""
-    from engine.trainer.kernels import attention
-    one_thread = request.param.startswith("one thread")
-    monkeypatch.setattr(attention, "_one_thread", lambda: one_thread)
-    return request.param
-
-
 # T = 150: three blocks of query rows (64, 64, 22) in the BLAS build
 @pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32),
                                      (1, 150, 2, 8)])
@@ -102,23 +93,24 @@ def test_attention_builds_agree_and_the_thread_count_picks_one(rng, monkeypatch)
     """The replicas (one numba thread each) run the BLAS build; more threads, the
     tiles. Same numbers to float32 rounding, and each build repeats its bits."""
     import numba
-    from engine.trainer.kernels import attention
+    from engine.trainer.kernels import threads
     qkv = rng.standard_normal((2, 96, 3 * 32)).astype(np.float32)
     dout = rng.standard_normal((2, 96, 32)).astype(np.float32)
     runs = {}
     for one_thread in (True, False):
-        monkeypatch.setattr(attention, "_one_thread", lambda: one_thread)
+        monkeypatch.setattr(threads, "single_threaded", lambda: one_thread)
         out, probs = F.attention_forward(qkv, 4)
-        runs[one_thread] = (out, probs, F.attention_backward(dout, qkv, probs))
-        again = F.attention_forward(qkv, 4)[0]
-        assert np.array_equal(again, out), "a build must give the same bits every call"
+        fout, lse = F.flash_attention_forward(qkv, 4)
+        runs[one_thread] = (out, probs, F.attention_backward(dout, qkv, probs), fout, lse,
+                            F.flash_attention_backward(dout, qkv, fout, lse))
+        assert np.array_equal(F.attention_forward(qkv, 4)[0], out), "a build repeats its bits"
     for blas, tiles in zip(runs[True], runs[False]):
         assert rel(blas, tiles) < 1e-5
     monkeypatch.undo()
     previous = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        assert attention._one_thread()
+        assert threads.single_threaded()
     finally:
         numba.set_num_threads(previous)
 

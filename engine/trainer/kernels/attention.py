@@ -41,8 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import numba
-
+from . import threads
 from ._buffers import float_dtype, output
 from .linear import gemm_kernel
 from ._lanes import row_dot, row_max, row_sum
@@ -126,7 +125,8 @@ def _transposed_times_lower(out_t, xt, m, Tp):
 @kernel
 def _softmax_causal_row(row, i, width, end):
     """row[:end] becomes softmax(row[:i+1]) followed by zeros; row[:width]
-    (width > i) holds computed scores.
+    (width > i) holds computed scores. Returns the row's log-sum-exp
+    (what flash attention keeps instead of the row).
 
     The exponentials run over all `width` entries and the masked ones are
     zeroed afterwards: a mask inside the loop (`exp(..) if j <= i else 0`)
@@ -138,16 +138,18 @@ def _softmax_causal_row(row, i, width, end):
     for j in range(width):
         row[j] = exp(row[j] - m)
     row[i + 1:end] = one - one
-    inv = one / row_sum(row, width)
+    total = row_sum(row, width)
+    inv = one / total
     for j in range(width):
         row[j] *= inv
+    return m + np.log(total)
 
 
 @kernel
-def _softmax_backward_row(p, d, t, width, scale):
-    """d[:width] = scale * p * (d - sum(p * d)), dS from dP for row t
-    (p is zero past t, so the whole width needs no mask)."""
-    dot = row_dot(p, d, t + 1)
+def _softmax_backward_row(p, d, dot, width, scale):
+    """d[:width] = scale * p * (d - dot), dS from dP for one row, where dot =
+    sum(p * dP) over the row (p is zero past the diagonal, so the whole width
+    needs no mask)."""
     for j in range(width):
         d[j] = scale * p[j] * (d[j] - dot)
 
@@ -234,7 +236,7 @@ def _head_backward(dy, qkv, probs, dqkv, b, h):
     _causal_rows_times(ds, g, vt, Tp)           # dP = dY V^T
     for t in range(Tp):                         # dS = scale * P * (dP - rowsum(P * dP))
         width = _padded(t + 1, TILE)            # the columns dP was computed for
-        _softmax_backward_row(p[t], ds[t], t, width, scale)
+        _softmax_backward_row(p[t], ds[t], row_dot(p[t], ds[t], t + 1), width, scale)
         ds[t, width:] = 0
     dq = _tile(Tp, hp, qkv)
     _lower_times(dq, ds, k, Tp)                 # dQ = dS K
@@ -323,15 +325,12 @@ def attention_backward_blas(dy, qkv, probs, dqkv):
                 r1 = min(r0 + ROW_BLOCK, T)
                 d = ds[:r1 - r0, :r1]
                 gemm_kernel(g[r0:r1], v[:r1], d, False, True, one, 0.0)          # dP = dY V^T
-                for t in range(r0, r1):
-                    _softmax_backward_row(p[t], d[t - r0], t, r1, scale)        # dS, in place
+                for t in range(r0, r1):                                          # dS, in place
+                    _softmax_backward_row(p[t], d[t - r0], row_dot(p[t], d[t - r0], t + 1),
+                                          r1, scale)
                 gemm_kernel(d, k[:r1], dq[r0:r1], False, False, one, 0.0)       # dQ = dS K
                 gemm_kernel(d, q[r0:r1], dk[:r1], True, False, one, 1.0)        # dK += dS^T Q
                 gemm_kernel(p[r0:r1, :r1], g[r0:r1], dv[:r1], True, False, one, 1.0)  # dV += P^T dY
-
-
-def _one_thread() -> bool:
-    return numba.get_num_threads() == 1
 
 
 def _check_qkv(kernel_name, qkv, n_head):
@@ -353,7 +352,7 @@ def attention_forward(qkv, n_head, *, out=None, probs=None):
     B, T, C = _check_qkv(name, qkv, n_head)
     out = output(name, "out", out, (B, T, C), dtype)
     probs = output(name, "probs", probs, (B, n_head, T, T), dtype)
-    kernel = attention_forward_blas if _one_thread() else attention_forward_tiles
+    kernel = attention_forward_blas if threads.single_threaded() else attention_forward_tiles
     kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), probs)
     return out, probs
 
@@ -367,7 +366,7 @@ def attention_backward(dout, qkv, probs, *, dqkv=None):
         raise ValueError(f"{name}: dout {dout.shape} and probs {probs.shape} do not fit "
                          f"qkv {qkv.shape}; expected ({B}, {T}, {C}) and ({B}, H, {T}, {T})")
     dqkv = output(name, "dqkv", dqkv, qkv.shape, dtype)
-    kernel = attention_backward_blas if _one_thread() else attention_backward_tiles
+    kernel = attention_backward_blas if threads.single_threaded() else attention_backward_tiles
     kernel(np.ascontiguousarray(dout).reshape(B * T, C),
            qkv.reshape(B * T, 3 * C), probs, dqkv.reshape(B * T, 3 * C))
     return dqkv

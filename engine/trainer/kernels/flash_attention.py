@@ -40,10 +40,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import threads
 from ._buffers import float_dtype, output
 from ._lanes import row_dot, row_max, row_sum
-from .attention import _check_qkv, _load_cols, _load_rows, _padded, _rows4_product
-from ...numba_config import kernel, parallel_kernel, prange
+from .attention import (ROW_BLOCK, _check_qkv, _head_views, _load_cols, _load_rows, _padded,
+                        _rows4_product, _softmax_backward_row, _softmax_causal_row, _width8)
+from .linear import gemm_kernel
+from ...numba_config import kernel, parallel_only_kernel, prange
 from ...fast_math import exp
 
 TILE = 16   # rows and columns per tile: one AVX-512 register of float32
@@ -183,18 +186,80 @@ def _head_backward(dy, qkv, y, lse, dqkv, b, h):
             dqkv[r, 2 * C + h * hs + d] = dv[t, d]
 
 
-@parallel_kernel
-def flash_forward_kernel(qkv, y, lse):
+@parallel_only_kernel
+def flash_forward_tiles(qkv, y, lse):
     B, H = lse.shape[0], lse.shape[1]
     for task in prange(B * H):                  # every (batch, head) pair is independent
         _head_forward(qkv, y, lse, task // H, task % H)
 
 
-@parallel_kernel
-def flash_backward_kernel(dy, qkv, y, lse, dqkv):
+@parallel_only_kernel
+def flash_backward_tiles(dy, qkv, y, lse, dqkv):
     B, H = lse.shape[0], lse.shape[1]
     for task in prange(B * H):
         _head_backward(dy, qkv, y, lse, dqkv, task // H, task % H)
+
+
+@kernel
+def flash_forward_blas(qkv, y, lse):
+    """The one-thread build: the standard kernel's blocked BLAS forward, with each
+    block's probabilities in a (ROW_BLOCK, T) scratch that the next block
+    overwrites; only the row's log-sum-exp is kept."""
+    B, H, T = lse.shape[0], lse.shape[1], lse.shape[2]
+    C = y.shape[1]
+    hs = C // H
+    one = qkv.dtype.type(1)
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    s = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
+    for b in range(B):
+        for h in range(H):
+            q, k, v = _head_views(qkv, b, h, T, hs, C)
+            yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
+            for r0 in range(0, T, ROW_BLOCK):
+                r1 = min(r0 + ROW_BLOCK, T)
+                p = s[:r1 - r0, :r1]
+                gemm_kernel(q[r0:r1], k[:r1], p, False, True, scale, 0.0)      # S
+                for i in range(r0, r1):
+                    lse[b, h, i] = _softmax_causal_row(s[i - r0], i, _width8(i, r1), r1)
+                gemm_kernel(p, v[:r1], yh[r0:r1], False, False, one, 0.0)      # Y = P V
+
+
+@kernel
+def flash_backward_blas(dy, qkv, y, lse, dqkv):
+    """The one-thread build of the backward, block of query rows by block: S
+    again, P = exp(S - lse), dP = dY V^T, dS = scale P (dP - D) with
+    D_i = dy_i . y_i, then dQ = dS K, dK += dS^T Q, dV += P^T dY."""
+    B, H, T = lse.shape[0], lse.shape[1], lse.shape[2]
+    C = dy.shape[1]
+    hs = C // H
+    one = qkv.dtype.type(1)
+    scale = one / np.sqrt(qkv.dtype.type(hs))
+    rows = min(ROW_BLOCK, T)
+    sp, sd = np.empty((rows, T), qkv.dtype), np.empty((rows, T), qkv.dtype)
+    for b in range(B):
+        for h in range(H):
+            q, k, v = _head_views(qkv, b, h, T, hs, C)
+            dq, dk, dv = _head_views(dqkv, b, h, T, hs, C)
+            g = dy[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
+            yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
+            dk[:, :] = 0
+            dv[:, :] = 0
+            for r0 in range(0, T, ROW_BLOCK):
+                r1 = min(r0 + ROW_BLOCK, T)
+                p, d = sp[:r1 - r0, :r1], sd[:r1 - r0, :r1]
+                gemm_kernel(q[r0:r1], k[:r1], p, False, True, scale, 0.0)      # S again
+                for i in range(r0, r1):                                         # P
+                    row, row_lse = sp[i - r0], lse[b, h, i]
+                    for j in range(_width8(i, r1)):
+                        row[j] = exp(row[j] - row_lse)
+                    row[i + 1:r1] = one - one
+                gemm_kernel(g[r0:r1], v[:r1], d, False, True, one, 0.0)        # dP = dY V^T
+                for t in range(r0, r1):                                         # dS, in place
+                    _softmax_backward_row(sp[t - r0], sd[t - r0], row_dot(g[t], yh[t], hs),
+                                          r1, scale)
+                gemm_kernel(d, k[:r1], dq[r0:r1], False, False, one, 0.0)      # dQ = dS K
+                gemm_kernel(d, q[r0:r1], dk[:r1], True, False, one, 1.0)       # dK += dS^T Q
+                gemm_kernel(p, g[r0:r1], dv[:r1], True, False, one, 1.0)       # dV += P^T dY
 
 
 def flash_attention_forward(qkv, n_head, *, out=None, lse=None):
@@ -205,7 +270,8 @@ def flash_attention_forward(qkv, n_head, *, out=None, lse=None):
     B, T, C = _check_qkv(name, qkv, n_head)
     out = output(name, "out", out, (B, T, C), dtype)
     lse = output(name, "lse", lse, (B, n_head, T), dtype)
-    flash_forward_kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), lse)
+    kernel = flash_forward_blas if threads.single_threaded() else flash_forward_tiles
+    kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), lse)
     return out, lse
 
 
@@ -222,7 +288,8 @@ def flash_attention_backward(dout, qkv, out, lse, *, dqkv=None):
                          f"not fit qkv {qkv.shape}; expected ({B}, {T}, {C}) twice and "
                          f"({B}, H, {T})")
     dqkv = output(name, "dqkv", dqkv, qkv.shape, dtype)
-    flash_backward_kernel(np.ascontiguousarray(dout).reshape(B * T, C),
-                          qkv.reshape(B * T, 3 * C), np.ascontiguousarray(out).reshape(B * T, C),
-                          np.ascontiguousarray(lse), dqkv.reshape(B * T, 3 * C))
+    kernel = flash_backward_blas if threads.single_threaded() else flash_backward_tiles
+    kernel(np.ascontiguousarray(dout).reshape(B * T, C), qkv.reshape(B * T, 3 * C),
+           np.ascontiguousarray(out).reshape(B * T, C), np.ascontiguousarray(lse),
+           dqkv.reshape(B * T, 3 * C))
     return dqkv

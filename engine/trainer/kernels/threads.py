@@ -55,6 +55,12 @@ def restore_threads(info: dict) -> None:
     restore_blas_threads(previous.get("blas") or {})
 
 
+def single_threaded() -> bool:
+    """Whether the calling thread runs numba kernels on one thread (a model
+    replica): the attention kernels then take their BLAS build."""
+    return numba.get_num_threads() == 1
+
+
 def cores() -> int:
     """Cores this process may run on."""
     try:
