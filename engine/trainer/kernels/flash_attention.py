@@ -31,10 +31,20 @@ tile by tile: dV += P^T dY, dP = dY V^T, dS = scale * P * (dP - D),
 dQ += dS K, dK += dS^T Q. The price: S and P are computed twice (forward and
 backward), two more products of the five per tile.
 
-The (batch, head) pairs run in parallel; each pair works on zero-padded copies
-of its Q, K, V (O(T * hs) scratch) and (TILE x TILE) tiles, and every tile
-product goes through the standard kernel's `_rows4_product` (four rows per
-pass, so each loaded element feeds four multiply-adds).
+Two builds, as for the standard kernel (engine/trainer/kernels/attention.py):
+
+* One thread (every model replica): the standard kernel's blocked BLAS
+  products, head by head, with each block of ROW_BLOCK query rows keeping
+  its scores and probabilities in a (ROW_BLOCK, T) scratch that the next
+  block overwrites, instead of in a (B, H, T, T) buffer. A block sees all
+  the keys it needs at once, so no online rescaling is needed: the
+  block's row maxima are exact. At long sequences this is the faster of
+  the two kernels: it writes and reads back no T x T matrix.
+* Several threads: the (batch, head) pairs run in parallel; each pair works
+  on zero-padded copies of its Q, K, V (O(T * hs) scratch) and (TILE x TILE)
+  tiles with the online softmax above, and every tile product goes through
+  the standard kernel's `_rows4_product` (four rows per pass, so each loaded
+  element feeds four multiply-adds).
 """
 from __future__ import annotations
 
