@@ -955,8 +955,8 @@ print(f"flash / standard, forward + backward: "
 # kernel moves more memory (P, 8 MiB here, written by the forward and read back by the
 # backward). Timed alone, as here, part of P may still sit in the caches when the
 # backward reads it; in a training step every layer's P has long left them by the time
-# its backward runs, so the standard kernel pays the trip to main memory twice, and from
-# a few hundred tokens on that can outweigh the recompute: compare
+# its backward runs, so the standard kernel pays the trip to main memory twice, which can
+# make up for the recompute: compare
 # `python -m engine.bench --shapes T512 T1024 --attention flash` with the same command
 # and `--attention standard` on your machine. Either way the trade is the right one where
 # memory runs out: a step that does not fit is infinitely slow. On a GPU the tiles sit in
