@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ...numba_config import REDUCE_CHUNKS, parallel_kernel, parallel_only_kernel, prange
+from ...numba_config import REDUCE_CHUNKS, kernel, parallel_kernel, prange
 from ...fast_math import tanh
 
 from ...constants import GELU_A, GELU_K  # one copy for every kernel
@@ -37,22 +37,34 @@ def bias_gelu_forward_kernel(h, bias, out):
             out[n, f] = half * u * (one + t)
 
 
-@parallel_only_kernel      # dh may be dout itself (the model does that): see numba_config
+@kernel
+def _slope_times_row(g, hrow, bias, out):
+    """out[f] = g[f] * gelu'(hrow[f] + bias[f]) for one row."""
+    one, half = hrow.dtype.type(1), hrow.dtype.type(0.5)
+    k, a, a3 = hrow.dtype.type(GELU_K), hrow.dtype.type(GELU_A), hrow.dtype.type(3 * GELU_A)
+    for f in range(hrow.shape[0]):
+        u = hrow[f] + bias[f]
+        t = tanh(k * (u + a * u * u * u))
+        out[f] = g[f] * (half * (one + t) + half * u * (one - t * t) * k * (one + a3 * u * u))
+
+
+@parallel_kernel
 def bias_gelu_backward_kernel(dout, h, bias, dh, dbias):
     N, F = h.shape
-    one, half = h.dtype.type(1), h.dtype.type(0.5)
-    k, a, a3 = h.dtype.type(GELU_K), h.dtype.type(GELU_A), h.dtype.type(3 * GELU_A)
     chunk = (N + REDUCE_CHUNKS - 1) // REDUCE_CHUNKS
     part = np.zeros((REDUCE_CHUNKS, F), h.dtype)
     for c in prange(REDUCE_CHUNKS):
+        # Each row's dh goes to a fresh scratch row first, then into dh: the model
+        # passes dh = dout (in place), and a loop that writes into an array it may
+        # also read cannot be vectorised (the compiler must assume they overlap);
+        # one that writes into its own scratch can. Measured, one thread, (1024, 512)
+        # float32 in place: 7.4 ms writing dh directly, 0.97 ms through the row.
+        row = np.empty(F, h.dtype)
         for n in range(c * chunk, min(N, (c + 1) * chunk)):
+            _slope_times_row(dout[n], h[n], bias, row)
             for f in range(F):
-                u = h[n, f] + bias[f]
-                t = tanh(k * (u + a * u * u * u))
-                slope = half * (one + t) + half * u * (one - t * t) * k * (one + a3 * u * u)
-                g = dout[n, f] * slope
-                dh[n, f] = g
-                part[c, f] += g
+                dh[n, f] = row[f]
+                part[c, f] += row[f]
     for c in range(REDUCE_CHUNKS):
         for f in range(F):
             dbias[f] += part[c, f]
