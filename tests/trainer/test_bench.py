@@ -73,3 +73,10 @@ def test_shape_table_has_one_row_per_shape():
     assert [r["shape"] for r in reports] == ["B=2,T=8,L=1,H=2,C=8", "B=2,T=16,L=1,H=2,C=8"]
     assert "(no torch)" in table[2] and "(no torch)" in table[3]
     assert all(r["ours"]["wait_ms_per_step"] >= 0 for r in reports)
+
+
+def test_the_table_measures_every_shape_against_the_best_sgemm_reading():
+    from engine.trainer.bench import machine_ceiling
+    reports = [{"linear": {"machine_sgemm_gflops": g}} for g in (180.0, 95.0, 200.0)]
+    assert machine_ceiling(reports) == 200.0
+    assert machine_ceiling([{"linear": {}}]) is None
