@@ -275,6 +275,27 @@ def _head_views(m, b, h, T, hs, C):
 
 
 @kernel
+def _blas_dims(qkv, per_head):
+    """(B, H, T, C, hs, one, scale) of a BLAS build's call: per_head is probs
+    (B, H, T, T) or lse (B, H, T)."""
+    B, H, T = per_head.shape[0], per_head.shape[1], per_head.shape[2]
+    C = qkv.shape[1] // 3
+    one = qkv.dtype.type(1)
+    return B, H, T, C, C // H, one, one / np.sqrt(qkv.dtype.type(C // H))
+
+
+@kernel
+def _block_gradients(ds, p, q, k, g, dq, dk, dv, r0, r1):
+    """The products of one block of query rows [r0, r1) in a backward, given its
+    dS and P over keys 0 ... r1-1: dQ = dS K (written), dK += dS^T Q and
+    dV += P^T dY (the keys' gradients collect every block's share)."""
+    one = ds.dtype.type(1)
+    gemm_kernel(ds, k[:r1], dq[r0:r1], False, False, one, 0.0)
+    gemm_kernel(ds, q[r0:r1], dk[:r1], True, False, one, 1.0)
+    gemm_kernel(p, g[r0:r1], dv[:r1], True, False, one, 1.0)
+
+
+@kernel
 def _width8(i, r1):
     """Columns a row i handles: i + 1 rounded up to a multiple of 8 (one vector), at most r1."""
     return min((i + 8) // 8 * 8, r1)
@@ -284,11 +305,7 @@ def _width8(i, r1):
 def attention_forward_blas(qkv, y, probs):
     """The one-thread build: per head, per block of query rows, S = scale Q K^T
     and Y = P V as BLAS products on the keys that block can see."""
-    B, H, T = probs.shape[0], probs.shape[1], probs.shape[2]
-    C = y.shape[1]
-    hs = C // H
-    one = qkv.dtype.type(1)
-    scale = one / np.sqrt(qkv.dtype.type(hs))
+    B, H, T, C, hs, one, scale = _blas_dims(qkv, probs)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)
@@ -307,11 +324,7 @@ def attention_backward_blas(dy, qkv, probs, dqkv):
     """The one-thread build of the backward, block of query rows by block:
     dP = dY V^T, dS, then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the
     keys the block saw. Scratch: one (ROW_BLOCK, T) block of dS."""
-    B, H, T = probs.shape[0], probs.shape[1], probs.shape[2]
-    C = dy.shape[1]
-    hs = C // H
-    one = qkv.dtype.type(1)
-    scale = one / np.sqrt(qkv.dtype.type(hs))
+    B, H, T, C, hs, one, scale = _blas_dims(qkv, probs)
     ds = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
     for b in range(B):
         for h in range(H):
@@ -328,9 +341,7 @@ def attention_backward_blas(dy, qkv, probs, dqkv):
                 for t in range(r0, r1):                                          # dS, in place
                     _softmax_backward_row(p[t], d[t - r0], row_dot(p[t], d[t - r0], t + 1),
                                           r1, scale)
-                gemm_kernel(d, k[:r1], dq[r0:r1], False, False, one, 0.0)       # dQ = dS K
-                gemm_kernel(d, q[r0:r1], dk[:r1], True, False, one, 1.0)        # dK += dS^T Q
-                gemm_kernel(p[r0:r1, :r1], g[r0:r1], dv[:r1], True, False, one, 1.0)  # dV += P^T dY
+                _block_gradients(d, p[r0:r1, :r1], q, k, g, dq, dk, dv, r0, r1)
 
 
 def _check_qkv(kernel_name, qkv, n_head):

@@ -53,8 +53,9 @@ import numpy as np
 from . import threads
 from ._buffers import float_dtype, output
 from ._lanes import row_dot, row_max, row_sum
-from .attention import (ROW_BLOCK, _check_qkv, _head_views, _load_cols, _load_rows, _padded,
-                        _rows4_product, _softmax_backward_row, _softmax_causal_row, _width8)
+from .attention import (ROW_BLOCK, _blas_dims, _block_gradients, _check_qkv, _head_views,
+                        _load_cols, _load_rows, _padded, _rows4_product, _softmax_backward_row,
+                        _softmax_causal_row, _width8)
 from .linear import gemm_kernel
 from ...numba_config import kernel, parallel_only_kernel, prange
 from ...fast_math import exp
@@ -215,11 +216,7 @@ def flash_forward_blas(qkv, y, lse):
     """The one-thread build: the standard kernel's blocked BLAS forward, with each
     block's probabilities in a (ROW_BLOCK, T) scratch that the next block
     overwrites; only the row's log-sum-exp is kept."""
-    B, H, T = lse.shape[0], lse.shape[1], lse.shape[2]
-    C = y.shape[1]
-    hs = C // H
-    one = qkv.dtype.type(1)
-    scale = one / np.sqrt(qkv.dtype.type(hs))
+    B, H, T, C, hs, one, scale = _blas_dims(qkv, lse)
     s = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
     for b in range(B):
         for h in range(H):
@@ -239,11 +236,7 @@ def flash_backward_blas(dy, qkv, y, lse, dqkv):
     """The one-thread build of the backward, block of query rows by block: S
     again, P = exp(S - lse), dP = dY V^T, dS = scale P (dP - D) with
     D_i = dy_i . y_i, then dQ = dS K, dK += dS^T Q, dV += P^T dY."""
-    B, H, T = lse.shape[0], lse.shape[1], lse.shape[2]
-    C = dy.shape[1]
-    hs = C // H
-    one = qkv.dtype.type(1)
-    scale = one / np.sqrt(qkv.dtype.type(hs))
+    B, H, T, C, hs, one, scale = _blas_dims(qkv, lse)
     rows = min(ROW_BLOCK, T)
     sp, sd = np.empty((rows, T), qkv.dtype), np.empty((rows, T), qkv.dtype)
     for b in range(B):
@@ -267,9 +260,7 @@ def flash_backward_blas(dy, qkv, y, lse, dqkv):
                 for t in range(r0, r1):                                         # dS, in place
                     _softmax_backward_row(sp[t - r0], sd[t - r0], row_dot(g[t], yh[t], hs),
                                           r1, scale)
-                gemm_kernel(d, k[:r1], dq[r0:r1], False, False, one, 0.0)      # dQ = dS K
-                gemm_kernel(d, q[r0:r1], dk[:r1], True, False, one, 1.0)       # dK += dS^T Q
-                gemm_kernel(p, g[r0:r1], dv[:r1], True, False, one, 1.0)       # dV += P^T dY
+                _block_gradients(d, p, q, k, g, dq, dk, dv, r0, r1)
 
 
 def flash_attention_forward(qkv, n_head, *, out=None, lse=None):
