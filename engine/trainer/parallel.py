@@ -207,10 +207,9 @@ class ThreadReplicas:
         while the backward runs (see _BucketSum); then grad_ready, if given, is
         called once per bucket: the MPI all-reduce starts from here."""
         scale = loss_scale / self.n
-        if self.n == 1:
-            with one_numba_thread():
-                return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
-                                                         grad_ready=grad_ready)
+        if self.n == 1:             # one model: its kernels use the caller's threads
+            return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
+                                                     grad_ready=grad_ready)
         summing = _BucketSum(self) if last else None
 
         def one(r):
@@ -249,8 +248,7 @@ class ThreadReplicas:
 
     def loss(self, ids, targets) -> float:
         if self.n == 1:
-            with one_numba_thread():
-                return self.replicas[0].loss(ids, targets)
+            return self.replicas[0].loss(ids, targets)
         losses = self._each(lambda r: self.replicas[r].loss(ids[self.rows[r]],
                                                             targets[self.rows[r]]))
         return float(np.mean(losses))

@@ -150,7 +150,7 @@ def _processes(config):
 
 def _threads(config, rank, world_size):
     """Validate the settings, split the batch over processes and threads, set the pools."""
-    from .kernels.threads import concurrent_kernels_ok, cores, set_threads
+    from .kernels.threads import concurrent_kernels_ok, cores, plan_threads
     from .parallel import shard_rows
     config.validate()
     try:
@@ -161,12 +161,7 @@ def _threads(config, rank, world_size):
     n_threads = config.threads or max(1, cores() // world_size)
     if config.thread_mode == "replicas" and not concurrent_kernels_ok():
         config = dataclasses.replace(config, thread_mode="kernels")   # workqueue layer only
-    if config.thread_mode == "replicas":
-        n_replicas = max(d for d in range(1, n_threads + 1) if local_batch % d == 0)
-        thread_info = set_threads(n_threads, blas=1)   # replicas: one numba thread each
-    else:
-        n_replicas = 1
-        thread_info = set_threads(n_threads)
+    n_replicas, thread_info = plan_threads(n_threads, local_batch, config.thread_mode)
     config = dataclasses.replace(config, threads=n_threads)
     return config, rows, n_threads, n_replicas, thread_info
 

@@ -210,3 +210,34 @@ def test_learner_style_crossentropy_and_scatter_add_plug_in():
     assert got[0] == pytest.approx(want[0], rel=1e-12)
     for k in want[1]:
         np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-9, atol=1e-13)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_replicas_run_their_kernels_on_one_thread_and_a_single_model_on_all(replicas):
+    """The thread plan reaches the kernels: each of several replicas sees one numba
+    thread (so it takes the one-thread builds), a single model the caller's threads;
+    between replicas (the optimizer) the caller keeps its own count."""
+    import numba
+    from engine.trainer.kernels import bias_grad
+    from engine.trainer.kernels.threads import restore_threads, set_threads
+    info = set_threads(2, blas=1)
+    if numba.get_num_threads() < 2:
+        restore_threads(info)
+        pytest.skip("numba has one thread here (NUMBA_NUM_THREADS=1)")
+    seen = []
+
+    def watching_bias_grad(dout, *, dbias):
+        seen.append(numba.get_num_threads())
+        return bias_grad(dout, dbias=dbias)
+
+    G.use_kernel("bias_grad", watching_bias_grad, owner="test", pure=False)
+    try:
+        x = np.random.default_rng(0).integers(0, 13, (4, 8))
+        reps = ThreadReplicas(CFG, 4, replicas, params=init_params(CFG, 0))
+        reps.forward_backward(x, x)
+        reps.close()
+        assert seen and set(seen) == ({1} if replicas > 1 else {2})
+        assert numba.get_num_threads() == 2
+    finally:
+        G.reset_kernels("bias_grad")
+        restore_threads(info)
