@@ -1,4 +1,4 @@
-"""Causal multi-head self-attention, forward and backward, one head per task.
+"""Causal multi-head self-attention, forward and backward.
 
 Layout. The QKV projection writes one (B*T, 3C) buffer: queries in columns
 [0, C), keys in [C, 2C), values in [2C, 3C); head h owns the `hs = C/H`
@@ -23,7 +23,7 @@ Two builds, chosen by how many numba threads the caller has:
   the head's slices of the QKV buffer, read in place (linear.gemm_kernel
   takes row strides). Causality is blocked: query rows go in blocks of
   ROW_BLOCK, and block [r0, r1) only multiplies keys 0 ... r1-1, so the
-  products skip all but the diagonal block's upper half. What is left
+  only masked products computed are the diagonal block's upper half. What is left
   between the products is the softmax and its backward, row by row.
 * Several threads (`--thread-mode kernels`): the pairs run in parallel
   (`prange`). BLAS must not run inside a prange (its threads would nest in
