@@ -19,11 +19,11 @@ import numpy as np
 from engine import F, Tensor, memory, nn, no_grad
 from engine.tensor import is_grad_enabled
 from engine.accumulation import accumulate_gradients, split_batch
-from engine.recompute import checkpoint_sequential, checkpointed, segments
+from engine.recompute import checkpoint_sequential, segments
 from engine.gpt_config import GPTConfig, init_params
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
-from .slots import SlotError, check_accumulate_through_view
+from .slots import SlotError, check_accumulate_through_view, checkpointed_gpt_mismatch
 
 EX_ACCUMULATE = "08.1 (accumulate)"
 EX_REPLAY = "08.2 (checkpointed_backward)"
@@ -216,21 +216,11 @@ def check_checkpointed_backward(checkpointed_backward) -> None:
             raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is wrong; the one "
                                 f"backward through the recomputed output provides it.")
     # and in the engine: a checkpointed GPT that uses your replay
-    cfg, params = _tiny_gpt(n_layer=2, seed=3)
-    rng = np.random.default_rng(4)
-    ids = rng.integers(0, cfg.vocab_size, (2, cfg.block_size))
-    targets = rng.integers(0, cfg.vocab_size, (2, cfg.block_size))
-    plain = nn.GPT(cfg, params)
-    plain(ids, targets).backward()
-    mine = nn.GPT(cfg, params)
-    with checkpointed(mine, "every", replay_fn=checkpointed_backward):
-        loss = mine(ids, targets)
-    loss.backward()
-    for name, want in plain.grads().items():
-        if not _close(mine.grads()[name], want, rtol=1e-10):
-            raise ExerciseError(EX_REPLAY, f"your function passes on one segment, but in a "
-                                f"checkpointed GPT the gradient of {name} differs from the "
-                                f"plain one. Does it depend on anything but its arguments?")
+    name = checkpointed_gpt_mismatch(checkpointed_backward)
+    if name is not None:
+        raise ExerciseError(EX_REPLAY, f"your function passes on one segment, but in a "
+                            f"checkpointed GPT the gradient of {name} differs from the "
+                            f"plain one. Does it depend on anything but its arguments?")
     save_piece("checkpoint_replay", checkpointed_backward, EX_REPLAY)
     passed(EX_REPLAY, "A 2-block GPT checkpointed with your replay has the plain gradients.")
 
