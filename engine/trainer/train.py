@@ -233,6 +233,10 @@ def abort_job_on_failure(comm, rank, world_size):
         code = getattr(exc, "exit_code", 130 if isinstance(exc, KeyboardInterrupt) else 1)
         print(f"error on process {rank} of {world_size}: {type(exc).__name__}: {exc}; "
               f"aborting all {world_size} processes", file=sys.stderr, flush=True)
+        # The launcher forwards each process's output through a pipe, and Abort
+        # kills every process at once: on a loaded machine the message was once
+        # lost before it was forwarded (the job ended with an empty stderr).
+        time.sleep(0.5)
         comm.Abort(code)
         raise
 
