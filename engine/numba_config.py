@@ -18,8 +18,8 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
   did not continue bit for bit. The price was the row sums that no
   longer vectorised (LayerNorm about 2x slower alone, softmax's exp loop
   scalar); engine/trainer/kernels/_lanes.py wins it back with the
-  reordering written into the source (eight partial sums in a fixed
-  order), which every compile honours alike. (Without fast-math's "no NaN, no Inf"
+  reordering written into the program (sixteen partial sums in one LLVM
+  vector, combined in a fixed order), which every compile honours alike. (Without fast-math's "no NaN, no Inf"
   assumptions a NaN in the loss survives to be reported, as before.)
 * Vectors: numba's loops may use 512-bit registers where the CPU has them
   (`_full_width_vectors`).
@@ -103,6 +103,13 @@ THREADING_LAYER = _prefer_omp_threads()
 # nogil: kernels release Python's lock, so several threads can run them at once.
 _OPTIONS = dict(cache=True, fastmath=FASTMATH, error_model="numpy", nogil=True)
 kernel = functools.partial(numba.njit, **_OPTIONS)
+# A small helper called once per row (a row's sum, its softmax): numba compiles
+# every function on its own and calls it as a function, which costs tens of ns a
+# call (arguments packed, each array view's reference count touched twice, the
+# status checked), as much as the helper's own work on a 128-wide row. Inlined
+# into its caller, in numba's IR before LLVM sees it, the call disappears and the
+# helper's loops are optimised together with the caller's.
+row_kernel = functools.partial(numba.njit, inline="always", **_OPTIONS)
 prange = numba.prange
 
 

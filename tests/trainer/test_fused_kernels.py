@@ -254,29 +254,39 @@ def test_mixed_dtypes_get_a_clear_error(rng):
 
 
 # ------------------------------------------------------------------ lane reductions, builds
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 16, 100])
-def test_lane_reductions_equal_numpy_at_any_length(rng, n):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 33, 100, 128])
+def test_lane_reductions_equal_numpy_at_any_length(rng, n, dtype):
     from engine.trainer.kernels._lanes import row_dot, row_max, row_sum
-    a, b = rng.standard_normal(n + 3), rng.standard_normal(n + 3)
+    a, b = rng.standard_normal(n + 3).astype(dtype), rng.standard_normal(n + 3).astype(dtype)
     a[n:] = b[n:] = 1e6                                # past n: must not be read
-    assert abs(row_sum(a, n) - a[:n].sum()) < 1e-12 * n
-    assert abs(row_dot(a, b, n) - a[:n] @ b[:n]) < 1e-12 * n
+    tol = (1e-5 if dtype == np.float32 else 1e-12) * n
+    assert abs(row_sum(a, n) - a[:n].sum()) < tol
+    assert abs(row_dot(a, b, n) - a[:n] @ b[:n]) < tol
     assert row_max(a, n) == a[:n].max()
+    # a strided view (a column) goes element by element into the same lanes
+    column = rng.standard_normal((n + 3, 3)).astype(dtype)[:, 1]
+    packed = np.ascontiguousarray(column)
+    assert row_sum(column, n) == row_sum(packed, n)
+    assert row_dot(column, a, n) == row_dot(packed, a, n) == row_dot(a, packed, n)
+    assert row_max(column, n) == row_max(packed, n) == packed[:n].max()
 
 
 def test_lane_sum_order_is_the_written_one():
-    # 1 followed by fifteen 2**-24 in float32: left to right, every small number
-    # rounds away against the 1; in lanes, lane k sums a[k] and a[k + 8], then
-    # the eight partials are combined pairwise, and most of them survive.
-    from engine.trainer.kernels._lanes import row_sum
-    a = np.array([1.0] + [2.0 ** -24] * 15, np.float32)
+    # 1 followed by 2**-24 thirty-one times, in float32: left to right, every small
+    # number rounds away against the 1; in lanes, lane k sums a[k] and a[k + 16],
+    # then the sixteen partials are combined pairwise, and most of them survive.
+    from engine.trainer.kernels._lanes import LANES, row_sum
+    assert LANES == 16
+    a = np.array([1.0] + [2.0 ** -24] * 31, np.float32)
     sequential = np.float32(0)
     for v in a:
         sequential = np.float32(sequential + v)
-    p = a[:8] + a[8:]
-    tree = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
-    assert sequential == np.float32(1.0) and tree > sequential
-    assert row_sum(a, 16) == tree
+    p = a[:16] + a[16:]
+    while p.size > 1:                                  # ((p0 + p1) + (p2 + p3)) + ...
+        p = p[0::2] + p[1::2]
+    assert sequential == np.float32(1.0) and p[0] > sequential
+    assert row_sum(a, 32) == p[0]
 
 
 def test_serial_and_parallel_builds_give_the_same_bits(rng):

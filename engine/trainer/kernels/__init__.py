@@ -24,8 +24,9 @@ ParallelKernel); a caller on one numba thread, as every model replica is,
 runs and compiles only the serial one. Attention's one-thread build is a
 different algorithm, not a copy: BLAS products on each head's slices
 (attention.py says why the threaded build cannot call BLAS). Row
-reductions go through the written-out lanes of `_lanes` (vectorised, same
-bits on every compile).
+reductions go through the vector lanes of `_lanes` (same bits on every
+compile and every CPU), and the small per-row helpers are inlined into
+their kernels (`numba_config.row_kernel`).
 
 `engine.trainer.kernels.threads.set_threads(n)` sets both thread pools a step uses
 (numba's and BLAS's); see engine/trainer/parallel.py for why the trainer prefers one

@@ -45,14 +45,14 @@ from . import threads
 from ._buffers import float_dtype, output
 from .linear import gemm_kernel
 from ._lanes import row_dot, row_max, row_sum
-from ...numba_config import kernel, parallel_only_kernel, prange
+from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
 
 TILE = 16        # column padding of the tile build: one AVX-512 register of float32
 ROW_BLOCK = 64   # query rows per BLAS product in the one-thread build
 
 
-@kernel
+@row_kernel
 def _padded(n, multiple):
     return (n + multiple - 1) // multiple * multiple
 
@@ -122,7 +122,7 @@ def _transposed_times_lower(out_t, xt, m, Tp):
             _rows4_product(out_t, xt, m, d, i0, i0 + TILE, 0, i0 + TILE)
 
 
-@kernel
+@row_kernel
 def _softmax_causal_row(row, i, width, end):
     """row[:end] becomes softmax(row[:i+1]) followed by zeros; row[:width]
     (width > i) holds computed scores. Returns the row's log-sum-exp
@@ -145,7 +145,7 @@ def _softmax_causal_row(row, i, width, end):
     return m + np.log(total)
 
 
-@kernel
+@row_kernel
 def _softmax_backward_row(p, d, dot, width, scale):
     """d[:width] = scale * p * (d - dot), dS from dP for one row, where dot =
     sum(p * dP) over the row (p is zero past the diagonal, so the whole width
@@ -266,7 +266,7 @@ def attention_backward_tiles(dy, qkv, probs, dqkv):
         _head_backward(dy, qkv, probs, dqkv, task // H, task % H)
 
 
-@kernel
+@row_kernel
 def _head_views(m, b, h, T, hs, C):
     """Head h's (T, hs) slices of batch b in a (B*T, 3C) array: Q, K, V (or dQ, dK, dV)."""
     rows = m[b * T:(b + 1) * T]
@@ -274,7 +274,7 @@ def _head_views(m, b, h, T, hs, C):
             rows[:, 2 * C + h * hs:2 * C + (h + 1) * hs])
 
 
-@kernel
+@row_kernel
 def _blas_dims(qkv, per_head):
     """(B, H, T, C, hs, one, scale) of a BLAS build's call: per_head is probs
     (B, H, T, T) or lse (B, H, T)."""
@@ -295,10 +295,11 @@ def _block_gradients(ds, p, q, k, g, dq, dk, dv, r0, r1):
     gemm_kernel(p, g[r0:r1], dv[:r1], True, False, one, 1.0)
 
 
-@kernel
-def _width8(i, r1):
-    """Columns a row i handles: i + 1 rounded up to a multiple of 8 (one vector), at most r1."""
-    return min((i + 8) // 8 * 8, r1)
+@row_kernel
+def _width16(i, r1):
+    """Columns a row i handles: i + 1 rounded up to a multiple of 16 (a whole
+    number of the lane reductions' steps, one AVX-512 vector), at most r1."""
+    return min((i + 16) // 16 * 16, r1)
 
 
 @kernel
@@ -315,7 +316,7 @@ def attention_forward_blas(qkv, y, probs):
                 r1 = min(r0 + ROW_BLOCK, T)
                 gemm_kernel(q[r0:r1], k[:r1], p[r0:r1, :r1], False, True, scale, 0.0)
                 for i in range(r0, r1):
-                    _softmax_causal_row(p[i], i, _width8(i, r1), T)
+                    _softmax_causal_row(p[i], i, _width16(i, r1), T)
                 gemm_kernel(p[r0:r1, :r1], v[:r1], yh[r0:r1], False, False, one, 0.0)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ...numba_config import REDUCE_CHUNKS, kernel, parallel_kernel, prange
+from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange, row_kernel
 from ...fast_math import tanh
 
 from ...constants import GELU_A, GELU_K  # one copy for every kernel
@@ -37,7 +37,7 @@ def bias_gelu_forward_kernel(h, bias, out):
             out[n, f] = half * u * (one + t)
 
 
-@kernel
+@row_kernel
 def _slope_times_row(g, hrow, bias, out):
     """out[f] = g[f] * gelu'(hrow[f] + bias[f]) for one row."""
     one, half = hrow.dtype.type(1), hrow.dtype.type(0.5)
