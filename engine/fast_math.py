@@ -3,8 +3,9 @@
 numba turns `np.exp` on a float32 into a call to the C library's `expf`, one
 element at a time (about 2.4 ns each here). GELU and softmax call it millions
 of times per step, so float32 gets a polynomial `exp` written with plain
-arithmetic, which LLVM turns into 16-wide vector code (about 0.2 ns each,
-within 1 ulp). float64, used by the gradient checks, keeps `np.exp`.
+arithmetic and fused multiply-adds (`fma`), which LLVM turns into 16-wide
+vector code (about 0.45 ns each here, against 0.65 with separate multiplies
+and adds; within 1 ulp). float64, used by the gradient checks, keeps `np.exp`.
 
 `exp(x)` and `tanh(x)` pick the version by the argument's type when numba
 compiles the caller, so kernels stay dtype-generic.
@@ -34,20 +35,36 @@ def _float32_from_bits(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c rounded once (LLVM's llvm.fma: one instruction on every x86 CPU
+    since 2013, exact everywhere, so the bits do not depend on the CPU or on
+    the compiler's mood; unlike fast-math's "contract", which lets LLVM fuse
+    a multiply and an add where it sees fit)."""
+    if not (a == b == c and a in (types.float32, types.float64)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return a(a, b, c), codegen
+
+
 @register_jitable
 def _exp_float32(x):
     # exp(x) = 2**n * exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2;
-    # exp(r) from a degree-7 polynomial (Cephes' expf coefficients).
+    # exp(r) from a degree-7 polynomial (Cephes' expf coefficients), each
+    # Horner step one fused multiply-add.
     x = min(max(x, np.float32(-87.0)), np.float32(88.0))   # keep 2**n a normal float
     n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
-    r = x - n * np.float32(0.693359375) + n * np.float32(2.12194440e-4)
+    r = fma(n, np.float32(2.12194440e-4), fma(n, np.float32(-0.693359375), x))
     p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    er = p * r * r + r + np.float32(1.0)
+    p = fma(p, r, np.float32(1.3981999507e-3))
+    p = fma(p, r, np.float32(8.3334519073e-3))
+    p = fma(p, r, np.float32(4.1665795894e-2))
+    p = fma(p, r, np.float32(1.6666665459e-1))
+    p = fma(p, r, np.float32(5.0000001201e-1))
+    er = fma(p, r * r, r) + np.float32(1.0)
     two_n = _float32_from_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
     return er * two_n
 
