@@ -21,30 +21,33 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ...numba_config import parallel_kernel, prange
+from ._lanes import row_max, row_sum
+from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
 from ...fast_math import exp
 
 
 @parallel_kernel
 def crossentropy_softmax_kernel(logits, targets, scale, losses, write_grad):
     N, V = logits.shape
-    zero = logits.dtype.type(0)
-    for n in prange(N):
-        row = logits[n]
-        m = row[0]
-        for v in range(1, V):
-            m = max(m, row[v])
-        total = zero
-        for v in range(V):
-            total += exp(row[v] - m)
-        log_total = np.log(total)
-        y = targets[n]
-        losses[n] = m + log_total - row[y]
-        if write_grad:
-            shift = m + log_total                  # p_v = exp(z_v - logsumexp(z))
+    chunk = (N + REDUCE_CHUNKS - 1) // REDUCE_CHUNKS
+    for c in prange(REDUCE_CHUNKS):
+        # The exponentials go to a scratch row and are summed in vector lanes
+        # (`_lanes`): a running `total += exp(..)` would keep the loop scalar,
+        # the exp with it.
+        e = np.empty(V, logits.dtype)
+        for n in range(c * chunk, min(N, (c + 1) * chunk)):
+            row = logits[n]
+            m = row_max(row, V)
             for v in range(V):
-                row[v] = exp(row[v] - shift) * scale
-            row[y] -= scale
+                e[v] = exp(row[v] - m)
+            log_total = np.log(row_sum(e, V))
+            y = targets[n]
+            losses[n] = m + log_total - row[y]
+            if write_grad:
+                shift = m + log_total                  # p_v = exp(z_v - logsumexp(z))
+                for v in range(V):
+                    row[v] = exp(row[v] - shift) * scale
+                row[y] -= scale
 
 
 def _check_targets(kernel, targets, n_rows, vocab_size):
