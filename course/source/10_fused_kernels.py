@@ -620,7 +620,9 @@ for name, a_, b_ in zip(["dx", "dw", "db"],
 # are simple vectorised streams, fast per byte but with seven times the bytes. The
 # speed-up is the ratio of the times, not of the GB/s: (22 / 3) × (one-pass GB/s / numpy's
 # GB/s). A kernel that moves fewer bytes wins even at a lower bandwidth; to go further,
-# vectorise its reductions (`fastmath=True`, as the trainer's kernels do).
+# vectorise its reductions without giving up reproducible bits, as the trainer's kernels do
+# (`engine/trainer/kernels/_lanes.py`): sixteen partial sums in one vector register, lane k
+# taking elements k, k + 16, k + 32, ..., then combined in one fixed order.
 
 # %% [markdown]
 # ## Fused softmax + cross-entropy

@@ -12,6 +12,8 @@ Every wrapper in engine.trainer.kernels follows one convention:
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 FLOAT_DTYPES = (np.float32, np.float64)
@@ -49,7 +51,7 @@ def output(kernel: str, name: str, buf, shape, dtype) -> np.ndarray:
         return np.zeros(shape, dtype)
     if buf.dtype != dtype:
         raise TypeError(f"{kernel}: output {name} has dtype {buf.dtype}, expected {dtype}")
-    if buf.size != int(np.prod(shape)) or not buf.flags.c_contiguous:
+    if buf.size != math.prod(shape) or not buf.flags.c_contiguous:   # (np.prod: 10x slower)
         raise ValueError(f"{kernel}: output {name} must be a C-contiguous array with shape "
                          f"{shape}, got shape {buf.shape}")
     return buf.reshape(shape)

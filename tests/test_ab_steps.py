@@ -1,0 +1,28 @@
+"""tools/ab_steps.py: an older commit's trainer timed beside this tree's, in one process."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "ab_steps.py"), *args],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def test_ab_steps_times_both_trees_and_reports_each_kernel():
+    r = _run("HEAD", "--B", "2", "--T", "16", "--L", "1", "--H", "2", "--C", "16",
+             "--rounds", "2", "--steps", "1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    step = next(line for line in lines if line.strip().startswith("step:"))
+    assert "before" in step and "after" in step and "range" in step
+    kernels = [line.split()[0] for line in lines if "before/after" in line and "ms" in line]
+    assert {"matmul", "attention_forward", "layernorm_backward"} <= set(kernels)
+
+
+def test_ab_steps_names_a_commit_git_does_not_know():
+    r = _run("no-such-commit-abc")
+    assert r.returncode == 2
+    assert "no-such-commit-abc" in r.stderr and "commit" in r.stderr

@@ -1,0 +1,116 @@
+"""Before/after in one process: the trainer of an older commit against this tree's.
+
+On a machine whose speed drifts by tens of percent within minutes, two benchmark
+runs minutes apart cannot show a 5% change. This script imports the engine of
+another commit beside this one (extracted with `git archive` into a temporary
+folder, as a package named `engine_before`), builds the same single-threaded
+model with each, and times them in alternating rounds (before first in even
+rounds, after first in odd ones). It prints the median step of each, the median
+of the per-round ratios with their range, and the per-kernel profile of both.
+
+    python tools/ab_steps.py 808facc                      # tiny shape, one replica
+    python tools/ab_steps.py 808facc --T 1024 --B 1 --attention flash
+
+One thread, one replica: what the kernels cost without the other replica's
+contention (the trainer's default runs one such replica per core).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def extract_engine(commit: str, into: Path) -> None:
+    """engine/ of `commit` as the package `engine_before` under `into`."""
+    archive = into / "engine.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", "-C", str(ROOT), "archive", commit, "engine"], stdout=out,
+                       check=True)
+    with tarfile.open(archive) as tar:                # our own repository's files
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:                                         # Python < 3.10.12 / 3.11.4
+            tar.extractall(into)
+    (into / "engine").rename(into / "engine_before")
+
+
+def build(package: str, args, vocab: int):
+    gpt_config = importlib.import_module(f"{package}.gpt_config")
+    model = importlib.import_module(f"{package}.trainer.model")
+    cfg = gpt_config.GPTConfig(vocab_size=vocab, block_size=args.T, n_layer=args.L,
+                               n_head=args.H, n_embd=args.C)
+    return model.FusedGPT(cfg, args.B, attention=args.attention)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("before", help="the commit to compare with (e.g. a hash or HEAD~3)")
+    for name, default in (("B", 8), ("T", 128), ("L", 4), ("H", 4), ("C", 128)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--attention", choices=("standard", "flash"), default="standard")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=4, help="steps per round and side")
+    args = p.parse_args(argv)
+
+    folder = Path(tempfile.mkdtemp(prefix="ab_steps_"))
+    try:
+        extract_engine(args.before, folder)
+    except subprocess.CalledProcessError:
+        print(f"ab_steps: git could not archive engine/ at {args.before!r}; "
+              f"pass a commit of this repository", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(1, str(folder))
+    from engine.trainer.kernels.threads import set_threads
+    set_threads(1, blas=1)
+    vocab = 103
+    models = {"before": build("engine_before", args, vocab), "after": build("engine", args, vocab)}
+    rng = np.random.default_rng(0)
+    ids, targets = (rng.integers(0, vocab, (args.B, args.T)) for _ in range(2))
+
+    def step(model):
+        model.zero_grad()
+        t0 = time.perf_counter()
+        model.forward(ids, targets)
+        model.backward()
+        return time.perf_counter() - t0
+
+    for model in models.values():                     # compile (or load) and warm up
+        for _ in range(3):
+            step(model)
+    medians = {name: [] for name in models}
+    profiles = {name: {} for name in models}
+    for r in range(args.rounds):
+        for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
+            model = models[name]
+            model.profile = {}
+            medians[name].append(float(np.median([step(model) for _ in range(args.steps)])))
+            for kernel, seconds in model.profile.items():
+                profiles[name].setdefault(kernel, []).append(seconds / args.steps)
+            model.profile = None
+    ratios = np.array(medians["before"]) / np.array(medians["after"])
+    print(f"B={args.B} T={args.T} L={args.L} H={args.H} C={args.C} {args.attention}, one "
+          f"thread, {args.rounds} rounds of {args.steps} steps (profiled):")
+    print(f"  step: before {np.median(medians['before']) * 1e3:.1f} ms, after "
+          f"{np.median(medians['after']) * 1e3:.1f} ms; before/after {np.median(ratios):.3f} "
+          f"(range {ratios.min():.3f}-{ratios.max():.3f})")
+    after = profiles["after"]
+    for kernel in sorted(after, key=lambda k: -np.median(after[k])):
+        a = np.median(after[kernel]) * 1e3
+        b = np.median(profiles["before"].get(kernel, [np.nan])) * 1e3
+        print(f"  {kernel:28s} before {b:7.2f} ms  after {a:7.2f} ms  before/after {b / a:5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
