@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -62,7 +63,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=4, help="steps per round and side")
     args = p.parse_args(argv)
 
-    folder = Path(tempfile.mkdtemp(prefix="ab_steps_"))
+    folder = Path(tempfile.mkdtemp(prefix="ab_steps_"))   # removed when done
+    try:
+        return compare(args, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def compare(args, folder: Path) -> int:
     try:
         extract_engine(args.before, folder)
     except subprocess.CalledProcessError:
