@@ -1,4 +1,5 @@
 """tools/ab_steps.py: an older commit's trainer timed beside this tree's, in one process."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -6,15 +7,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(*args):
+def _run(*args, tmp):
+    env = {**os.environ, "TMPDIR": str(tmp)}          # where its temporary folder goes
     return subprocess.run([sys.executable, str(ROOT / "tools" / "ab_steps.py"), *args],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
 
 
-def test_ab_steps_times_both_trees_and_reports_each_kernel():
+def test_ab_steps_times_both_trees_and_reports_each_kernel(tmp_path):
     r = _run("HEAD", "--B", "2", "--T", "16", "--L", "1", "--H", "2", "--C", "16",
-             "--rounds", "2", "--steps", "1")
+             "--rounds", "2", "--steps", "1", tmp=tmp_path)
     assert r.returncode == 0, r.stderr
+    assert list(tmp_path.iterdir()) == []              # the archived engine is gone again
     lines = r.stdout.splitlines()
     step = next(line for line in lines if line.strip().startswith("step:"))
     assert "before" in step and "after" in step and "range" in step
@@ -22,7 +25,7 @@ def test_ab_steps_times_both_trees_and_reports_each_kernel():
     assert {"matmul", "attention_forward", "layernorm_backward"} <= set(kernels)
 
 
-def test_ab_steps_names_a_commit_git_does_not_know():
-    r = _run("no-such-commit-abc")
+def test_ab_steps_names_a_commit_git_does_not_know(tmp_path):
+    r = _run("no-such-commit-abc", tmp=tmp_path)
     assert r.returncode == 2
     assert "no-such-commit-abc" in r.stderr and "commit" in r.stderr
