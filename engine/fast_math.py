@@ -5,7 +5,8 @@ element at a time (about 2.4 ns each here). GELU and softmax call it millions
 of times per step, so float32 gets a polynomial `exp` written with plain
 arithmetic and fused multiply-adds (`fma`, where the CPU has them), which
 LLVM turns into 16-wide vector code (about 0.45 ns each here, against 0.65
-with separate multiplies and adds; within 1 ulp). float64, used by the gradient checks, keeps `np.exp`.
+with separate multiplies and adds; within 1 ulp). float64, used by the
+gradient checks, keeps `np.exp`.
 
 `exp(x)` and `tanh(x)` pick the version by the argument's type when numba
 compiles the caller, so kernels stay dtype-generic.
@@ -17,13 +18,14 @@ promotes). Kernels therefore build their constants in the array's own type,
 """
 from __future__ import annotations
 
-import os
 import platform
 
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload, register_jitable
+
+from .numba_config import target_cpu_features
 
 
 @intrinsic
@@ -44,11 +46,7 @@ def _target_has_fma() -> bool:
     Celeron or Pentium; every 64-bit ARM)."""
     if platform.machine().lower() in ("arm64", "aarch64"):
         return True
-    features = os.environ.get("NUMBA_CPU_FEATURES")
-    if not features:
-        import llvmlite.binding as llvm
-        features = llvm.get_host_cpu_features().flatten()
-    return "+fma" in features.split(",")
+    return "+fma" in target_cpu_features().split(",")
 
 
 HAS_FMA = _target_has_fma()
@@ -60,10 +58,9 @@ def fma(typingctx, a, b, c):
     once, the same bits on every CPU that has it) where there is one; else a
     multiply and an add, each rounded (llvm.fma without the instruction is a
     library call per element: 12.7 against 0.95 ns per exp, measured with numba
-    compiling for a Sandy Bridge). Either way the choice is made
-    here, never by the optimiser: fast-math's "contract" would let LLVM fuse
-    where it sees fit, and it did not see alike for a fresh compile and a
-    cache load."""
+    compiling for a Sandy Bridge). Either way the choice is made here, never
+    by the optimiser: fast-math's "contract" would let LLVM fuse where it sees
+    fit, and it did not see alike for a fresh compile and a cache load."""
     if not (a == b == c and a in (types.float32, types.float64)):
         return None
 

@@ -19,8 +19,9 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
   longer vectorised (LayerNorm about 2x slower alone, softmax's exp loop
   scalar); engine/trainer/kernels/_lanes.py wins it back with the
   reordering written into the program (sixteen partial sums in one LLVM
-  vector, combined in a fixed order), which every compile honours alike. (Without fast-math's "no NaN, no Inf"
-  assumptions a NaN in the loss survives to be reported, as before.)
+  vector, combined in a fixed order), which every compile honours alike.
+  (Without fast-math's "no NaN, no Inf" assumptions a NaN in the loss
+  survives to be reported, as before.)
 * Vectors: numba's loops may use 512-bit registers where the CPU has them
   (`_full_width_vectors`).
 * Threads: the `omp` threading layer starts a parallel loop in about 2 us
@@ -50,6 +51,16 @@ def _quiet_idle_threads() -> None:
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")   # 2**4 cycles, then sleep
 
 
+def target_cpu_features() -> str:
+    """The CPU features numba compiles for, by numba's own rule: NUMBA_CPU_FEATURES
+    when set, else the host CPU's (comma-separated, "+avx2,-avx512f,...")."""
+    features = os.environ.get("NUMBA_CPU_FEATURES")
+    if features:
+        return features
+    import llvmlite.binding as llvm
+    return llvm.get_host_cpu_features().flatten()
+
+
 def _full_width_vectors() -> None:
     """Let LLVM use the CPU's full vector width (512 bits with AVX-512).
 
@@ -59,14 +70,13 @@ def _full_width_vectors() -> None:
     float32): bias + GELU forward 0.79 -> 0.59 ms, backward 1.10 -> 0.87 ms
     for a (1024, 512) array. Same bits either way: without fast-math the
     vector width changes how many elements a loop does at once, never the
-    order of any sum (the lanes of `_lanes` are written out). Skipped when
+    order of any sum (the lanes of `_lanes` are fixed in the IR). Skipped when
     the user chose a CPU (NUMBA_CPU_NAME) or its features (NUMBA_CPU_FEATURES),
     as CI's run on the AVX2 code paths does, and on CPUs without AVX-512."""
     if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
         return
-    import llvmlite.binding as llvm
     import numba.core.config
-    features = llvm.get_host_cpu_features().flatten()
+    features = target_cpu_features()
     if "+avx512f" in features.split(","):
         os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
         numba.core.config.reload_config()     # numba read its settings when engine imported it
