@@ -44,7 +44,7 @@ import numpy as np
 from . import threads
 from ._buffers import float_dtype, output
 from .linear import gemm_kernel
-from ._lanes import row_dot, row_max, row_sum
+from ._lanes import LANES, row_dot, row_max, row_sum
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
 
@@ -296,10 +296,10 @@ def _block_gradients(ds, p, q, k, g, dq, dk, dv, r0, r1):
 
 
 @row_kernel
-def _width16(i, r1):
-    """Columns a row i handles: i + 1 rounded up to a multiple of 16 (a whole
-    number of the lane reductions' steps, one AVX-512 vector), at most r1."""
-    return min((i + 16) // 16 * 16, r1)
+def _row_width(i, r1):
+    """Columns a row i handles: i + 1 rounded up to a whole number of the lane
+    reductions' steps (LANES, one AVX-512 vector of float32), at most r1."""
+    return min(_padded(i + 1, LANES), r1)
 
 
 @kernel
@@ -316,7 +316,7 @@ def attention_forward_blas(qkv, y, probs):
                 r1 = min(r0 + ROW_BLOCK, T)
                 gemm_kernel(q[r0:r1], k[:r1], p[r0:r1, :r1], False, True, scale, 0.0)
                 for i in range(r0, r1):
-                    _softmax_causal_row(p[i], i, _width16(i, r1), T)
+                    _softmax_causal_row(p[i], i, _row_width(i, r1), T)
                 gemm_kernel(p[r0:r1, :r1], v[:r1], yh[r0:r1], False, False, one, 0.0)
 
 

@@ -55,7 +55,7 @@ from ._buffers import float_dtype, output
 from ._lanes import row_dot, row_max, row_sum
 from .attention import (ROW_BLOCK, _blas_dims, _block_gradients, _check_qkv, _head_views,
                         _load_cols, _load_rows, _padded, _rows4_product, _softmax_backward_row,
-                        _softmax_causal_row, _width16)
+                        _softmax_causal_row, _row_width)
 from .linear import gemm_kernel
 from ...numba_config import kernel, parallel_only_kernel, prange
 from ...fast_math import exp
@@ -227,7 +227,7 @@ def flash_forward_blas(qkv, y, lse):
                 p = s[:r1 - r0, :r1]
                 gemm_kernel(q[r0:r1], k[:r1], p, False, True, scale, 0.0)      # S
                 for i in range(r0, r1):
-                    lse[b, h, i] = _softmax_causal_row(s[i - r0], i, _width16(i, r1), r1)
+                    lse[b, h, i] = _softmax_causal_row(s[i - r0], i, _row_width(i, r1), r1)
                 gemm_kernel(p, v[:r1], yh[r0:r1], False, False, one, 0.0)      # Y = P V
 
 
@@ -253,7 +253,7 @@ def flash_backward_blas(dy, qkv, y, lse, dqkv):
                 gemm_kernel(q[r0:r1], k[:r1], p, False, True, scale, 0.0)      # S again
                 for i in range(r0, r1):                                         # P
                     row, row_lse = sp[i - r0], lse[b, h, i]
-                    for j in range(_width16(i, r1)):
+                    for j in range(_row_width(i, r1)):
                         row[j] = exp(row[j] - row_lse)
                     row[i + 1:r1] = one - one
                 gemm_kernel(g[r0:r1], v[:r1], d, False, True, one, 0.0)        # dP = dY V^T
