@@ -40,13 +40,13 @@ def crossentropy_softmax_kernel(logits, targets, scale, losses, write_grad):
             m = row_max(row, V)
             for v in range(V):
                 e[v] = exp(row[v] - m)
-            log_total = np.log(row_sum(e, V))
+            total = row_sum(e, V)
             y = targets[n]
-            losses[n] = m + log_total - row[y]
+            losses[n] = m + np.log(total) - row[y]
             if write_grad:
-                shift = m + log_total                  # p_v = exp(z_v - logsumexp(z))
+                weight = scale / total                 # p_v = e_v / total, times scale
                 for v in range(V):
-                    row[v] = exp(row[v] - shift) * scale
+                    row[v] = e[v] * weight
                 row[y] -= scale
 
 
