@@ -300,12 +300,10 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
             torch_reason = None
         except ImportError as exc:
             torch_reason = f"PyTorch is not installed ({exc}); pip install torch to compare"
-    from .kernels.threads import concurrent_kernels_ok, cores, plan_threads, restore_threads
+    from .kernels.threads import cores, plan_threads, restore_threads
 
     n_threads = threads or cores()
-    if not concurrent_kernels_ok():
-        thread_mode = "kernels"                 # numba's workqueue layer: one model only
-    replicas, thread_info = plan_threads(n_threads, batch_size, thread_mode)
+    thread_mode, replicas, thread_info = plan_threads(n_threads, batch_size, thread_mode)
     torch_threads = torch.get_num_threads() if torch is not None else None
     if torch is not None:
         torch.set_num_threads(n_threads)

@@ -150,7 +150,7 @@ def _processes(config):
 
 def _threads(config, rank, world_size):
     """Validate the settings, split the batch over processes and threads, set the pools."""
-    from .kernels.threads import concurrent_kernels_ok, cores, plan_threads
+    from .kernels.threads import cores, plan_threads
     from .parallel import shard_rows
     config.validate()
     try:
@@ -159,10 +159,8 @@ def _threads(config, rank, world_size):
         raise TrainError(str(exc)) from None
     local_batch = rows.stop - rows.start
     n_threads = config.threads or max(1, cores() // world_size)
-    if config.thread_mode == "replicas" and not concurrent_kernels_ok():
-        config = dataclasses.replace(config, thread_mode="kernels")   # workqueue layer only
-    n_replicas, thread_info = plan_threads(n_threads, local_batch, config.thread_mode)
-    config = dataclasses.replace(config, threads=n_threads)
+    mode, n_replicas, thread_info = plan_threads(n_threads, local_batch, config.thread_mode)
+    config = dataclasses.replace(config, threads=n_threads, thread_mode=mode)
     return config, rows, n_threads, n_replicas, thread_info
 
 
