@@ -29,3 +29,12 @@ def test_ab_steps_names_a_commit_git_does_not_know(tmp_path):
     r = _run("no-such-commit-abc", tmp=tmp_path)
     assert r.returncode == 2
     assert "no-such-commit-abc" in r.stderr and "commit" in r.stderr
+
+
+def test_ab_steps_passes_nothing_but_a_commit_to_git(tmp_path):
+    # an argument shaped like a git option (after "--", so argparse lets it through)
+    # is refused as not a commit, and writes no file
+    target = tmp_path / "written.tar"
+    r = _run("--", f"--output={target}", tmp=tmp_path)
+    assert r.returncode == 2 and "pass a commit" in r.stderr
+    assert not target.exists()

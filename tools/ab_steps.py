@@ -33,9 +33,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def extract_engine(commit: str, into: Path) -> None:
     """engine/ of `commit` as the package `engine_before` under `into`."""
+    # Resolved to a commit hash first, so the argument can only name a commit, never
+    # reach git as an option (git archive --output=FILE would write a file).
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                          "--end-of-options", f"{commit}^{{commit}}"],
+                         capture_output=True, text=True, check=True).stdout.strip()
     archive = into / "engine.tar"
     with archive.open("wb") as out:
-        subprocess.run(["git", "-C", str(ROOT), "archive", commit, "engine"], stdout=out,
+        subprocess.run(["git", "-C", str(ROOT), "archive", sha, "engine"], stdout=out,
                        check=True)
     with tarfile.open(archive) as tar:                # our own repository's files
         if hasattr(tarfile, "data_filter"):
