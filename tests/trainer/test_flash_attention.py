@@ -1,5 +1,5 @@
-"""The flash attention kernel, in both builds (BLAS per head for one thread,
-tiles in parallel), equals the textbook attention (float64, 1e-10 relative),
+"""The flash attention kernel, in both builds (register-tile products per
+head for one thread, tiles in parallel), equals the textbook attention (float64, 1e-10 relative),
 passes a central-difference check, keeps O(T) numbers per head, and gives a
 FusedGPT the same gradients as the standard kernel."""
 from __future__ import annotations

@@ -9,6 +9,7 @@
     crossentropy    crossentropy_softmax (loss and gradient in one kernel), crossentropy_loss
     residual        residual_bias_add           bias_grad
     linear          linear_forward, gemm        linear_backward      (BLAS, outside prange)
+    register_tiles  tile_gemm: small products with the output tile in registers (attention's)
     adamw           adamw_update, global_norm, clip_scale
 
 Every function takes its inputs positionally and its outputs as keywords
@@ -22,8 +23,8 @@ compiles one version per dtype on first use and caches it on disk. Each
 `prange` kernel has a parallel and a serial build (engine.numba_config.
 ParallelKernel); a caller on one numba thread, as every model replica is,
 runs and compiles only the serial one. Attention's one-thread build is a
-different algorithm, not a copy: BLAS products on each head's slices
-(attention.py says why the threaded build cannot call BLAS). Row
+different algorithm, not a copy: blocked products on each head's slices
+with the output tile in vector registers (register_tiles.py). Row
 reductions go through the vector lanes of `_lanes` (same bits on every
 compile and every CPU), and the small per-row helpers are inlined into
 their kernels (`numba_config.row_kernel`).

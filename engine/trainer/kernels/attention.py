@@ -19,23 +19,27 @@ upper triangle stays zero.
 Two builds, chosen by how many numba threads the caller has:
 
 * One thread (every model replica of the trainer's default): the (batch,
-  head) pairs run one after another, and every product is a BLAS call on
-  the head's slices of the QKV buffer, read in place (linear.gemm_kernel
-  takes row strides). Causality is blocked: query rows go in blocks of
-  ROW_BLOCK, and block [r0, r1) only multiplies keys 0 ... r1-1, so the
-  only masked products computed are the diagonal block's upper half. What is left
-  between the products is the softmax and its backward, row by row.
+  head) pairs run one after another, and every product is a register-tile
+  product (`register_tiles.tile_gemm`) on the head's slices of the QKV
+  buffer, read in place; K^T and V^T, the right operands of S = Q K^T and
+  dP = dY V^T, are copied once per head. These products are small (64 x 128
+  x 32 at T = 128), and a BLAS call spends microseconds on each before it
+  multiplies: with BLAS the products ran at about half the speed (the
+  module's docstring has the figures). Causality is blocked: query rows go
+  in blocks of ROW_BLOCK, and block [r0, r1) only multiplies keys 0 ...
+  r1-1, so the only masked products computed are the diagonal block's upper
+  half. What is left between the products is the softmax and its backward,
+  row by row.
 * Several threads (`--thread-mode kernels`): the pairs run in parallel
-  (`prange`). BLAS must not run inside a prange (its threads would nest in
-  numba's), so each pair copies its slices into small zero-padded tiles
+  (`prange`). Each pair copies its slices into small zero-padded tiles
   (rows padded to a multiple of 16, the float32 vector width on AVX-512)
   and multiplies them with hand-written loops; `_rows4_product` computes
   four output rows at once so each row of the right operand, once loaded,
   feeds four multiply-adds.
 
 Both builds share the row-wise softmax and softmax backward. They agree to
-rounding (BLAS sums in its own order), not bit for bit; each is
-deterministic on its own.
+rounding (the tile products fuse each multiply-add, the hand-written loops
+do not), not bit for bit; each is deterministic on its own.
 """
 from __future__ import annotations
 
@@ -43,13 +47,13 @@ import numpy as np
 
 from . import threads
 from ._buffers import float_dtype, output
-from .linear import gemm_kernel
+from .register_tiles import tile_gemm
 from ._lanes import LANES, row_dot, row_max, row_sum
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
 
 TILE = 16        # column padding of the tile build: one AVX-512 register of float32
-ROW_BLOCK = 64   # query rows per BLAS product in the one-thread build
+ROW_BLOCK = 64   # query rows per product in the one-thread build
 
 
 @row_kernel
@@ -275,8 +279,8 @@ def _head_views(m, b, h, T, hs, C):
 
 
 @row_kernel
-def _blas_dims(qkv, per_head):
-    """(B, H, T, C, hs, one, scale) of a BLAS build's call: per_head is probs
+def _block_dims(qkv, per_head):
+    """(B, H, T, C, hs, one, scale) of a one-thread build's call: per_head is probs
     (B, H, T, T) or lse (B, H, T)."""
     B, H, T = per_head.shape[0], per_head.shape[1], per_head.shape[2]
     C = qkv.shape[1] // 3
@@ -285,14 +289,22 @@ def _blas_dims(qkv, per_head):
 
 
 @kernel
+def _transpose_into(src, dst):
+    """dst[d, t] = src[t, d]: one head's K^T or V^T, the right operand of S = Q K^T
+    and dP = dY V^T (the tile products want the rows of their right operand)."""
+    for t in range(src.shape[0]):
+        for d in range(src.shape[1]):
+            dst[d, t] = src[t, d]
+
+
+@kernel
 def _block_gradients(ds, p, q, k, g, dq, dk, dv, r0, r1):
     """The products of one block of query rows [r0, r1) in a backward, given its
     dS and P over keys 0 ... r1-1: dQ = dS K (written), dK += dS^T Q and
     dV += P^T dY (the keys' gradients collect every block's share)."""
-    one = ds.dtype.type(1)
-    gemm_kernel(ds, k[:r1], dq[r0:r1], False, False, one, 0.0)
-    gemm_kernel(ds, q[r0:r1], dk[:r1], True, False, one, 1.0)
-    gemm_kernel(p, g[r0:r1], dv[:r1], True, False, one, 1.0)
+    tile_gemm(ds, k[:r1], dq[r0:r1], False, 1.0, 0.0)
+    tile_gemm(ds, q[r0:r1], dk[:r1], True, 1.0, 1.0)
+    tile_gemm(p, g[r0:r1], dv[:r1], True, 1.0, 1.0)
 
 
 @row_kernel
@@ -303,34 +315,38 @@ def _row_width(i, r1):
 
 
 @kernel
-def attention_forward_blas(qkv, y, probs):
+def attention_forward_blocked(qkv, y, probs):
     """The one-thread build: per head, per block of query rows, S = scale Q K^T
-    and Y = P V as BLAS products on the keys that block can see."""
-    B, H, T, C, hs, one, scale = _blas_dims(qkv, probs)
+    and Y = P V as tile products on the keys that block can see."""
+    B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
+    kt = np.empty((hs, T), qkv.dtype)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)
+            _transpose_into(k, kt)
             yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
             p = probs[b, h]
             for r0 in range(0, T, ROW_BLOCK):
                 r1 = min(r0 + ROW_BLOCK, T)
-                gemm_kernel(q[r0:r1], k[:r1], p[r0:r1, :r1], False, True, scale, 0.0)
+                tile_gemm(q[r0:r1], kt[:, :r1], p[r0:r1, :r1], False, scale, 0.0)
                 for i in range(r0, r1):
                     _softmax_causal_row(p[i], i, _row_width(i, r1), T)
-                gemm_kernel(p[r0:r1, :r1], v[:r1], yh[r0:r1], False, False, one, 0.0)
+                tile_gemm(p[r0:r1, :r1], v[:r1], yh[r0:r1], False, one, 0.0)
 
 
 @kernel
-def attention_backward_blas(dy, qkv, probs, dqkv):
+def attention_backward_blocked(dy, qkv, probs, dqkv):
     """The one-thread build of the backward, block of query rows by block:
     dP = dY V^T, dS, then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the
-    keys the block saw. Scratch: one (ROW_BLOCK, T) block of dS."""
-    B, H, T, C, hs, one, scale = _blas_dims(qkv, probs)
+    keys the block saw. Scratch: one (ROW_BLOCK, T) block of dS and V^T."""
+    B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     ds = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
+    vt = np.empty((hs, T), qkv.dtype)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)
             dq, dk, dv = _head_views(dqkv, b, h, T, hs, C)
+            _transpose_into(v, vt)
             g = dy[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
             p = probs[b, h]
             dk[:, :] = 0
@@ -338,7 +354,7 @@ def attention_backward_blas(dy, qkv, probs, dqkv):
             for r0 in range(0, T, ROW_BLOCK):
                 r1 = min(r0 + ROW_BLOCK, T)
                 d = ds[:r1 - r0, :r1]
-                gemm_kernel(g[r0:r1], v[:r1], d, False, True, one, 0.0)          # dP = dY V^T
+                tile_gemm(g[r0:r1], vt[:, :r1], d, False, one, 0.0)           # dP = dY V^T
                 for t in range(r0, r1):                                          # dS, in place
                     _softmax_backward_row(p[t], d[t - r0], row_dot(p[t], d[t - r0], t + 1),
                                           r1, scale)
@@ -364,7 +380,7 @@ def attention_forward(qkv, n_head, *, out=None, probs=None):
     B, T, C = _check_qkv(name, qkv, n_head)
     out = output(name, "out", out, (B, T, C), dtype)
     probs = output(name, "probs", probs, (B, n_head, T, T), dtype)
-    kernel = attention_forward_blas if threads.single_threaded() else attention_forward_tiles
+    kernel = attention_forward_blocked if threads.single_threaded() else attention_forward_tiles
     kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), probs)
     return out, probs
 
@@ -378,7 +394,7 @@ def attention_backward(dout, qkv, probs, *, dqkv=None):
         raise ValueError(f"{name}: dout {dout.shape} and probs {probs.shape} do not fit "
                          f"qkv {qkv.shape}; expected ({B}, {T}, {C}) and ({B}, H, {T}, {T})")
     dqkv = output(name, "dqkv", dqkv, qkv.shape, dtype)
-    kernel = attention_backward_blas if threads.single_threaded() else attention_backward_tiles
+    kernel = attention_backward_blocked if threads.single_threaded() else attention_backward_tiles
     kernel(np.ascontiguousarray(dout).reshape(B * T, C),
            qkv.reshape(B * T, 3 * C), probs, dqkv.reshape(B * T, 3 * C))
     return dqkv

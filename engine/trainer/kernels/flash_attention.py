@@ -33,10 +33,10 @@ backward), two more products of the five per tile.
 
 Two builds, as for the standard kernel (engine/trainer/kernels/attention.py):
 
-* One thread (every model replica): the standard kernel's blocked BLAS
-  products, head by head, with each block of ROW_BLOCK query rows keeping
-  its scores and probabilities in a (ROW_BLOCK, T) scratch that the next
-  block overwrites, instead of in a (B, H, T, T) buffer. A block sees all
+* One thread (every model replica): the standard kernel's blocked
+  register-tile products, head by head, with each block of ROW_BLOCK query
+  rows keeping its scores and probabilities in a (ROW_BLOCK, T) scratch that
+  the next block overwrites, instead of in a (B, H, T, T) buffer. A block sees all
   the keys it needs at once, so no online rescaling is needed: the
   block's row maxima are exact. At long sequences this is the faster of
   the two kernels: it writes and reads back no T x T matrix.
@@ -53,10 +53,10 @@ import numpy as np
 from . import threads
 from ._buffers import float_dtype, output
 from ._lanes import row_dot, row_max, row_sum
-from .attention import (ROW_BLOCK, _blas_dims, _block_gradients, _check_qkv, _head_views,
+from .attention import (ROW_BLOCK, _block_dims, _block_gradients, _check_qkv, _head_views,
                         _load_cols, _load_rows, _padded, _rows4_product, _softmax_backward_row,
-                        _softmax_causal_row, _row_width)
-from .linear import gemm_kernel
+                        _softmax_causal_row, _row_width, _transpose_into)
+from .register_tiles import tile_gemm
 from ...numba_config import kernel, parallel_only_kernel, prange
 from ...fast_math import exp
 
@@ -212,36 +212,41 @@ def flash_backward_tiles(dy, qkv, y, lse, dqkv):
 
 
 @kernel
-def flash_forward_blas(qkv, y, lse):
-    """The one-thread build: the standard kernel's blocked BLAS forward, with each
+def flash_forward_blocked(qkv, y, lse):
+    """The one-thread build: the standard kernel's blocked forward, with each
     block's probabilities in a (ROW_BLOCK, T) scratch that the next block
     overwrites; only the row's log-sum-exp is kept."""
-    B, H, T, C, hs, one, scale = _blas_dims(qkv, lse)
+    B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     s = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
+    kt = np.empty((hs, T), qkv.dtype)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)
+            _transpose_into(k, kt)
             yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
             for r0 in range(0, T, ROW_BLOCK):
                 r1 = min(r0 + ROW_BLOCK, T)
                 p = s[:r1 - r0, :r1]
-                gemm_kernel(q[r0:r1], k[:r1], p, False, True, scale, 0.0)      # S
+                tile_gemm(q[r0:r1], kt[:, :r1], p, False, scale, 0.0)          # S
                 for i in range(r0, r1):
                     lse[b, h, i] = _softmax_causal_row(s[i - r0], i, _row_width(i, r1), r1)
-                gemm_kernel(p, v[:r1], yh[r0:r1], False, False, one, 0.0)      # Y = P V
+                tile_gemm(p, v[:r1], yh[r0:r1], False, one, 0.0)              # Y = P V
 
 
 @kernel
-def flash_backward_blas(dy, qkv, y, lse, dqkv):
+def flash_backward_blocked(dy, qkv, y, lse, dqkv):
     """The one-thread build of the backward, block of query rows by block: S
     again, P = exp(S - lse), dP = dY V^T, dS = scale P (dP - D) with
     D_i = dy_i . y_i, then dQ = dS K, dK += dS^T Q, dV += P^T dY."""
-    B, H, T, C, hs, one, scale = _blas_dims(qkv, lse)
+    B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     rows = min(ROW_BLOCK, T)
     sp, sd = np.empty((rows, T), qkv.dtype), np.empty((rows, T), qkv.dtype)
+    kt, vt = np.empty((hs, T), qkv.dtype), np.empty((hs, T), qkv.dtype)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)
+            _transpose_into(k, kt)
+            _transpose_into(v, vt)
             dq, dk, dv = _head_views(dqkv, b, h, T, hs, C)
             g = dy[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
             yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
@@ -250,13 +255,13 @@ def flash_backward_blas(dy, qkv, y, lse, dqkv):
             for r0 in range(0, T, ROW_BLOCK):
                 r1 = min(r0 + ROW_BLOCK, T)
                 p, d = sp[:r1 - r0, :r1], sd[:r1 - r0, :r1]
-                gemm_kernel(q[r0:r1], k[:r1], p, False, True, scale, 0.0)      # S again
+                tile_gemm(q[r0:r1], kt[:, :r1], p, False, scale, 0.0)          # S again
                 for i in range(r0, r1):                                         # P
                     row, row_lse = sp[i - r0], lse[b, h, i]
                     for j in range(_row_width(i, r1)):
                         row[j] = exp(row[j] - row_lse)
                     row[i + 1:r1] = one - one
-                gemm_kernel(g[r0:r1], v[:r1], d, False, True, one, 0.0)        # dP = dY V^T
+                tile_gemm(g[r0:r1], vt[:, :r1], d, False, one, 0.0)            # dP = dY V^T
                 for t in range(r0, r1):                                         # dS, in place
                     _softmax_backward_row(sp[t - r0], sd[t - r0], row_dot(g[t], yh[t], hs),
                                           r1, scale)
@@ -271,7 +276,7 @@ def flash_attention_forward(qkv, n_head, *, out=None, lse=None):
     B, T, C = _check_qkv(name, qkv, n_head)
     out = output(name, "out", out, (B, T, C), dtype)
     lse = output(name, "lse", lse, (B, n_head, T), dtype)
-    kernel = flash_forward_blas if threads.single_threaded() else flash_forward_tiles
+    kernel = flash_forward_blocked if threads.single_threaded() else flash_forward_tiles
     kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), lse)
     return out, lse
 
@@ -289,7 +294,7 @@ def flash_attention_backward(dout, qkv, out, lse, *, dqkv=None):
                          f"not fit qkv {qkv.shape}; expected ({B}, {T}, {C}) twice and "
                          f"({B}, H, {T})")
     dqkv = output(name, "dqkv", dqkv, qkv.shape, dtype)
-    kernel = flash_backward_blas if threads.single_threaded() else flash_backward_tiles
+    kernel = flash_backward_blocked if threads.single_threaded() else flash_backward_tiles
     kernel(np.ascontiguousarray(dout).reshape(B * T, C), qkv.reshape(B * T, 3 * C),
            np.ascontiguousarray(out).reshape(B * T, C), np.ascontiguousarray(lse),
            dqkv.reshape(B * T, 3 * C))

@@ -1,0 +1,68 @@
+"""register_tiles.tile_gemm: the products attention's one-thread build runs.
+
+Checked against float64 numpy for every tile shape the driver picks (full
+tiles, narrower column tiles, one-row tiles for leftover rows, the scalar
+loop for leftover columns), with a transposed and a strided left operand,
+and for the promise the module makes: every element is the same chain of
+multiply-adds whichever tile computed it, so its bits do not depend on where
+it sits in the output."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.trainer.kernels.register_tiles import MAX_VECTORS, VECTOR_BYTES, tile_gemm
+
+
+def _operands(rng, m, n, k, trans_a, dtype):
+    # a is a strided view into a wider array, as a head's slice of the QKV buffer is
+    wide = rng.standard_normal((max(m, k) + 3, 3 * max(m, k) + 5)).astype(dtype)
+    a = wide[:k, 2:2 + m] if trans_a else wide[:m, 2:2 + k]
+    b = rng.standard_normal((k, n)).astype(dtype)
+    return a, b
+
+
+SHAPES = [(64, 128, 32), (64, 32, 128), (17, 70, 9), (5, 3, 4), (1, 1, 1), (3, 0, 2), (4, 16, 0)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_tile_gemm_equals_numpy(m, n, k, trans_a, dtype):
+    rng = np.random.default_rng(m * 100 + n + k)
+    a, b = _operands(rng, m, n, k, trans_a, dtype)
+    want = (a.T if trans_a else a).astype(np.float64) @ b.astype(np.float64)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    scale = max(1.0, np.abs(want).max()) if want.size else 1.0
+
+    out = np.full((m, n), np.nan, dtype)               # beta = 0 must not read out
+    tile_gemm(a, b, out, trans_a, 0.5, 0.0)
+    assert np.abs(out - 0.5 * want).max(initial=0) / scale < tol
+
+    start = rng.standard_normal((m, n)).astype(dtype)  # beta = 1 adds into it
+    out = start.copy()
+    tile_gemm(a, b, out, trans_a, 1.0, 1.0)
+    assert np.abs(out - (start + want)).max(initial=0) / scale < tol
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_element_has_the_same_bits_wherever_it_sits(dtype):
+    """Column j computed in a full tile, in a narrower tile and in the scalar
+    loop, and row i in a tall tile and in a one-row tile: the same bits."""
+    rng = np.random.default_rng(3)
+    width = VECTOR_BYTES // np.dtype(dtype).itemsize
+    n = MAX_VECTORS * width + width + 3                # full tile, narrow tile, 3 scalar columns
+    m, k = 19, 37                                      # 16 or 8 tall rows, then one-row tiles
+    a, b = _operands(rng, m, n, k, False, dtype)
+    out = np.empty((m, n), dtype)
+    tile_gemm(a, b, out, False, 1.0, 0.0)
+    for j in (0, MAX_VECTORS * width, n - 1):          # each kind of column, moved to the others
+        for j_to in (0, MAX_VECTORS * width, n - 1):
+            order = np.arange(n)
+            order[j], order[j_to] = j_to, j
+            moved = np.empty((m, n), dtype)
+            tile_gemm(a, np.ascontiguousarray(b[:, order]), moved, False, 1.0, 0.0)
+            assert np.array_equal(moved[:, j_to], out[:, j])
+    flipped = np.empty((m, n), dtype)                  # the last row first: a tall tile's row
+    tile_gemm(np.ascontiguousarray(a[::-1]), b, flipped, False, 1.0, 0.0)
+    assert np.array_equal(flipped[::-1], out)
