@@ -127,10 +127,10 @@ def _transposed_times_lower(out_t, xt, m, Tp):
 
 
 @row_kernel
-def _softmax_causal_row(row, i, width, end):
-    """row[:end] becomes softmax(row[:i+1]) followed by zeros; row[:width]
-    (width > i) holds computed scores. Returns the row's log-sum-exp
-    (what flash attention keeps instead of the row).
+def _exp_causal_row(row, i, width, end):
+    """row[:end] becomes exp(row[j] - m) for j <= i, zeros after, where m is
+    the maximum of row[:i+1]; row[:width] (width > i) holds computed scores.
+    Returns (m, the sum of the exponentials).
 
     The exponentials run over all `width` entries and the masked ones are
     zeroed afterwards: a mask inside the loop (`exp(..) if j <= i else 0`)
@@ -142,8 +142,16 @@ def _softmax_causal_row(row, i, width, end):
     for j in range(width):
         row[j] = exp(row[j] - m)
     row[i + 1:end] = one - one
-    total = row_sum(row, width)
-    inv = one / total
+    return m, row_sum(row, width)
+
+
+@row_kernel
+def _softmax_causal_row(row, i, width, end):
+    """row[:end] becomes softmax(row[:i+1]) followed by zeros (see
+    `_exp_causal_row`). Returns the row's log-sum-exp (what flash attention
+    keeps instead of the row)."""
+    m, total = _exp_causal_row(row, i, width, end)
+    inv = row.dtype.type(1) / total
     for j in range(width):
         row[j] *= inv
     return m + np.log(total)

@@ -55,7 +55,7 @@ from ._buffers import float_dtype, output
 from ._lanes import row_dot, row_max, row_sum
 from .attention import (ROW_BLOCK, _block_dims, _block_gradients, _check_qkv, _head_views,
                         _load_cols, _load_rows, _padded, _rows4_product, _softmax_backward_row,
-                        _softmax_causal_row, _row_width, _transpose_into)
+                        _exp_causal_row, _row_width, _transpose_into)
 from .register_tiles import tile_gemm
 from ...numba_config import kernel, parallel_only_kernel, prange
 from ...fast_math import exp
@@ -214,10 +214,14 @@ def flash_backward_tiles(dy, qkv, y, lse, dqkv):
 @kernel
 def flash_forward_blocked(qkv, y, lse):
     """The one-thread build: the standard kernel's blocked forward, with each
-    block's probabilities in a (ROW_BLOCK, T) scratch that the next block
-    overwrites; only the row's log-sum-exp is kept."""
+    block's exponentials in a (ROW_BLOCK, T) scratch that the next block
+    overwrites; only the row's log-sum-exp is kept. The rows are never
+    normalised: Y = E V with the unnormalised e_ij = exp(s_ij - m_i), then
+    each row of Y is divided by its sum (hs divisions a row instead of one
+    more pass over its i + 1 exponentials)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     s = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
+    inv = np.empty(min(ROW_BLOCK, T), qkv.dtype)
     kt = np.empty((hs, T), qkv.dtype)
     for b in range(B):
         for h in range(H):
@@ -226,11 +230,16 @@ def flash_forward_blocked(qkv, y, lse):
             yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
             for r0 in range(0, T, ROW_BLOCK):
                 r1 = min(r0 + ROW_BLOCK, T)
-                p = s[:r1 - r0, :r1]
-                tile_gemm(q[r0:r1], kt[:, :r1], p, False, scale, 0.0)          # S
+                e = s[:r1 - r0, :r1]
+                tile_gemm(q[r0:r1], kt[:, :r1], e, False, scale, 0.0)          # S
                 for i in range(r0, r1):
-                    lse[b, h, i] = _softmax_causal_row(s[i - r0], i, _row_width(i, r1), r1)
-                tile_gemm(p, v[:r1], yh[r0:r1], False, one, 0.0)              # Y = P V
+                    m, total = _exp_causal_row(s[i - r0], i, _row_width(i, r1), r1)
+                    lse[b, h, i] = m + np.log(total)
+                    inv[i - r0] = one / total
+                tile_gemm(e, v[:r1], yh[r0:r1], False, one, 0.0)              # E V
+                for i in range(r0, r1):                                         # / row sums
+                    for d in range(hs):
+                        yh[i, d] *= inv[i - r0]
 
 
 @kernel
