@@ -68,6 +68,16 @@ def _tile(rows, cols, like):
 
 
 @kernel
+def _scratch(rows, cols, like):
+    """An uninitialised (rows, cols) array whose rows are cols + 16 elements
+    apart: at T = 1024 rows of exactly 4 KiB all fall into the same few sets of
+    the L1 cache, and a product that reads 32 of them in turn evicts its own
+    operand (measured at T = 1024, one thread: flash attention's forward 1.22x
+    and backward 1.17x faster with the padding)."""
+    return np.empty((rows, cols + 16), like.dtype)[:, :cols]
+
+
+@kernel
 def _rows4_product(out, a, b, r, k0, k1, c0, c1):
     """out[r:r+4, c0:c1] += a[r:r+4, k0:k1] @ b[k0:k1, c0:c1]  ((k1 - k0) % 4 == 0).
 
@@ -327,7 +337,7 @@ def attention_forward_blocked(qkv, y, probs):
     """The one-thread build: per head, per block of query rows, S = scale Q K^T
     and Y = P V as tile products on the keys that block can see."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
-    kt = np.empty((hs, T), qkv.dtype)
+    kt = _scratch(hs, T, qkv)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)
@@ -348,8 +358,8 @@ def attention_backward_blocked(dy, qkv, probs, dqkv):
     dP = dY V^T, dS, then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the
     keys the block saw. Scratch: one (ROW_BLOCK, T) block of dS and V^T."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
-    ds = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
-    vt = np.empty((hs, T), qkv.dtype)
+    ds = _scratch(min(ROW_BLOCK, T), T, qkv)
+    vt = _scratch(hs, T, qkv)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)

@@ -55,7 +55,7 @@ from ._buffers import float_dtype, output
 from ._lanes import row_dot, row_max, row_sum
 from .attention import (ROW_BLOCK, _block_dims, _block_gradients, _check_qkv, _head_views,
                         _load_cols, _load_rows, _padded, _rows4_product, _softmax_backward_row,
-                        _exp_causal_row, _row_width, _transpose_into)
+                        _exp_causal_row, _row_width, _scratch, _transpose_into)
 from .register_tiles import tile_gemm
 from ...numba_config import kernel, parallel_only_kernel, prange
 from ...fast_math import exp
@@ -220,9 +220,9 @@ def flash_forward_blocked(qkv, y, lse):
     each row of Y is divided by its sum (hs divisions a row instead of one
     more pass over its i + 1 exponentials)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
-    s = np.empty((min(ROW_BLOCK, T), T), qkv.dtype)
+    s = _scratch(min(ROW_BLOCK, T), T, qkv)
     inv = np.empty(min(ROW_BLOCK, T), qkv.dtype)
-    kt = np.empty((hs, T), qkv.dtype)
+    kt = _scratch(hs, T, qkv)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)
@@ -249,8 +249,8 @@ def flash_backward_blocked(dy, qkv, y, lse, dqkv):
     D_i = dy_i . y_i, then dQ = dS K, dK += dS^T Q, dV += P^T dY."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     rows = min(ROW_BLOCK, T)
-    sp, sd = np.empty((rows, T), qkv.dtype), np.empty((rows, T), qkv.dtype)
-    kt, vt = np.empty((hs, T), qkv.dtype), np.empty((hs, T), qkv.dtype)
+    sp, sd = _scratch(rows, T, qkv), _scratch(rows, T, qkv)
+    kt, vt = _scratch(hs, T, qkv), _scratch(hs, T, qkv)
     for b in range(B):
         for h in range(H):
             q, k, v = _head_views(qkv, b, h, T, hs, C)
