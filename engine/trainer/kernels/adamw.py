@@ -24,21 +24,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
+from ._lanes import row_dot
+from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange, row_kernel
 
 WORK_ITEM = 1 << 14   # elements per parallel task
+ADAM_BLOCK = 256      # elements per scratch row of the update (1 KiB of float32)
+NORM_BLOCK = 256      # elements per lane-summed block of the norm
 
 
 @parallel_kernel
 def sum_of_squares_kernel(x):
+    """sum(x^2): per chunk, blocks of NORM_BLOCK elements summed in the vector
+    lanes of `_lanes` (in x's own type: 16 squares a lane), the blocks added
+    in float64, in order, then the chunks in a fixed order. A running
+    `acc += v * v` in float64 is one scalar chain (0.85 ns an element against
+    0.2, measured on one thread)."""
     N = x.shape[0]
     chunk = (N + REDUCE_CHUNKS - 1) // REDUCE_CHUNKS
     part = np.zeros(REDUCE_CHUNKS, np.float64)
     for k in prange(REDUCE_CHUNKS):
         acc = 0.0
-        for i in range(k * chunk, min(N, (k + 1) * chunk)):
-            v = np.float64(x[i])
-            acc += v * v
+        stop = min(N, (k + 1) * chunk)
+        for j0 in range(k * chunk, stop, NORM_BLOCK):
+            block = x[j0:min(j0 + NORM_BLOCK, stop)]
+            acc += np.float64(row_dot(block, block, block.shape[0]))
         part[k] = acc
     total = 0.0
     for k in range(REDUCE_CHUNKS):   # fixed order
@@ -46,27 +55,44 @@ def sum_of_squares_kernel(x):
     return total
 
 
+@row_kernel
+def _adam_steps(p, g, m, v, update, keep, b1, b2, e, s, step_size, inv_sqrt_bias2):
+    """One block of the update. The Adam step goes into `update`, a scratch row,
+    and only a second loop subtracts it from p: a single loop that writes p, m
+    and v while reading g stays scalar (the compiler cannot rule out that the
+    four arrays overlap), the two loops each vectorise. Measured on one thread,
+    4.8M float32 parameters: 20.5 ms in one loop, 6.1 ms in two; same bits."""
+    one = p.dtype.type(1)
+    for i in range(p.shape[0]):
+        gi = g[i] * s
+        mi = b1 * m[i] + (one - b1) * gi
+        vi = b2 * v[i] + (one - b2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        update[i] = step_size * mi / (np.sqrt(vi) * inv_sqrt_bias2 + e)
+    for i in range(p.shape[0]):
+        p[i] = p[i] * keep - update[i]
+
+
 @parallel_kernel
 def adamw_kernel(params, grads, m, v, item_start, item_stop, item_decay,
                  lr, beta1, beta2, eps, bias1, bias2, grad_scale):
-    one = params.dtype.type(1)
     b1, b2, e, s = params.dtype.type(beta1), params.dtype.type(beta2), params.dtype.type(eps), \
         params.dtype.type(grad_scale)
     step_size = params.dtype.type(lr / bias1)
     inv_sqrt_bias2 = params.dtype.type(1.0 / np.sqrt(bias2))
     for item in prange(item_start.shape[0]):
         keep = params.dtype.type(1.0 - lr * item_decay[item])
-        for i in range(item_start[item], item_stop[item]):
-            g = grads[i] * s
-            mi = b1 * m[i] + (one - b1) * g
-            vi = b2 * v[i] + (one - b2) * g * g
-            m[i] = mi
-            v[i] = vi
-            params[i] = params[i] * keep - step_size * mi / (np.sqrt(vi) * inv_sqrt_bias2 + e)
+        update = np.empty(ADAM_BLOCK, params.dtype)
+        for j0 in range(item_start[item], item_stop[item], ADAM_BLOCK):
+            j1 = min(j0 + ADAM_BLOCK, item_stop[item])
+            _adam_steps(params[j0:j1], grads[j0:j1], m[j0:j1], v[j0:j1], update, keep,
+                        b1, b2, e, s, step_size, inv_sqrt_bias2)
 
 
 def global_norm(grads) -> float:
-    """sqrt(sum of squares) of a flat gradient buffer (summed in float64)."""
+    """sqrt(sum of squares) of a flat gradient buffer (blocks of 256 squares
+    summed in its own type, the blocks in float64: see sum_of_squares_kernel)."""
     return float(np.sqrt(sum_of_squares_kernel(np.ascontiguousarray(grads).reshape(-1))))
 
 
