@@ -158,13 +158,14 @@ def _exp_causal_row(row, i, width, end):
 @row_kernel
 def _softmax_causal_row(row, i, width, end):
     """row[:end] becomes softmax(row[:i+1]) followed by zeros (see
-    `_exp_causal_row`). Returns the row's log-sum-exp (what flash attention
-    keeps instead of the row)."""
+    `_exp_causal_row`). Returns (the row's maximum, the sum of its
+    exponentials): their log-sum-exp is what flash attention keeps (the
+    standard kernel skips the logarithm, a library call per row)."""
     m, total = _exp_causal_row(row, i, width, end)
     inv = row.dtype.type(1) / total
     for j in range(width):
         row[j] *= inv
-    return m + np.log(total)
+    return m, total
 
 
 @row_kernel
