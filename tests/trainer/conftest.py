@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(params=["one thread: register-tile products per head", "threads: tiles in parallel"])
+@pytest.fixture(params=["one thread: heads one by one", "threads: heads in parallel"])
 def attention_build(request, monkeypatch):
     """Run an attention test once on each build of the standard and flash
     kernels, whatever this machine's thread count (see kernels/attention.py)."""

@@ -16,30 +16,23 @@ The softmax backward is the O(T^2) form above, one dot product per row, never
 the (T x T) Jacobian per row. P is saved (B, H, T, T) for the backward; its
 upper triangle stays zero.
 
-Two builds, chosen by how many numba threads the caller has:
+One pair at a time (`_head_forward`, `_head_backward`), every product is a
+register-tile product (`register_tiles.tile_gemm`) on the head's slices of
+the QKV buffer, read in place; K^T and V^T, the right operands of S = Q K^T
+and dP = dY V^T, are copied once per head. These products are small (64 x
+128 x 32 at T = 128, 64 x 1024 x 32 at T = 1024), and a BLAS call spends
+microseconds on each before it multiplies (register_tiles.py has the
+figures). Causality is blocked: query rows go in blocks of ROW_BLOCK, and
+block [r0, r1) only multiplies keys 0 ... r1-1, so the only masked products
+computed are the diagonal block's upper half. What is left between the
+products is the softmax and its backward, row by row.
 
-* One thread (every model replica of the trainer's default): the (batch,
-  head) pairs run one after another, and every product is a register-tile
-  product (`register_tiles.tile_gemm`) on the head's slices of the QKV
-  buffer, read in place; K^T and V^T, the right operands of S = Q K^T and
-  dP = dY V^T, are copied once per head. These products are small (64 x 128
-  x 32 at T = 128), and a BLAS call spends microseconds on each before it
-  multiplies: with BLAS the products ran at about half the speed (the
-  module's docstring has the figures). Causality is blocked: query rows go
-  in blocks of ROW_BLOCK, and block [r0, r1) only multiplies keys 0 ...
-  r1-1, so the only masked products computed are the diagonal block's upper
-  half. What is left between the products is the softmax and its backward,
-  row by row.
-* Several threads (`--thread-mode kernels`): the pairs run in parallel
-  (`prange`). Each pair copies its slices into small zero-padded tiles
-  (rows padded to a multiple of 16, the float32 vector width on AVX-512)
-  and multiplies them with hand-written loops; `_rows4_product` computes
-  four output rows at once so each row of the right operand, once loaded,
-  feeds four multiply-adds.
-
-Both builds share the row-wise softmax and softmax backward. They agree to
-rounding (the tile products fuse each multiply-add, the hand-written loops
-do not), not bit for bit; each is deterministic on its own.
+Two builds of the loop over pairs, chosen by how many numba threads the
+caller has: one after another (`..._serial`: every model replica of the
+trainer's default runs on one thread), or in parallel (`..._parallel`, a
+`prange` over the pairs, for `--thread-mode kernels`; each pair then has its
+own scratch). The pairs are independent and each is computed by the same
+code, so both builds give the same bits.
 """
 from __future__ import annotations
 
@@ -52,19 +45,12 @@ from ._lanes import LANES, row_dot, row_max, row_sum
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
 
-TILE = 16        # column padding of the tile build: one AVX-512 register of float32
-ROW_BLOCK = 64   # query rows per product in the one-thread build
+ROW_BLOCK = 64   # query rows per block (per product)
 
 
 @row_kernel
 def _padded(n, multiple):
     return (n + multiple - 1) // multiple * multiple
-
-
-@kernel
-def _tile(rows, cols, like):
-    """Scratch for one head (a few tens of KB, freed when the head is done)."""
-    return np.empty((rows, cols), like.dtype)
 
 
 @kernel
@@ -75,65 +61,6 @@ def _scratch(rows, cols, like):
     operand (measured at T = 1024, one thread: flash attention's forward 1.22x
     and backward 1.17x faster with the padding)."""
     return np.empty((rows, cols + 16), like.dtype)[:, :cols]
-
-
-@kernel
-def _rows4_product(out, a, b, r, k0, k1, c0, c1):
-    """out[r:r+4, c0:c1] += a[r:r+4, k0:k1] @ b[k0:k1, c0:c1]  ((k1 - k0) % 4 == 0).
-
-    Four rows of `out` and four of `b` per pass: each loaded element of b feeds
-    four multiply-adds, each loaded element of out takes four."""
-    o0 = out[r]
-    o1 = out[r + 1]
-    o2 = out[r + 2]
-    o3 = out[r + 3]
-    for k in range(k0, k1, 4):
-        b0, b1, b2, b3 = b[k], b[k + 1], b[k + 2], b[k + 3]
-        a00, a01, a02, a03 = a[r, k], a[r, k + 1], a[r, k + 2], a[r, k + 3]
-        a10, a11, a12, a13 = a[r + 1, k], a[r + 1, k + 1], a[r + 1, k + 2], a[r + 1, k + 3]
-        a20, a21, a22, a23 = a[r + 2, k], a[r + 2, k + 1], a[r + 2, k + 2], a[r + 2, k + 3]
-        a30, a31, a32, a33 = a[r + 3, k], a[r + 3, k + 1], a[r + 3, k + 2], a[r + 3, k + 3]
-        for c in range(c0, c1):
-            x0, x1, x2, x3 = b0[c], b1[c], b2[c], b3[c]
-            o0[c] += a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3
-            o1[c] += a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3
-            o2[c] += a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3
-            o3[c] += a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3
-
-
-@kernel
-def _causal_rows_times(out, a, bt, Tp):
-    """out[i, j] = sum_d a[i, d] bt[d, j] for the column blocks j that touch j <= i.
-
-    (S = Q K^T and dP = dY V^T.) Entries above the diagonal inside the last
-    block are computed too (cheaper than masking); callers ignore them."""
-    hp = a.shape[1]
-    for i in range(0, Tp, 4):
-        width = _padded(i + 4, TILE)
-        out[i:i + 4, :width] = 0
-        _rows4_product(out, a, bt, i, 0, hp, 0, width)
-
-
-@kernel
-def _lower_times(out, m, x, Tp):
-    """out[i, :] = sum_{j <= i} m[i, j] x[j, :] for lower-triangular m (Y = P V, dQ = dS K)."""
-    hp = x.shape[1]
-    out[:, :] = 0
-    for i in range(0, Tp, 4):
-        _rows4_product(out, m, x, i, 0, i + 4, 0, hp)
-
-
-@kernel
-def _transposed_times_lower(out_t, xt, m, Tp):
-    """out_t[:, j] = sum_{i >= j} xt[:, i] m[i, j] for lower-triangular m.
-
-    (dK^T = Q^T dS and dV^T = dY^T P.) Walks m in blocks of TILE rows; block
-    rows i0..i0+15 only reach columns j < i0 + 16."""
-    hp = xt.shape[0]
-    out_t[:, :] = 0
-    for i0 in range(0, Tp, TILE):
-        for d in range(0, hp, 4):
-            _rows4_product(out_t, xt, m, d, i0, i0 + TILE, 0, i0 + TILE)
 
 
 @row_kernel
@@ -175,118 +102,6 @@ def _softmax_backward_row(p, d, dot, width, scale):
     needs no mask)."""
     for j in range(width):
         d[j] = scale * p[j] * (d[j] - dot)
-
-
-@kernel
-def _softmax_causal_rows(s, T):
-    """Row i of the tile s becomes softmax(s[i, :i+1]), zeros after the diagonal.
-
-    Only the column blocks that `_causal_rows_times` wrote are read: up to
-    width = i + 1 rounded up to TILE (loops of one fixed multiple vectorise
-    completely, while loops of length i + 1 leave a scalar remainder)."""
-    for i in range(T):
-        _softmax_causal_row(s[i], i, _padded(i + 1, TILE), s.shape[1])
-
-
-@kernel
-def _load_rows(src, row0, col0, T, hs, out, scale):
-    """out[t, d] = scale * src[row0 + t, col0 + d]: one head's (T, hs) slice, zero-padded."""
-    out[:, :] = 0
-    for t in range(T):
-        for d in range(hs):
-            out[t, d] = src[row0 + t, col0 + d] * scale
-
-
-@kernel
-def _load_cols(src, row0, col0, T, hs, out_t, scale):
-    """out_t[d, t] = scale * src[row0 + t, col0 + d]: the same slice, transposed."""
-    out_t[:, :] = 0
-    for t in range(T):
-        for d in range(hs):
-            out_t[d, t] = src[row0 + t, col0 + d] * scale
-
-
-@kernel
-def _head_forward(qkv, y, probs, b, h):
-    """Attention of one (batch, head) pair: writes its P into probs and its Y into y."""
-    H, T = probs.shape[1], probs.shape[2]
-    C = y.shape[1]
-    hs = C // H
-    Tp, hp = _padded(T, TILE), _padded(hs, 4)
-    one = qkv.dtype.type(1)
-    scale = one / np.sqrt(qkv.dtype.type(hs))
-    row0 = b * T
-    q, kt, v = _tile(Tp, hp, qkv), _tile(hp, Tp, qkv), _tile(Tp, hp, qkv)
-    _load_rows(qkv, row0, h * hs, T, hs, q, one)
-    _load_cols(qkv, row0, C + h * hs, T, hs, kt, scale)        # scale folded into K^T
-    _load_rows(qkv, row0, 2 * C + h * hs, T, hs, v, one)
-    # P is built in place in probs[b, h] when T fills whole tiles (the usual case)
-    s = probs[b, h] if T == Tp else _tile(Tp, Tp, qkv)
-    _causal_rows_times(s, q, kt, Tp)            # S = scale Q K^T, lower blocks only
-    _softmax_causal_rows(s, T)                  # P, in place
-    out = _tile(Tp, hp, qkv)
-    _lower_times(out, s, v, Tp)                 # Y = P V
-    for t in range(T):
-        if T != Tp:
-            probs[b, h, t, :] = s[t, :T]
-        y[row0 + t, h * hs:(h + 1) * hs] = out[t, :hs]
-
-
-@kernel
-def _head_backward(dy, qkv, probs, dqkv, b, h):
-    """Backward of one (batch, head) pair: writes its dQ, dK, dV columns of dqkv."""
-    H, T = probs.shape[1], probs.shape[2]
-    C = dy.shape[1]
-    hs = C // H
-    Tp, hp = _padded(T, TILE), _padded(hs, 4)
-    one = qkv.dtype.type(1)
-    scale = one / np.sqrt(qkv.dtype.type(hs))
-    row0 = b * T
-    qt, k, vt = _tile(hp, Tp, qkv), _tile(Tp, hp, qkv), _tile(hp, Tp, qkv)
-    g, gt = _tile(Tp, hp, qkv), _tile(hp, Tp, qkv)
-    _load_cols(qkv, row0, h * hs, T, hs, qt, one)
-    _load_rows(qkv, row0, C + h * hs, T, hs, k, one)
-    _load_cols(qkv, row0, 2 * C + h * hs, T, hs, vt, one)
-    _load_rows(dy, row0, h * hs, T, hs, g, one)
-    _load_cols(dy, row0, h * hs, T, hs, gt, one)
-    if T == Tp:
-        p = probs[b, h]                         # read in place
-    else:
-        p = np.zeros((Tp, Tp), qkv.dtype)
-        for t in range(T):
-            p[t, :T] = probs[b, h, t, :]
-    ds = _tile(Tp, Tp, qkv)
-    _causal_rows_times(ds, g, vt, Tp)           # dP = dY V^T
-    for t in range(Tp):                         # dS = scale * P * (dP - rowsum(P * dP))
-        width = _padded(t + 1, TILE)            # the columns dP was computed for
-        _softmax_backward_row(p[t], ds[t], row_dot(p[t], ds[t], t + 1), width, scale)
-        ds[t, width:] = 0
-    dq = _tile(Tp, hp, qkv)
-    _lower_times(dq, ds, k, Tp)                 # dQ = dS K
-    dkt = _tile(hp, Tp, qkv)
-    _transposed_times_lower(dkt, qt, ds, Tp)    # dK^T = Q^T dS
-    dvt = _tile(hp, Tp, qkv)
-    _transposed_times_lower(dvt, gt, p, Tp)     # dV^T = dY^T P
-    for t in range(T):
-        r = row0 + t
-        dqkv[r, h * hs:(h + 1) * hs] = dq[t, :hs]
-        for d in range(hs):
-            dqkv[r, C + h * hs + d] = dkt[d, t]
-            dqkv[r, 2 * C + h * hs + d] = dvt[d, t]
-
-
-@parallel_only_kernel
-def attention_forward_tiles(qkv, y, probs):
-    B, H = probs.shape[0], probs.shape[1]
-    for task in prange(B * H):                  # every (batch, head) pair is independent
-        _head_forward(qkv, y, probs, task // H, task % H)
-
-
-@parallel_only_kernel
-def attention_backward_tiles(dy, qkv, probs, dqkv):
-    B, H = probs.shape[0], probs.shape[1]
-    for task in prange(B * H):
-        _head_backward(dy, qkv, probs, dqkv, task // H, task % H)
 
 
 @row_kernel
@@ -334,50 +149,76 @@ def _row_width(i, r1):
 
 
 @kernel
-def attention_forward_blocked(qkv, y, probs):
-    """The one-thread build: per head, per block of query rows, S = scale Q K^T
-    and Y = P V as tile products on the keys that block can see."""
+def _head_forward(qkv, y, probs, b, h, kt):
+    """One (batch, head) pair, block of query rows by block: S = scale Q K^T and
+    Y = P V as tile products on the keys the block can see; P into probs[b, h]
+    and Y into y. Scratch: kt, (hs, T), for K^T."""
+    B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
+    q, k, v = _head_views(qkv, b, h, T, hs, C)
+    _transpose_into(k, kt)
+    yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
+    p = probs[b, h]
+    for r0 in range(0, T, ROW_BLOCK):
+        r1 = min(r0 + ROW_BLOCK, T)
+        tile_gemm(q[r0:r1], kt[:, :r1], p[r0:r1, :r1], False, scale, 0.0)
+        for i in range(r0, r1):
+            _softmax_causal_row(p[i], i, _row_width(i, r1), T)
+        tile_gemm(p[r0:r1, :r1], v[:r1], yh[r0:r1], False, one, 0.0)
+
+
+@kernel
+def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt):
+    """The backward of one pair, block of query rows by block: dP = dY V^T, dS,
+    then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the keys the block
+    saw. Scratch: ds, (ROW_BLOCK, T), and vt, (hs, T), for V^T."""
+    B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
+    q, k, v = _head_views(qkv, b, h, T, hs, C)
+    dq, dk, dv = _head_views(dqkv, b, h, T, hs, C)
+    _transpose_into(v, vt)
+    g = dy[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
+    p = probs[b, h]
+    dk[:, :] = 0
+    dv[:, :] = 0
+    for r0 in range(0, T, ROW_BLOCK):
+        r1 = min(r0 + ROW_BLOCK, T)
+        d = ds[:r1 - r0, :r1]
+        tile_gemm(g[r0:r1], vt[:, :r1], d, False, one, 0.0)           # dP = dY V^T
+        for t in range(r0, r1):                                          # dS, in place
+            _softmax_backward_row(p[t], d[t - r0], row_dot(p[t], d[t - r0], t + 1), r1, scale)
+        _block_gradients(d, p[r0:r1, :r1], q, k, g, dq, dk, dv, r0, r1)
+
+
+@kernel
+def attention_forward_serial(qkv, y, probs):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     kt = _scratch(hs, T, qkv)
     for b in range(B):
         for h in range(H):
-            q, k, v = _head_views(qkv, b, h, T, hs, C)
-            _transpose_into(k, kt)
-            yh = y[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
-            p = probs[b, h]
-            for r0 in range(0, T, ROW_BLOCK):
-                r1 = min(r0 + ROW_BLOCK, T)
-                tile_gemm(q[r0:r1], kt[:, :r1], p[r0:r1, :r1], False, scale, 0.0)
-                for i in range(r0, r1):
-                    _softmax_causal_row(p[i], i, _row_width(i, r1), T)
-                tile_gemm(p[r0:r1, :r1], v[:r1], yh[r0:r1], False, one, 0.0)
+            _head_forward(qkv, y, probs, b, h, kt)
 
 
 @kernel
-def attention_backward_blocked(dy, qkv, probs, dqkv):
-    """The one-thread build of the backward, block of query rows by block:
-    dP = dY V^T, dS, then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the
-    keys the block saw. Scratch: one (ROW_BLOCK, T) block of dS and V^T."""
+def attention_backward_serial(dy, qkv, probs, dqkv):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
-    ds = _scratch(min(ROW_BLOCK, T), T, qkv)
-    vt = _scratch(hs, T, qkv)
+    ds, vt = _scratch(min(ROW_BLOCK, T), T, qkv), _scratch(hs, T, qkv)
     for b in range(B):
         for h in range(H):
-            q, k, v = _head_views(qkv, b, h, T, hs, C)
-            dq, dk, dv = _head_views(dqkv, b, h, T, hs, C)
-            _transpose_into(v, vt)
-            g = dy[b * T:(b + 1) * T, h * hs:(h + 1) * hs]
-            p = probs[b, h]
-            dk[:, :] = 0
-            dv[:, :] = 0
-            for r0 in range(0, T, ROW_BLOCK):
-                r1 = min(r0 + ROW_BLOCK, T)
-                d = ds[:r1 - r0, :r1]
-                tile_gemm(g[r0:r1], vt[:, :r1], d, False, one, 0.0)           # dP = dY V^T
-                for t in range(r0, r1):                                          # dS, in place
-                    _softmax_backward_row(p[t], d[t - r0], row_dot(p[t], d[t - r0], t + 1),
-                                          r1, scale)
-                _block_gradients(d, p[r0:r1, :r1], q, k, g, dq, dk, dv, r0, r1)
+            _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt)
+
+
+@parallel_only_kernel
+def attention_forward_parallel(qkv, y, probs):
+    B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
+    for task in prange(B * H):                  # every (batch, head) pair is independent
+        _head_forward(qkv, y, probs, task // H, task % H, _scratch(hs, T, qkv))
+
+
+@parallel_only_kernel
+def attention_backward_parallel(dy, qkv, probs, dqkv):
+    B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
+    for task in prange(B * H):
+        _head_backward(dy, qkv, probs, dqkv, task // H, task % H,
+                       _scratch(min(ROW_BLOCK, T), T, qkv), _scratch(hs, T, qkv))
 
 
 def _check_qkv(kernel_name, qkv, n_head):
@@ -399,7 +240,7 @@ def attention_forward(qkv, n_head, *, out=None, probs=None):
     B, T, C = _check_qkv(name, qkv, n_head)
     out = output(name, "out", out, (B, T, C), dtype)
     probs = output(name, "probs", probs, (B, n_head, T, T), dtype)
-    kernel = attention_forward_blocked if threads.single_threaded() else attention_forward_tiles
+    kernel = attention_forward_serial if threads.single_threaded() else attention_forward_parallel
     kernel(qkv.reshape(B * T, 3 * C), out.reshape(B * T, C), probs)
     return out, probs
 
@@ -413,7 +254,7 @@ def attention_backward(dout, qkv, probs, *, dqkv=None):
         raise ValueError(f"{name}: dout {dout.shape} and probs {probs.shape} do not fit "
                          f"qkv {qkv.shape}; expected ({B}, {T}, {C}) and ({B}, H, {T}, {T})")
     dqkv = output(name, "dqkv", dqkv, qkv.shape, dtype)
-    kernel = attention_backward_blocked if threads.single_threaded() else attention_backward_tiles
+    kernel = attention_backward_serial if threads.single_threaded() else attention_backward_parallel
     kernel(np.ascontiguousarray(dout).reshape(B * T, C),
            qkv.reshape(B * T, 3 * C), probs, dqkv.reshape(B * T, 3 * C))
     return dqkv

@@ -53,14 +53,56 @@ import numpy as np
 from . import threads
 from ._buffers import float_dtype, output
 from ._lanes import row_dot, row_max, row_sum
-from .attention import (ROW_BLOCK, _block_dims, _block_gradients, _check_qkv, _head_views,
-                        _load_cols, _load_rows, _padded, _rows4_product, _softmax_backward_row,
-                        _exp_causal_row, _row_width, _scratch, _transpose_into)
+from .attention import (ROW_BLOCK, _block_dims, _block_gradients, _check_qkv, _exp_causal_row,
+                        _head_views, _padded, _row_width, _scratch, _softmax_backward_row,
+                        _transpose_into)
 from .register_tiles import tile_gemm
 from ...numba_config import kernel, parallel_only_kernel, prange
 from ...fast_math import exp
 
 TILE = 16   # rows and columns per tile: one AVX-512 register of float32
+
+
+@kernel
+def _rows4_product(out, a, b, r, k0, k1, c0, c1):
+    """out[r:r+4, c0:c1] += a[r:r+4, k0:k1] @ b[k0:k1, c0:c1]  ((k1 - k0) % 4 == 0).
+
+    Four rows of `out` and four of `b` per pass: each loaded element of b feeds
+    four multiply-adds, each loaded element of out takes four."""
+    o0 = out[r]
+    o1 = out[r + 1]
+    o2 = out[r + 2]
+    o3 = out[r + 3]
+    for k in range(k0, k1, 4):
+        b0, b1, b2, b3 = b[k], b[k + 1], b[k + 2], b[k + 3]
+        a00, a01, a02, a03 = a[r, k], a[r, k + 1], a[r, k + 2], a[r, k + 3]
+        a10, a11, a12, a13 = a[r + 1, k], a[r + 1, k + 1], a[r + 1, k + 2], a[r + 1, k + 3]
+        a20, a21, a22, a23 = a[r + 2, k], a[r + 2, k + 1], a[r + 2, k + 2], a[r + 2, k + 3]
+        a30, a31, a32, a33 = a[r + 3, k], a[r + 3, k + 1], a[r + 3, k + 2], a[r + 3, k + 3]
+        for c in range(c0, c1):
+            x0, x1, x2, x3 = b0[c], b1[c], b2[c], b3[c]
+            o0[c] += a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3
+            o1[c] += a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3
+            o2[c] += a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3
+            o3[c] += a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3
+
+
+@kernel
+def _load_rows(src, row0, col0, T, hs, out, scale):
+    """out[t, d] = scale * src[row0 + t, col0 + d]: one head's (T, hs) slice, zero-padded."""
+    out[:, :] = 0
+    for t in range(T):
+        for d in range(hs):
+            out[t, d] = src[row0 + t, col0 + d] * scale
+
+
+@kernel
+def _load_cols(src, row0, col0, T, hs, out_t, scale):
+    """out_t[d, t] = scale * src[row0 + t, col0 + d]: the same slice, transposed."""
+    out_t[:, :] = 0
+    for t in range(T):
+        for d in range(hs):
+            out_t[d, t] = src[row0 + t, col0 + d] * scale
 
 
 @kernel
