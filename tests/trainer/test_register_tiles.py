@@ -1,8 +1,8 @@
 """register_tiles.tile_gemm: the products attention's one-thread build runs.
 
 Checked against float64 numpy for every tile shape the driver picks (full
-tiles, narrower column tiles, one-row tiles for leftover rows, the scalar
-loop for leftover columns), with a transposed and a strided left operand,
+tiles, narrower column tiles, and one element at a time for the rows and
+columns no tile covers), with a transposed and a strided left operand,
 and for the promise the module makes: every element is the same chain of
 multiply-adds whichever tile computed it, so its bits do not depend on where
 it sits in the output."""
@@ -12,6 +12,10 @@ import numpy as np
 import pytest
 
 from engine.trainer.kernels.register_tiles import MAX_VECTORS, VECTOR_BYTES, tile_gemm
+
+
+def op(a, trans_a):
+    return a.T if trans_a else a
 
 
 def _operands(rng, m, n, k, trans_a, dtype):
@@ -36,33 +40,33 @@ def test_tile_gemm_equals_numpy(m, n, k, trans_a, dtype):
     scale = max(1.0, np.abs(want).max()) if want.size else 1.0
 
     out = np.full((m, n), np.nan, dtype)               # beta = 0 must not read out
-    tile_gemm(a, b, out, trans_a, 0.5, 0.0)
+    tile_gemm(op(a, trans_a), b, out, 0.5, 0.0)
     assert np.abs(out - 0.5 * want).max(initial=0) / scale < tol
 
     start = rng.standard_normal((m, n)).astype(dtype)  # beta = 1 adds into it
     out = start.copy()
-    tile_gemm(a, b, out, trans_a, 1.0, 1.0)
+    tile_gemm(op(a, trans_a), b, out, 1.0, 1.0)
     assert np.abs(out - (start + want)).max(initial=0) / scale < tol
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_an_element_has_the_same_bits_wherever_it_sits(dtype):
-    """Column j computed in a full tile, in a narrower tile and in the scalar
-    loop, and row i in a tall tile and in a one-row tile: the same bits."""
+    """Column j computed in a full tile, in a narrower tile and one element at a
+    time, and row i in a tile and on its own: the same bits."""
     rng = np.random.default_rng(3)
     width = VECTOR_BYTES // np.dtype(dtype).itemsize
     n = MAX_VECTORS * width + width + 3                # full tile, narrow tile, 3 scalar columns
-    m, k = 19, 37                                      # 16 or 8 tall rows, then one-row tiles
+    m, k = 19, 37                                      # rows in tiles, then rows alone
     a, b = _operands(rng, m, n, k, False, dtype)
     out = np.empty((m, n), dtype)
-    tile_gemm(a, b, out, False, 1.0, 0.0)
+    tile_gemm(a, b, out, 1.0, 0.0)
     for j in (0, MAX_VECTORS * width, n - 1):          # each kind of column, moved to the others
         for j_to in (0, MAX_VECTORS * width, n - 1):
             order = np.arange(n)
             order[j], order[j_to] = j_to, j
             moved = np.empty((m, n), dtype)
-            tile_gemm(a, np.ascontiguousarray(b[:, order]), moved, False, 1.0, 0.0)
+            tile_gemm(a, np.ascontiguousarray(b[:, order]), moved, 1.0, 0.0)
             assert np.array_equal(moved[:, j_to], out[:, j])
     flipped = np.empty((m, n), dtype)                  # the last row first: a tall tile's row
-    tile_gemm(np.ascontiguousarray(a[::-1]), b, flipped, False, 1.0, 0.0)
+    tile_gemm(np.ascontiguousarray(a[::-1]), b, flipped, 1.0, 0.0)
     assert np.array_equal(flipped[::-1], out)

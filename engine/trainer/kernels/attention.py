@@ -53,7 +53,7 @@ def _padded(n, multiple):
     return (n + multiple - 1) // multiple * multiple
 
 
-@kernel
+@row_kernel
 def _scratch(rows, cols, like):
     """An uninitialised (rows, cols) array whose rows are cols + 16 elements
     apart: at T = 1024 rows of exactly 4 KiB all fall into the same few sets of
@@ -122,7 +122,7 @@ def _block_dims(qkv, per_head):
     return B, H, T, C, C // H, one, one / np.sqrt(qkv.dtype.type(C // H))
 
 
-@kernel
+@row_kernel
 def _transpose_into(src, dst):
     """dst[d, t] = src[t, d]: one head's K^T or V^T, the right operand of S = Q K^T
     and dP = dY V^T (the tile products want the rows of their right operand)."""
@@ -131,14 +131,14 @@ def _transpose_into(src, dst):
             dst[d, t] = src[t, d]
 
 
-@kernel
+@row_kernel
 def _block_gradients(ds, p, q, k, g, dq, dk, dv, r0, r1):
     """The products of one block of query rows [r0, r1) in a backward, given its
     dS and P over keys 0 ... r1-1: dQ = dS K (written), dK += dS^T Q and
     dV += P^T dY (the keys' gradients collect every block's share)."""
-    tile_gemm(ds, k[:r1], dq[r0:r1], False, 1.0, 0.0)
-    tile_gemm(ds, q[r0:r1], dk[:r1], True, 1.0, 1.0)
-    tile_gemm(p, g[r0:r1], dv[:r1], True, 1.0, 1.0)
+    tile_gemm(ds, k[:r1], dq[r0:r1], 1.0, 0.0)
+    tile_gemm(ds.T, q[r0:r1], dk[:r1], 1.0, 1.0)
+    tile_gemm(p.T, g[r0:r1], dv[:r1], 1.0, 1.0)
 
 
 @row_kernel
@@ -148,7 +148,7 @@ def _row_width(i, r1):
     return min(_padded(i + 1, LANES), r1)
 
 
-@kernel
+@row_kernel
 def _head_forward(qkv, y, probs, b, h, kt):
     """One (batch, head) pair, block of query rows by block: S = scale Q K^T and
     Y = P V as tile products on the keys the block can see; P into probs[b, h]
@@ -160,13 +160,13 @@ def _head_forward(qkv, y, probs, b, h, kt):
     p = probs[b, h]
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
-        tile_gemm(q[r0:r1], kt[:, :r1], p[r0:r1, :r1], False, scale, 0.0)
+        tile_gemm(q[r0:r1], kt[:, :r1], p[r0:r1, :r1], float(scale), 0.0)
         for i in range(r0, r1):
             _softmax_causal_row(p[i], i, _row_width(i, r1), T)
-        tile_gemm(p[r0:r1, :r1], v[:r1], yh[r0:r1], False, one, 0.0)
+        tile_gemm(p[r0:r1, :r1], v[:r1], yh[r0:r1], 1.0, 0.0)
 
 
-@kernel
+@row_kernel
 def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt):
     """The backward of one pair, block of query rows by block: dP = dY V^T, dS,
     then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the keys the block
@@ -182,7 +182,7 @@ def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt):
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
         d = ds[:r1 - r0, :r1]
-        tile_gemm(g[r0:r1], vt[:, :r1], d, False, one, 0.0)           # dP = dY V^T
+        tile_gemm(g[r0:r1], vt[:, :r1], d, 1.0, 0.0)                     # dP = dY V^T
         for t in range(r0, r1):                                          # dS, in place
             _softmax_backward_row(p[t], d[t - r0], row_dot(p[t], d[t - r0], t + 1), r1, scale)
         _block_gradients(d, p[r0:r1, :r1], q, k, g, dq, dk, dv, r0, r1)

@@ -273,12 +273,12 @@ def flash_forward_blocked(qkv, y, lse):
             for r0 in range(0, T, ROW_BLOCK):
                 r1 = min(r0 + ROW_BLOCK, T)
                 e = s[:r1 - r0, :r1]
-                tile_gemm(q[r0:r1], kt[:, :r1], e, False, scale, 0.0)          # S
+                tile_gemm(q[r0:r1], kt[:, :r1], e, float(scale), 0.0)           # S
                 for i in range(r0, r1):
                     m, total = _exp_causal_row(s[i - r0], i, _row_width(i, r1), r1)
                     lse[b, h, i] = m + np.log(total)
                     inv[i - r0] = one / total
-                tile_gemm(e, v[:r1], yh[r0:r1], False, one, 0.0)              # E V
+                tile_gemm(e, v[:r1], yh[r0:r1], 1.0, 0.0)                       # E V
                 for i in range(r0, r1):                                         # / row sums
                     for d in range(hs):
                         yh[i, d] *= inv[i - r0]
@@ -306,13 +306,13 @@ def flash_backward_blocked(dy, qkv, y, lse, dqkv):
             for r0 in range(0, T, ROW_BLOCK):
                 r1 = min(r0 + ROW_BLOCK, T)
                 p, d = sp[:r1 - r0, :r1], sd[:r1 - r0, :r1]
-                tile_gemm(q[r0:r1], kt[:, :r1], p, False, scale, 0.0)          # S again
+                tile_gemm(q[r0:r1], kt[:, :r1], p, float(scale), 0.0)           # S again
                 for i in range(r0, r1):                                         # P
                     row, row_lse = sp[i - r0], lse[b, h, i]
                     for j in range(_row_width(i, r1)):
                         row[j] = exp(row[j] - row_lse)
                     row[i + 1:r1] = one - one
-                tile_gemm(g[r0:r1], vt[:, :r1], d, False, one, 0.0)            # dP = dY V^T
+                tile_gemm(g[r0:r1], vt[:, :r1], d, 1.0, 0.0)                    # dP = dY V^T
                 for t in range(r0, r1):                                         # dS, in place
                     _softmax_backward_row(sp[t - r0], sd[t - r0], row_dot(g[t], yh[t], hs),
                                           r1, scale)

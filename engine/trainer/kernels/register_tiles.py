@@ -36,8 +36,8 @@ and W are; the scalar loop for leftover columns does the same arithmetic.
 Without FMA (see `fast_math.HAS_FMA`) each step is a multiply and an add.
 
 Limits: b and out must have unit stride along their rows (rows of a
-C-ordered array, or slices of one); a may be any 2-D view, and with
-trans_a its transpose is used (dK = dS^T Q reads dS column by column).
+C-ordered array, or slices of one); a may be any 2-D view, a transposed one
+included (dK = dS^T Q passes ds.T, which reads dS column by column).
 There is no `trans_b`: a caller wanting a @ c^T copies c^T first (for
 attention, K^T of one head: T * hs numbers against T^2 * hs multiply-adds).
 """
@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import platform
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ...fast_math import HAS_FMA, fma
-from ...numba_config import kernel, target_cpu_features
+from ...numba_config import kernel, row_kernel, target_cpu_features
 
 
 def _vector_bytes() -> int:
@@ -149,19 +150,19 @@ def _make_tile_product(rows: int, vectors: int):
             builder.position_at_end(done)
             alphas, betas = splat(alpha_val), splat(beta_val)
             keep = builder.fcmp_ordered("!=", beta_val, ir.Constant(element, 0.0))
-            for r in range(rows):
-                o_row = builder.gep(o_arr.data, [builder.add(
-                    builder.mul(builder.add(r0_val, const(r)), ldo), c0_val)])
-                for v in range(vectors):
-                    pointer = builder.bitcast(builder.gep(o_row, [const(v * width)]),
-                                              vector.as_pointer())
-                    scaled = builder.fmul(alphas, accs[r * vectors + v])
-                    with builder.if_then(keep):
+            pointers = [builder.bitcast(builder.gep(builder.gep(o_arr.data, [builder.add(
+                builder.mul(builder.add(r0_val, const(r)), ldo), c0_val)]), [const(v * width)]),
+                vector.as_pointer()) for r in range(rows) for v in range(vectors)]
+            scaled = [builder.fmul(alphas, acc) for acc in accs]
+            with builder.if_else(keep) as (add_old, overwrite):
+                with add_old:
+                    for pointer, value in zip(pointers, scaled):
                         old = builder.load(pointer, align=item)
-                        builder.store(builder.fadd(scaled, builder.fmul(betas, old)), pointer,
+                        builder.store(builder.fadd(value, builder.fmul(betas, old)), pointer,
                                       align=item)
-                    with builder.if_then(builder.not_(keep)):
-                        builder.store(scaled, pointer, align=item)
+                with overwrite:
+                    for pointer, value in zip(pointers, scaled):
+                        builder.store(value, pointer, align=item)
             return context.get_dummy_value()
 
         return signature, codegen
@@ -169,65 +170,52 @@ def _make_tile_product(rows: int, vectors: int):
     return _tile_product
 
 
-# One routine per tile shape: full-height tiles of 1 ... MAX_VECTORS vectors
-# (ACCUMULATORS // V rows each), and one-row tiles for the rows left over.
-_TALL = {v: _make_tile_product(max(1, ACCUMULATORS // v), v) for v in (1, 2, 3, 4)}
-_ROW = {v: _make_tile_product(1, v) for v in (1, 2, 3, 4)}
-_TALL_1, _TALL_2, _TALL_3, _TALL_4 = _TALL[1], _TALL[2], _TALL[3], _TALL[4]
-_ROW_1, _ROW_2, _ROW_3, _ROW_4 = _ROW[1], _ROW[2], _ROW[3], _ROW[4]
+# The tile shapes: MAX_VECTORS vectors wide, and 2 and 1 for the last columns
+# (each ACCUMULATORS // V rows tall). Rows and columns no tile covers go through
+# `_elements`, one at a time; fewer shapes, less to compile.
+_WIDE = _make_tile_product(ACCUMULATORS // MAX_VECTORS, MAX_VECTORS)
+_TWO = _WIDE if MAX_VECTORS == 2 else _make_tile_product(ACCUMULATORS // 2, 2)
+_ONE = _make_tile_product(ACCUMULATORS, 1)
 
 
-@kernel
-def _tile_column(a, b, out, c0, vectors, k, a_rs, a_ks, alpha, beta):
-    """Every row of the output columns [c0, c0 + vectors * W): full-height
-    tiles, then one-row tiles for the m % R rows left."""
-    m = out.shape[0]
-    rows = max(1, ACCUMULATORS // vectors)
-    tall_end = m - m % rows
-    for r0 in range(0, tall_end, rows):
-        if vectors == 4:
-            _TALL_4(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-        elif vectors == 3:
-            _TALL_3(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-        elif vectors == 2:
-            _TALL_2(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-        else:
-            _TALL_1(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-    for r0 in range(tall_end, m):
-        if vectors == 4:
-            _ROW_4(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-        elif vectors == 3:
-            _ROW_3(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-        elif vectors == 2:
-            _ROW_2(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-        else:
-            _ROW_1(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-
-
-@kernel
-def tile_gemm(a, b, out, trans_a, alpha, beta):
-    """out = alpha op(a) @ b + beta out, op(a) = a.T when trans_a; b and out
-    with unit stride along their rows (see the module's docstring)."""
-    m, n = out.shape
-    item = out.itemsize
-    k = a.shape[0] if trans_a else a.shape[1]
-    a_rs, a_ks = a.strides[0] // item, a.strides[1] // item
-    if trans_a:
-        a_rs, a_ks = a_ks, a_rs
-    width = VECTOR_BYTES // item
-    full = n - n % width                      # columns the vector tiles cover
-    c0 = 0
-    while c0 < full:
-        vectors = min(MAX_VECTORS, (full - c0) // width)
-        _tile_column(a, b, out, c0, vectors, k, a_rs, a_ks, out.dtype.type(alpha),
-                     out.dtype.type(beta))
-        c0 += vectors * width
+@row_kernel
+def _elements(a, b, out, r0, r1, c0, c1, k, alpha, beta):
+    """out[r0:r1, c0:c1] one element at a time, with the tiles' arithmetic: one
+    chain of multiply-adds over k in order, then alpha, then beta."""
     zero = out.dtype.type(0)
-    for c in range(full, n):                  # the last n % W columns, one element at a time
-        for r in range(m):
+    for r in range(r0, r1):
+        for c in range(c0, c1):
             acc = zero
             for kk in range(k):
-                x = a[kk, r] if trans_a else a[r, kk]
-                acc = fma(x, b[kk, c], acc)
-            scaled = out.dtype.type(alpha) * acc
-            out[r, c] = scaled + out.dtype.type(beta) * out[r, c] if beta != 0 else scaled
+                acc = fma(a[r, kk], b[kk, c], acc)
+            scaled = alpha * acc
+            out[r, c] = scaled + beta * out[r, c] if beta != 0 else scaled
+
+
+@kernel
+def tile_gemm(a, b, out, alpha, beta):
+    """out = alpha a @ b + beta out. a is any 2-D view (pass x.T for x^T: the
+    transposed view only swaps the strides); b and out need unit stride along
+    their rows (see the module's docstring)."""
+    m, n = out.shape
+    k = a.shape[1]
+    item = out.itemsize
+    a_rs, a_ks = a.strides[0] // item, a.strides[1] // item
+    alpha, beta = out.dtype.type(alpha), out.dtype.type(beta)
+    width = VECTOR_BYTES // item
+    c0 = 0
+    while n - c0 >= width:                    # column blocks of MAX_VECTORS, 2 or 1 vectors
+        vectors = MAX_VECTORS if n - c0 >= MAX_VECTORS * width else (
+            2 if n - c0 >= 2 * width else 1)
+        rows = ACCUMULATORS // vectors
+        tall_end = m - m % rows
+        for r0 in range(0, tall_end, rows):
+            if vectors == MAX_VECTORS:
+                _WIDE(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
+            elif vectors == 2:
+                _TWO(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
+            else:
+                _ONE(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
+        _elements(a, b, out, tall_end, m, c0, c0 + vectors * width, k, alpha, beta)
+        c0 += vectors * width
+    _elements(a, b, out, 0, m, c0, n, k, alpha, beta)   # the last n % W columns
