@@ -8,7 +8,7 @@ operands into its own buffers), and with an inner or outer dimension of 32
 its packed panels are mostly edges. Measured on one core (AVX-512, GFLOP/s,
 the same operands in a loop): at the T = 1024 shapes these tiles ran at
 90-125 where SciPy's OpenBLAS ran at 55-70; at the T = 128 shapes (64 x 128
-x 32 and alike) both ran at 100-118. For the linear layers' products
+x 32 and alike) the two were within 10% of each other. For the linear layers' products
 (1024 x 512 x 128 and alike) BLAS stays: it packs its operands for the
 caches, which pays off there, and it was ahead by 10-50% on the large-k ones.
 
@@ -32,8 +32,10 @@ result, and two start every cycle).
 
 The same bits on every CPU with FMA: every output element is one chain of
 fused multiply-adds over k in order (then alpha, then beta), whatever R, V
-and W are; the scalar loop for leftover columns does the same arithmetic.
-Without FMA (see `fast_math.HAS_FMA`) each step is a multiply and an add.
+and W are; the loop for the rows and columns no tile covers does the same
+arithmetic. Without FMA (see `fast_math.HAS_FMA`) each step is a multiply and
+an add. This is the float32 path; float64, which only the gradient checks
+run, goes to BLAS's dgemm.
 
 Limits: b and out must have unit stride along their rows (rows of a
 C-ordered array, or slices of one); a may be any 2-D view, a transposed one
@@ -45,12 +47,14 @@ from __future__ import annotations
 
 import platform
 
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import cfunc, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
+from .linear import gemm_kernel
 from ...fast_math import HAS_FMA, fma
 from ...numba_config import kernel, row_kernel, target_cpu_features
 
@@ -68,39 +72,35 @@ MAX_VECTORS = 4 if VECTOR_BYTES == 64 else 2     # vectors per row of the main t
 
 
 def _make_tile_product(rows: int, vectors: int):
-    """The tile routine for a rows x (vectors * W) block, as a numba intrinsic:
+    """The tile routine for a rows x (vectors * W) block, as a numba intrinsic
+    on raw pointers (element units for every step):
 
-        _tile_product(a, b, out, r0, c0, k, a_row_step, a_k_step, alpha, beta)
+        _tile_product(a, b, out, r0, c0, k, a_rs, a_ks, ldb, ldo, alpha, beta)
 
-    a's element (r, kk) is at a.data[(r0 + r) * a_row_step + kk * a_k_step]
-    (element units), so a transposed operand is the same routine with its
-    steps swapped. beta == 0 never reads out (it may hold garbage)."""
+    a's element (r, kk) is a[(r0 + r) * a_rs + kk * a_ks], so a transposed
+    operand is the same routine with its steps swapped; b's row kk starts at
+    b[kk * ldb + c0], out's row r at out[(r0 + r) * ldo + c0]. beta == 0 never
+    reads out (it may hold garbage)."""
 
     @intrinsic
-    def _tile_product(typingctx, a, b, out, r0, c0, k, a_row_step, a_k_step, alpha, beta):
-        if not all(isinstance(x, types.Array) and x.ndim == 2 for x in (a, b, out)):
+    def _tile_product(typingctx, a, b, out, r0, c0, k, a_rs, a_ks, ldb, ldo, alpha, beta):
+        if not (isinstance(a, types.CPointer) and a == b == out
+                and a.dtype in (types.float32, types.float64)):
             return None
-        if not a.dtype == b.dtype == out.dtype or a.dtype not in (types.float32, types.float64):
-            return None
-        signature = types.void(a, b, out, types.intp, types.intp, types.intp, types.intp,
-                               types.intp, out.dtype, out.dtype)
+        signature = types.void(a, b, out, *([types.intp] * 7), a.dtype, a.dtype)
 
         def codegen(context, builder, sig, args):
-            a_val, b_val, o_val, r0_val, c0_val, k_val, a_rs, a_ks, alpha_val, beta_val = args
-            element = context.get_value_type(out.dtype)
+            (a_ptr, b_ptr, o_ptr, r0_val, c0_val, k_val, a_rs_val, a_ks_val, ldb_val, ldo_val,
+             alpha_val, beta_val) = args
+            element = context.get_value_type(a.dtype)
             item = context.get_abi_sizeof(element)
             width = VECTOR_BYTES // item
             vector = ir.VectorType(element, width)
             intp = r0_val.type
             const = lambda n: ir.Constant(intp, n)  # noqa: E731
-            a_arr = context.make_array(sig.args[0])(context, builder, a_val)
-            b_arr = context.make_array(sig.args[1])(context, builder, b_val)
-            o_arr = context.make_array(sig.args[2])(context, builder, o_val)
-            ldb = builder.sdiv(cgutils.unpack_tuple(builder, b_arr.strides, 2)[0], const(item))
-            ldo = builder.sdiv(cgutils.unpack_tuple(builder, o_arr.strides, 2)[0], const(item))
-            a_rows = [builder.gep(a_arr.data, [builder.mul(builder.add(r0_val, const(r)), a_rs)])
+            a_rows = [builder.gep(a_ptr, [builder.mul(builder.add(r0_val, const(r)), a_rs_val)])
                       for r in range(rows)]
-            b_start = builder.gep(b_arr.data, [c0_val])
+            b_start = builder.gep(b_ptr, [c0_val])
             if HAS_FMA:
                 fused = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(vector, [vector] * 3),
@@ -132,11 +132,11 @@ def _make_tile_product(rows: int, vectors: int):
             builder.cbranch(builder.icmp_signed("<", step, k_val), body, done)
 
             builder.position_at_end(body)
-            b_row = builder.gep(b_start, [builder.mul(step, ldb)])
+            b_row = builder.gep(b_start, [builder.mul(step, ldb_val)])
             b_vecs = [builder.load(builder.bitcast(builder.gep(b_row, [const(v * width)]),
                                                    vector.as_pointer()), align=item)
                       for v in range(vectors)]
-            offset = builder.mul(step, a_ks)
+            offset = builder.mul(step, a_ks_val)
             new = []
             for r in range(rows):
                 a_rk = splat(builder.load(builder.gep(a_rows[r], [offset])))
@@ -150,8 +150,8 @@ def _make_tile_product(rows: int, vectors: int):
             builder.position_at_end(done)
             alphas, betas = splat(alpha_val), splat(beta_val)
             keep = builder.fcmp_ordered("!=", beta_val, ir.Constant(element, 0.0))
-            pointers = [builder.bitcast(builder.gep(builder.gep(o_arr.data, [builder.add(
-                builder.mul(builder.add(r0_val, const(r)), ldo), c0_val)]), [const(v * width)]),
+            pointers = [builder.bitcast(builder.gep(o_ptr, [builder.add(builder.add(
+                builder.mul(builder.add(r0_val, const(r)), ldo_val), c0_val), const(v * width))]),
                 vector.as_pointer()) for r in range(rows) for v in range(vectors)]
             scaled = [builder.fmul(alphas, acc) for acc in accs]
             with builder.if_else(keep) as (add_old, overwrite):
@@ -179,43 +179,93 @@ _ONE = _make_tile_product(ACCUMULATORS, 1)
 
 
 @row_kernel
-def _elements(a, b, out, r0, r1, c0, c1, k, alpha, beta):
+def _elements(a, b, out, r0, r1, c0, c1, k, a_rs, a_ks, ldb, ldo, alpha, beta):
     """out[r0:r1, c0:c1] one element at a time, with the tiles' arithmetic: one
     chain of multiply-adds over k in order, then alpha, then beta."""
-    zero = out.dtype.type(0)
+    zero = alpha - alpha
     for r in range(r0, r1):
         for c in range(c0, c1):
             acc = zero
             for kk in range(k):
-                acc = fma(a[r, kk], b[kk, c], acc)
+                acc = fma(a[r * a_rs + kk * a_ks], b[kk * ldb + c], acc)
             scaled = alpha * acc
-            out[r, c] = scaled + beta * out[r, c] if beta != 0 else scaled
+            o = r * ldo + c
+            out[o] = scaled + beta * out[o] if beta != 0 else scaled
 
 
-@kernel
-def tile_gemm(a, b, out, alpha, beta):
-    """out = alpha a @ b + beta out. a is any 2-D view (pass x.T for x^T: the
-    transposed view only swaps the strides); b and out need unit stride along
-    their rows (see the module's docstring)."""
-    m, n = out.shape
-    k = a.shape[1]
-    item = out.itemsize
-    a_rs, a_ks = a.strides[0] // item, a.strides[1] // item
-    alpha, beta = out.dtype.type(alpha), out.dtype.type(beta)
-    width = VECTOR_BYTES // item
+def _tile_gemm_pointers(a, b, out, m, n, k, a_rs, a_ks, ldb, ldo, width, alpha, beta):
+    """The product on raw pointers (width: elements per vector): column blocks
+    of MAX_VECTORS, 2 or 1 vectors, each as tall tiles, then what no tile
+    covers, element by element."""
     c0 = 0
-    while n - c0 >= width:                    # column blocks of MAX_VECTORS, 2 or 1 vectors
+    while n - c0 >= width:
         vectors = MAX_VECTORS if n - c0 >= MAX_VECTORS * width else (
             2 if n - c0 >= 2 * width else 1)
         rows = ACCUMULATORS // vectors
         tall_end = m - m % rows
         for r0 in range(0, tall_end, rows):
             if vectors == MAX_VECTORS:
-                _WIDE(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
+                _WIDE(a, b, out, r0, c0, k, a_rs, a_ks, ldb, ldo, alpha, beta)
             elif vectors == 2:
-                _TWO(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
+                _TWO(a, b, out, r0, c0, k, a_rs, a_ks, ldb, ldo, alpha, beta)
             else:
-                _ONE(a, b, out, r0, c0, k, a_rs, a_ks, alpha, beta)
-        _elements(a, b, out, tall_end, m, c0, c0 + vectors * width, k, alpha, beta)
+                _ONE(a, b, out, r0, c0, k, a_rs, a_ks, ldb, ldo, alpha, beta)
+        _elements(a, b, out, tall_end, m, c0, c0 + vectors * width, k, a_rs, a_ks, ldb, ldo,
+                  alpha, beta)
         c0 += vectors * width
-    _elements(a, b, out, 0, m, c0, n, k, alpha, beta)   # the last n % W columns
+    _elements(a, b, out, 0, m, c0, n, k, a_rs, a_ks, ldb, ldo, alpha, beta)   # last n % W
+
+
+# Compiled once, as a C-callable function, at import (from numba's cache after
+# the first run), and called by its address, as linear.py calls BLAS: numba
+# links the code of a compiled callee into every caller and optimises it again
+# there, which cost about a second of the first step per caller. float32 only:
+# float64 (the gradient checks, where speed does not matter) goes to BLAS.
+_float32_pointer = types.CPointer(types.float32)
+_compiled = cfunc(types.void(*([_float32_pointer] * 3), *([types.intp] * 8), types.float32,
+                             types.float32), cache=True, nopython=True)(_tile_gemm_pointers)
+llvm.add_symbol("engine_tile_gemm_f32", _compiled.address)
+_tile_gemm_f32 = types.ExternalFunction(
+    "engine_tile_gemm_f32",
+    types.void(*([types.voidptr] * 3), *([types.intp] * 8), types.float32, types.float32))
+
+
+def _product(a, b, out, alpha, beta):
+    """Typed by dtype when numba compiles a caller (below): float32 calls the
+    compiled tiles, float64 BLAS; a caller's code holds only its own path."""
+
+
+@overload(_product)
+def _product_for(a, b, out, alpha, beta):
+    if out.dtype == types.float32:
+        def tiles(a, b, out, alpha, beta):
+            m, n = out.shape
+            item = out.itemsize
+            _tile_gemm_f32(a.ctypes, b.ctypes, out.ctypes, m, n, a.shape[1],
+                           a.strides[0] // item, a.strides[1] // item, b.strides[0] // item,
+                           out.strides[0] // item, VECTOR_BYTES // item, np.float32(alpha),
+                           np.float32(beta))
+        return tiles
+
+    def blas(a, b, out, alpha, beta):
+        m, n = out.shape
+        if m == 0 or n == 0:
+            return
+        if a.shape[1] == 0:                   # BLAS refuses an empty inner dimension
+            for r in range(m):
+                for c in range(n):
+                    out[r, c] = beta * out[r, c] if beta != 0 else 0.0
+        elif a.strides[1] == out.itemsize:
+            gemm_kernel(a, b, out, False, False, alpha, beta)
+        else:                                 # a transposed view: BLAS reads it transposed
+            gemm_kernel(a.T, b, out, True, False, alpha, beta)
+    return blas
+
+
+@kernel
+def tile_gemm(a, b, out, alpha, beta):
+    """out = alpha a @ b + beta out. a is any 2-D view (pass x.T for x^T: the
+    transposed view only swaps the strides); b and out need unit stride along
+    their rows (see the module's docstring). float64 goes to BLAS (dgemm),
+    which needs a's rows or its columns contiguous."""
+    _product(a, b, out, alpha, beta)
