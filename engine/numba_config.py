@@ -24,6 +24,9 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
   survives to be reported, as before.)
 * Vectors: numba's loops may use 512-bit registers where the CPU has them
   (`_full_width_vectors`).
+* Stale caches: numba checks a cached kernel against its own file only, so
+  `drop_stale_caches` deletes the engine's cached machine code whenever any
+  engine source changed (a hash kept beside the caches).
 * Threads: the `omp` threading layer starts a parallel loop in about 2 us
   against about 70 us for numba's own `workqueue`; with dozens of parallel
   loops per training step that difference is visible, so we ask for it when
@@ -82,8 +85,46 @@ def _full_width_vectors() -> None:
         numba.core.config.reload_config()     # numba read its settings when engine imported it
 
 
+def drop_stale_caches(root) -> None:
+    """Delete numba's cached machine code under engine/ when any engine source changed.
+
+    numba keys a cached kernel by its own file: when a function it calls or
+    inlines changes in another file (a lane reduction in _lanes.py, the tile
+    product of register_tiles.py), the old machine code is loaded again, old
+    helper and all, and a helper whose arguments changed would be called
+    wrongly. So a hash of every engine source is kept beside the caches, and
+    when it differs (a `git pull`, an edited kernel) the engine's cache files
+    (*.nbi, *.nbc in engine/**/__pycache__) are deleted before any is loaded:
+    the next first step compiles again. Nothing else is touched (run on
+    engine/ at import, unless NUMBA_CACHE_DIR is set: numba caches there)."""
+    import hashlib
+    digest = hashlib.sha256()
+    for source in sorted(root.rglob("*.py")):
+        digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes())
+    stamp = root / "__pycache__" / "kernel_sources.sha256"
+    try:
+        if stamp.read_text() == digest.hexdigest():
+            return
+    except OSError:
+        pass
+    for pattern in ("*.nbi", "*.nbc"):
+        for cached in root.rglob(f"__pycache__/{pattern}"):
+            try:
+                cached.unlink()
+            except OSError:            # another process got there first, or read-only
+                pass
+    try:
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(digest.hexdigest())
+    except OSError:                    # a read-only install: numba caches elsewhere
+        pass
+
+
 _quiet_idle_threads()
 _full_width_vectors()
+if not os.environ.get("NUMBA_CACHE_DIR"):
+    import pathlib
+    drop_stale_caches(pathlib.Path(__file__).resolve().parent)
 
 import numba  # noqa: E402
 
@@ -160,8 +201,8 @@ def parallel_kernel(fn):
     return ParallelKernel(fn)
 
 
-# The parallel build alone, for a kernel with a different algorithm for one
-# thread (attention's tile kernels: their one-thread builds are BLAS products).
+# The parallel build alone, for a kernel whose one-thread build is written
+# apart (attention's: a prange over the heads against a plain loop).
 parallel_only_kernel = functools.partial(numba.njit, parallel=True, **_OPTIONS)
 njit = numba.njit
 

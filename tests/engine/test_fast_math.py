@@ -68,3 +68,4 @@ def test_float32_exp_matches_numpy_in_process():
     x64 = x.astype(np.float64)
     assert np.max(np.abs(e - np.exp(x64)) / np.exp(x64)) < 2e-7
     assert np.max(np.abs(t - np.tanh(x64))) < 3e-7
+

@@ -1,0 +1,25 @@
+"""engine.numba_config: what it sets up before any kernel compiles."""
+from __future__ import annotations
+
+
+def test_cached_machine_code_goes_when_any_engine_source_changes(tmp_path):
+    """numba checks a cached kernel against its own file only; the engine drops
+    every cache file of its own when any of its sources changed, and only then."""
+    from engine.numba_config import drop_stale_caches
+    (tmp_path / "kernels" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "kernels" / "attention.py").write_text("def attention(): pass\n")
+    (tmp_path / "_lanes.py").write_text("LANES = 16\n")
+    cached = [tmp_path / "kernels" / "__pycache__" / name
+              for name in ("attention.attention-1.py311.nbi", "attention.attention-1.py311.1.nbc")]
+    mine = tmp_path / "kernels" / "__pycache__" / "attention.cpython-311.pyc"
+    for path in cached + [mine]:
+        path.write_bytes(b"x")
+    drop_stale_caches(tmp_path)                       # no stamp yet: dropped
+    assert not any(p.exists() for p in cached) and mine.exists()
+    for path in cached:
+        path.write_bytes(b"x")
+    drop_stale_caches(tmp_path)                       # nothing changed: kept
+    assert all(p.exists() for p in cached)
+    (tmp_path / "_lanes.py").write_text("LANES = 8\n")  # another file than the kernel's
+    drop_stale_caches(tmp_path)
+    assert not any(p.exists() for p in cached) and mine.exists()
