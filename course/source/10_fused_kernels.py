@@ -924,8 +924,9 @@ print("each doubling of T: the probabilities grow 4x, the row statistics 2x")
 # tile recomputes S = Q Kᵀ and P = exp(S − lse) before the same four products: five
 # products and a tile of exponentials instead of four. What it saves is traffic: the
 # standard forward writes T × T probabilities per head and its backward reads them back.
-# Measured, kernel against kernel, on one thread (where both kernels do their products
-# with BLAS, block of query rows by block; see `engine/trainer/kernels/attention.py`):
+# Measured, kernel against kernel, on one thread (where both kernels work block of query
+# rows by block, each product a register-tile product of
+# `engine/trainer/kernels/register_tiles.py`; see `engine/trainer/kernels/attention.py`):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
