@@ -34,6 +34,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._llvm_loops import counted_loop
 from ...numba_config import row_kernel
 
 LANES = 16            # one AVX-512 register of float32, two of AVX2
@@ -103,18 +104,7 @@ def _lane_reduce(typingctx, op, a, b, n):
         else:
             start = ir.Constant(vector, [ir.Constant(element, 0.0)] * LANES)
 
-        entry = builder.block
-        head = builder.append_basic_block("lanes.head")
-        body = builder.append_basic_block("lanes.body")
-        done = builder.append_basic_block("lanes.done")
-        builder.branch(head)
-        builder.position_at_end(head)
-        step = builder.phi(intp)
-        acc = builder.phi(vector)
-        step.add_incoming(ir.Constant(intp, 0), entry)
-        acc.add_incoming(start, entry)
-        builder.cbranch(builder.icmp_signed("<", step, steps), body, done)
-        builder.position_at_end(body)
+        step, (acc,), close = counted_loop(builder, steps, [start], "lanes")
         x = load(a_array, step, a.layout == "C")
         if kind == "sum":
             new = builder.fadd(acc, x)
@@ -122,11 +112,7 @@ def _lane_reduce(typingctx, op, a, b, n):
             new = builder.fadd(acc, builder.fmul(x, load(b_array, step, b.layout == "C")))
         else:
             new = builder.select(builder.fcmp_ordered(">", x, acc), x, acc)
-        latch = builder.block                    # the loads may have added blocks
-        step.add_incoming(builder.add(step, ir.Constant(intp, 1)), latch)
-        acc.add_incoming(new, latch)
-        builder.branch(head)
-        builder.position_at_end(done)
+        close([new])
         out = context.get_constant_undef(result)
         for k in range(LANES):
             out = builder.insert_value(

@@ -54,6 +54,7 @@ from numba import cfunc, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from ._llvm_loops import counted_loop
 from .linear import gemm_kernel
 from ...fast_math import HAS_FMA, fma
 from ...numba_config import kernel, row_kernel, target_cpu_features
@@ -116,22 +117,8 @@ def _make_tile_product(rows: int, vectors: int):
                     one, ir.Constant(vector, ir.Undefined),
                     ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
 
-            entry = builder.block
-            head = builder.append_basic_block("tile.head")
-            body = builder.append_basic_block("tile.body")
-            done = builder.append_basic_block("tile.done")
-            builder.branch(head)
-            builder.position_at_end(head)
-            step = builder.phi(intp)
-            step.add_incoming(const(0), entry)
-            accs = []
-            for _ in range(rows * vectors):
-                acc = builder.phi(vector)
-                acc.add_incoming(ir.Constant(vector, [ir.Constant(element, 0.0)] * width), entry)
-                accs.append(acc)
-            builder.cbranch(builder.icmp_signed("<", step, k_val), body, done)
-
-            builder.position_at_end(body)
+            zero = ir.Constant(vector, [ir.Constant(element, 0.0)] * width)
+            step, accs, close = counted_loop(builder, k_val, [zero] * (rows * vectors), "tile")
             b_row = builder.gep(b_start, [builder.mul(step, ldb_val)])
             b_vecs = [builder.load(builder.bitcast(builder.gep(b_row, [const(v * width)]),
                                                    vector.as_pointer()), align=item)
@@ -142,12 +129,8 @@ def _make_tile_product(rows: int, vectors: int):
                 a_rk = splat(builder.load(builder.gep(a_rows[r], [offset])))
                 new += [multiply_add(a_rk, b_vecs[v], accs[r * vectors + v])
                         for v in range(vectors)]
-            for acc, value in zip(accs, new):
-                acc.add_incoming(value, builder.block)
-            step.add_incoming(builder.add(step, const(1)), builder.block)
-            builder.branch(head)
+            close(new)
 
-            builder.position_at_end(done)
             alphas, betas = splat(alpha_val), splat(beta_val)
             keep = builder.fcmp_ordered("!=", beta_val, ir.Constant(element, 0.0))
             pointers = [builder.bitcast(builder.gep(o_ptr, [builder.add(builder.add(
