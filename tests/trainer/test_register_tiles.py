@@ -72,3 +72,35 @@ def test_an_element_has_the_same_bits_wherever_it_sits():
     flipped = np.empty((m, n), dtype)                  # the last row first: a tall tile's row
     tile_gemm(np.ascontiguousarray(a[::-1]), b, flipped, 1.0, 0.0)
     assert np.array_equal(flipped[::-1], out)
+
+
+def test_an_avx2_build_gives_the_same_bits(tmp_path):
+    """The same product compiled for an AVX2 CPU (NUMBA_CPU_NAME=haswell: 8-float
+    vectors, 4 x 16 tiles) and for this one: the same bits, as the module
+    promises for every CPU with fused multiply-adds."""
+    import os
+    import subprocess
+    import sys
+    from engine.fast_math import HAS_FMA
+    if not HAS_FMA:
+        pytest.skip("this CPU has no fused multiply-add: its products are rounded twice")
+    rng = np.random.default_rng(5)
+    a, b = _operands(rng, 37, 70, 45, True, np.float32)
+    np.save(tmp_path / "a.npy", np.ascontiguousarray(a))
+    np.save(tmp_path / "b.npy", b)
+    script = (
+        "import sys, numpy as np\n"
+        "from engine.trainer.kernels.register_tiles import VECTOR_BYTES, tile_gemm\n"
+        "assert VECTOR_BYTES == 32, VECTOR_BYTES\n"
+        "folder = sys.argv[1]\n"
+        "a, b = np.load(folder + '/a.npy'), np.load(folder + '/b.npy')\n"
+        "out = np.empty((a.shape[1], b.shape[1]), np.float32)\n"
+        "tile_gemm(a.T, b, out, 0.5, 0.0)\n"
+        "np.save(folder + '/out.npy', out)\n")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env, check=True,
+                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    here = np.empty((a.shape[1], b.shape[1]), np.float32)
+    tile_gemm(np.load(tmp_path / "a.npy").T, b, here, 0.5, 0.0)
+    assert np.array_equal(np.load(tmp_path / "out.npy"), here)
