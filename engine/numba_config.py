@@ -64,6 +64,24 @@ def target_cpu_features() -> str:
     return llvm.get_host_cpu_features().flatten()
 
 
+# LLVM's names of the x86 CPUs whose cores have AVX-512 (NUMBA_CPU_NAME may name one)
+_AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+                "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
+                "graniterapids", "graniterapids-d", "znver4", "znver5", "x86-64-v4", "knl",
+                "knm")
+
+
+def target_has_avx512() -> bool:
+    """Whether the CPU numba compiles for has AVX-512. With NUMBA_CPU_NAME naming
+    a CPU (CI's run as an AVX2 CPU names haswell on an AVX-512 machine) and no
+    NUMBA_CPU_FEATURES, numba compiles for that CPU's own features, which
+    llvmlite cannot list: a table of names answers. Else target_cpu_features()."""
+    name = os.environ.get("NUMBA_CPU_NAME", "host")
+    if name != "host" and not os.environ.get("NUMBA_CPU_FEATURES"):
+        return name in _AVX512_CPUS
+    return "+avx512f" in target_cpu_features().split(",")
+
+
 def _full_width_vectors() -> None:
     """Let LLVM use the CPU's full vector width (512 bits with AVX-512).
 
@@ -79,9 +97,8 @@ def _full_width_vectors() -> None:
     if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
         return
     import numba.core.config
-    features = target_cpu_features()
-    if "+avx512f" in features.split(","):
-        os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+    if target_has_avx512():
+        os.environ["NUMBA_CPU_FEATURES"] = target_cpu_features() + ",-prefer-256-bit"
         numba.core.config.reload_config()     # numba read its settings when engine imported it
 
 

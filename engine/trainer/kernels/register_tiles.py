@@ -45,7 +45,6 @@ attention, K^T of one head: T * hs numbers against T^2 * hs multiply-adds).
 """
 from __future__ import annotations
 
-import os
 import platform
 
 import llvmlite.binding as llvm
@@ -58,26 +57,14 @@ from numba.extending import intrinsic, overload
 from ._llvm_loops import counted_loop
 from .linear import gemm_kernel
 from ...fast_math import HAS_FMA, fma
-from ...numba_config import kernel, row_kernel, target_cpu_features
-
-
-# x86 CPU names (LLVM's) whose cores have AVX-512
-_AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
-                "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
-                "graniterapids", "graniterapids-d", "znver4", "znver5", "x86-64-v4", "knl",
-                "knm")
+from ...numba_config import kernel, row_kernel, target_has_avx512
 
 
 def _vector_bytes() -> int:
-    """Bytes in one vector register of the CPU numba compiles for: the host's,
-    or the one NUMBA_CPU_NAME names (CI's run as an AVX2 CPU sets haswell on an
-    AVX-512 machine), unless NUMBA_CPU_FEATURES says otherwise."""
+    """Bytes in one vector register of the CPU numba compiles for."""
     if platform.machine().lower() in ("arm64", "aarch64"):
         return 16
-    name = os.environ.get("NUMBA_CPU_NAME", "host")
-    if name != "host" and not os.environ.get("NUMBA_CPU_FEATURES"):
-        return 64 if name in _AVX512_CPUS else 32
-    return 64 if "+avx512f" in target_cpu_features().split(",") else 32
+    return 64 if target_has_avx512() else 32
 
 
 VECTOR_BYTES = _vector_bytes()
