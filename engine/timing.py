@@ -43,11 +43,14 @@ def median_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
 
 
 def sgemm_flops(n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of one n x n x n float32 product through SciPy's BLAS (its default
+    """FLOP/s of one n x n x n float32 product through the engine's BLAS
+    (engine.blas: the library the trainer's products use, at its current
     threads), median of `repeats`: the ceiling of any matmul on this machine."""
-    from scipy.linalg import blas
-    a = np.asfortranarray(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
-    seconds = median_seconds(lambda: blas.sgemm(1.0, a, a), repeats, warmup=1)
+    from .blas import library
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    out = np.empty_like(a)
+    seconds = median_seconds(lambda: library().sgemm_into(a, a, out), repeats, warmup=1)
     return 2 * n ** 3 / seconds
 
 
@@ -75,30 +78,42 @@ def _openblas_entry_points(names):
 
 
 def blas_threads() -> int | None:
-    """Threads of SciPy's OpenBLAS, or None when it cannot be asked (another BLAS)."""
+    """Threads of the engine's BLAS (engine.blas: MKL, or SciPy's OpenBLAS), or
+    None when it cannot be asked."""
+    from .blas import library
+    if library().name == "mkl":
+        return library().threads()
     getters = _openblas_entry_points(_BLAS_GETTERS)
     return int(getters[0][1]()) if getters else None
 
 
 def set_blas_threads(n: int) -> dict:
-    """Give every OpenBLAS in the process `n` threads; returns {library path:
-    previous thread count} for `restore_blas_threads` ({} with another BLAS)."""
+    """Give every BLAS in the process `n` threads (each OpenBLAS loaded, and MKL
+    when the engine uses it); returns {library: previous thread count} for
+    `restore_blas_threads` ({} when none can be reached)."""
+    from .blas import library
     previous = {path: int(get()) for path, get in _openblas_entry_points(_BLAS_GETTERS)}
     for _, set_ in _openblas_entry_points(_BLAS_SETTERS):
         set_(ctypes.c_int(int(n)))
+    if library().name == "mkl":
+        previous["mkl"] = library().threads()
+        library().set_threads(n)
     return previous
 
 
 def restore_blas_threads(previous: dict) -> None:
     """Undo `set_blas_threads` (pass what it returned)."""
+    from .blas import library
     for path, set_ in _openblas_entry_points(_BLAS_SETTERS):
         if previous.get(path, 0) > 0:
             set_(ctypes.c_int(previous[path]))
+    if previous.get("mkl", 0) > 0 and library().name == "mkl":
+        library().set_threads(previous["mkl"])
 
 
 @contextmanager
 def fixed_threads(n: int = 1):
-    """Run BLAS (every OpenBLAS in the process) and numba kernels on `n` threads
+    """Run BLAS (every one in the process, see set_blas_threads) and numba kernels on `n` threads
     inside the block; the previous sizes come back afterwards."""
     import numba
     n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))

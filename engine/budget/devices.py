@@ -11,8 +11,9 @@ sparsity). "16-bit" is bf16/fp16 on the tensor cores with fp32 accumulation;
         accumulation, 82.6 TFLOP/s fp32
 
 "this machine" is measured: its memory from the operating system, its
-FLOP/s from one large float32 product (sgemm through SciPy's BLAS), used for
-every precision (numpy computes 16-bit storage in fp32).
+FLOP/s from one large float32 product (sgemm through the engine's BLAS,
+engine.blas), used for every precision (numpy computes 16-bit storage in
+fp32).
 """
 from __future__ import annotations
 

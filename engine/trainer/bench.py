@@ -21,7 +21,7 @@ Measures, in one process and one run (per shape, with --shapes):
   pools). The paired ratio is the median over rounds of (PyTorch's block
   median / ours), with its range;
 * GFLOP/s of the step, its share of the machine's sgemm rate (a 1024^3
-  product through SciPy's BLAS on all cores, measured right after), and the
+  product through the engine's BLAS on all cores, measured right after), and the
   linear layers' matrix products against the same products run alone;
 * where the time goes, kernel by kernel, and outside the kernels (Python
   between kernels, replicas waiting for each other and summing gradients,
@@ -48,6 +48,7 @@ import time
 import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
+from ..blas import library as blas_library
 from ..timing import median_seconds, sgemm_flops
 
 
@@ -364,7 +365,7 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     setup = {**cfg.to_dict(), "batch_size": B, "dtype": "float32", "threads": n_threads,
              "thread_mode": thread_mode, "replicas": replicas, "attention": attention,
              "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"],
-             "block": block}
+             "blas": blas_library().description, "block": block}
     report = _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms,
                      per_kernel, prof_wall, rest, replicas, torch_reason)
     report.update(kept)
@@ -587,7 +588,7 @@ def format_report(r: dict) -> str:
             else f"1 model, {c['threads']}-thread kernels")
     lines = [f"fused trainer benchmark: V={c['vocab_size']} T={c['block_size']} "
              f"L={c['n_layer']} H={c['n_head']} C={c['n_embd']} B={c['batch_size']} float32, "
-             f"{c['threads']} thread(s): {mode}",
+             f"{c['threads']} thread(s): {mode}; BLAS: {c['blas']}",
              f"first step {r['compile']['first_step_s']:.2f} s (kernels compiled: "
              f"{r['compile']['compiled']}, loaded from cache: "
              f"{r['compile']['loaded_from_cache']})", ""]
@@ -628,7 +629,7 @@ def format_report(r: dict) -> str:
                  f"{lin['sgemm_alone_gflops']:.1f} GFLOP/s for the same products alone"
                  + (f" ({lin['share_of_sgemm']:.0%})" if "share_of_sgemm" in lin else ""))
     if "machine_sgemm_gflops" in lin:
-        lines.append(f"machine sgemm (1024^3, SciPy BLAS, default threads): "
+        lines.append(f"machine sgemm (1024^3, {c['blas']}, default threads): "
                      f"{lin['machine_sgemm_gflops']:.1f} GFLOP/s; the whole step ran at "
                      f"{o['gflops'] / lin['machine_sgemm_gflops']:.0%} of it")
     lines.append("")
@@ -731,11 +732,13 @@ def format_table(reports: list[dict]) -> str:
     r0 = reports[0]
     t0 = r0["torch"]
     lines.append(f"ours: {r0['config']['threads']} thread(s), "
-                 f"{r0['config']['thread_mode']}; {r0['config']['attention']} attention"
+                 f"{r0['config']['thread_mode']}; {r0['config']['attention']} attention; "
+                 f"BLAS {r0['config']['blas']}"
                  + (f"; PyTorch {t0['version']} eager, attention={t0['attention']}" if t0 else "")
                  + f"; float32; vocabulary {r0['config']['vocab_size']}")
     if sgemm:
-        lines.append(f"machine sgemm rate: {sgemm:.1f} GFLOP/s (1024^3, SciPy's BLAS, all cores; "
+        lines.append(f"machine sgemm rate: {sgemm:.1f} GFLOP/s (1024^3, {r0['config']['blas']}, "
+                     f"all cores; "
                      f"the best of the readings taken after each shape)")
     lines.append("ms/step: median (quartiles) of the paired steps; sgemm: the step's GFLOP/s "
                  "over the machine's 1024^3 sgemm rate; wait: replicas waiting and summing "

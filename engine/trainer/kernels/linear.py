@@ -4,12 +4,12 @@
     backward  dx = dy @ w^T                (written, or added into)
               dw += x^T @ dy,  db += sum of dy over rows
 
-Matrix products are the one place where hand-written loops cannot compete
-with a tuned BLAS, so they go to SciPy's BLAS (the Fortran `sgemm`/`dgemm`
-that scipy.linalg.cython_blas exports, the same routine numba's `np.dot`
-calls). They are called from a numba function compiled with nogil, outside
-any `prange`: BLAS runs its own threads, and nesting them inside numba's
-would put two threads on every core.
+Matrix products of this size are where a tuned BLAS beats hand-written
+loops, so they go to the Fortran `sgemm`/`dgemm` of the library engine.blas
+chooses: SciPy's OpenBLAS (the routine numba's `np.dot` calls), or Intel's
+MKL when it is installed on an Intel CPU. They are called from a numba
+function compiled with nogil, outside any `prange`: BLAS runs its own
+threads, and nesting them inside numba's would put two threads on every core.
 
 Calling the Fortran routine directly, instead of `np.dot`, buys two things:
 beta = 1 accumulates into the output in place (how weight gradients add up
@@ -22,16 +22,17 @@ from __future__ import annotations
 import llvmlite.binding as llvm
 import numpy as np
 from numba import types
-from numba.extending import get_cython_function_address
 
 from ._buffers import float_dtype, output
+from ...blas import library as blas_library
 from ...numba_config import kernel, parallel_kernel, prange
 
-# The compiled kernels call the routines by name; the names are bound to
-# SciPy's addresses at every import, which keeps the machine code cacheable.
+# The compiled kernels call the routines by name; the names are bound to the
+# chosen library's addresses at every import, which keeps the machine code
+# cacheable (and the same cached code serves either library).
+BLAS = blas_library()
 for _name in ("sgemm", "dgemm"):
-    llvm.add_symbol(f"engine_fused_{_name}",
-                    get_cython_function_address("scipy.linalg.cython_blas", _name))
+    llvm.add_symbol(f"engine_fused_{_name}", getattr(BLAS, _name))
 _GEMM_SIGNATURE = types.void(*([types.voidptr] * 13))
 _sgemm = types.ExternalFunction("engine_fused_sgemm", _GEMM_SIGNATURE)
 _dgemm = types.ExternalFunction("engine_fused_dgemm", _GEMM_SIGNATURE)
