@@ -1,7 +1,8 @@
 """How many threads the trainer's two thread pools use: numba's and BLAS's.
 
 A step alternates numba kernels (numba's OpenMP threads) and matrix products
-(OpenBLAS's own threads). Both pools default to one thread per core. Under
+(the threads of the BLAS engine.blas chose: OpenBLAS's own, or MKL's). Both
+pools default to one thread per core. Under
 data parallelism with several processes on one machine, each process must
 take its share of the cores, or the pools of all processes fight over them
 and every barrier waits for a thread that is not running.
@@ -11,8 +12,8 @@ single-threaded BLAS, as the trainer's replicas want: each replica runs
 its kernels under `one_numba_thread()`, and what runs between replicas,
 the gradient norm and the AdamW update, uses all n). The BLAS pool is reached through the
 `openblas_set_num_threads` entry point of every OpenBLAS loaded (numpy's and
-SciPy's; engine.timing); with another BLAS (MKL, Accelerate) that part is
-skipped and reported.
+SciPy's) and MKL's own call when the engine uses MKL (engine.timing); with
+another BLAS (Accelerate) that part is skipped and reported.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import os
 
 import numba
 
+from ...blas import library as blas_library
 from ...timing import blas_threads, restore_blas_threads, set_blas_threads
 
 def set_threads(n: int, *, blas: int | None = None) -> dict:
@@ -31,7 +33,7 @@ def set_threads(n: int, *, blas: int | None = None) -> dict:
     blas = n if blas is None else max(1, int(blas))
     previous = {"numba": numba.get_num_threads(), "blas": set_blas_threads(blas)}
     numba.set_num_threads(n)
-    return {"numba": n, "blas": blas_threads(), "blas_library": next(iter(previous["blas"]), None),
+    return {"numba": n, "blas": blas_threads(), "blas_library": blas_library().description,
             "previous": previous}
 
 
