@@ -299,7 +299,9 @@ def _budget_config(cfg, batch_size: int, **knobs):
 
 def sgemm_flops_per_s(m: int, k: int, n: int, repeats: int = 30, seed: int = 0) -> float:
     """The machine's measured float32 matmul rate: FLOP/s (2*m*k*n per product) of the
-    fastest of `repeats` (m, k) @ (k, n) products through numpy's BLAS."""
+    fastest of `repeats` (m, k) @ (k, n) products through the trainer's own BLAS
+    (engine.blas: SciPy's OpenBLAS, or MKL where it is installed on an Intel CPU)."""
+    from engine.blas import library
     rng = np.random.default_rng(seed)
     a = rng.normal(size=(m, k)).astype(np.float32)
     b = rng.normal(size=(k, n)).astype(np.float32)
@@ -307,7 +309,7 @@ def sgemm_flops_per_s(m: int, k: int, n: int, repeats: int = 30, seed: int = 0) 
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
-        np.matmul(a, b, out=out)
+        library().sgemm_into(a, b, out)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * m * k * n / best
 

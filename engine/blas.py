@@ -35,6 +35,8 @@ ENV_VAR = "ENGINE_BLAS"
 CHOICES = ("auto", "openblas", "mkl")
 MKL_INSTALL = "pip install -e '.[mkl]'   (conda: conda install mkl)"
 
+# sgemm's Fortran interface: 13 arguments, every one a pointer
+_FORTRAN_GEMM = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 13))
 # oneMKL's threading layers (mkl_service.h)
 _MKL_THREADING_SEQUENTIAL, _MKL_THREADING_GNU = 1, 3
 
@@ -70,8 +72,7 @@ class Blas:
         if b.shape[0] != k or out.shape != (m, n):
             raise ValueError(f"Blas.sgemm_into: {a.shape} @ {b.shape} cannot go into {out.shape}")
         ref, i, f = ctypes.byref, ctypes.c_int, ctypes.c_float
-        routine = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 13))(self.sgemm)
-        routine(ref(ctypes.c_char(b"N")), ref(ctypes.c_char(b"N")), ref(i(n)), ref(i(m)),
+        _FORTRAN_GEMM(self.sgemm)(ref(ctypes.c_char(b"N")), ref(ctypes.c_char(b"N")), ref(i(n)), ref(i(m)),
                 ref(i(k)), ref(f(1.0)), b.ctypes.data, ref(i(n)), a.ctypes.data, ref(i(k)),
                 ref(f(0.0)), out.ctypes.data, ref(i(n)))
 

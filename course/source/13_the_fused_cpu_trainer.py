@@ -232,8 +232,10 @@ assert same
 # machine a trainer uses: the FLOP/s a training step achieves, counting only the model's
 # own FLOPs (lesson 07's count, 6 per weight per token plus attention's two products;
 # recomputed work does not count), divided by the peak FLOP/s of the machine. Here the
-# peak is measured, not taken from a data sheet: the best rate numpy's float32 matmul
-# (sgemm) reaches on the model's largest matmul shape, (B·T, C) @ (C, 4C), on this CPU.
+# peak is measured, not taken from a data sheet: the best rate the trainer's own float32
+# matmul (sgemm, from the BLAS `engine.blas` chose: SciPy's OpenBLAS, or Intel's MKL where
+# it is installed) reaches on the model's largest matmul shape, (B·T, C) @ (C, 4C), on
+# this CPU.
 
 # %%
 flops_per_step = lesson13.step_flops(cfg, B)
