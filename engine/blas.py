@@ -46,7 +46,7 @@ class Blas:
     """One BLAS library: the addresses of its sgemm and dgemm (Fortran
     interface, 32-bit integers), and how to reach its thread count."""
     name: str                 # "openblas" or "mkl"
-    description: str          # e.g. "oneMKL 2026.2.1 (GNU OpenMP threads)"
+    description: str          # e.g. "oneMKL 2026.2 (GNU OpenMP threads)"
     sgemm: int
     dgemm: int
     _lib: object = None       # the ctypes library, for MKL's thread calls
@@ -71,10 +71,10 @@ class Blas:
                 raise ValueError("Blas.sgemm_into: a, b and out must be C-contiguous float32")
         if b.shape[0] != k or out.shape != (m, n):
             raise ValueError(f"Blas.sgemm_into: {a.shape} @ {b.shape} cannot go into {out.shape}")
-        ref, i, f = ctypes.byref, ctypes.c_int, ctypes.c_float
-        _FORTRAN_GEMM(self.sgemm)(ref(ctypes.c_char(b"N")), ref(ctypes.c_char(b"N")), ref(i(n)), ref(i(m)),
-                ref(i(k)), ref(f(1.0)), b.ctypes.data, ref(i(n)), a.ctypes.data, ref(i(k)),
-                ref(f(0.0)), out.ctypes.data, ref(i(n)))
+        ref, i, f, no = ctypes.byref, ctypes.c_int, ctypes.c_float, ctypes.c_char(b"N")
+        _FORTRAN_GEMM(self.sgemm)(ref(no), ref(no), ref(i(n)), ref(i(m)), ref(i(k)),
+                                  ref(f(1.0)), b.ctypes.data, ref(i(n)), a.ctypes.data,
+                                  ref(i(k)), ref(f(0.0)), out.ctypes.data, ref(i(n)))
 
 
 def choice() -> str:
