@@ -89,20 +89,13 @@ def _rows4_product(out, a, b, r, k0, k1, c0, c1):
 
 @kernel
 def _load_rows(src, row0, col0, T, hs, out, scale):
-    """out[t, d] = scale * src[row0 + t, col0 + d]: one head's (T, hs) slice, zero-padded."""
-    out[:, :] = 0
+    """out[t, d] = scale * src[row0 + t, col0 + d]: one head's (T, hs) slice, zero-padded
+    to out's shape. For the transposed slice (K^T, V^T) pass out_t.T."""
+    out[T:, :] = 0
+    out[:T, hs:] = 0
     for t in range(T):
         for d in range(hs):
             out[t, d] = src[row0 + t, col0 + d] * scale
-
-
-@kernel
-def _load_cols(src, row0, col0, T, hs, out_t, scale):
-    """out_t[d, t] = scale * src[row0 + t, col0 + d]: the same slice, transposed."""
-    out_t[:, :] = 0
-    for t in range(T):
-        for d in range(hs):
-            out_t[d, t] = src[row0 + t, col0 + d] * scale
 
 
 @kernel
@@ -155,7 +148,7 @@ def _head_forward(qkv, y, lse, b, h):
     q, kt, v = np.empty((Tp, hp), qkv.dtype), np.empty((hp, Tp), qkv.dtype), \
         np.empty((Tp, hp), qkv.dtype)
     _load_rows(qkv, row0, h * hs, T, hs, q, one)
-    _load_cols(qkv, row0, C + h * hs, T, hs, kt, scale)        # scale folded into K^T
+    _load_rows(qkv, row0, C + h * hs, T, hs, kt.T, scale)      # scale folded into K^T
     _load_rows(qkv, row0, 2 * C + h * hs, T, hs, v, one)
     s = np.empty((TILE, TILE), qkv.dtype)
     acc = np.zeros((Tp, hp), qkv.dtype)
@@ -203,8 +196,8 @@ def _head_backward(dy, qkv, y, lse, dqkv, b, h):
     vt, g = np.empty((hp, Tp), dt), np.empty((Tp, hp), dt)
     _load_rows(qkv, row0, h * hs, T, hs, q, one)
     _load_rows(qkv, row0, C + h * hs, T, hs, k, one)
-    _load_cols(qkv, row0, C + h * hs, T, hs, kt, scale)
-    _load_cols(qkv, row0, 2 * C + h * hs, T, hs, vt, one)
+    _load_rows(qkv, row0, C + h * hs, T, hs, kt.T, scale)
+    _load_rows(qkv, row0, 2 * C + h * hs, T, hs, vt.T, one)
     _load_rows(dy, row0, h * hs, T, hs, g, one)
     # D_i = dy_i . y_i = rowsum(P * dP), and the row statistics, padded
     rowdot, row_lse = np.zeros(Tp, dt), np.zeros(Tp, dt)
