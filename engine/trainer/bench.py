@@ -48,7 +48,6 @@ import time
 import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
-from ..blas import library as blas_library
 from ..timing import median_seconds, sgemm_flops
 
 
@@ -365,7 +364,7 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     setup = {**cfg.to_dict(), "batch_size": B, "dtype": "float32", "threads": n_threads,
              "thread_mode": thread_mode, "replicas": replicas, "attention": attention,
              "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"],
-             "blas": blas_library().description, "block": block}
+             "blas": thread_info["blas_library"], "block": block}
     report = _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms,
                      per_kernel, prof_wall, rest, replicas, torch_reason)
     report.update(kept)

@@ -2,10 +2,10 @@
 
 A step alternates numba kernels (numba's OpenMP threads) and matrix products
 (the threads of the BLAS engine.blas chose: OpenBLAS's own, or MKL's). Both
-pools default to one thread per core. Under
-data parallelism with several processes on one machine, each process must
-take its share of the cores, or the pools of all processes fight over them
-and every barrier waits for a thread that is not running.
+pools default to one thread per core. Under data parallelism with several
+processes on one machine, each process must take its share of the cores, or
+the pools of all processes fight over them and every barrier waits for a
+thread that is not running.
 
 `set_threads(n)` sets both pools (`set_threads(n, blas=1)`: n numba threads,
 single-threaded BLAS, as the trainer's replicas want: each replica runs
