@@ -20,6 +20,16 @@ kernels use, so both draw on one pool of threads instead of two fighting
 over the cores; without libgomp it runs sequentially (one thread).
 `threads()` and `set_threads(n)` reach it; engine.timing sets every BLAS
 in the process through them.
+
+Kernels: OpenBLAS picks its kernels for the CPU when it loads, unless
+OPENBLAS_CORETYPE names others (some machines set it, e.g. to Haswell, so that
+every CPU of a fleet runs the same code and gets the same bits). The
+description names the kernels that run ("OpenBLAS 0.3.30, Haswell kernels"),
+and `kernel_bits` says how wide their vectors are: OpenBLAS's Haswell kernels
+use 256 of an AVX-512 CPU's 512 bits, which halves what a product can reach
+(the tiny GPT's linear products, one core of a Zen 5 EPYC: 12.8 ms on the
+Haswell kernels, 6.9 ms on SkylakeX's). engine.trainer.kernels.linear reads
+it to choose between BLAS and the engine's own register tiles.
 """
 from __future__ import annotations
 
@@ -50,6 +60,7 @@ class Blas:
     sgemm: int
     dgemm: int
     _lib: object = None       # the ctypes library, for MKL's thread calls
+    kernel_bits: int | None = None   # vector width of its float32 kernels, where known
 
     def threads(self) -> int | None:
         """MKL's thread count (None for OpenBLAS: engine.timing reaches every
@@ -105,8 +116,47 @@ def _openblas() -> Blas:
     from numba.extending import get_cython_function_address
     import scipy
     address = lambda name: get_cython_function_address("scipy.linalg.cython_blas", name)  # noqa: E731
-    return Blas("openblas", f"OpenBLAS (SciPy {scipy.__version__})", address("sgemm"),
-                address("dgemm"))
+    sgemm, dgemm = address("sgemm"), address("dgemm")      # SciPy's OpenBLAS is loaded now
+    build, core = _openblas_build()
+    return Blas("openblas", f"{build} (SciPy {scipy.__version__})", sgemm, dgemm,
+                kernel_bits=openblas_kernel_bits(core))
+
+
+# OpenBLAS's x86 kernel sets by the width of their float32 vectors (its core names,
+# lower case); a name not listed (another architecture, a newer set) is not guessed.
+_OPENBLAS_KERNEL_BITS = {
+    512: ("skylakex", "cooperlake", "sapphirerapids"),
+    256: ("haswell", "zen", "sandybridge", "excavator", "steamroller", "piledriver",
+          "bulldozer"),
+    128: ("prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "opteron",
+          "opteron_sse3", "barcelona", "bobcat", "nano", "katmai", "coppermine",
+          "northwood"),
+}
+
+
+def openblas_kernel_bits(core: str) -> int | None:
+    """Vector bits of OpenBLAS's float32 kernels for its core name ("Haswell" ->
+    256), or None for a name this table does not list."""
+    core = core.strip().lower()
+    return next((bits for bits, names in _OPENBLAS_KERNEL_BITS.items() if core in names),
+                None)
+
+
+def _openblas_build() -> tuple[str, str]:
+    """("OpenBLAS 0.3.30, Haswell kernels", "Haswell"): SciPy's OpenBLAS asked
+    its version and the kernels it runs ("OpenBLAS" and "" where it cannot be asked)."""
+    from .timing import _openblas_entry_points
+    text = {}
+    for key, names in (("config", ("scipy_openblas_get_config", "openblas_get_config")),
+                       ("core", ("scipy_openblas_get_corename", "openblas_get_corename"))):
+        found = _openblas_entry_points(names)[:1]      # SciPy's copy comes first
+        for _, fn in found:
+            fn.restype = ctypes.c_char_p
+            text[key] = fn().decode(errors="replace")
+    words = text.get("config", "").split()              # "OpenBLAS 0.3.30 DYNAMIC_ARCH ..."
+    version = f" {words[1]}" if len(words) > 1 and words[0] == "OpenBLAS" else ""
+    core = text.get("core", "")
+    return f"OpenBLAS{version}" + (f", {core} kernels" if core else ""), core
 
 
 def _mkl_candidates() -> list[str]:

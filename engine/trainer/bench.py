@@ -364,7 +364,8 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     setup = {**cfg.to_dict(), "batch_size": B, "dtype": "float32", "threads": n_threads,
              "thread_mode": thread_mode, "replicas": replicas, "attention": attention,
              "kernel_threads": thread_info["numba"], "blas_threads": thread_info["blas"],
-             "blas": thread_info["blas_library"], "block": block}
+             "blas": thread_info["blas_library"], "products": thread_info["products"],
+             "block": block}
     report = _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms,
                      per_kernel, prof_wall, rest, replicas, torch_reason)
     report.update(kept)
@@ -588,6 +589,7 @@ def format_report(r: dict) -> str:
     lines = [f"fused trainer benchmark: V={c['vocab_size']} T={c['block_size']} "
              f"L={c['n_layer']} H={c['n_head']} C={c['n_embd']} B={c['batch_size']} float32, "
              f"{c['threads']} thread(s): {mode}; BLAS: {c['blas']}",
+             f"matrix products: {c['products']}",
              f"first step {r['compile']['first_step_s']:.2f} s (kernels compiled: "
              f"{r['compile']['compiled']}, loaded from cache: "
              f"{r['compile']['loaded_from_cache']})", ""]
@@ -735,6 +737,7 @@ def format_table(reports: list[dict]) -> str:
                  f"BLAS {r0['config']['blas']}"
                  + (f"; PyTorch {t0['version']} eager, attention={t0['attention']}" if t0 else "")
                  + f"; float32; vocabulary {r0['config']['vocab_size']}")
+    lines.append(f"our matrix products: {r0['config']['products']}")
     if sgemm:
         lines.append(f"machine sgemm rate: {sgemm:.1f} GFLOP/s (1024^3, {r0['config']['blas']}, "
                      f"all cores; "

@@ -325,12 +325,14 @@ def _header(config, model, dataset, entropy, start, world_size, n_threads, n_rep
     """The run's first log record."""
     from .model import kernel_owners
     from ..blas import library as blas_library
+    from .kernels.linear import product_routes
     return {"event": "start", "params": model.num_params(),
             "vocab_size": dataset.tokenizer.vocab_size,
             "train_chars": int(len(dataset.train)), "val_chars": int(len(dataset.val)),
             "unigram_entropy": entropy, "start_step": start, "steps": config.steps,
             "processes": world_size, "threads": n_threads, "replicas": n_replicas,
             "thread_mode": config.thread_mode, "blas": blas_library().description,
+            "products": product_routes(),
             "tokens_per_step": config.batch_size * config.block_size * config.grad_accum,
             "config": dataclasses.asdict(config),
             "kernels_replaced": {k: v for k, v in kernel_owners().items() if v != "engine"}}

@@ -55,7 +55,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ._llvm_loops import counted_loop
-from .linear import gemm_kernel
+from .blas_gemm import gemm_kernel
 from ...fast_math import HAS_FMA, fma
 from ...numba_config import kernel, row_kernel, target_has_avx512
 

@@ -24,6 +24,7 @@ import numba
 
 from ...blas import library as blas_library
 from ...timing import blas_threads, restore_blas_threads, set_blas_threads
+from .linear import product_routes
 
 def set_threads(n: int, *, blas: int | None = None) -> dict:
     """Use n threads in numba kernels (on the calling thread) and `blas` (default
@@ -34,7 +35,7 @@ def set_threads(n: int, *, blas: int | None = None) -> dict:
     previous = {"numba": numba.get_num_threads(), "blas": set_blas_threads(blas)}
     numba.set_num_threads(n)
     return {"numba": n, "blas": blas_threads(), "blas_library": blas_library().description,
-            "previous": previous}
+            "products": product_routes(), "previous": previous}
 
 
 @contextlib.contextmanager
