@@ -145,11 +145,10 @@ def openblas_kernel_bits(core: str) -> int | None:
 def _openblas_build() -> tuple[str, str]:
     """("OpenBLAS 0.3.30, Haswell kernels", "Haswell"): SciPy's OpenBLAS asked
     its version and the kernels it runs ("OpenBLAS" and "" where it cannot be asked)."""
-    from .timing import _openblas_entry_points
     text = {}
     for key, names in (("config", ("scipy_openblas_get_config", "openblas_get_config")),
                        ("core", ("scipy_openblas_get_corename", "openblas_get_corename"))):
-        found = _openblas_entry_points(names)[:1]      # SciPy's copy comes first
+        found = openblas_entry_points(names)[:1]      # SciPy's copy comes first
         for _, fn in found:
             fn.restype = ctypes.c_char_p
             text[key] = fn().decode(errors="replace")
@@ -157,6 +156,29 @@ def _openblas_build() -> tuple[str, str]:
     version = f" {words[1]}" if len(words) > 1 and words[0] == "OpenBLAS" else ""
     core = text.get("core", "")
     return f"OpenBLAS{version}" + (f", {core} kernels" if core else ""), core
+
+
+def openblas_entry_points(names):
+    """(library path, function) for every OpenBLAS mapped into this process that
+    has one of `names`, SciPy's first (it runs the engine's matrix products);
+    numpy and SciPy each load their own copy."""
+    import scipy.linalg.blas  # noqa: F401  (load SciPy's BLAS as well as numpy's)
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f
+                     if "openblas" in line.lower() and line.split()[-1].startswith("/")}
+    except OSError:                      # not Linux: leave BLAS as it is
+        return []
+    found = []
+    for path in sorted(paths, key=lambda p: ("scipy.libs" not in p, p)):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        fn = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
+        if fn is not None:
+            found.append((path, fn))
+    return found
 
 
 def _mkl_candidates() -> list[str]:

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .blas import openblas_entry_points
+
 _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
                  "openblas_set_num_threads64_", "openblas_set_num_threads")
 _BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
@@ -54,36 +56,13 @@ def sgemm_flops(n: int = 1024, repeats: int = 5) -> float:
     return 2 * n ** 3 / seconds
 
 
-def _openblas_entry_points(names):
-    """(library path, function) for every OpenBLAS mapped into this process that
-    has one of `names`, SciPy's first (it runs the engine's matrix products);
-    numpy and SciPy each load their own copy."""
-    import scipy.linalg.blas  # noqa: F401  (load SciPy's BLAS as well as numpy's)
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f
-                     if "openblas" in line.lower() and line.split()[-1].startswith("/")}
-    except OSError:                      # not Linux: leave BLAS as it is
-        return []
-    found = []
-    for path in sorted(paths, key=lambda p: ("scipy.libs" not in p, p)):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        fn = next((getattr(lib, n) for n in names if hasattr(lib, n)), None)
-        if fn is not None:
-            found.append((path, fn))
-    return found
-
-
 def blas_threads() -> int | None:
     """Threads of the engine's BLAS (engine.blas: MKL, or SciPy's OpenBLAS), or
     None when it cannot be asked."""
     from .blas import library
     if library().name == "mkl":
         return library().threads()
-    getters = _openblas_entry_points(_BLAS_GETTERS)
+    getters = openblas_entry_points(_BLAS_GETTERS)
     return int(getters[0][1]()) if getters else None
 
 
@@ -92,8 +71,8 @@ def set_blas_threads(n: int) -> dict:
     when the engine uses it); returns {library: previous thread count} for
     `restore_blas_threads` ({} when none can be reached)."""
     from .blas import library
-    previous = {path: int(get()) for path, get in _openblas_entry_points(_BLAS_GETTERS)}
-    for _, set_ in _openblas_entry_points(_BLAS_SETTERS):
+    previous = {path: int(get()) for path, get in openblas_entry_points(_BLAS_GETTERS)}
+    for _, set_ in openblas_entry_points(_BLAS_SETTERS):
         set_(ctypes.c_int(int(n)))
     if library().name == "mkl":
         previous["mkl"] = library().threads()
@@ -104,7 +83,7 @@ def set_blas_threads(n: int) -> dict:
 def restore_blas_threads(previous: dict) -> None:
     """Undo `set_blas_threads` (pass what it returned)."""
     from .blas import library
-    for path, set_ in _openblas_entry_points(_BLAS_SETTERS):
+    for path, set_ in openblas_entry_points(_BLAS_SETTERS):
         if previous.get(path, 0) > 0:
             set_(ctypes.c_int(previous[path]))
     if previous.get("mkl", 0) > 0 and library().name == "mkl":

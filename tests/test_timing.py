@@ -25,10 +25,11 @@ def test_repeats_must_be_positive():
 def test_fixed_threads_sets_every_blas_and_numba_then_restores():
     import numba
 
-    from engine.timing import _BLAS_GETTERS, _openblas_entry_points, fixed_threads
+    from engine.blas import openblas_entry_points
+    from engine.timing import _BLAS_GETTERS, fixed_threads
 
     def blas_sizes():
-        return {path: get() for path, get in _openblas_entry_points(_BLAS_GETTERS)}
+        return {path: get() for path, get in openblas_entry_points(_BLAS_GETTERS)}
 
     before_blas, before_numba = blas_sizes(), numba.get_num_threads()
     assert before_blas, "numpy's and SciPy's OpenBLAS should both be found on Linux"
