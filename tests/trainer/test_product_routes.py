@@ -55,11 +55,14 @@ def tile_spy(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("k", [37, 2 * linear.TILE_K + 5])     # one block of k, and three
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_the_tile_route_computes_every_flag_combination(tile_spy, trans_a, trans_b, accumulate):
-    m, n, k = 2 * ACCUMULATORS, 3 * COLUMNS, 37
+def test_the_tile_route_computes_every_flag_combination(tile_spy, trans_a, trans_b, accumulate,
+                                                        k):
+    m, n = 2 * ACCUMULATORS, 3 * COLUMNS
+    blocks = -(-k // linear.TILE_K)
     rng = np.random.default_rng(7)
     a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
     b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
@@ -68,7 +71,8 @@ def test_the_tile_route_computes_every_flag_combination(tile_spy, trans_a, trans
             + (out if accumulate else 0.0))
     with fixed_threads(1):
         linear.gemm(a, b, out, trans_a=trans_a, trans_b=trans_b, accumulate=accumulate)
-    assert tile_spy == [(m, n)], "a covered one-thread float32 product did not go to the tiles"
+    assert tile_spy == [(m, n)] * blocks, "a covered one-thread float32 product did not go to " \
+                                         "the tiles, one call per block of k"
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
 
 
