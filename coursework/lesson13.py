@@ -299,19 +299,13 @@ def _budget_config(cfg, batch_size: int, **knobs):
 
 def sgemm_flops_per_s(m: int, k: int, n: int, repeats: int = 30, seed: int = 0) -> float:
     """The machine's measured float32 matmul rate: FLOP/s (2*m*k*n per product) of the
-    fastest of `repeats` (m, k) @ (k, n) products through the trainer's own BLAS
-    (engine.blas: SciPy's OpenBLAS, or MKL where it is installed on an Intel CPU)."""
-    from engine.blas import library
-    rng = np.random.default_rng(seed)
-    a = rng.normal(size=(m, k)).astype(np.float32)
-    b = rng.normal(size=(k, n)).astype(np.float32)
-    out = np.empty((m, n), np.float32)
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        library().sgemm_into(a, b, out)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * m * k * n / best
+    fastest of `repeats` (m, k) @ (k, n) products through the trainer's own code: one
+    BLAS call on all cores (engine.blas: SciPy's OpenBLAS, or MKL where it is installed
+    on an Intel CPU), or every core its share of the rows at once, as the trainer's
+    replicas run them (on the engine's register tiles where those are faster).
+    engine.trainer.bench.product_peak_flops measures it."""
+    from engine.trainer.bench import product_peak_flops
+    return product_peak_flops(m, k, n, repeats=repeats, seed=seed)
 
 
 def mfu(flops_per_step: float, step_seconds: float, peak_flops_per_s: float) -> float:

@@ -233,9 +233,11 @@ assert same
 # own FLOPs (lesson 07's count, 6 per weight per token plus attention's two products;
 # recomputed work does not count), divided by the peak FLOP/s of the machine. Here the
 # peak is measured, not taken from a data sheet: the best rate the trainer's own float32
-# matmul (sgemm, from the BLAS `engine.blas` chose: SciPy's OpenBLAS, or Intel's MKL where
-# it is installed) reaches on the model's largest matmul shape, (B·T, C) @ (C, 4C), on
-# this CPU.
+# matmul reaches on the model's largest matmul shape, (B·T, C) @ (C, 4C), on this CPU.
+# That is the faster of two ways: one BLAS call on all cores (the library `engine.blas`
+# chose: SciPy's OpenBLAS, or Intel's MKL where it is installed), and the trainer's own
+# way, every core its share of the rows at once (on the engine's register tiles where
+# their vectors are wider than the BLAS's kernels; the benchmark says which ran).
 
 # %%
 flops_per_step = lesson13.step_flops(cfg, B)

@@ -129,9 +129,11 @@ def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
     """The linear layers' products of one step, run alone back to back:
     (forward, dx, dw) for each weight, the tied head included. With replicas,
     each of that many threads runs the products of its B/replicas rows at once
-    (as the trainer does), BLAS single-threaded."""
+    (as the trainer does: one numba thread each, so the same route as the
+    step's products, see kernels/linear.py), BLAS single-threaded."""
     from concurrent.futures import ThreadPoolExecutor
     from .kernels import gemm
+    from .parallel import _one_thread_per_replica
     rng = np.random.default_rng(0)
     N, C, V = B * T // replicas, cfg.n_embd, cfg.vocab_size
     shapes = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)] * cfg.n_layer + [(C, V)]
@@ -150,7 +152,8 @@ def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
             gemm(x, dy, dw, trans_a=True, accumulate=True)
             gemm(dy, w, dx, trans_b=True)
 
-    pool = ThreadPoolExecutor(replicas) if replicas > 1 else None
+    pool = (ThreadPoolExecutor(replicas, initializer=_one_thread_per_replica)
+            if replicas > 1 else None)
 
     def one_pass():
         if pool is None:
@@ -162,6 +165,44 @@ def sgemm_rate(cfg: GPTConfig, B: int, T: int, dtype, replicas: int = 1,
     if pool is not None:
         pool.shutdown()
     return {"flops": flops, "seconds": seconds, "gflops": flops / seconds / 1e9}
+
+
+def product_peak_flops(m: int, k: int, n: int, repeats: int = 30, seed: int = 0) -> float:
+    """The fastest float32 (m, k) @ (k, n) product the trainer's own code reaches
+    on this machine, in FLOP/s (2 m k n per product), best of `repeats`: the
+    faster of one BLAS call on all its threads (engine.blas) and the trainer's
+    way, every core computing its share of the rows at once on one thread
+    (`gemm`'s route: BLAS, or the register tiles where their vectors are wider,
+    see kernels/linear.py). A peak for MFU that the step cannot pass by taking
+    a faster route than the one measured."""
+    from concurrent.futures import ThreadPoolExecutor
+    from ..blas import library
+    from .kernels import gemm
+    from .kernels.threads import cores
+    from .parallel import _one_thread_per_replica
+    from ..timing import fixed_threads
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(m, k)).astype(np.float32)
+    b = rng.normal(size=(k, n)).astype(np.float32)
+    out = np.empty((m, n), np.float32)
+
+    def best(fn) -> float:
+        fn()
+        fastest = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            fastest = min(fastest, time.perf_counter() - t0)
+        return fastest
+
+    seconds = best(lambda: library().sgemm_into(a, b, out))
+    workers = max(1, min(cores(), m))
+    shares = np.array_split(np.arange(m), workers)
+    rows = [slice(int(s[0]), int(s[-1]) + 1) for s in shares]
+    with fixed_threads(1), ThreadPoolExecutor(workers, initializer=_one_thread_per_replica) as pool:
+        seconds = min(seconds, best(lambda: list(pool.map(
+            lambda r: gemm(a[r], b, out[r]), rows))))
+    return 2.0 * m * k * n / seconds
 
 
 # ------------------------------------------------------------ activation memory

@@ -20,11 +20,12 @@ numba compiling for an AVX-512 CPU), a one-thread product whose output the
 tiles cover whole (rows a multiple of 16, columns of the vector width) goes
 to the tiles. Measured on one core of a Zen 5 EPYC, the tiny GPT's products
 (a layer's 12 and the head's 3, 1024 rows): 9.0 ms this way against 13.0 all
-on OpenBLAS's Haswell kernels (1.1-1.8x a product; the two head products with
-103 rows or columns stay on BLAS), and 37 against 48 ms at C = 256. (With OpenBLAS's own AVX-512 kernels BLAS is faster still, 7.3 ms,
-and keeps every product.) The tiles need b's rows contiguous, so
-dx = dy @ w^T copies w^T first (in * out numbers against rows * in * out
-multiply-adds). Which path ran is not a matter of luck:
+on OpenBLAS's Haswell kernels (1.1-1.8x a product; the two head products
+with 103 rows or columns stay on BLAS), and 37 against 48 ms at C = 256.
+(With OpenBLAS's own AVX-512 kernels BLAS is faster still, 7.3 ms, and keeps
+every product.) The tiles need b's rows contiguous, so dx = dy @ w^T copies
+w^T first (in * out numbers against rows * in * out multiply-adds). Which
+path ran is not a matter of luck:
 `product_routes()` says it, and the benchmark prints it.
 """
 from __future__ import annotations
