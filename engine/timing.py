@@ -44,6 +44,22 @@ def median_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
     return float(np.median(times))
 
 
+def fastest_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
+    """The shortest wall time of `fn()` over `repeats` calls, after `warmup`
+    untimed ones: a peak rate's time (what the machine can do when nothing
+    else gets in the way), where a median is a typical time."""
+    if repeats < 1:
+        raise ValueError(f"fastest_seconds: repeats must be at least 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    fastest = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        fastest = min(fastest, time.perf_counter() - t0)
+    return fastest
+
+
 def sgemm_flops(n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of one n x n x n float32 product through the engine's BLAS
     (engine.blas: the library the trainer's products use, at its current

@@ -51,3 +51,13 @@ def test_fixed_threads_restores_after_an_exception():
         with fixed_threads(1):
             raise RuntimeError("inside the measurement")
     assert numba.get_num_threads() == before
+
+
+def test_fastest_seconds_is_the_shortest_call():
+    import time
+
+    from engine.timing import fastest_seconds
+    pauses = iter([0.03, 0.001, 0.02])
+    assert fastest_seconds(lambda: time.sleep(next(pauses)), repeats=3) < 0.015
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        fastest_seconds(lambda: None, repeats=0)

@@ -30,8 +30,6 @@
 # CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
-import time
-
 import numpy as np
 import matplotlib.pyplot as plt
 
@@ -562,7 +560,7 @@ plt.show()
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (timings differ from run to run and machine to machine)
-from engine.timing import fixed_threads
+from engine.timing import fastest_seconds as best_time, fixed_threads
 
 wide = P.make_classification(n=4096, d_in=256, d_hidden=512, classes=64)
 with fixed_threads(1):   # one thread: a busy machine slows both alike
@@ -573,15 +571,6 @@ print(f"training step: fp32 {t_fp32 * 1e3:.1f} ms, emulated bf16 mixed "
 
 A = rng.normal(size=(1024, 1024)).astype(np.float32)
 B = rng.normal(size=(1024, 1024)).astype(np.float32)
-
-
-def best_time(fn, repeats=5):
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 with fixed_threads(1):

@@ -48,7 +48,7 @@ import time
 import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
-from ..timing import median_seconds, sgemm_flops
+from ..timing import fastest_seconds, median_seconds, sgemm_flops
 
 
 # --------------------------------------------------------------- the torch twin
@@ -185,23 +185,13 @@ def product_peak_flops(m: int, k: int, n: int, repeats: int = 30, seed: int = 0)
     a = rng.normal(size=(m, k)).astype(np.float32)
     b = rng.normal(size=(k, n)).astype(np.float32)
     out = np.empty((m, n), np.float32)
-
-    def best(fn) -> float:
-        fn()
-        fastest = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            fastest = min(fastest, time.perf_counter() - t0)
-        return fastest
-
-    seconds = best(lambda: library().sgemm_into(a, b, out))
+    seconds = fastest_seconds(lambda: library().sgemm_into(a, b, out), repeats, warmup=1)
     workers = max(1, min(cores(), m))
     shares = np.array_split(np.arange(m), workers)
     rows = [slice(int(s[0]), int(s[-1]) + 1) for s in shares]
     with fixed_threads(1), ThreadPoolExecutor(workers, initializer=_one_thread_per_replica) as pool:
-        seconds = min(seconds, best(lambda: list(pool.map(
-            lambda r: gemm(a[r], b, out[r]), rows))))
+        seconds = min(seconds, fastest_seconds(lambda: list(pool.map(
+            lambda r: gemm(a[r], b, out[r]), rows)), repeats, warmup=1))
     return 2.0 * m * k * n / seconds
 
 

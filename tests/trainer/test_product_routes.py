@@ -97,6 +97,17 @@ def test_blas_keeps_what_the_tiles_do_not_cover(tile_spy, why, m, n, dtype, thre
                                atol=1e-4)
 
 
+def test_the_mfu_peak_is_measured_on_the_route_the_trainer_takes(tile_spy):
+    """bench.product_peak_flops (lesson 13's MFU peak) times the trainer's own
+    products, every core its share of rows: on the tiles when they are the route."""
+    from engine.trainer.bench import product_peak_flops
+    from engine.trainer.kernels.threads import cores
+    m = ACCUMULATORS * cores()
+    rate = product_peak_flops(m, 24, 2 * COLUMNS, repeats=2)
+    assert 1e6 < rate < 1e14                     # FLOP/s
+    assert tile_spy and set(tile_spy) == {(ACCUMULATORS, 2 * COLUMNS)}
+
+
 _PROBE = """
 import json
 from engine.blas import library
