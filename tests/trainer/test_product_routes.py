@@ -97,6 +97,63 @@ def test_blas_keeps_what_the_tiles_do_not_cover(tile_spy, why, m, n, dtype, thre
                                atol=1e-4)
 
 
+def _one_thread_step(model, x, y):
+    model.zero_grad()
+    loss = model.forward(x, y)
+    model.backward()
+    return loss, model.grads.flat.copy()
+
+
+def test_a_model_on_the_tiles_learns_what_it_learns_on_blas(monkeypatch):
+    """The whole model, one thread, both routes: the same loss and gradients to float32
+    rounding, whichever route this machine takes by itself."""
+    from engine.gpt_config import GPTConfig
+    from engine.trainer.model import FusedGPT
+    cfg = GPTConfig(vocab_size=40, block_size=32, n_layer=2, n_head=2, n_embd=32)
+    rng = np.random.default_rng(5)
+    x, y = (rng.integers(0, cfg.vocab_size, (4, cfg.block_size)) for _ in range(2))
+    model = FusedGPT(cfg, 4, seed=3)
+    calls = []
+    real = linear.tile_gemm
+    monkeypatch.setattr(linear, "tile_gemm", lambda *a: (calls.append(1), real(*a)))
+    results = {}
+    with fixed_threads(1):
+        for tiles in (False, True):
+            monkeypatch.setattr(linear, "TILES_FOR_PRODUCTS", tiles)
+            results[tiles] = _one_thread_step(model, x, y)
+    assert calls, "no product went to the tiles"
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-6)
+    np.testing.assert_allclose(results[True][1], results[False][1], rtol=1e-4, atol=1e-7)
+
+
+def test_a_step_on_the_tiles_allocates_no_arrays(monkeypatch):
+    """w^T for dx goes into a buffer the thread keeps, so after the first step a
+    step on the tile route allocates no more than one on BLAS (see test_gpt_model)."""
+    import tracemalloc
+
+    from engine.gpt_config import GPTConfig
+    from engine.trainer.model import FusedGPT
+    cfg = GPTConfig(vocab_size=30, block_size=32, n_layer=2, n_head=2, n_embd=64)
+    rng = np.random.default_rng(6)
+    x, y = (rng.integers(0, cfg.vocab_size, (8, cfg.block_size)) for _ in range(2))
+    model = FusedGPT(cfg, 8)
+    monkeypatch.setattr(linear, "TILES_FOR_PRODUCTS", True)
+    with fixed_threads(1):
+        _one_thread_step(model, x, y)                  # first step: buffers are made
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            model.zero_grad()
+            model.forward(x, y)
+            model.backward()
+            peak = tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    # one copy of the largest weight (64 x 256 float32) would be 64 KiB
+    assert peak < 32 * 1024, f"a step on the tiles allocated {peak} bytes"
+
+
 def test_the_mfu_peak_is_measured_on_the_route_the_trainer_takes(tile_spy):
     """bench.product_peak_flops (lesson 13's MFU peak) times the trainer's own
     products, every core its share of rows: on the tiles when they are the route."""

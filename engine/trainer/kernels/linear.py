@@ -24,11 +24,14 @@ on OpenBLAS's Haswell kernels (1.1-1.8x a product; the two head products
 with 103 rows or columns stay on BLAS), and 37 against 48 ms at C = 256.
 (With OpenBLAS's own AVX-512 kernels BLAS is faster still, 7.3 ms, and keeps
 every product.) The tiles need b's rows contiguous, so dx = dy @ w^T copies
-w^T first (in * out numbers against rows * in * out multiply-adds). Which
-path ran is not a matter of luck:
+w^T first (in * out numbers against rows * in * out multiply-adds), into a
+buffer this thread keeps for that shape, so a step still allocates nothing
+after the first. Which path ran is not a matter of luck:
 `product_routes()` says it, and the benchmark prints it.
 """
 from __future__ import annotations
+
+import threading
 
 import numba
 import numpy as np
@@ -70,6 +73,20 @@ def _on_tiles(out, m: int, n: int) -> bool:
 TILE_K = 256
 
 
+_transposes = threading.local()        # per thread (replica): shape -> buffer
+
+
+def _transposed_rows(b):
+    """b.T with contiguous rows, in the calling thread's buffer for that shape
+    (kept for the next step's products of the same shape)."""
+    buffers = _transposes.__dict__.setdefault("by_shape", {})
+    key = (b.shape[1], b.shape[0], b.dtype.str)
+    if key not in buffers:
+        buffers[key] = np.empty(key[:2], b.dtype)
+    np.copyto(buffers[key], b.T)
+    return buffers[key]
+
+
 def _tile_blocks(a, b, out, beta: float) -> None:
     """out = a @ b + beta out on the tiles, k in blocks of TILE_K (the first block
     applies beta, the later ones add)."""
@@ -94,7 +111,7 @@ def gemm(a, b, out, *, trans_a=False, trans_b=False, accumulate=False):
             if not accumulate:
                 out[...] = 0
         elif _on_tiles(out, m, n):
-            b_rows = np.ascontiguousarray(b.T) if trans_b else b   # the tiles read b by rows
+            b_rows = _transposed_rows(b) if trans_b else b       # the tiles read b by rows
             _tile_blocks(a.T if trans_a else a, b_rows, out, 1.0 if accumulate else 0.0)
         else:
             gemm_kernel(a, b, out, trans_a, trans_b, 1.0, 1.0 if accumulate else 0.0)
