@@ -73,3 +73,23 @@ def directional_check(loss_fn, x, analytic, rng, eps=1e-6, directions=3):
         exact = float((analytic * d).sum())
         worst = max(worst, abs(numeric - exact) / max(abs(exact), 1e-8))
     return worst
+
+
+def step_allocation_bytes(model, x, y) -> int:
+    """Peak bytes numpy allocates in one forward + backward of `model` (after a
+    first step, run here, has compiled the kernels and made any kept buffers):
+    numpy reports its data allocations to tracemalloc."""
+    import tracemalloc
+    model.zero_grad()
+    model.forward(x, y)
+    model.backward()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        model.zero_grad()
+        model.forward(x, y)
+        model.backward()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()

@@ -3,7 +3,6 @@ thread replicas change nothing but the bits they must, a step allocates no
 arrays, and the kernel registry swaps in other code and says whose it is."""
 from __future__ import annotations
 
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -11,6 +10,8 @@ import pytest
 from engine.trainer import model as G
 from engine.gpt_config import GPTConfig, init_params
 from engine.trainer.parallel import ThreadReplicas
+
+from .reference import step_allocation_bytes
 
 CFG = GPTConfig(vocab_size=13, block_size=8, n_layer=2, n_head=2, n_embd=8)
 
@@ -135,17 +136,7 @@ def test_a_training_step_allocates_no_arrays():
     cfg = GPTConfig(vocab_size=30, block_size=32, n_layer=2, n_head=4, n_embd=32)
     m = G.FusedGPT(cfg, 8)
     x, y = batch(6, 8, cfg)
-    grads_of(m, x, y)                        # warm-up: compile, first touches
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        tracemalloc.reset_peak()
-        m.zero_grad()
-        m.forward(x, y)
-        m.backward()
-        peak = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
+    peak = step_allocation_bytes(m, x, y)
     activations = m.acts.saved_nbytes()
     assert peak < 64 * 1024, f"a step allocated {peak} bytes (activations: {activations})"
 

@@ -129,27 +129,17 @@ def test_a_model_on_the_tiles_learns_what_it_learns_on_blas(monkeypatch):
 def test_a_step_on_the_tiles_allocates_no_arrays(monkeypatch):
     """w^T for dx goes into a buffer the thread keeps, so after the first step a
     step on the tile route allocates no more than one on BLAS (see test_gpt_model)."""
-    import tracemalloc
-
     from engine.gpt_config import GPTConfig
     from engine.trainer.model import FusedGPT
+
+    from .reference import step_allocation_bytes
     cfg = GPTConfig(vocab_size=30, block_size=32, n_layer=2, n_head=2, n_embd=64)
     rng = np.random.default_rng(6)
     x, y = (rng.integers(0, cfg.vocab_size, (8, cfg.block_size)) for _ in range(2))
     model = FusedGPT(cfg, 8)
     monkeypatch.setattr(linear, "TILES_FOR_PRODUCTS", True)
     with fixed_threads(1):
-        _one_thread_step(model, x, y)                  # first step: buffers are made
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            model.zero_grad()
-            model.forward(x, y)
-            model.backward()
-            peak = tracemalloc.get_traced_memory()[1] - before
-        finally:
-            tracemalloc.stop()
+        peak = step_allocation_bytes(model, x, y)
     # one copy of the largest weight (64 x 256 float32) would be 64 KiB
     assert peak < 32 * 1024, f"a step on the tiles allocated {peak} bytes"
 
