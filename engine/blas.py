@@ -148,8 +148,7 @@ def _openblas_build() -> tuple[str, str]:
     text = {}
     for key, names in (("config", ("scipy_openblas_get_config", "openblas_get_config")),
                        ("core", ("scipy_openblas_get_corename", "openblas_get_corename"))):
-        found = openblas_entry_points(names)[:1]      # SciPy's copy comes first
-        for _, fn in found:
+        for _, fn in openblas_entry_points(names)[:1]:      # SciPy's copy comes first
             fn.restype = ctypes.c_char_p
             text[key] = fn().decode(errors="replace")
     words = text.get("config", "").split()              # "OpenBLAS 0.3.30 DYNAMIC_ARCH ..."

@@ -29,11 +29,10 @@ _BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_th
                  "openblas_get_num_threads64_", "openblas_get_num_threads")
 
 
-def median_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
-    """The median wall time of `fn()` over `repeats` calls, after `warmup`
-    untimed calls (use one for anything that compiles on first call)."""
+def _wall_times(caller: str, fn, repeats: int, warmup: int) -> list[float]:
+    """The wall time of each of `repeats` calls of `fn()`, after `warmup` untimed ones."""
     if repeats < 1:
-        raise ValueError(f"median_seconds: repeats must be at least 1, got {repeats}")
+        raise ValueError(f"{caller}: repeats must be at least 1, got {repeats}")
     for _ in range(warmup):
         fn()
     times = []
@@ -41,23 +40,20 @@ def median_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return times
+
+
+def median_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
+    """The median wall time of `fn()` over `repeats` calls, after `warmup`
+    untimed calls (use one for anything that compiles on first call)."""
+    return float(np.median(_wall_times("median_seconds", fn, repeats, warmup)))
 
 
 def fastest_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
     """The shortest wall time of `fn()` over `repeats` calls, after `warmup`
     untimed ones: a peak rate's time (what the machine can do when nothing
     else gets in the way), where a median is a typical time."""
-    if repeats < 1:
-        raise ValueError(f"fastest_seconds: repeats must be at least 1, got {repeats}")
-    for _ in range(warmup):
-        fn()
-    fastest = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        fastest = min(fastest, time.perf_counter() - t0)
-    return fastest
+    return min(_wall_times("fastest_seconds", fn, repeats, warmup))
 
 
 def sgemm_flops(n: int = 1024, repeats: int = 5) -> float:

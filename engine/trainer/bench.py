@@ -187,8 +187,7 @@ def product_peak_flops(m: int, k: int, n: int, repeats: int = 30, seed: int = 0)
     out = np.empty((m, n), np.float32)
     seconds = fastest_seconds(lambda: library().sgemm_into(a, b, out), repeats, warmup=1)
     workers = max(1, min(cores(), m))
-    shares = np.array_split(np.arange(m), workers)
-    rows = [slice(int(s[0]), int(s[-1]) + 1) for s in shares]
+    rows = [slice(i * m // workers, (i + 1) * m // workers) for i in range(workers)]
     with fixed_threads(1), ThreadPoolExecutor(workers, initializer=_one_thread_per_replica) as pool:
         seconds = min(seconds, fastest_seconds(lambda: list(pool.map(
             lambda r: gemm(a[r], b, out[r]), rows)), repeats, warmup=1))

@@ -3,7 +3,6 @@ thread replicas change nothing but the bits they must, a step allocates no
 arrays, and the kernel registry swaps in other code and says whose it is."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -59,18 +59,12 @@ def product_routes() -> str:
     if TILES_FOR_PRODUCTS:
         return (f"register tiles ({VECTOR_BYTES * 8}-bit) where they cover the output on one "
                 f"thread, else {BLAS.description} ({blas_bits} kernels)")
-    return f"{BLAS.description}"
+    return BLAS.description
 
 
 def _on_tiles(out, m: int, n: int) -> bool:
     return (TILES_FOR_PRODUCTS and out.dtype == np.float32 and m % ACCUMULATORS == 0
             and n % _TILE_COLUMNS == 0 and numba.get_num_threads() == 1)
-
-
-# The sum over k in blocks of TILE_K: a block's rows of b (TILE_K x n) stay in the
-# core's cache while every tile of the output reads them, where the whole of b
-# (1024 x 512 for a weight gradient) would be fetched again for each row of tiles.
-TILE_K = 256
 
 
 _transposes = threading.local()        # per thread (replica): shape -> buffer
@@ -85,6 +79,12 @@ def _transposed_rows(b):
         buffers[key] = np.empty(key[:2], b.dtype)
     np.copyto(buffers[key], b.T)
     return buffers[key]
+
+
+# The sum over k in blocks of TILE_K: a block's rows of b (TILE_K x n) stay in the
+# core's cache while every tile of the output reads them, where the whole of b
+# (1024 x 512 for a weight gradient) would be fetched again for each row of tiles.
+TILE_K = 256
 
 
 def _tile_blocks(a, b, out, beta: float) -> None:
