@@ -39,6 +39,23 @@ import os
 import types
 
 
+# The variables this module set because the user had not (name -> value).
+_SET_HERE: dict[str, str] = {}
+
+
+def _set_default(name: str, value: str) -> None:
+    if name not in os.environ:
+        os.environ[name] = _SET_HERE[name] = value
+
+
+def users_environment() -> dict[str, str]:
+    """The environment as the user gave it: os.environ without the variables
+    this module set for the engine's own threads and vectors. For a child process
+    that should run another library (PyTorch, in the benchmark) under that
+    library's own defaults, not under ours."""
+    return {k: v for k, v in os.environ.items() if _SET_HERE.get(k) != v}
+
+
 def _quiet_idle_threads() -> None:
     """Make idle worker threads sleep instead of spinning (unless the user chose).
 
@@ -50,8 +67,8 @@ def _quiet_idle_threads() -> None:
     busy cores we measured steps of a second instead of a tenth. Both
     libraries read these variables once, when they load, which is why this
     runs before numba starts its threads and before SciPy loads its BLAS."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")   # 2**4 cycles, then sleep
+    _set_default("OMP_WAIT_POLICY", "PASSIVE")
+    _set_default("OPENBLAS_THREAD_TIMEOUT", "4")   # 2**4 cycles, then sleep
 
 
 def target_cpu_features() -> str:
@@ -98,7 +115,7 @@ def _full_width_vectors() -> None:
         return
     import numba.core.config
     if target_has_avx512():
-        os.environ["NUMBA_CPU_FEATURES"] = target_cpu_features() + ",-prefer-256-bit"
+        _set_default("NUMBA_CPU_FEATURES", target_cpu_features() + ",-prefer-256-bit")
         numba.core.config.reload_config()     # numba read its settings when engine imported it
 
 

@@ -4,15 +4,16 @@
     python -m engine.bench --shapes             # one table: tiny, T512, T1024, wide
     python -m engine.bench --shapes tiny T=256,B=8 --attention flash
 
-Measures, in one process and one run (per shape, with --shapes):
+Measures, in one run (per shape, with --shapes):
 
 * compile: the first step (numba compiles each kernel, or loads it from the
   on-disk cache), reported apart from the steady state;
 * ms/step and tokens/s: median and quartiles over --steps training steps
   (forward, backward, clipping, AdamW) after --warmup steps;
-* PyTorch eager, when it imports: the same model with the same initial
-  weights and batches, and the largest relative difference between the two
-  first-step gradients. The method, for a shared machine that may slow
+* PyTorch eager, when it is installed: the same model with the same initial
+  weights and batches, in a process of its own (torch_twin.py says why),
+  and the largest relative difference between the two first-step
+  gradients. The method, for a shared machine that may slow
   either side at any moment: first --alone-steps steps of ours in a row,
   then as many of PyTorch's (the standalone figures); then --steps steps of
   each in alternating blocks of --block steps, ours first in even rounds,
@@ -49,49 +50,7 @@ import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
 from ..timing import fastest_seconds, median_seconds, sgemm_flops
-
-
-# --------------------------------------------------------------- the torch twin
-def torch_gpt(cfg: GPTConfig, params: dict[str, np.ndarray], attention: str = "sdpa"):
-    """The same GPT in PyTorch eager: returns (loss_fn(ids, targets), tensors by name).
-
-    Weights are stored (in, out) as in engine.gpt_config, so a linear layer is
-    x @ w + b; attention is torch's fused scaled_dot_product_attention
-    ("sdpa", the eager default a practitioner would write) or the textbook
-    softmax(q k^T / sqrt(hs)) v with a mask ("manual")."""
-    import torch
-    import torch.nn.functional as F
-
-    tensors = {name: torch.tensor(np.array(value), requires_grad=True)
-               for name, value in params.items()}
-    C, H, V = cfg.n_embd, cfg.n_head, cfg.vocab_size
-    hs = C // H
-
-    def attend(q, k, v, T):
-        if attention == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        att = (q @ k.transpose(-2, -1)) / hs ** 0.5
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
-        return att.masked_fill(~mask, float("-inf")).softmax(-1) @ v
-
-    def loss_fn(ids, targets):
-        p = tensors
-        B, T = ids.shape
-        x = p["wte"][ids] + p["wpe"][:T]
-        for i in range(cfg.n_layer):
-            w = lambda n: p[f"h{i}.{n}"]  # noqa: E731
-            h = F.layer_norm(x, (C,), w("ln1_w"), w("ln1_b"), 1e-5)
-            q, k, v = (t.view(B, T, H, hs).transpose(1, 2)
-                       for t in (h @ w("qkv_w") + w("qkv_b")).split(C, dim=-1))
-            y = attend(q, k, v, T).transpose(1, 2).reshape(B, T, C)
-            x = x + y @ w("proj_w") + w("proj_b")
-            h = F.layer_norm(x, (C,), w("ln2_w"), w("ln2_b"), 1e-5)
-            x = x + F.gelu(h @ w("fc_w") + w("fc_b"), approximate="tanh") @ w("fcproj_w") \
-                + w("fcproj_b")
-        x = F.layer_norm(x, (C,), p["lnf_w"], p["lnf_b"], 1e-5)
-        return F.cross_entropy((x @ p["wte"].T).view(-1, V), targets.reshape(-1))
-
-    return loss_fn, tensors
+from .torch_twin import TorchTwin, torch_gpt, torch_missing
 
 
 def _median_ms(times):
@@ -322,23 +281,13 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
     paired ratio is the median over rounds of (PyTorch block median / our
     block median); every median comes with its quartiles."""
     say = progress or (lambda line: None)
-    torch = None
-    torch_reason = "disabled with --no-torch"
-    if with_torch:
-        try:
-            import torch  # imported before our kernels start their threads
-            torch_reason = None
-        except ImportError as exc:
-            torch_reason = f"PyTorch is not installed ({exc}); pip install torch to compare"
+    torch_reason = torch_missing() if with_torch else "disabled with --no-torch"
     from .kernels.threads import cores, plan_threads, restore_threads
 
     n_threads = threads or cores()
     thread_mode, replicas, thread_info = plan_threads(n_threads, batch_size, thread_mode)
-    torch_threads = torch.get_num_threads() if torch is not None else None
-    if torch is not None:
-        torch.set_num_threads(n_threads)
     try:
-        report = _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention,
+        report = _measure(cfg, batch_size, steps, warmup, torch_reason, torch_attention,
                           n_threads, thread_mode, replicas, thread_info, seed, data, say,
                           attention, block, alone)
         restore_threads(thread_info)                  # BLAS back to its own threads
@@ -346,11 +295,9 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         return report
     finally:
         restore_threads(thread_info)
-        if torch is not None:
-            torch.set_num_threads(torch_threads)
 
 
-def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attention, n_threads,
+def _measure(cfg, batch_size, steps, warmup, torch_reason, torch_attention, n_threads,
              thread_mode, replicas, thread_info, seed, data, say, attention="standard",
              block=4, alone=None):
     from .data import batch_at
@@ -362,7 +309,8 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     params = init_params(cfg, seed, dtype)
     if data is None:
         data = np.random.default_rng(seed).integers(0, cfg.vocab_size, 200_000)
-    alone_n = (max(1, steps // 2) if alone is None else alone) if torch is not None else 0
+    with_torch = torch_reason is None
+    alone_n = (max(1, steps // 2) if alone is None else alone) if with_torch else 0
     batches = [batch_at(data, seed, i, B, T) for i in range(warmup + 1 + steps + alone_n)]
 
     model = ThreadReplicas(cfg, B, replicas, params=params, dtype=dtype, attention=attention)
@@ -380,13 +328,18 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     cache = _cache_stats(_numba_kernels())
 
     twin = None
-    if torch is not None:
-        twin = _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say,
-                           attention)
+    if with_torch:
+        say("PyTorch, in a process of its own: first-step gradients, first step...")
+        twin = TorchTwin(cfg, params, batches, attention=torch_attention, threads=n_threads)
     waits = lambda: (phase_s["all replicas forward+backward"]  # noqa: E731
                      - phase_s["replica 0 forward+backward"])
-    timing = _time_steps(ours, twin and twin["step"], warmup, steps, say, block, alone, waits)
-    t_ours, t_torch = timing["ours"], timing["torch"]
+    try:
+        timing = _time_steps(timed_steps(ours), twin and twin.steps, warmup, steps, say,
+                             block, alone, waits)
+    finally:
+        if twin is not None:
+            twin.close()
+    t_ours = timing["ours"]
     per_kernel, prof_wall, rest, matmul_ms = _profile(model, ours, phase_s, steps, warmup)
 
     gemm_alone = sgemm_rate(cfg, B, T, dtype, replicas)
@@ -403,7 +356,9 @@ def _measure(cfg, batch_size, steps, warmup, torch, torch_reason, torch_attentio
     report["ours"]["alone"] = _spread(timing["ours_alone"])
     report["ours"]["spread"] = _spread(t_ours)
     if twin is not None:
-        report["torch"] = _torch_report(torch, torch_attention, twin, timing, B * T)
+        report["torch"] = _torch_report(twin, torch_attention, timing, B * T,
+                                        _gradient_agreement(cfg, B, params, dtype, batches[0],
+                                                            attention, twin.grads))
     return report
 
 
@@ -437,24 +392,25 @@ def _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms, 
     return report
 
 
-def _torch_report(torch, torch_attention, twin, timing, tokens) -> dict:
+def _torch_report(twin, torch_attention, timing, tokens, agreement) -> dict:
     """PyTorch's times beside ours: paired (the alternating blocks) and alone."""
     t_torch, t_ours = timing["torch"], timing["ours"]
     tms, ms = _median_ms(t_torch), _median_ms(t_ours)
     ratios = [theirs / mine for mine, theirs in timing["rounds"]]
     alone = _spread(timing["torch_alone"])
     ours_alone = _spread(timing["ours_alone"])["median"]
-    return {"version": torch.__version__, "attention": torch_attention,
+    worst, worst_name = agreement
+    return {"version": twin.version, "attention": torch_attention,
             "ms_per_step": tms, "tokens_per_s": tokens / (tms / 1e3),
             "ms_min": min(t_torch) * 1e3, "speedup_best": min(t_torch) / min(t_ours),
-            "first_step_s": twin["first_step_s"], "ms_all": [t * 1e3 for t in t_torch],
+            "first_step_s": twin.first_step_s, "ms_all": [t * 1e3 for t in t_torch],
             "spread": _spread(t_torch), "alone": alone,
             "speedup": tms / ms,
             "speedup_rounds": {"median": float(np.median(ratios)), "min": min(ratios),
                                "max": max(ratios), "rounds": len(ratios)},
             "speedup_alone": alone["median"] / ours_alone if ours_alone else None,
-            "first_step_grad_max_rel_diff": twin["worst"],
-            "first_step_grad_worst_tensor": twin["worst_name"]}
+            "first_step_grad_max_rel_diff": worst,
+            "first_step_grad_worst_tensor": worst_name}
 
 
 def _our_step(model, opt, batches, phase_s):
@@ -474,99 +430,80 @@ def _our_step(model, opt, batches, phase_s):
     return ours
 
 
-def _torch_twin(torch, cfg, B, params, dtype, batches, torch_attention, say,
-                attention="standard") -> dict:
-    """The same model in PyTorch eager with the same initial weights: its step
-    function, the first-step gradient agreement and its first-step time."""
+def _gradient_agreement(cfg, B, params, dtype, batch, attention, reference):
+    """The largest relative difference between our first-step gradients (one
+    replica, the whole batch, before any update) and `reference` (PyTorch's,
+    by parameter name), and the tensor where it is."""
     from .model import FusedGPT
-    loss_fn, tensors = torch_gpt(cfg, params, torch_attention)
-    decay = [t for n, t in tensors.items() if t.ndim >= 2]
-    no_decay = [t for n, t in tensors.items() if t.ndim < 2]
-    topt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
-    tbatches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
-    all_t = list(tensors.values())
-
-    def theirs(i):
-        x, y = tbatches[i]
-        topt.zero_grad(set_to_none=True)
-        loss = loss_fn(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(all_t, 1.0)
-        topt.step()
-        return loss.item()
-
-    # first-step gradients, before any update
-    g_model = FusedGPT(cfg, B, params=params, dtype=dtype,    # one replica: the whole batch
-                       attention=attention)
-    x0, y0 = batches[0]
-    g_model.forward(x0, y0)
-    g_model.backward()
-    ref_loss = loss_fn(*tbatches[0])
-    ref_loss.backward()
+    model = FusedGPT(cfg, B, params=params, dtype=dtype, attention=attention)
+    model.forward(*batch)
+    model.backward()
     worst, worst_name = 0.0, None
-    for name, g in g_model.named_grads().items():
-        tg = tensors[name].grad.numpy()
-        rel = float(np.abs(g - tg).max() / max(np.abs(tg).max(), 1e-30))
+    for name, g in model.named_grads().items():
+        ref = reference[name]
+        rel = float(np.abs(g - ref).max() / max(np.abs(ref).max(), 1e-30))
         if rel > worst:
             worst, worst_name = rel, name
-    for t in all_t:
-        t.grad = None
-    del g_model
-    say("PyTorch first step...")
-    t0 = time.perf_counter()
-    theirs(0)
-    return {"step": theirs, "worst": worst, "worst_name": worst_name,
-            "first_step_s": time.perf_counter() - t0}
+    return worst, worst_name
+
+
+def timed_steps(step):
+    """A side of the paired timing from a step function (batch index -> loss):
+    run(first, count) runs batches first, first+1, ... and returns each step's
+    seconds."""
+    def run(first, count):
+        times = []
+        for i in range(first, first + count):
+            t0 = time.perf_counter()
+            step(i)
+            times.append(time.perf_counter() - t0)
+        return times
+    return run
 
 
 def _time_steps(ours, theirs, warmup, steps, say, block=4, alone=None, waits=None):
-    """Warm up, then time both sides (see `run`): returns a dict of per-step
-    seconds, "ours"/"torch" from the paired blocks, "ours_alone"/"torch_alone"
-    from the standalone runs, and "rounds": (ours median, theirs median) per
-    pair of blocks. `waits`, when given, is a callable returning the replica
-    waiting accumulated so far (read before and after the paired blocks)."""
-    for i in range(1, warmup + 1):
-        ours(i)
-        if theirs is not None:
-            theirs(i)
+    """Warm up, then time both sides (see `run`). A side is run(first, count) ->
+    seconds of each step (`timed_steps`, or TorchTwin.steps); each takes the
+    same batches in the same order. Returns a dict of per-step seconds,
+    "ours"/"torch" from the paired blocks, "ours_alone"/"torch_alone" from the
+    standalone runs, and "rounds": (ours median, theirs median) per pair of
+    blocks. `waits`, when given, is a callable returning the replica waiting
+    accumulated so far (read before and after the paired blocks)."""
+    sides = [ours] + ([theirs] if theirs is not None else [])
+    for side in sides:
+        side(1, warmup)
     out = {"ours": [], "torch": [], "ours_alone": [], "torch_alone": [], "rounds": []}
-    next_batch = {}                         # each side takes the same batches in order
+    next_batch = [warmup + 1] * len(sides)
 
-    def timed(fn, count, into):
-        got = []
-        for _ in range(count):
-            n = next_batch.get(fn, warmup + 1)
-            t0 = time.perf_counter()
-            fn(n)
-            got.append(time.perf_counter() - t0)
-            next_batch[fn] = n + 1
+    def timed(which, count, into):
+        got = sides[which](next_batch[which], count)
+        next_batch[which] += count
         into.extend(got)
         return got
 
     if theirs is None:
         say(f"timing {steps} steps...")
         w0 = waits() if waits else 0.0
-        timed(ours, steps, out["ours"])
+        timed(0, steps, out["ours"])
         out["wait_s"] = (waits() - w0) if waits else 0.0
         return out
     alone = max(1, steps // 2) if alone is None else alone
     block = max(1, min(block, steps))
     if alone:
         say(f"timing {alone} steps of each alone...")
-        timed(ours, alone, out["ours_alone"])
-        timed(theirs, alone, out["torch_alone"])
+        timed(0, alone, out["ours_alone"])
+        timed(1, alone, out["torch_alone"])
     say(f"timing {steps} steps of each in alternating blocks of {block}, both orders...")
     w0 = waits() if waits else 0.0
     done = r = 0
     while done < steps:
         count = min(block, steps - done)
         if r % 2 == 0:                               # ours first, then theirs...
-            a = timed(ours, count, out["ours"])
-            b = timed(theirs, count, out["torch"])
+            a = timed(0, count, out["ours"])
+            b = timed(1, count, out["torch"])
         else:                                        # ...then the other order
-            b = timed(theirs, count, out["torch"])
-            a = timed(ours, count, out["ours"])
+            b = timed(1, count, out["torch"])
+            a = timed(0, count, out["ours"])
         out["rounds"].append((float(np.median(a)), float(np.median(b))))
         done += count
         r += 1

@@ -23,3 +23,27 @@ def test_cached_machine_code_goes_when_any_engine_source_changes(tmp_path):
     (tmp_path / "_lanes.py").write_text("LANES = 8\n")  # another file than the kernel's
     drop_stale_caches(tmp_path)
     assert not any(p.exists() for p in cached) and mine.exists()
+
+
+def test_a_child_gets_the_users_environment_without_the_engines_defaults():
+    """The engine asks for sleeping idle threads (OMP_WAIT_POLICY=PASSIVE) unless the
+    user chose; users_environment() (PyTorch's process in the benchmark) leaves
+    out what the engine set, and keeps what the user set."""
+    import json
+    import os
+    import subprocess
+    import sys
+    probe = ("import os, json, engine.numba_config as c; "
+             "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), "
+             "c.users_environment().get('OMP_WAIT_POLICY'), "
+             "c.users_environment().get('USER_SET')]))")
+    for chosen in (None, "ACTIVE"):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        env["USER_SET"] = "kept"
+        if chosen:
+            env["OMP_WAIT_POLICY"] = chosen
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        engine_sees, child_gets, other = json.loads(out)
+        assert engine_sees == (chosen or "PASSIVE")
+        assert child_gets == chosen and other == "kept"

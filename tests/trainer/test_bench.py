@@ -54,16 +54,23 @@ def test_shapes_parse_as_presets_or_pairs():
 
 
 def test_paired_timing_alternates_blocks_in_both_orders_on_the_same_batches():
-    from engine.trainer.bench import _time_steps
+    from engine.trainer.bench import _time_steps, timed_steps
     calls = []
-    ours = lambda i: calls.append(("ours", i))      # noqa: E731
-    theirs = lambda i: calls.append(("torch", i))   # noqa: E731
+    ours = timed_steps(lambda i: calls.append(("ours", i)))
+
+    def theirs(first, count):                       # as TorchTwin.steps: a block at once
+        calls.extend(("torch", i) for i in range(first, first + count))
+        return [0.01] * count
+
     t = _time_steps(ours, theirs, warmup=1, steps=4, say=lambda s: None, block=2, alone=1)
-    timed = calls[2:]                                # after one warm-up step each
+    assert calls[:2] == [("ours", 1), ("torch", 1)]  # one warm-up step each
+    timed = calls[2:]
     assert [c[0] for c in timed] == ["ours", "torch"] + ["ours"] * 2 + ["torch"] * 4 + ["ours"] * 2
-    assert sorted(i for s, i in timed if s == "ours") == sorted(i for s, i in timed if s == "torch")
+    assert [i for s, i in timed if s == "ours"] == [i for s, i in timed if s == "torch"] \
+        == [2, 3, 4, 5, 6]
     assert len(t["ours"]) == len(t["torch"]) == 4 and len(t["rounds"]) == 2
     assert len(t["ours_alone"]) == len(t["torch_alone"]) == 1
+    assert t["torch"] == [0.01] * 4 and all(s >= 0 for s in t["ours"])
 
 
 def test_shape_table_has_one_row_per_shape():
