@@ -35,6 +35,26 @@ def test_torch_twin_has_the_same_first_step_gradients():
     assert manual["torch"]["first_step_grad_max_rel_diff"] < 1e-4
 
 
+def test_pytorchs_side_runs_in_its_own_process_and_reports_its_failures():
+    pytest.importorskip("torch", reason="PyTorch is not installed: the comparison is skipped")
+    import os
+    from engine.gpt_config import init_params
+    from engine.trainer.torch_twin import TorchTwin
+    params = init_params(CFG, 0, np.float32)
+    rng = np.random.default_rng(0)
+    batches = [tuple(rng.integers(0, CFG.vocab_size, (2, 2, 16))) for _ in range(4)]
+    with TorchTwin(CFG, params, batches) as twin:
+        assert twin._child.pid != os.getpid() and twin.first_step_s > 0
+        assert set(twin.grads) == set(params) and twin.grads["wte"].shape == params["wte"].shape
+        seconds = twin.steps(1, 3)
+        assert len(seconds) == 3 and all(s > 0 for s in seconds)
+    assert twin._child.returncode == 0                     # closed, not killed
+    broken = dict(params)
+    del broken["lnf_w"]
+    with pytest.raises(RuntimeError, match="PyTorch process failed(.|\n)*lnf_w"):
+        TorchTwin(CFG, broken, batches)
+
+
 def test_cli_json(capsys):
     assert bench.main(["--no-torch", "--steps", "1", "--warmup", "0", "--n-layer", "1",
                        "--n-embd", "16", "--n-head", "2", "--block-size", "16",
