@@ -50,6 +50,7 @@ import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
 from ..timing import fastest_seconds, median_seconds, sgemm_flops
+from .compile_ahead import wait_for_helper
 from .torch_twin import TorchTwin, torch_gpt, torch_missing
 
 
@@ -326,6 +327,7 @@ def _measure(cfg, batch_size, steps, warmup, torch_reason, torch_attention, n_th
     ours(0)
     first_step = time.perf_counter() - t0
     cache = _cache_stats(_numba_kernels())
+    wait_for_helper()             # a cold cache's helper never compiles beside timed steps
 
     twin = None
     if with_torch:

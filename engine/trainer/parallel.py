@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 
+import numba
 import numpy as np
 
 from .kernels.threads import one_numba_thread
@@ -147,6 +148,7 @@ class ThreadReplicas:
     """
 
     def __init__(self, cfg, batch_size: int, n_replicas: int, **gpt_kwargs):
+        from .compile_ahead import start_if_cold
         from .model import FusedGPT, FlatBuffer, gradient_buckets
         from ..gpt_config import param_shapes
         from .kernels.threads import concurrent_kernels_ok
@@ -171,6 +173,11 @@ class ThreadReplicas:
         self.rows = [slice(r * per, (r + 1) * per) for r in range(n_replicas)]
         self.buckets = gradient_buckets(self.grads, cfg.n_layer)
         self._pool = None
+        # a cold numba cache: the backward's and the optimizer's kernels compile in a
+        # helper process while the first forward compiles here (compile_ahead.py)
+        start_if_cold(cfg, first.T, threads=numba.get_num_threads(), replicas=n_replicas > 1,
+                      attention=first.attention, dtype=first.dtype,
+                      checkpointing=first.checkpointing)
 
     def _workers(self):
         """The n - 1 helper threads (started on first use, again after close())."""
