@@ -39,10 +39,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 
 import numpy as np
+
+from .child_process import start_python
 
 _lock = threading.Lock()
 _helper: subprocess.Popen | None = None
@@ -69,9 +70,9 @@ def start_if_cold(cfg, seq_len: int, *, threads: int, replicas: bool,
         plan = {"config": cfg.to_dict(), "seq_len": int(seq_len), "replicas": bool(replicas),
                 "attention": attention, "dtype": np.dtype(dtype).name,
                 "checkpointing": bool(checkpointing), "threads": int(threads)}
-        _helper = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from engine.trainer.compile_ahead import "
-             "compile_later_kernels as c; c(sys.argv[1])", json.dumps(plan)],
+        _helper = start_python(
+            "import sys; from engine.trainer.compile_ahead import compile_later_kernels as c; "
+            "c(sys.argv[1])", json.dumps(plan),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return _helper
 

@@ -95,14 +95,11 @@ class TorchTwin:
     def __init__(self, cfg: GPTConfig, params: dict[str, np.ndarray], batches, *,
                  attention: str = "sdpa", threads: int = 1):
         from ..numba_config import users_environment
+        from .child_process import start_python
         # torch is imported before anything of ours, under the user's environment
-        entry = ("import torch, sys; from engine.trainer.torch_twin import serve; "
-                 "serve(sys.stdin.buffer)")
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = users_environment()
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        self._child = subprocess.Popen([sys.executable, "-c", entry], env=env,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._child = start_python("import torch, sys; from engine.trainer.torch_twin import "
+                                   "serve; serve(sys.stdin.buffer)", env=users_environment(),
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         ready = self._ask({"config": cfg.to_dict(), "params": params, "batches": batches,
                            "attention": attention, "threads": threads})
         self.version, self.grads = ready["version"], ready["grads"]
