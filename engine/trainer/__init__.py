@@ -9,6 +9,7 @@ and engine.numba_config.
     kernels/             the fused numba kernels, each backward beside its forward
     optim.py             AdamW over the flat parameter buffer, lr schedule
     parallel.py          one model replica per thread; MPI gradient all-reduce
+    compile_ahead.py     a cold cache: the backward's kernels compiled in a helper process
     data.py              character tokenizer, built-in corpus, batches
     step.py              the one training step (train and bench both run it)
     checkpoint_files.py  save / load / check a checkpoint file
@@ -16,4 +17,6 @@ and engine.numba_config.
     train.py             the training loop
     cli.py               `python -m engine.train`
     bench.py             `python -m engine.bench`
+    torch_twin.py        the benchmark's PyTorch model, in a process of its own
+    child_process.py     how both of those start a Python child
 """
