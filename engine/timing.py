@@ -56,6 +56,21 @@ def fastest_seconds(fn, repeats: int = 5, warmup: int = 0) -> float:
     return min(_wall_times("fastest_seconds", fn, repeats, warmup))
 
 
+def timed_steps(step):
+    """Blocks of training steps, timed one by one: from step(i) (batch index ->
+    anything), run(first, count) runs batches first, first+1, ... and returns
+    each step's seconds. The benchmark's paired timing takes such a function
+    for each side."""
+    def run(first, count):
+        times = []
+        for i in range(first, first + count):
+            t0 = time.perf_counter()
+            step(i)
+            times.append(time.perf_counter() - t0)
+        return times
+    return run
+
+
 def sgemm_flops(n: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of one n x n x n float32 product through the engine's BLAS
     (engine.blas: the library the trainer's products use, at its current

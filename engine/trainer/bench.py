@@ -49,7 +49,7 @@ import time
 import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
-from ..timing import fastest_seconds, median_seconds, sgemm_flops
+from ..timing import fastest_seconds, median_seconds, sgemm_flops, timed_steps
 from .compile_ahead import wait_for_helper
 from .torch_twin import TorchTwin, torch_gpt, torch_missing
 
@@ -447,20 +447,6 @@ def _gradient_agreement(cfg, B, params, dtype, batch, attention, reference):
         if rel > worst:
             worst, worst_name = rel, name
     return worst, worst_name
-
-
-def timed_steps(step):
-    """A side of the paired timing from a step function (batch index -> loss):
-    run(first, count) runs batches first, first+1, ... and returns each step's
-    seconds."""
-    def run(first, count):
-        times = []
-        for i in range(first, first + count):
-            t0 = time.perf_counter()
-            step(i)
-            times.append(time.perf_counter() - t0)
-        return times
-    return run
 
 
 def _time_steps(ours, theirs, warmup, steps, say, block=4, alone=None, waits=None):

@@ -36,6 +36,7 @@ meet without waiting for each other.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -85,7 +86,6 @@ def compile_later_kernels(plan_json: str) -> None:
     from .model import FusedGPT, decay_segments
     from .optim import AdamW, global_norm
     from . import kernels as fused
-    import contextlib
     plan = json.loads(plan_json)
     cfg, dtype = GPTConfig(**plan["config"]), np.dtype(plan["dtype"])
     set_threads(plan["threads"], blas=1 if plan["replicas"] else None)
@@ -102,7 +102,9 @@ def compile_later_kernels(plan_json: str) -> None:
             fused.flash_attention_backward(a.datty, A.qkv, A.atty, A.lse, dqkv=a.dqkv)
         else:
             fused.attention_backward(a.datty, A.qkv, A.probs, dqkv=a.dqkv)
-        # 3. the whole backward (its inputs are whatever the buffers hold)
+        # 3. the whole backward, without a forward (the forward's kernels are the
+        #    trainer's own to compile; the backward's inputs are whatever the
+        #    buffers hold)
         model._ids = np.zeros((1, model.T), np.int64)
         model.backward()
 

@@ -25,12 +25,12 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 import traceback
 
 import numpy as np
 
 from ..gpt_config import GPTConfig
+from ..timing import timed_steps
 
 
 def torch_gpt(cfg: GPTConfig, params: dict[str, np.ndarray], attention: str = "sdpa"):
@@ -149,28 +149,22 @@ def serve(requests) -> None:
         answers.flush()
 
     try:
-        step = _setup(pickle.load(requests), reply)
+        steps = _setup(pickle.load(requests), reply)
         while True:
             request = pickle.load(requests)
             if request[0] == "close":
                 return
             _, first, count = request
-            reply("ok", [_timed(step, first + i) for i in range(count)])
+            reply("ok", steps(first, count))
     except EOFError:                 # the parent went away
         return
     except Exception:                # noqa: BLE001 - the parent raises it with the text
         reply("error", traceback.format_exc())
 
 
-def _timed(step, i) -> float:
-    t0 = time.perf_counter()
-    step(i)
-    return time.perf_counter() - t0
-
-
 def _setup(setup: dict, reply):
     """Build the twin, answer with its first-step gradients and first-step time;
-    return the step function (batch index -> loss)."""
+    return its timed blocks of steps (engine.timing.timed_steps)."""
     import torch
     torch.set_num_threads(setup["threads"])
     cfg = GPTConfig(**setup["config"])
@@ -195,6 +189,7 @@ def _setup(setup: dict, reply):
     grads = {name: t.grad.numpy().copy() for name, t in tensors.items()}
     for t in every:
         t.grad = None
-    first_step_s = _timed(step, 0)
+    steps = timed_steps(step)
+    first_step_s, = steps(0, 1)
     reply("ok", {"version": torch.__version__, "grads": grads, "first_step_s": first_step_s})
-    return step
+    return steps

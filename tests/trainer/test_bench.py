@@ -74,7 +74,8 @@ def test_shapes_parse_as_presets_or_pairs():
 
 
 def test_paired_timing_alternates_blocks_in_both_orders_on_the_same_batches():
-    from engine.trainer.bench import _time_steps, timed_steps
+    from engine.timing import timed_steps
+    from engine.trainer.bench import _time_steps
     calls = []
     ours = timed_steps(lambda i: calls.append(("ours", i)))
 
