@@ -21,7 +21,7 @@ import pytest
 from engine.blas import openblas_kernel_bits
 from engine.timing import fixed_threads
 from engine.trainer.kernels import linear
-from engine.trainer.kernels.register_tiles import ACCUMULATORS, VECTOR_BYTES
+from engine.trainer.kernels.register_tiles import TILE_ROWS, VECTOR_BYTES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLUMNS = VECTOR_BYTES // 4
@@ -61,7 +61,7 @@ def tile_spy(monkeypatch):
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_the_tile_route_computes_every_flag_combination(tile_spy, trans_a, trans_b, accumulate,
                                                         k):
-    m, n = 2 * ACCUMULATORS, 3 * COLUMNS
+    m, n = 2 * TILE_ROWS, 3 * COLUMNS
     blocks = -(-k // linear.TILE_K)
     rng = np.random.default_rng(7)
     a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(np.float32)
@@ -77,10 +77,10 @@ def test_the_tile_route_computes_every_flag_combination(tile_spy, trans_a, trans
 
 
 @pytest.mark.parametrize("why,m,n,dtype,threads", [
-    ("rows not a multiple of the tile's", ACCUMULATORS + 3, COLUMNS, np.float32, 1),
-    ("columns not a multiple of a vector", ACCUMULATORS, COLUMNS + 7, np.float32, 1),
-    ("float64 (the gradient checks)", ACCUMULATORS, COLUMNS, np.float64, 1),
-    ("two threads (BLAS's threads split it)", ACCUMULATORS, COLUMNS, np.float32, 2),
+    ("rows not a multiple of the tile's", TILE_ROWS + 3, COLUMNS, np.float32, 1),
+    ("columns not a multiple of a vector", TILE_ROWS, COLUMNS + 7, np.float32, 1),
+    ("float64 (the gradient checks)", TILE_ROWS, COLUMNS, np.float64, 1),
+    ("two threads (BLAS's threads split it)", TILE_ROWS, COLUMNS, np.float32, 2),
 ])
 def test_blas_keeps_what_the_tiles_do_not_cover(tile_spy, why, m, n, dtype, threads):
     import numba
@@ -149,10 +149,10 @@ def test_the_mfu_peak_is_measured_on_the_route_the_trainer_takes(tile_spy):
     products, every core its share of rows: on the tiles when they are the route."""
     from engine.trainer.bench import product_peak_flops
     from engine.trainer.kernels.threads import cores
-    m = ACCUMULATORS * cores()
+    m = TILE_ROWS * cores()
     rate = product_peak_flops(m, 24, 2 * COLUMNS, repeats=2)
     assert 1e6 < rate < 1e14                     # FLOP/s
-    assert tile_spy and set(tile_spy) == {(ACCUMULATORS, 2 * COLUMNS)}
+    assert tile_spy and set(tile_spy) == {(TILE_ROWS, 2 * COLUMNS)}
 
 
 _PROBE = """

@@ -38,7 +38,7 @@ import numpy as np
 
 from ._buffers import float_dtype, output
 from .blas_gemm import BLAS, gemm_kernel
-from .register_tiles import ACCUMULATORS, VECTOR_BYTES, tile_gemm
+from .register_tiles import TILE_ROWS, VECTOR_BYTES, tile_gemm
 from ...numba_config import parallel_kernel, prange
 
 
@@ -63,7 +63,7 @@ def product_routes() -> str:
 
 
 def _on_tiles(out, m: int, n: int) -> bool:
-    return (TILES_FOR_PRODUCTS and out.dtype == np.float32 and m % ACCUMULATORS == 0
+    return (TILES_FOR_PRODUCTS and out.dtype == np.float32 and m % TILE_ROWS == 0
             and n % _TILE_COLUMNS == 0 and numba.get_num_threads() == 1)
 
 
