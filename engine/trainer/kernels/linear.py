@@ -18,12 +18,13 @@ exception, decided once per process from two facts the engine knows:
 When the tiles' vectors are wider (OpenBLAS on its 256-bit Haswell kernels,
 numba compiling for an AVX-512 CPU), a one-thread product whose output the
 tiles cover whole (rows a multiple of 16, columns of the vector width) goes
-to the tiles. Measured on one core of a Zen 5 EPYC, the tiny GPT's products
-(a layer's 12 and the head's 3, 1024 rows): 9.0 ms this way against 13.0 all
-on OpenBLAS's Haswell kernels (1.1-1.8x a product; the two head products
-with 103 rows or columns stay on BLAS), and 37 against 48 ms at C = 256.
-(With OpenBLAS's own AVX-512 kernels BLAS is faster still, 7.3 ms, and keeps
-every product.) The tiles need b's rows contiguous, so dx = dy @ w^T copies
+to the tiles. Measured on one core of a Zen 5 EPYC, a layer's 12 products of
+the tiny GPT (1024 rows): 5.7-6.0 ms on the 8 x 3 tiles against 12.1-12.4 on
+OpenBLAS's Haswell kernels, and 23-25 against 45 ms at C = 256 (the head's
+products, with 103 rows or columns, stay on BLAS). OpenBLAS's own AVX-512
+kernels ran the same 12 in 6.8 ms and 24.5 ms: close enough that BLAS keeps
+every product there, as it does under MKL, whose kernels are chosen at run
+time. The tiles need b's rows contiguous, so dx = dy @ w^T copies
 w^T first (in * out numbers against rows * in * out multiply-adds), into a
 buffer this thread keeps for that shape, so a step still allocates nothing
 after the first. Which path ran is not a matter of luck:

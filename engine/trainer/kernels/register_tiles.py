@@ -8,9 +8,10 @@ operands into its own buffers), and with an inner or outer dimension of 32
 its packed panels are mostly edges. Measured on one core (AVX-512, GFLOP/s,
 the same operands in a loop): at the T = 1024 shapes these tiles ran at
 90-125 where SciPy's OpenBLAS ran at 55-70; at the T = 128 shapes (64 x 128
-x 32 and alike) the two were within 10% of each other. For the linear layers' products
-(1024 x 512 x 128 and alike) BLAS stays: it packs its operands for the
-caches, which pays off there, and it was ahead by 10-50% on the large-k ones.
+x 32 and alike) the two were within 10% of each other (with the 4 x 4 tiles
+of that time; the 8 x 3 tiles below are faster). The linear layers' products
+(1024 x 512 x 128 and alike) come here too where BLAS's kernels are narrower
+than these vectors (linear.py says when).
 
 The tile routine (`_tile_product`) computes an R x (V*W) block of the output,
 W being the number of floats in one vector register (16 float32 with
