@@ -22,8 +22,11 @@ Measures, in one run (per shape, with --shapes):
   pools). The paired ratio is the median over rounds of (PyTorch's block
   median / ours), with its range;
 * GFLOP/s of the step, its share of the machine's sgemm rate (a 1024^3
-  product through the engine's BLAS on all cores, measured right after), and the
-  linear layers' matrix products against the same products run alone;
+  product through the engine's BLAS on all cores, measured right after; where
+  OPENBLAS_CORETYPE holds OpenBLAS to other kernels than it would pick for the
+  CPU, also the rate of its own pick, from a child process without the
+  variable), and the linear layers' matrix products against the same
+  products run alone;
 * where the time goes, kernel by kernel, and outside the kernels (Python
   between kernels, replicas waiting for each other and summing gradients,
   clipping and AdamW);
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -293,6 +297,9 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
                           attention, block, alone)
         restore_threads(thread_info)                  # BLAS back to its own threads
         report["linear"]["machine_sgemm_gflops"] = sgemm_flops() / 1e9
+        own = cpu_own_sgemm()
+        if own is not None and own["blas"] != report["config"]["blas"]:
+            report["linear"]["cpu_own_sgemm"] = own
         return report
     finally:
         restore_threads(thread_info)
@@ -588,6 +595,11 @@ def format_report(r: dict) -> str:
         lines.append(f"machine sgemm (1024^3, {c['blas']}, default threads): "
                      f"{lin['machine_sgemm_gflops']:.1f} GFLOP/s; the whole step ran at "
                      f"{o['gflops'] / lin['machine_sgemm_gflops']:.0%} of it")
+    if "cpu_own_sgemm" in lin:
+        own = lin["cpu_own_sgemm"]
+        lines.append(f"with the CPU's own kernels ({own['blas']}; OPENBLAS_CORETYPE unset, "
+                     f"in a child process): {own['gflops']:.1f} GFLOP/s; the whole step ran "
+                     f"at {o['gflops'] / own['gflops']:.0%} of it")
     lines.append("")
     lines += format_profile(r)
     return "\n".join(lines)
@@ -645,6 +657,40 @@ def run_shapes(shapes, vocab_size: int, data=None, progress=None, **kwargs) -> l
     return reports
 
 
+# A child process's 1024^3 sgemm rate, printed as one line of JSON.
+_SGEMM_CHILD = """
+import json, os
+from engine.blas import library
+from engine.timing import sgemm_flops
+rate = max(sgemm_flops() for _ in range(3))
+print(json.dumps({"blas": library().description, "gflops": rate / 1e9,
+                  "coretype": os.environ.get("OPENBLAS_CORETYPE")}))
+"""
+
+
+def cpu_own_sgemm() -> dict | None:
+    """The 1024^3 sgemm rate with the kernels OpenBLAS picks for this CPU, where the
+    environment holds it to others (OPENBLAS_CORETYPE): measured in a child process
+    without the variable, all cores, best of three. The benchmark keeps the user's
+    setting for its own products; this says what the CPU could give with its own
+    kernels, so that a step's share of "the machine's sgemm rate" can be read both
+    ways. None when the engine's BLAS is not OpenBLAS or nothing holds it."""
+    import subprocess
+    from ..blas import library
+    from ..numba_config import users_environment
+    from .child_process import start_python
+    if library().name != "openblas" or not os.environ.get("OPENBLAS_CORETYPE"):
+        return None
+    env = {k: v for k, v in users_environment().items() if k != "OPENBLAS_CORETYPE"}
+    env["ENGINE_BLAS"] = "openblas"
+    child = start_python(_SGEMM_CHILD, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    out, err = child.communicate(timeout=600)
+    if child.returncode != 0:
+        raise RuntimeError(f"the sgemm child process (OPENBLAS_CORETYPE unset) failed:\n{err}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def machine_ceiling(reports: list[dict]) -> float | None:
     """The machine's sgemm rate for a table: the best of the readings taken after
     each shape. One reading can land in a moment the machine is busy (it once
@@ -697,6 +743,14 @@ def format_table(reports: list[dict]) -> str:
         lines.append(f"machine sgemm rate: {sgemm:.1f} GFLOP/s (1024^3, {r0['config']['blas']}, "
                      f"all cores; "
                      f"the best of the readings taken after each shape)")
+    own = max((r["linear"]["cpu_own_sgemm"] for r in reports if "cpu_own_sgemm" in r["linear"]),
+              key=lambda x: x["gflops"], default=None)
+    if own:
+        shares = ", ".join(f"{r.get('shape', '?')} {r['ours']['gflops'] / own['gflops']:.0%}"
+                           for r in reports)
+        lines.append(f"with the CPU's own kernels ({own['blas']}; OPENBLAS_CORETYPE unset, in a "
+                     f"child process; best reading): {own['gflops']:.1f} GFLOP/s; the steps at "
+                     f"{shares} of it")
     lines.append("ms/step: median (quartiles) of the paired steps; sgemm: the step's GFLOP/s "
                  "over the machine's 1024^3 sgemm rate; wait: replicas waiting and summing "
                  "gradients, share of the step; paired x: median (range) over rounds of "

@@ -108,3 +108,31 @@ def test_the_table_measures_every_shape_against_the_best_sgemm_reading():
     reports = [{"linear": {"machine_sgemm_gflops": g}} for g in (180.0, 95.0, 200.0)]
     assert machine_ceiling(reports) == 200.0
     assert machine_ceiling([{"linear": {}}]) is None
+
+
+def test_the_cpus_own_sgemm_is_measured_without_openblas_coretype(monkeypatch):
+    """Where OPENBLAS_CORETYPE holds OpenBLAS to other kernels, the benchmark also
+    reads the rate of the kernels OpenBLAS would pick: in a child process that
+    does not see the variable. Without the variable there is nothing to read."""
+    from types import SimpleNamespace
+    from engine import blas
+    from engine.trainer.bench import cpu_own_sgemm
+    monkeypatch.setattr(blas, "library", lambda: SimpleNamespace(name="openblas"))
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    own = cpu_own_sgemm()
+    assert own["coretype"] is None, "the child saw OPENBLAS_CORETYPE"
+    assert own["gflops"] > 0 and own["blas"].startswith("OpenBLAS")
+    monkeypatch.delenv("OPENBLAS_CORETYPE")
+    assert cpu_own_sgemm() is None
+
+
+def test_the_table_reads_every_step_against_the_cpus_own_sgemm_too():
+    shapes = [bench.parse_shape("B=2,T=8,L=1,H=2,C=8"), bench.parse_shape("B=2,T=16,L=1,H=2,C=8")]
+    reports = bench.run_shapes(shapes, 11, steps=1, warmup=0, with_torch=False)
+    for r, rate in zip(reports, (300.0, 400.0)):
+        r["linear"]["cpu_own_sgemm"] = {"blas": "OpenBLAS 0.3.30, SkylakeX kernels",
+                                        "gflops": rate, "coretype": None}
+    line = [x for x in bench.format_table(reports).splitlines() if "CPU's own kernels" in x]
+    assert len(line) == 1 and "400.0 GFLOP/s" in line[0]          # the best reading
+    want = f"{reports[1]['shape']} {reports[1]['ours']['gflops'] / 400.0:.0%}"
+    assert want in line[0]
