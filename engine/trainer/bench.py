@@ -171,26 +171,6 @@ def activation_bytes(models) -> dict:
     return {"activation_bytes": total, "attention_saved_bytes": attention}
 
 
-def torch_saved_bytes(loss_fn, ids, targets, params=()) -> int:
-    """Bytes of the distinct tensors PyTorch's autograd saves for one backward
-    (counted through saved_tensors_hooks; views of one storage counted once;
-    the parameters' own storages left out, as activation_bytes leaves them)."""
-    import torch
-    weights = {p.untyped_storage().data_ptr() for p in params}
-    storages = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in weights:
-            storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = loss_fn(ids, targets)
-    loss.backward()
-    return sum(storages.values())
-
-
 SWEEP_LENGTHS = (128, 256, 512, 1024, 2048)
 
 
@@ -200,32 +180,25 @@ def sweep_attention(cfg: GPTConfig, lengths=SWEEP_LENGTHS, tokens: int = 2048, *
     """For each sequence length T (batch B = max(1, tokens // T)): the bytes one
     forward+backward of the model keeps, attention's share, and the median
     forward+backward ms, for our standard and flash kernels and for the same
-    model in PyTorch with scaled_dot_product_attention(is_causal=True).
+    model in PyTorch with scaled_dot_product_attention(is_causal=True), which
+    runs in a process of its own (torch_twin.TorchTwin), as in the benchmark.
     One model at a time, every kernel on `threads` threads."""
     from dataclasses import replace
     from .kernels.threads import cores, restore_threads, set_threads
     from .model import FusedGPT
     say = progress or (lambda line: None)
-    torch = None
-    if with_torch:
-        try:
-            import torch
-        except ImportError:
-            torch = None
+    with_torch = with_torch and torch_missing() is None
     n_threads = threads or cores()
-    info = set_threads(n_threads)
-    if torch is not None:
-        torch_threads = torch.get_num_threads()
-        torch.set_num_threads(n_threads)
-    rows = []
-    try:
-        for T in lengths:
-            c = replace(cfg, block_size=T)
-            B = max(1, tokens // T)
-            rng = np.random.default_rng(seed)
-            ids, targets = rng.integers(0, c.vocab_size, (2, B, T))
-            params = init_params(c, seed, np.float32)
-            row = {"T": T, "B": B}
+    rows, version = [], None
+    for T in lengths:
+        c = replace(cfg, block_size=T)
+        B = max(1, tokens // T)
+        rng = np.random.default_rng(seed)
+        ids, targets = rng.integers(0, c.vocab_size, (2, B, T))
+        params = init_params(c, seed, np.float32)
+        row = {"T": T, "B": B}
+        info = set_threads(n_threads)
+        try:
             for kind in ("standard", "flash"):
                 say(f"T={T} B={B}: ours, {kind} attention...")
                 model = FusedGPT(c, B, params=params, attention=kind)
@@ -233,22 +206,19 @@ def sweep_attention(cfg: GPTConfig, lengths=SWEEP_LENGTHS, tokens: int = 2048, *
                 row[kind] = {"ms": median_seconds(step, repeats, warmup=1) * 1e3,
                              **activation_bytes([model])}
                 del model
-            if torch is not None:
-                say(f"T={T} B={B}: PyTorch SDPA...")
-                loss_fn, tensors = torch_gpt(c, params, "sdpa")
-                tids, ttargets = torch.from_numpy(ids), torch.from_numpy(targets)
-                row["torch_sdpa"] = {
-                    "ms": median_seconds(lambda: loss_fn(tids, ttargets).backward(), repeats,
-                                         warmup=1) * 1e3,
-                    "activation_bytes": torch_saved_bytes(loss_fn, tids, ttargets,
-                                                          tensors.values())}
-            rows.append(row)
-    finally:
-        restore_threads(info)
-        if torch is not None:
-            torch.set_num_threads(torch_threads)
+        finally:
+            restore_threads(info)
+        if with_torch:          # in a process of its own, as in the benchmark (torch_twin.py)
+            say(f"T={T} B={B}: PyTorch SDPA, in a process of its own...")
+            batches = [(ids, targets)] * (repeats + 1)         # one batch, repeated
+            with TorchTwin(c, params, batches, attention="sdpa", threads=n_threads) as twin:
+                seconds = twin.forward_backward(0, repeats + 1)[1:]      # the first warms up
+                row["torch_sdpa"] = {"ms": float(np.median(seconds)) * 1e3,
+                                     "activation_bytes": twin.saved_bytes(0)}
+                version = twin.version
+        rows.append(row)
     return {"config": {**cfg.to_dict(), "tokens_per_batch": tokens, "threads": n_threads,
-                       "repeats": repeats, "torch": torch.__version__ if torch else None},
+                       "repeats": repeats, "torch": version},
             "rows": rows}
 
 

@@ -16,8 +16,11 @@ process PyTorch loads under the user's environment, as a practitioner would
 run it, and neither side's idle threads live in the other's address space.
 
 The child speaks pickle over its stdin and stdout (its own prints go to
-stderr): one setup message, then ("steps", first batch, count) requests,
-each answered with the seconds of each step, then ("close",).
+stderr): one setup message, then requests, then ("close",). A request is
+("steps", first batch, count): training steps, answered with each step's
+seconds; ("forward_backward", first batch, count): the same without the
+optimizer (the attention sweep times this); or ("saved_bytes", batch): what
+autograd keeps for one backward.
 """
 from __future__ import annotations
 
@@ -106,7 +109,16 @@ class TorchTwin:
         self.first_step_s = ready["first_step_s"]
 
     def steps(self, first: int, count: int) -> list[float]:
+        """Training steps on batches first, first+1, ...: each one's seconds."""
         return self._ask(("steps", first, count))
+
+    def forward_backward(self, first: int, count: int) -> list[float]:
+        """Forward and backward only, no optimizer: each one's seconds."""
+        return self._ask(("forward_backward", first, count))
+
+    def saved_bytes(self, batch: int = 0) -> int:
+        """Bytes autograd saves for one backward on that batch (torch_saved_bytes)."""
+        return self._ask(("saved_bytes", batch))
 
     def close(self) -> None:
         if self._child.poll() is None:
@@ -149,22 +161,42 @@ def serve(requests) -> None:
         answers.flush()
 
     try:
-        steps = _setup(pickle.load(requests), reply)
+        handlers = _setup(pickle.load(requests), reply)
         while True:
             request = pickle.load(requests)
             if request[0] == "close":
                 return
-            _, first, count = request
-            reply("ok", steps(first, count))
+            reply("ok", handlers[request[0]](*request[1:]))
     except EOFError:                 # the parent went away
         return
     except Exception:                # noqa: BLE001 - the parent raises it with the text
         reply("error", traceback.format_exc())
 
 
+def torch_saved_bytes(loss_fn, ids, targets, params=()) -> int:
+    """Bytes of the distinct tensors PyTorch's autograd saves for one backward
+    (counted through saved_tensors_hooks; views of one storage counted once;
+    the parameters' own storages left out, as activation_bytes leaves them)."""
+    import torch
+    weights = {p.untyped_storage().data_ptr() for p in params}
+    storages = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in weights:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(ids, targets)
+    loss.backward()
+    return sum(storages.values())
+
+
 def _setup(setup: dict, reply):
     """Build the twin, answer with its first-step gradients and first-step time;
-    return its timed blocks of steps (engine.timing.timed_steps)."""
+    return the handlers of the requests that follow, by name (the timed ones
+    through engine.timing.timed_steps)."""
     import torch
     torch.set_num_threads(setup["threads"])
     cfg = GPTConfig(**setup["config"])
@@ -189,7 +221,13 @@ def _setup(setup: dict, reply):
     grads = {name: t.grad.numpy().copy() for name, t in tensors.items()}
     for t in every:
         t.grad = None
+    def forward_backward(i):
+        loss_fn(*batches[i]).backward()
+        for t in every:
+            t.grad = None
+
     steps = timed_steps(step)
     first_step_s, = steps(0, 1)
     reply("ok", {"version": torch.__version__, "grads": grads, "first_step_s": first_step_s})
-    return steps
+    return {"steps": steps, "forward_backward": timed_steps(forward_backward),
+            "saved_bytes": lambda i: torch_saved_bytes(loss_fn, *batches[i], every)}
