@@ -91,10 +91,8 @@ def test_attention_equals_masked_softmax_reference(rng, attention_build, B, T, H
 
 def test_attention_builds_agree_and_the_thread_count_picks_one(rng, monkeypatch):
     """The replicas (one numba thread each) run the pairs one by one; more
-    threads, in parallel. The standard kernel computes each pair with the same
-    code either way: the same bits. The flash kernel's threaded build is the
-    online-softmax tiles: the same numbers to float32 rounding. Each build
-    repeats its bits."""
+    threads, in parallel. Both kernels compute each pair with the same code
+    either way: the same bits. Each build repeats its bits."""
     import numba
     from engine.trainer.kernels import threads
     qkv = rng.standard_normal((2, 96, 3 * 32)).astype(np.float32)
@@ -107,10 +105,8 @@ def test_attention_builds_agree_and_the_thread_count_picks_one(rng, monkeypatch)
         runs[one_thread] = (out, probs, F.attention_backward(dout, qkv, probs), fout, lse,
                             F.flash_attention_backward(dout, qkv, fout, lse))
         assert np.array_equal(F.attention_forward(qkv, 4)[0], out), "a build repeats its bits"
-    for serial, parallel in zip(runs[True][:3], runs[False][:3]):
+    for serial, parallel in zip(runs[True], runs[False]):
         assert np.array_equal(serial, parallel)
-    for blocked, tiles in zip(runs[True][3:], runs[False][3:]):
-        assert rel(blocked, tiles) < 1e-5
     monkeypatch.undo()
     previous = numba.get_num_threads()
     try:
