@@ -221,6 +221,7 @@ def _setup(setup: dict, reply):
     grads = {name: t.grad.numpy().copy() for name, t in tensors.items()}
     for t in every:
         t.grad = None
+
     def forward_backward(i):
         loss_fn(*batches[i]).backward()
         for t in every:

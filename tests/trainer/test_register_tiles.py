@@ -54,7 +54,7 @@ def test_tile_gemm_equals_numpy(m, n, k, trans_a, dtype):
 def test_the_main_tile_fits_the_register_file():
     """The accumulators, the vectors of b loaded at each step of k and the one
     broadcast number of a all live in registers: one more and the compiler spills
-    accumulators to memory in the inner loop (8 x 4 tiles with AVX-512 ran about 1.3x
+    accumulators to memory in the inner loop (8 x 4 tiles with AVX-512 ran about 1.4x
     slower than 8 x 3). And every tile's height divides TILE_ROWS, the rows the
     linear layers' route asks for."""
     registers = 16 if VECTOR_BYTES == 32 else 32        # AVX2; AVX-512 and NEON

@@ -110,8 +110,8 @@ def _pair_backward(dy, qkv, y, lse, dqkv, b, h, sp, sd, kt, vt):
 def flash_forward_blocked(qkv, y, lse):
     """The one-thread build: the pairs one after another, sharing the scratch."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
-    s, inv = _scratch(min(ROW_BLOCK, T), T, qkv), np.empty(min(ROW_BLOCK, T), qkv.dtype)
-    kt = _scratch(hs, T, qkv)
+    rows = min(ROW_BLOCK, T)
+    s, inv, kt = _scratch(rows, T, qkv), np.empty(rows, qkv.dtype), _scratch(hs, T, qkv)
     for b in range(B):
         for h in range(H):
             _pair_forward(qkv, y, lse, b, h, s, inv, kt)

@@ -74,7 +74,7 @@ VECTOR_BYTES = _vector_bytes()
 # Each row of b loaded is used ROWS times and each number of a broadcast feeds
 # 3 multiply-adds. Measured on one core of a Zen 5 EPYC, the tiny GPT's 12 layer
 # products: 8 x 3 tiles 6.0 ms, the 4 x 4 tiles they replace 7.8 ms, 8 x 2 6.3,
-# 4 x 6 6.9, 8 x 4 (32 accumulators: spills) 8.1; at C = 256, 24.6 against 32.4 ms.
+# 4 x 6 6.9, 8 x 4 (32 accumulators: spills) 8.3; at C = 256, 24.6 against 32.4 ms.
 # Compiled for AVX2 on the same core, 4 x 3 12.3 ms against 4 x 2's 15.8.
 # (NEON's is chosen by its register count, not measured.)
 ROWS = 4 if VECTOR_BYTES == 32 else 8
