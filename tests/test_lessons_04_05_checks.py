@@ -313,6 +313,15 @@ def same_mask_other_seed(loss, seed):
     return lambda values: loss(values, np.random.default_rng(seed + 1))
 
 
+def test_04_5_names_unseeded_masks_every_time():
+    """An unseeded generator gives one of 64 masks: its first draw matches the seeded one
+    one time in 64, so a check that read only the first call misnamed it as made once."""
+    for _ in range(300):
+        with pytest.raises(ExerciseError) as info:
+            lesson04._check_same_mask(same_mask_unseeded)
+        assert "every forward pass draws its own mask" in str(info.value)
+
+
 def test_04_5_passes_both_fixes(capsys):
     lesson04.check_fair_checks(away_right, same_mask_right)
     out = capsys.readouterr().out
