@@ -45,13 +45,13 @@ def test_openblas_kernel_widths(core, bits):
 def tile_spy(monkeypatch):
     """Route every product the rule allows to the tiles, and count the calls."""
     calls = []
-    real = linear.tile_gemm
+    real = linear.packed_tile_gemm
 
     def spy(*args):
         calls.append(args[2].shape)
         return real(*args)
     monkeypatch.setattr(linear, "TILES_FOR_PRODUCTS", True)
-    monkeypatch.setattr(linear, "tile_gemm", spy)
+    monkeypatch.setattr(linear, "packed_tile_gemm", spy)
     return calls
 
 
@@ -114,8 +114,8 @@ def test_a_model_on_the_tiles_learns_what_it_learns_on_blas(monkeypatch):
     x, y = (rng.integers(0, cfg.vocab_size, (4, cfg.block_size)) for _ in range(2))
     model = FusedGPT(cfg, 4, seed=3)
     calls = []
-    real = linear.tile_gemm
-    monkeypatch.setattr(linear, "tile_gemm", lambda *a: (calls.append(1), real(*a)))
+    real = linear.packed_tile_gemm
+    monkeypatch.setattr(linear, "packed_tile_gemm", lambda *a: (calls.append(1), real(*a)))
     results = {}
     with fixed_threads(1):
         for tiles in (False, True):
@@ -127,8 +127,9 @@ def test_a_model_on_the_tiles_learns_what_it_learns_on_blas(monkeypatch):
 
 
 def test_a_step_on_the_tiles_allocates_no_arrays(monkeypatch):
-    """w^T for dx goes into a buffer the thread keeps, so after the first step a
-    step on the tile route allocates no more than one on BLAS (see test_gpt_model)."""
+    """w^T for dx and the tiles' packed operands go into buffers the thread keeps, so
+    after the first step a step on the tile route allocates no more than one on BLAS
+    (see test_gpt_model)."""
     from engine.gpt_config import GPTConfig
     from engine.trainer.model import FusedGPT
 

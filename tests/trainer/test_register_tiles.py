@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.trainer.kernels.register_tiles import (ACCUMULATORS, MAX_VECTORS, ROWS, TILE_ROWS,
-                                                   VECTOR_BYTES, tile_gemm)
+                                                   VECTOR_BYTES, packed_tile_gemm, tile_gemm)
 
 
 def op(a, trans_a):
@@ -85,6 +85,41 @@ def test_an_element_has_the_same_bits_wherever_it_sits():
     flipped = np.empty((m, n), dtype)                  # the last row first: a tall tile's row
     tile_gemm(np.ascontiguousarray(a[::-1]), b, flipped, 1.0, 0.0)
     assert np.array_equal(flipped[::-1], out)
+
+
+PANEL = MAX_VECTORS * VECTOR_BYTES // 4                # float32 columns of one packed panel
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("m,n,k", [
+    (1024, 3 * PANEL, 128),          # panels only, rows in whole tiles: packed end to end
+    (64, 2 * PANEL + 8, 70),         # a narrower tile after the panels
+    (ROWS * 5 + 3, PANEL + 11, 33),  # rows no tile covers, columns one at a time
+    (ROWS, PANEL, 1),                # one tile
+    (2 * ROWS, PANEL - 8, 9),        # no whole panel: nothing to pack
+    (3, 2 * PANEL, 5),               # fewer rows than a tile
+])
+def test_packed_tiles_give_the_same_bits(m, n, k, trans_a):
+    """The packed route (the linear layers') only moves numbers before the same
+    tiles run: its products equal the in-place route's bit for bit, with beta 0
+    (out not read) and beta 1, for a plain and a transposed left operand."""
+    rng = np.random.default_rng(m + n + k)
+    a, b = _operands(rng, m, n, k, trans_a, np.float32)
+    scratch = np.full((m + n) * k, np.nan, np.float32)
+    for alpha, beta in ((0.5, 0.0), (1.0, 1.0)):
+        start = rng.standard_normal((m, n)).astype(np.float32)
+        here, packed = start.copy(), start.copy()
+        tile_gemm(op(a, trans_a), b, here, alpha, beta)
+        packed_tile_gemm(op(a, trans_a), b, packed, alpha, beta, scratch)
+        assert np.array_equal(packed, here)
+
+
+def test_packed_tiles_refuse_scratch_too_small():
+    a = np.ones((8, 4), np.float32)
+    b = np.ones((4, PANEL), np.float32)
+    out = np.empty((8, PANEL), np.float32)
+    with pytest.raises(ValueError, match=r"\(m \+ n\) \* k"):
+        packed_tile_gemm(a, b, out, 1.0, 0.0, np.empty((8 + PANEL) * 4 - 1, np.float32))
 
 
 def test_an_avx2_build_gives_the_same_bits(tmp_path):

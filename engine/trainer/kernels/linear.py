@@ -18,17 +18,21 @@ exception, decided once per process from two facts the engine knows:
 When the tiles' vectors are wider (OpenBLAS on its 256-bit Haswell kernels,
 numba compiling for an AVX-512 CPU), a one-thread product whose output the
 tiles cover whole (rows a multiple of 16, columns of the vector width) goes
-to the tiles. Measured on one core of a Zen 5 EPYC, a layer's 12 products of
-the tiny GPT (1024 rows): 5.7-6.0 ms on the 8 x 3 tiles against 12.1-12.4 on
+to the tiles. Measured on one core of a Zen 5 EPYC (before the tiles packed
+their operands), a layer's 12 products of the tiny GPT (1024 rows): 5.7-6.0 ms on the 8 x 3 tiles against 12.1-12.4 on
 OpenBLAS's Haswell kernels, and 23-25 against 45 ms at C = 256 (the head's
 products, with 103 rows or columns, stay on BLAS). OpenBLAS's own AVX-512
 kernels ran the same 12 in 6.8 ms and 24.5 ms: close enough that BLAS keeps
 every product there, as it does under MKL, whose kernels are chosen at run
-time. The tiles need b's rows contiguous, so dx = dy @ w^T copies
+time. At equal width BLAS keeps them too: on a Zen 3 core (AVX2 tiles
+against OpenBLAS's Haswell kernels, both packing) the tiny GPT's products
+took 65.1 ms a step on the tiles and 59.4 ms on BLAS. The tiles need b's
+rows contiguous, so dx = dy @ w^T copies
 w^T first (in * out numbers against rows * in * out multiply-adds), into a
-buffer this thread keeps for that shape, so a step still allocates nothing
-after the first. Which path ran is not a matter of luck:
-`product_routes()` says it, and the benchmark prints it.
+buffer this thread keeps for that shape; the tiles' packed copies of the
+operands (register_tiles.packed_tile_gemm) go into one more such buffer, so
+a step still allocates nothing after the first. Which path ran is not a
+matter of luck: `product_routes()` says it, and the benchmark prints it.
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ import numpy as np
 
 from ._buffers import float_dtype, output
 from .blas_gemm import BLAS, gemm_kernel
-from .register_tiles import TILE_ROWS, VECTOR_BYTES, tile_gemm
+from .register_tiles import TILE_ROWS, VECTOR_BYTES, packed_tile_gemm
 from ...numba_config import parallel_kernel, prange
 
 
@@ -68,13 +72,13 @@ def _on_tiles(out, m: int, n: int) -> bool:
             and n % _TILE_COLUMNS == 0 and numba.get_num_threads() == 1)
 
 
-_transposes = threading.local()        # per thread (replica): shape -> buffer
+_thread_buffers = threading.local()    # per thread (replica): w^T by shape, the packing scratch
 
 
 def _transposed_rows(b):
     """b.T with contiguous rows, in the calling thread's buffer for that shape
     (kept for the next step's products of the same shape)."""
-    buffers = _transposes.__dict__.setdefault("by_shape", {})
+    buffers = _thread_buffers.__dict__.setdefault("by_shape", {})
     key = (b.shape[1], b.shape[0], b.dtype.str)
     if key not in buffers:
         buffers[key] = np.empty(key[:2], b.dtype)
@@ -88,12 +92,22 @@ def _transposed_rows(b):
 TILE_K = 256
 
 
+def _pack_scratch(numbers: int):
+    """This thread's scratch for the tiles' packed operands, grown as needed."""
+    scratch = getattr(_thread_buffers, "pack", None)
+    if scratch is None or scratch.size < numbers:
+        scratch = _thread_buffers.pack = np.empty(numbers, np.float32)
+    return scratch
+
+
 def _tile_blocks(a, b, out, beta: float) -> None:
     """out = a @ b + beta out on the tiles, k in blocks of TILE_K (the first block
     applies beta, the later ones add)."""
     k = a.shape[1]
+    scratch = _pack_scratch((out.shape[0] + out.shape[1]) * min(k, TILE_K))
     for k0 in range(0, k, TILE_K):
-        tile_gemm(a[:, k0:k0 + TILE_K], b[k0:k0 + TILE_K], out, 1.0, beta if k0 == 0 else 1.0)
+        packed_tile_gemm(a[:, k0:k0 + TILE_K], b[k0:k0 + TILE_K], out, 1.0,
+                         beta if k0 == 0 else 1.0, scratch)
 
 
 def gemm(a, b, out, *, trans_a=False, trans_b=False, accumulate=False):
