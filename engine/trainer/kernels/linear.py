@@ -26,7 +26,8 @@ kernels ran the same 12 in 6.8 ms and 24.5 ms: close enough that BLAS keeps
 every product there, as it does under MKL, whose kernels are chosen at run
 time. At equal width BLAS keeps them too: on a Zen 3 core (AVX2 tiles
 against OpenBLAS's Haswell kernels, both packing) the tiny GPT's products
-took 65.1 ms a step on the tiles and 59.4 ms on BLAS. The tiles need b's
+took 65.1 and 75.3 ms a step on the tiles, 59.4 and 75.2 ms on BLAS, in two
+alternating runs. The tiles need b's
 rows contiguous, so dx = dy @ w^T copies
 w^T first (in * out numbers against rows * in * out multiply-adds), into a
 buffer this thread keeps for that shape; the tiles' packed copies of the
