@@ -456,11 +456,14 @@ def _check_same_mask(same_mask) -> str:
     if not callable(f):
         raise ExerciseError(EX_FAIR, f"same_mask(loss, seed) should return a function of the "
                                      f"values, got {type(f).__name__}.")
-    want = _dropout_loss(h, np.random.default_rng(seed))
     # Six mask entries, two outcomes each: two fresh masks agree one time in 64. With eight
     # calls, unseeded masks all agree once in 64^7 (about 4 x 10^12) tries, and only a
-    # generator made once from the seed repeats its draws in order.
+    # generator made once from the seed repeats its draws in order: `seeded`, whose first
+    # loss is the one every call should give.
     calls = 8
+    made_once = np.random.default_rng(seed)
+    seeded = [_dropout_loss(h, made_once) for _ in range(calls)]
+    want = seeded[0]
     try:
         values = [attempt(EX_FAIR, f, h.copy()) for _ in range(calls)]
     except TypeError as err:
@@ -474,8 +477,7 @@ def _check_same_mask(same_mask) -> str:
         raise ExerciseError(EX_FAIR, f"the function same_mask returns should give the loss, "
                                      f"one number; got {values[0]!r}.") from None
     if len(set(values)) > 1:
-        made_once = np.random.default_rng(seed)
-        if values == [_dropout_loss(h, made_once) for _ in range(calls)]:
+        if values == seeded:
             hint = ("the first call is right, the next ones are not: a generator made once, "
                     "outside the function, is advanced by every call, so each forward pass "
                     "draws a new mask. Make a fresh np.random.default_rng(seed) inside the "

@@ -41,10 +41,10 @@ L1 cache and evict each other, so every tile fetched its panel again from
 L2. Measured on one core of a Zen 3 EPYC with the AVX2 tiles running the
 tiny GPT's products (one replica, tools/ab_steps.py, in place against
 packed, two runs): matmul 99.6 -> 79.5 and 97.9 -> 79.4 ms a step, the
-step 1.23x and 1.17x faster. Attention's
-products are small (64 rows, k as low as 32), where a copy costs more than
-it saves (attention's kernels ran about 1.2x slower with b packed, the
-copy and its allocation included), so `tile_gemm` reads in place.
+step 1.23x and 1.17x faster. Attention's products are small (64 rows, k as
+low as 32), where a copy costs more than it saves (attention's kernels ran
+about 1.2x slower with b packed, the copy and its allocation included), so
+`tile_gemm` reads in place.
 
 The same bits on every CPU with FMA: every output element is one chain of
 fused multiply-adds over k in order (then alpha, then beta), whatever R, V
@@ -232,11 +232,12 @@ def _packed_panels(a, b, out, pack, m, n, k, a_rs, a_ks, ldb, ldo, width, alpha,
 
     Read in place, a panel's rows of b lie ldb apart (the module's docstring
     says what that costs); packed, a panel is k * MAX_VECTORS * width numbers in
-    a row, in the L1 cache for all the row tiles. A transposed a (a_ks != 1: the weight gradient x^T dy)
-    reads its ROWS numbers of one k from rows lda apart, the same trap: it is
-    packed too, tile by tile, its ROWS numbers of each k side by side. A plain a
-    (ROWS rows, each read in order) is read fast in place and not copied. Both
-    copies only move numbers: the same products, bit for bit."""
+    a row, in the L1 cache for all the row tiles. A transposed a (a_ks != 1:
+    the weight gradient x^T dy) reads its ROWS numbers of one k from rows lda
+    apart, the same trap: it is packed too, tile by tile, its ROWS numbers of
+    each k side by side. A plain a (ROWS rows, each read in order) is read fast
+    in place and not copied. Both copies only move numbers: the same products,
+    bit for bit."""
     panel = MAX_VECTORS * width
     panels = n // panel
     for p in range(panels):
@@ -250,15 +251,15 @@ def _packed_panels(a, b, out, pack, m, n, k, a_rs, a_ks, ldb, ldo, width, alpha,
             for kk in range(k):
                 for r in range(ROWS):
                     pack[a_at + (t * k + kk) * ROWS + r] = a[(t * ROWS + r) * a_rs + kk * a_ks]
+    # The tiles read a from its packed copy (tile t at a_at + t * ROWS * k, ROWS numbers
+    # per k) or in place; either way the same numbers in the same order.
+    a_src, src_rs, src_ks = (pack, 1, ROWS) if a_ks != 1 else (a, a_rs, a_ks)
     for p in range(panels):
         c0 = p * panel
         for r0 in range(0, tall_end, ROWS):
-            if a_ks != 1:
-                _WIDE(pack, pack, out, a_at + r0 * k, p * k * panel, r0 * ldo + c0, k, 1, ROWS,
-                      panel, ldo, alpha, beta)
-            else:
-                _WIDE(a, pack, out, r0 * a_rs, p * k * panel, r0 * ldo + c0, k, a_rs, a_ks,
-                      panel, ldo, alpha, beta)
+            a0 = a_at + r0 * k if a_ks != 1 else r0 * a_rs
+            _WIDE(a_src, pack, out, a0, p * k * panel, r0 * ldo + c0, k, src_rs, src_ks, panel,
+                  ldo, alpha, beta)
         _elements(a, b, out, tall_end, m, c0, c0 + panel, k, a_rs, a_ks, ldb, ldo, alpha, beta)
     return panels * panel
 
