@@ -1,8 +1,9 @@
 """Small matrix products with the output tile held in vector registers.
 
 Attention multiplies small slices, head by head: a block of 64 query rows
-times the keys it can see is 64 x 1024 x 32 at T = 1024 (S = Q K^T), its
-probabilities times V 64 x 32 x 1024. A BLAS call spends microseconds
+(the height measured below; attention.py now takes 32) times the keys it can
+see is 64 x 1024 x 32 at T = 1024 (S = Q K^T), its probabilities times V
+64 x 32 x 1024. A BLAS call spends microseconds
 before its first multiply (argument checks, choosing a kernel, packing both
 operands into its own buffers), and with an inner or outer dimension of 32
 its packed panels are mostly edges. Measured on one core (AVX-512, GFLOP/s,
