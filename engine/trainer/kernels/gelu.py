@@ -1,7 +1,13 @@
 """Bias + GELU (tanh form), fused: one pass forward, one pass backward.
 
     u   = h + bias                          (h: the fc matmul's output, bias-free)
-    out = 0.5 u (1 + tanh(k (u + a u^3))),  k = sqrt(2/pi), a = 0.044715
+    out = 0.5 u (1 + tanh(z)),              z = k (u + a u^3), k = sqrt(2/pi), a = 0.044715
+        = u sigmoid(2z) = u / (1 + exp(-2z))
+
+The second line is the same function (0.5 (1 + tanh z) = sigmoid(2z)) with
+fewer operations per element: one exponential and one division, where tanh
+through exp (fast_math.tanh) adds a subtraction, a multiply and the halving;
+engine/kernels/fast.py computes it the same way.
 
 Unfused, a framework runs "add bias", "GELU" and, in backward, "GELU'" and
 "sum the bias gradient" as four passes over a (rows, 4C) array. Here the
@@ -9,10 +15,12 @@ forward reads h once and writes out once; the backward reads dout and h once,
 writes dh once and adds the bias gradient from the same sweep (per-chunk
 partial sums, then the chunks in a fixed order).
 
-What is saved: only h (the matmul already wrote it). u and tanh are recomputed
-in the backward: an add and one exp per element, cheaper than storing them.
+What is saved: only h (the matmul already wrote it). u and the sigmoid are
+recomputed in the backward: an add and one exp per element, cheaper than
+storing them. With s = sigmoid(2z) and ds/dz = 2 s (1 - s):
 
-    dout/du = 0.5 (1 + t) + 0.5 u (1 - t^2) k (1 + 3 a u^2),  t = tanh(k (u + a u^3))
+    dout/du = s + u * 2 s (1 - s) * k (1 + 3 a u^2)
+            = s (1 + 2 u (1 - s) k (1 + 3 a u^2))
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ import numpy as np
 
 from ._buffers import float_dtype, output, rows
 from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange, row_kernel
-from ...fast_math import tanh
+from ...fast_math import exp
 
 from ...constants import GELU_A, GELU_K  # one copy for every kernel
 
@@ -28,24 +36,24 @@ from ...constants import GELU_A, GELU_K  # one copy for every kernel
 @parallel_kernel
 def bias_gelu_forward_kernel(h, bias, out):
     N, F = h.shape
-    one, half = h.dtype.type(1), h.dtype.type(0.5)
-    k, a = h.dtype.type(GELU_K), h.dtype.type(GELU_A)
+    one = h.dtype.type(1)
+    k2, a = h.dtype.type(-2 * GELU_K), h.dtype.type(GELU_A)
     for n in prange(N):
         for f in range(F):
             u = h[n, f] + bias[f]
-            t = tanh(k * (u + a * u * u * u))
-            out[n, f] = half * u * (one + t)
+            out[n, f] = u / (one + exp(k2 * (u + a * u * u * u)))      # u * sigmoid(2z)
 
 
 @row_kernel
 def _slope_times_row(g, hrow, bias, out):
     """out[f] = g[f] * gelu'(hrow[f] + bias[f]) for one row."""
-    one, half = hrow.dtype.type(1), hrow.dtype.type(0.5)
-    k, a, a3 = hrow.dtype.type(GELU_K), hrow.dtype.type(GELU_A), hrow.dtype.type(3 * GELU_A)
+    one, two = hrow.dtype.type(1), hrow.dtype.type(2)
+    k, k2 = hrow.dtype.type(GELU_K), hrow.dtype.type(-2 * GELU_K)
+    a, a3 = hrow.dtype.type(GELU_A), hrow.dtype.type(3 * GELU_A)
     for f in range(hrow.shape[0]):
         u = hrow[f] + bias[f]
-        t = tanh(k * (u + a * u * u * u))
-        out[f] = g[f] * (half * (one + t) + half * u * (one - t * t) * k * (one + a3 * u * u))
+        s = one / (one + exp(k2 * (u + a * u * u * u)))
+        out[f] = g[f] * (s * (one + two * u * (one - s) * k * (one + a3 * u * u)))
 
 
 @parallel_kernel
