@@ -1,4 +1,4 @@
-"""exp and tanh that the compiler can vectorise.
+"""An exp that the compiler can vectorise, and fused multiply-adds.
 
 numba turns `np.exp` on a float32 into a call to the C library's `expf`, one
 element at a time (about 2.4 ns each here). GELU and softmax call it millions
@@ -8,8 +8,9 @@ LLVM turns into 16-wide vector code (about 0.45 ns each here, against 0.65
 with separate multiplies and adds; within 1 ulp). float64, used by the
 gradient checks, keeps `np.exp`.
 
-`exp(x)` and `tanh(x)` pick the version by the argument's type when numba
-compiles the caller, so kernels stay dtype-generic.
+`exp(x)` picks the version by the argument's type when numba compiles the
+caller, so kernels stay dtype-generic. (GELU's tanh is written through it:
+0.5 (1 + tanh z) = 1 / (1 + exp(-2z)), see engine/trainer/kernels/gelu.py.)
 
 A trap worth knowing: in numba, `x + 1` or `0.5 * x` with a float32 `x` is
 computed in float64 (a Python number is a float64 or int64, and the pair
@@ -102,18 +103,3 @@ def _exp_overload(x):
     if x == types.float32:
         return lambda x: _exp_float32(x)
     return lambda x: np.exp(x)
-
-
-def tanh(x):
-    """tanh through exp: 1 - 2 / (exp(2x) + 1); exact at both tails (no Inf/Inf)."""
-    return np.tanh(x)
-
-
-@overload(tanh)
-def _tanh_overload(x):
-    one = np.float32(1.0) if x == types.float32 else np.float64(1.0)
-    two = one + one
-
-    def impl(x):
-        return one - two / (exp(x + x) + one)
-    return impl

@@ -6,8 +6,8 @@
 
 The second line is the same function (0.5 (1 + tanh z) = sigmoid(2z)) with
 fewer operations per element: one exponential and one division, where tanh
-through exp (fast_math.tanh) adds a subtraction, a multiply and the halving;
-engine/kernels/fast.py computes it the same way.
+written through exp, 1 - 2 / (exp(2z) + 1), adds a subtraction, a multiply
+and the halving; engine/kernels/fast.py computes it the same way.
 
 Unfused, a framework runs "add bias", "GELU" and, in backward, "GELU'" and
 "sum the bias gradient" as four passes over a (rows, 4C) array. Here the
