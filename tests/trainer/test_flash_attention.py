@@ -25,7 +25,7 @@ def rng():
 
 
 # odd T, T not a multiple of a vector (16 float32), T of one and of several vectors,
-# one head, head size 1, and T = 150: query-row blocks of 64, 64 and 22
+# one head, head size 1, and T = 150: query-row blocks of 32 (four) and 22
 SHAPES = [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 8), (1, 37, 1, 5),
           (2, 19, 3, 3), (1, 1, 1, 1), (1, 48, 2, 40), (1, 150, 2, 8)]
 

@@ -73,7 +73,7 @@ def test_gelu_backward_may_overwrite_its_input_gradient(rng):
 
 
 # ------------------------------------------------------------------ attention
-# T = 150: three blocks of query rows (64, 64, 22)
+# T = 150: blocks of query rows (attention.ROW_BLOCK = 32: four of 32, then 22)
 @pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32),
                                      (1, 150, 2, 8)])
 def test_attention_equals_masked_softmax_reference(rng, attention_build, B, T, H, C):

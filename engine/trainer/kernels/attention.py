@@ -27,14 +27,14 @@ block [r0, r1) only multiplies keys 0 ... r1-1, so the only masked products
 computed are the diagonal block's upper half. What is left between the
 products is the softmax and its backward, row by row.
 
-The block height trades two costs. A tall block wastes more: the masked upper
-half of every diagonal block is computed and thrown away, about ROW_BLOCK / T
-times the useful products (half as many again at T = 128 with 64 rows). A short block costs more
-passes: each adds into dK and dV over all the keys it saw, and each tile
-product has less k to spread its start and its stores over. Measured on one
-core of a Zen 3 EPYC (AVX2 tiles; forward + backward of one layer, H = 4,
-hs = 32, B * T = 1024, the block heights interleaved in one process, median
-of 7), ms for 16 / 32 / 64 / 128 rows:
+The block height trades two costs. A tall block wastes more: the masked
+upper half of every diagonal block is computed and thrown away, about
+ROW_BLOCK / T times the useful products (half as many again at T = 128 with
+64 rows). A short block costs more passes: each adds into dK and dV over all
+the keys it saw, and each tile product has less k to spread its start and
+its stores over. Measured on one core of a Zen 3 EPYC (AVX2 tiles; forward +
+backward of one layer, H = 4, hs = 32, B * T = 1024, the block heights
+interleaved in one process, median of 7), ms for 16 / 32 / 64 / 128 rows:
 
     standard  T = 128:  3.75 / 3.79 / 4.14 /  5.25    T = 1024: 21.3 / 19.6 / 21.0 / 23.5
     flash     T = 128:  6.11 / 5.31 / 6.31 /  7.05    T = 1024: 29.3 / 28.0 / 30.8 / 29.4

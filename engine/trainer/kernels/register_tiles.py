@@ -42,8 +42,9 @@ L1 cache and evict each other, so every tile fetched its panel again from
 L2. Measured on one core of a Zen 3 EPYC with the AVX2 tiles running the
 tiny GPT's products (one replica, tools/ab_steps.py, in place against
 packed, two runs): matmul 99.6 -> 79.5 and 97.9 -> 79.4 ms a step, the
-step 1.23x and 1.17x faster. Attention's products are small (64 rows, k as
-low as 32), where a copy costs more than it saves (attention's kernels ran
+step 1.23x and 1.17x faster. Attention's products are small (blocks of 64
+query rows when this was measured, 32 now; k as low as 32), where a copy
+costs more than it saves (attention's kernels ran
 about 1.2x slower with b packed, the copy and its allocation included), so
 `tile_gemm` reads in place.
 
