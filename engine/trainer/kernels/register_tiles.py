@@ -1,18 +1,18 @@
 """Small matrix products with the output tile held in vector registers.
 
-Attention multiplies small slices, head by head: a block of 64 query rows
-(the height measured below; attention.py now takes 32) times the keys it can
-see is 64 x 1024 x 32 at T = 1024 (S = Q K^T), its probabilities times V
-64 x 32 x 1024. A BLAS call spends microseconds
-before its first multiply (argument checks, choosing a kernel, packing both
-operands into its own buffers), and with an inner or outer dimension of 32
-its packed panels are mostly edges. Measured on one core (AVX-512, GFLOP/s,
-the same operands in a loop): at the T = 1024 shapes these tiles ran at
-90-125 where SciPy's OpenBLAS ran at 55-70; at the T = 128 shapes (64 x 128
-x 32 and alike) the two were within 10% of each other (with the 4 x 4 tiles
-of that time; the 8 x 3 tiles below are faster). The linear layers' products
-(1024 x 512 x 128 and alike) come here too where BLAS's kernels are narrower
-than these vectors (linear.py says when).
+Attention multiplies small slices, head by head: a block of 64 query rows (the
+height measured below; attention.py now takes 32) times the keys it can see is
+64 x 1024 x 32 at T = 1024 (S = Q K^T), its probabilities times V
+64 x 32 x 1024. A BLAS call spends microseconds before its first multiply
+(argument checks, choosing a kernel, packing both operands into its own
+buffers), and with an inner or outer dimension of 32 its packed panels are
+mostly edges. Measured on one core (AVX-512, GFLOP/s, the same operands in a
+loop): at the T = 1024 shapes these tiles ran at 90-125 where SciPy's OpenBLAS
+ran at 55-70; at the T = 128 shapes (64 x 128 x 32 and alike) the two were
+within 10% of each other (with the 4 x 4 tiles of that time; the 8 x 3 tiles
+below are faster). The linear layers' products (1024 x 512 x 128 and alike)
+come here too where BLAS's kernels are narrower than these vectors (linear.py
+says when).
 
 The tile routine (`_tile_product`) computes an R x (V*W) block of the output,
 W being the number of floats in one vector register (16 float32 with
@@ -44,9 +44,9 @@ tiny GPT's products (one replica, tools/ab_steps.py, in place against
 packed, two runs): matmul 99.6 -> 79.5 and 97.9 -> 79.4 ms a step, the
 step 1.23x and 1.17x faster. Attention's products are small (blocks of 64
 query rows when this was measured, 32 now; k as low as 32), where a copy
-costs more than it saves (attention's kernels ran
-about 1.2x slower with b packed, the copy and its allocation included), so
-`tile_gemm` reads in place.
+costs more than it saves (attention's kernels ran about 1.2x slower with b
+packed, the copy and its allocation included), so `tile_gemm` reads in
+place.
 
 The same bits on every CPU with FMA: every output element is one chain of
 fused multiply-adds over k in order (then alpha, then beta), whatever R, V
