@@ -426,24 +426,35 @@ class FusedGPT:
         return mean
 
     # -- backward
-    def _block_backward(self, i: int) -> None:
+    def _weight_gradient(self, name: str, x, dy, later=None) -> None:
+        """grads[name] += x^T dy: now, or, given later, handed to later(task, name)
+        as a task that whoever runs it runs exactly once (see backward)."""
+        def task():
+            self._k("matmul", x, dy, out=self.grads[name], trans_a=True, accumulate=True)
+        if later is None:
+            task()
+        else:
+            later(task, name)
+
+    def _block_backward(self, i: int, later=None) -> None:
         p, g, a, A = self.params, self.grads, self.acts, self.acts.layer(i)
         pre = f"h{i}."
         dres = a.dres
         # MLP branch: res[i+1] = res_mid + gelu(ln2 @ fc_w + fc_b) @ fcproj_w + fcproj_b
         self._k("bias_grad", dres, dbias=g[pre + "fcproj_b"])
-        self._k("matmul", A.gelu, dres, out=g[pre + "fcproj_w"], trans_a=True, accumulate=True)
+        # (dres changes below, so the products that read it run now, never later)
+        self._weight_gradient(pre + "fcproj_w", A.gelu, dres)
         self._k("matmul", dres, p[pre + "fcproj_w"], out=a.dgelu, trans_b=True)
         self._k("bias_gelu_backward", a.dgelu, A.fc, p[pre + "fc_b"], dh=a.dgelu,
                 dbias=g[pre + "fc_b"])
-        self._k("matmul", A.ln2, a.dgelu, out=g[pre + "fc_w"], trans_a=True, accumulate=True)
+        self._weight_gradient(pre + "fc_w", A.ln2, a.dgelu, later)
         self._k("matmul", a.dgelu, p[pre + "fc_w"], out=a.dln, trans_b=True)
         self._k("layernorm_backward", a.dln, A.res_mid, p[pre + "ln2_w"], A.ln2_mean,
                 A.ln2_rstd, dx=dres, dw=g[pre + "ln2_w"], db=g[pre + "ln2_b"])
         # attention branch: res_mid = res[i] + attention(ln1 @ qkv_w + qkv_b) @ proj_w + proj_b
         self._k("bias_grad", dres, dbias=g[pre + "proj_b"])
         atty = A.atty.reshape(-1, A.atty.shape[-1])
-        self._k("matmul", atty, dres, out=g[pre + "proj_w"], trans_a=True, accumulate=True)
+        self._weight_gradient(pre + "proj_w", atty, dres)
         self._k("matmul", dres, p[pre + "proj_w"], out=a.datty.reshape(atty.shape), trans_b=True)
         if self.attention == "flash":
             self._k("flash_attention_backward", a.datty, A.qkv, A.atty, A.lse, dqkv=a.dqkv)
@@ -451,23 +462,32 @@ class FusedGPT:
             self._k("attention_backward", a.datty, A.qkv, A.probs, dqkv=a.dqkv)
         dqkv = a.dqkv.reshape(-1, a.dqkv.shape[-1])
         self._k("bias_grad", dqkv, dbias=g[pre + "qkv_b"])
-        self._k("matmul", A.ln1, dqkv, out=g[pre + "qkv_w"], trans_a=True, accumulate=True)
+        self._weight_gradient(pre + "qkv_w", A.ln1, dqkv, later)
         self._k("matmul", dqkv, p[pre + "qkv_w"], out=a.dln, trans_b=True)
         self._k("layernorm_backward", a.dln, a.res[i], p[pre + "ln1_w"], A.ln1_mean,
                 A.ln1_rstd, dx=dres, dw=g[pre + "ln1_w"], db=g[pre + "ln1_b"])
 
-    def backward(self, grad_ready=None) -> None:
+    def backward(self, grad_ready=None, later=None) -> None:
         """Add d(loss_scale * loss)/dparams into self.grads (call zero_grad() between
         optimizer steps). grad_ready(start, stop), if given, is called as soon as a
         flat range of gradients is final: last block first, embeddings last (this
-        is what lets a data-parallel all-reduce overlap the rest of the backward)."""
+        is what lets a data-parallel all-reduce overlap the rest of the backward).
+
+        later(task, name), if given, receives two weight gradients of block 0,
+        the last block the backward reaches (qkv_w's and fc_w's products,
+        about a fifth of its multiply-adds), as tasks instead of running them:
+        nothing after them writes what they read, so they can run on another
+        thread while this backward goes on, or after it. The caller runs each
+        task exactly once, and block 0's gradient is final only then (its
+        grad_ready still comes when the backward passes the block: the caller
+        holds it). ThreadReplicas hands the tasks to whichever replica is idle."""
         if self._ids is None:
             raise RuntimeError("FusedGPT.backward: call forward(ids, targets) first (a forward "
                                "without targets, or loss(), prepares no gradient)")
         p, g, a, L = self.params, self.grads, self.acts, self.cfg.n_layer
         # head: logits = lnf @ wte^T, a.logits already holds dlogits
         self._k("matmul", a.logits, p["wte"], out=a.dln)
-        self._k("matmul", a.logits, a.lnf, out=g["wte"], trans_a=True, accumulate=True)
+        self._weight_gradient("wte", a.logits, a.lnf)
         a.dres[...] = 0
         self._k("layernorm_backward", a.dln, a.res[L], p["lnf_w"], a.lnf_mean, a.lnf_rstd,
                 dx=a.dres, dw=g["lnf_w"], db=g["lnf_b"])
@@ -477,7 +497,7 @@ class FusedGPT:
         for i in reversed(range(L)):
             if self.checkpointing:
                 self._block_forward(i)             # recompute this block's activations
-            self._block_backward(i)
+            self._block_backward(i, later if i == 0 else None)
             if grad_ready is not None:
                 grad_ready(*next(buckets))         # block i
         self._k("embedding_backward", self._ids, a.dres.reshape(self.B, self.T, -1),
@@ -487,14 +507,15 @@ class FusedGPT:
         self._ids = None
 
     def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, grad_ready=None,
-                         last: bool = True):
-        """One micro-batch: forward, then backward. Returns (loss, forward seconds,
-        backward seconds). (`last` matters to engine.trainer.parallel.ThreadReplicas, which
-        has the same method; one model has nothing to do at the last micro-batch.)"""
+                         last: bool = True, later=None):
+        """One micro-batch: forward, then backward (grad_ready and later: see
+        backward). Returns (loss, forward seconds, backward seconds). (`last`
+        matters to engine.trainer.parallel.ThreadReplicas, which has the same
+        method; one model has nothing to do at the last micro-batch.)"""
         t0 = time.perf_counter()
         loss = self.forward(ids, targets, loss_scale=loss_scale)
         t1 = time.perf_counter()
-        self.backward(grad_ready)
+        self.backward(grad_ready, later)
         return loss, t1 - t0, time.perf_counter() - t1
 
     # -- conveniences

@@ -132,11 +132,13 @@ class ThreadReplicas:
     Replica r takes rows [r * B/n, (r + 1) * B/n) of every micro-batch and runs
     its whole forward and backward on one thread, single-threaded kernels and
     single-threaded BLAS, reading the one shared parameter buffer and adding
-    into its own gradient buffer. In the last micro-batch's backward the
-    replicas' gradients are summed into `grads`, bucket by bucket as soon as
-    every replica has finished one, by the replicas whose backward is over
-    (`_BucketSum`); each number is summed in replica order, whichever thread
-    does it.
+    into its own gradient buffer. A replica whose backward is over does what
+    is left of the others' (`_SharedWork`): two weight-gradient products of
+    each replica's block 0, handed over by its backward, and, in the last
+    micro-batch, the sum of the replicas' gradients into `grads`, bucket by
+    bucket as soon as every replica has finished one. Each product and each
+    sum is the same arithmetic whichever thread does it (sums in replica
+    order), so the bits do not depend on which replica ran ahead.
 
     Why not one model with multi-threaded kernels? Each kernel then ends at a
     barrier where every thread waits for the slowest; a step has about a
@@ -172,6 +174,8 @@ class ThreadReplicas:
                                                                     first.dtype)
         self.rows = [slice(r * per, (r + 1) * per) for r in range(n_replicas)]
         self.buckets = gradient_buckets(self.grads, cfg.n_layer)
+        self.bucket_of = {name: next(i for i, (a, b) in enumerate(self.buckets) if a <= start < b)
+                          for name, (start, _, _) in self.grads.layout.items()}
         self._pool = None
         # a cold numba cache: the backward's and the optimizer's kernels compile in a
         # helper process while the first forward compiles here (compile_ahead.py)
@@ -211,23 +215,21 @@ class ThreadReplicas:
         """Forward and backward of one micro-batch over all replicas; returns
         (loss, forward s, backward s) with the timings of replica 0. When `last`,
         the replicas' gradients are summed into self.grads, bucket by bucket
-        while the backward runs (see _BucketSum); then grad_ready, if given, is
+        while the backward runs (see _SharedWork); then grad_ready, if given, is
         called once per bucket: the MPI all-reduce starts from here."""
         scale = loss_scale / self.n
         if self.n == 1:             # one model: its kernels use the caller's threads
             return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
                                                      grad_ready=grad_ready)
-        summing = _BucketSum(self) if last else None
+        shared = _SharedWork(self, summing=last)
 
         def one(r):
             model = self.replicas[r]
-            if summing is None:
-                return model.forward_backward(ids[self.rows[r]], targets[self.rows[r]],
-                                              loss_scale=scale)
-            with summing.failing():
-                result = model.forward_backward(ids[self.rows[r]], targets[self.rows[r]],
-                                                loss_scale=scale, grad_ready=summing.done)
-                summing.help()
+            with shared.failing():
+                result = model.forward_backward(
+                    ids[self.rows[r]], targets[self.rows[r]], loss_scale=scale,
+                    grad_ready=shared.grad_ready(r), later=shared.later(r))
+                shared.help()
             return result
 
         results = self._each(one)
@@ -276,51 +278,115 @@ class ThreadReplicas:
             self._pool = None
 
 
-class _BucketSum:
-    """Sums the replicas' gradients bucket by bucket during the last backward.
+class _SharedWork:
+    """The end of a backward that any replica can do, done by those already idle.
 
-    Each replica's backward reports a bucket (a flat range: the final
-    LayerNorm, blocks L-1 ... 0, the embeddings) as soon as it is final; once
-    every replica has reported it, the bucket can be summed. A replica whose
-    backward is over does not wait idle: it sums every bucket that is ready,
-    in order, and waits only for buckets still being computed. So the sum
+    Two kinds of work, both the same arithmetic whichever thread does it:
+
+    * Tasks: the weight-gradient products a replica's backward hands over
+      (FusedGPT.backward's `later`: two products of block 0). A replica whose
+      backward is over runs any replica's waiting tasks, so when one replica
+      runs behind (the machine slowed its core), the other takes part of its
+      work instead of waiting for it. Each task writes one gradient of the
+      replica it came from, with that replica's operands: the same call, the
+      same bits, on either thread.
+    * Bucket sums (the last micro-batch only): each replica's backward reports
+      a bucket (a flat range: the final LayerNorm, blocks L-1 ... 0, the
+      embeddings) once it is final, which for block 0 means once its tasks
+      are done too; once every replica has reported it, the bucket is summed
+      into `grads`, in replica order, by whichever thread claims it.
+
+    An idle replica takes a task first (it shortens the slowest backward),
+    else the next bucket in order if it is ready, else waits. So the sum
     overlaps the slower replica's backward, and what is left when the last
-    replica ends is its last bucket (the embeddings). Each bucket is summed
-    exactly once, by whichever thread claims it, always in replica order."""
+    replica ends is its last bucket (the embeddings)."""
 
-    def __init__(self, owner: ThreadReplicas):
+    def __init__(self, owner: ThreadReplicas, summing: bool):
+        import collections
         import threading
-        self.owner = owner
-        self.index = {span: i for i, span in enumerate(owner.buckets)}
-        self.reported = [0] * len(owner.buckets)
+        self.owner, self.summing = owner, summing
+        n, buckets = owner.n, owner.buckets
+        self.index = {span: i for i, span in enumerate(buckets)}
+        self.reported = [0] * len(buckets)    # replicas whose bucket i is final
+        self.pending = [[0] * len(buckets) for _ in range(n)]   # tasks not yet done
+        self.held = [[False] * len(buckets) for _ in range(n)]  # reported, tasks pending
+        self.tasks = collections.deque()      # (replica, bucket, task) not yet claimed
+        self.running = n                      # replicas whose own backward still runs
         self.claimed = 0                      # buckets handed to a summing thread so far
         self.failed = False
         self.cond = threading.Condition()
 
-    def done(self, start: int, stop: int) -> None:
-        """grad_ready of one replica: this replica's bucket [start, stop) is final."""
-        with self.cond:
-            i = self.index[(start, stop)]
-            self.reported[i] += 1
-            if self.reported[i] == self.owner.n:
+    def later(self, r: int):
+        """FusedGPT.backward's `later` for replica r: queue the task."""
+        def hand_over(task, name):
+            with self.cond:
+                i = self.owner.bucket_of[name]
+                self.pending[r][i] += 1
+                self.tasks.append((r, i, task))
                 self.cond.notify_all()
+        return hand_over
+
+    def grad_ready(self, r: int):
+        """FusedGPT.backward's `grad_ready` for replica r: its bucket [start, stop)
+        is final once its tasks are done too."""
+        def report(start, stop):
+            with self.cond:
+                i = self.index[(start, stop)]
+                if self.pending[r][i]:
+                    self.held[r][i] = True     # the last of its tasks reports it
+                else:
+                    self._report(i)
+        return report
+
+    def _report(self, i: int) -> None:
+        self.reported[i] += 1
+        if self.reported[i] == self.owner.n:
+            self.cond.notify_all()
+
+    def _next(self):
+        """(kind, what) of the next job for an idle replica, or None when there is
+        none left for it; waits while there is none yet. Called holding cond."""
+        n, count = self.owner.n, len(self.reported)
+        while not self.failed:
+            if self.tasks:
+                return "task", self.tasks.popleft()
+            if self.summing:
+                if self.claimed == count:
+                    return None
+                if self.reported[self.claimed] == n:
+                    self.claimed += 1
+                    return "sum", self.claimed - 1
+            elif self.running == 0:
+                return None                    # (tasks still running end on their threads)
+            self.cond.wait()
+        return None
 
     def help(self) -> None:
-        """Sum ready buckets in order until every bucket is claimed."""
-        n, count = self.owner.n, len(self.reported)
+        """Called by each replica once its own backward is over: run tasks and sum
+        buckets until no work is left."""
+        with self.cond:
+            self.running -= 1
+            self.cond.notify_all()
         while True:
             with self.cond:
-                while (self.claimed < count and self.reported[self.claimed] < n
-                       and not self.failed):
-                    self.cond.wait()
-                if self.claimed == count or self.failed:
-                    return
-                i = self.claimed
-                self.claimed += 1
-            self.owner._sum_bucket(*self.owner.buckets[i])
+                job = self._next()
+            if job is None:
+                return
+            kind, what = job
+            if kind == "sum":
+                self.owner._sum_bucket(*self.owner.buckets[what])
+                continue
+            r, i, task = what
+            with self.failing():
+                task()
+            with self.cond:
+                self.pending[r][i] -= 1
+                if self.pending[r][i] == 0 and self.held[r][i]:
+                    self.held[r][i] = False
+                    self._report(i)
 
     def failing(self):
-        """Context: a replica that raises wakes the others (no one waits forever)."""
+        """Context: a replica or task that raises wakes the others (no one waits forever)."""
         import contextlib
 
         @contextlib.contextmanager
