@@ -72,6 +72,30 @@ def _cache_stats(kernels) -> dict:
     return {"loaded_from_cache": hits, "compiled": misses}
 
 
+def _page_faults() -> int | None:
+    """Page faults of this process so far that needed no disk (None where the OS
+    does not count them). The buffers a step writes are allocated untouched; the
+    first step's writes fault each page in once, which a virtual machine may
+    make slow (the first step's line in the report says how many)."""
+    try:
+        import resource
+    except ImportError:                       # Windows
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def format_first_step(r: dict) -> str:
+    """The first step's time, what it compiled or loaded, and the pages it faulted in."""
+    c = r["compile"]
+    line = (f"first step {c['first_step_s']:.2f} s (kernels compiled: {c['compiled']}, "
+            f"loaded from cache: {c['loaded_from_cache']}")
+    if "page_faults" in c:
+        import resource
+        mib = c["page_faults"] * resource.getpagesize() / 2 ** 20
+        line += f"; {c['page_faults']:,} page faults, {mib:,.0f} MiB touched for the first time"
+    return line + ")"
+
+
 def _numba_kernels():
     from numba.core.registry import CPUDispatcher
     from ..numba_config import ParallelKernel
@@ -300,10 +324,13 @@ def _measure(cfg, batch_size, steps, warmup, torch_reason, torch_attention, n_th
     alone = alone_n
 
     say("first step (compiling numba kernels, or loading them from the cache)...")
+    faults = _page_faults()
     t0 = time.perf_counter()
     ours(0)
     first_step = time.perf_counter() - t0
     cache = _cache_stats(_numba_kernels())
+    if faults is not None:
+        cache["page_faults"] = _page_faults() - faults
     wait_for_helper()             # a cold cache's helper never compiles beside timed steps
 
     twin = None
@@ -522,9 +549,7 @@ def format_report(r: dict) -> str:
              f"L={c['n_layer']} H={c['n_head']} C={c['n_embd']} B={c['batch_size']} float32, "
              f"{c['threads']} thread(s): {mode}; BLAS: {c['blas']}",
              f"matrix products: {c['products']}",
-             f"first step {r['compile']['first_step_s']:.2f} s (kernels compiled: "
-             f"{r['compile']['compiled']}, loaded from cache: "
-             f"{r['compile']['loaded_from_cache']})", ""]
+             format_first_step(r), ""]
     o, t = r["ours"], r["torch"]
     if "activation_bytes" in r:
         lines.insert(2, f"activations kept for the backward: {_kib_or_mib(r['activation_bytes'])}, "
@@ -794,8 +819,7 @@ def main(argv=None) -> int:
         else:
             print(format_table(reports))
             for r in reports:
-                print(f"\n[{r['shape']}] first step {r['compile']['first_step_s']:.2f} s; "
-                      + "\n".join(format_profile(r)))
+                print(f"\n[{r['shape']}] {format_first_step(r)}; " + "\n".join(format_profile(r)))
         return 0
     try:
         cfg = GPTConfig(vocab_size=vocab, block_size=args.block_size, n_layer=args.n_layer,

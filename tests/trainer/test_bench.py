@@ -23,6 +23,18 @@ def test_report_without_torch_has_every_number():
     assert r["compile"]["first_step_s"] > 0
     text = bench.format_report(r)
     assert "PyTorch comparison skipped" in text and "where the time goes" in text
+    if r["compile"].get("page_faults") is not None:       # where the OS counts them
+        assert f"{r['compile']['page_faults']:,} page faults" in text
+
+
+def test_page_faults_count_the_first_touch_of_fresh_memory():
+    from engine.trainer.bench import _page_faults
+    if _page_faults() is None:
+        pytest.skip("this OS does not count page faults")
+    fresh = np.zeros(8 * 2 ** 20, np.uint8)        # allocated untouched: no page yet
+    before = _page_faults()
+    fresh[::4096] = 1                              # one write per page
+    assert _page_faults() > before
 
 
 def test_torch_twin_has_the_same_first_step_gradients():
