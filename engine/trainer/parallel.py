@@ -34,6 +34,7 @@ after every micro-batch would send K times the bytes for the same sum.
 from __future__ import annotations
 
 import os
+import time
 
 import numba
 import numpy as np
@@ -213,7 +214,9 @@ class ThreadReplicas:
     def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, last: bool = True,
                          grad_ready=None):
         """Forward and backward of one micro-batch over all replicas; returns
-        (loss, forward s, backward s) with the timings of replica 0. When `last`,
+        (loss, forward s, backward s) with the timings of replica 0's thread (its
+        backward's seconds include the handed-over products it ran, any
+        replica's: see _SharedWork). When `last`,
         the replicas' gradients are summed into self.grads, bucket by bucket
         while the backward runs (see _SharedWork); then grad_ready, if given, is
         called once per bucket: the MPI all-reduce starts from here."""
@@ -226,11 +229,11 @@ class ThreadReplicas:
         def one(r):
             model = self.replicas[r]
             with shared.failing():
-                result = model.forward_backward(
+                loss, forward_s, backward_s = model.forward_backward(
                     ids[self.rows[r]], targets[self.rows[r]], loss_scale=scale,
                     grad_ready=shared.grad_ready(r), later=shared.later(r))
-                shared.help()
-            return result
+                backward_s += shared.help()         # the handed-over products it ran
+            return loss, forward_s, backward_s
 
         results = self._each(one)
         if last and grad_ready is not None:
@@ -361,24 +364,28 @@ class _SharedWork:
             self.cond.wait()
         return None
 
-    def help(self) -> None:
+    def help(self) -> float:
         """Called by each replica once its own backward is over: run tasks and sum
-        buckets until no work is left."""
+        buckets until no work is left. Returns the seconds it spent on tasks
+        (backward work, whichever replica's), not counting sums and waits."""
         with self.cond:
             self.running -= 1
             self.cond.notify_all()
+        task_s = 0.0
         while True:
             with self.cond:
                 job = self._next()
             if job is None:
-                return
+                return task_s
             kind, what = job
             if kind == "sum":
                 self.owner._sum_bucket(*self.owner.buckets[what])
                 continue
             r, i, task = what
+            t0 = time.perf_counter()
             with self.failing():
                 task()
+            task_s += time.perf_counter() - t0
             with self.cond:
                 self.pending[r][i] -= 1
                 if self.pending[r][i] == 0 and self.held[r][i]:

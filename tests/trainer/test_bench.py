@@ -31,10 +31,14 @@ def test_page_faults_count_the_first_touch_of_fresh_memory():
     from engine.trainer.bench import _page_faults
     if _page_faults() is None:
         pytest.skip("this OS does not count page faults")
-    fresh = np.zeros(8 * 2 ** 20, np.uint8)        # allocated untouched: no page yet
+    import mmap
+    mapping = mmap.mmap(-1, 8 * 2 ** 20)           # fresh anonymous memory: no page yet
+    fresh = np.frombuffer(mapping, np.uint8)
     before = _page_faults()
     fresh[::4096] = 1                              # one write per page
     assert _page_faults() > before
+    del fresh
+    mapping.close()
 
 
 def test_torch_twin_has_the_same_first_step_gradients():
