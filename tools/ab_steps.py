@@ -10,9 +10,12 @@ of the per-round ratios with their range, and the per-kernel profile of both.
 
     python tools/ab_steps.py 808facc                      # tiny shape, one replica
     python tools/ab_steps.py 808facc --T 1024 --B 1 --attention flash
+    python tools/ab_steps.py 808facc --replicas 2         # the trainer's default on 2 cores
 
-One thread, one replica: what the kernels cost without the other replica's
-contention (the trainer's default runs one such replica per core).
+One thread, one replica by default: what the kernels cost without the other
+replica's contention (the trainer's default runs one such replica per core).
+With --replicas N, each side is the trainer's ThreadReplicas, N replicas of
+B sequences each, one thread apiece: what changes in how they share a step.
 """
 from __future__ import annotations
 
@@ -55,7 +58,11 @@ def build(package: str, args, vocab: int):
     model = importlib.import_module(f"{package}.trainer.model")
     cfg = gpt_config.GPTConfig(vocab_size=vocab, block_size=args.T, n_layer=args.L,
                                n_head=args.H, n_embd=args.C)
-    return model.FusedGPT(cfg, args.B, attention=args.attention)
+    if args.replicas == 1:
+        return model.FusedGPT(cfg, args.B, attention=args.attention)
+    parallel = importlib.import_module(f"{package}.trainer.parallel")
+    return parallel.ThreadReplicas(cfg, args.B * args.replicas, args.replicas,
+                                   attention=args.attention)
 
 
 def main(argv=None) -> int:
@@ -66,6 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("--attention", choices=("standard", "flash"), default="standard")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--steps", type=int, default=4, help="steps per round and side")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="thread replicas per side, B sequences each (default 1)")
     args = p.parse_args(argv)
 
     folder = Path(tempfile.mkdtemp(prefix="ab_steps_"))   # removed when done
@@ -89,15 +98,23 @@ def compare(args, folder: Path) -> int:
     vocab = 103
     models = {"before": build("engine_before", args, vocab), "after": build("engine", args, vocab)}
     rng = np.random.default_rng(0)
-    ids, targets = (rng.integers(0, vocab, (args.B, args.T)) for _ in range(2))
+    ids, targets = (rng.integers(0, vocab, (args.B * args.replicas, args.T)) for _ in range(2))
 
     def step(model):
         model.zero_grad()
         t0 = time.perf_counter()
-        model.forward(ids, targets)
-        model.backward()
+        model.forward_backward(ids, targets)
         return time.perf_counter() - t0
 
+    try:
+        return _rounds(args, models, step)
+    finally:
+        for model in models.values():
+            if hasattr(model, "close"):                # ThreadReplicas: stop its threads
+                model.close()
+
+
+def _rounds(args, models, step) -> int:
     for model in models.values():                     # compile (or load) and warm up
         for _ in range(3):
             step(model)
@@ -112,8 +129,9 @@ def compare(args, folder: Path) -> int:
                 profiles[name].setdefault(kernel, []).append(seconds / args.steps)
             model.profile = None
     ratios = np.array(medians["before"]) / np.array(medians["after"])
-    print(f"B={args.B} T={args.T} L={args.L} H={args.H} C={args.C} {args.attention}, one "
-          f"thread, {args.rounds} rounds of {args.steps} steps (profiled):")
+    who = "one thread" if args.replicas == 1 else f"{args.replicas} replicas (profile: replica 0)"
+    print(f"B={args.B} T={args.T} L={args.L} H={args.H} C={args.C} {args.attention}, {who}, "
+          f"{args.rounds} rounds of {args.steps} steps (profiled):")
     print(f"  step: before {np.median(medians['before']) * 1e3:.1f} ms, after "
           f"{np.median(medians['after']) * 1e3:.1f} ms; before/after {np.median(ratios):.3f} "
           f"(range {ratios.min():.3f}-{ratios.max():.3f})")
