@@ -3,6 +3,9 @@ thread replicas change nothing but the bits they must, a step allocates no
 arrays, and the kernel registry swaps in other code and says whose it is."""
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -131,8 +134,6 @@ def test_a_replica_that_fails_does_not_leave_the_others_waiting():
 def _slow_after_block_0(replica, seconds):
     """Make replica run behind once its block-0 products are handed over (it sleeps
     before the embeddings' backward); returns the threads its matmuls ran on."""
-    import threading
-    import time
     threads, own = [], replica._k
 
     def k(name, *args, **kwargs):
@@ -156,15 +157,13 @@ def test_an_idle_replica_runs_the_products_a_slow_one_handed_over():
         reps.zero_grad()
         reps.forward_backward(x, y)
         # replica 1 runs on the pool's thread; replica 0, on this one, took its two tasks
-        main = __import__("threading").current_thread().name
-        assert threads.count(main) == 2, threads
+        assert threads.count(threading.current_thread().name) == 2, threads
         assert np.array_equal(reps.grads.flat, on_time), "the same bits, whoever ran them"
     finally:
         reps.close()
 
 
 def test_a_handed_over_product_that_fails_does_not_leave_the_others_waiting():
-    import threading
     x, y = batch(9)
     reps = ThreadReplicas(CFG, 4, 2)
     slow = reps.replicas[1]
