@@ -25,6 +25,15 @@ def test_ab_steps_times_both_trees_and_reports_each_kernel(tmp_path):
     assert {"matmul", "attention_forward", "layernorm_backward"} <= set(kernels)
 
 
+def test_ab_steps_times_thread_replicas_on_each_side(tmp_path):
+    r = _run("HEAD", "--B", "2", "--T", "16", "--L", "1", "--H", "2", "--C", "16",
+             "--rounds", "2", "--steps", "1", "--replicas", "2", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "2 replicas" in r.stdout and "step: before" in r.stdout
+    bad = _run("HEAD", "--replicas", "0", tmp=tmp_path)
+    assert bad.returncode == 2 and "--replicas 0" in bad.stderr
+
+
 def test_ab_steps_names_a_commit_git_does_not_know(tmp_path):
     r = _run("no-such-commit-abc", tmp=tmp_path)
     assert r.returncode == 2

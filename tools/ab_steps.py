@@ -76,6 +76,8 @@ def main(argv=None) -> int:
     p.add_argument("--replicas", type=int, default=1,
                    help="thread replicas per side, B sequences each (default 1)")
     args = p.parse_args(argv)
+    if args.replicas < 1:
+        p.error(f"--replicas {args.replicas}: a side needs at least 1 replica")
 
     folder = Path(tempfile.mkdtemp(prefix="ab_steps_"))   # removed when done
     try:
