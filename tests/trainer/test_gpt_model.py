@@ -153,7 +153,7 @@ def test_an_idle_replica_runs_the_products_a_slow_one_handed_over():
         reps.zero_grad()
         reps.forward_backward(x, y)
         on_time = reps.grads.flat.copy()
-        threads = _slow_after_block_0(reps.replicas[1], 0.3)
+        threads = _slow_after_block_0(reps.replicas[1], 1.0)   # ample time for replica 0
         reps.zero_grad()
         reps.forward_backward(x, y)
         # replica 1 runs on the pool's thread; replica 0, on this one, took its two tasks
