@@ -365,8 +365,8 @@ class _SharedWork:
         return None
 
     def help(self) -> float:
-        """Called by each replica once its own backward is over: run tasks and sum
-        buckets until no work is left. Returns the seconds it spent on tasks
+        """Called by each replica once its own backward is over, inside failing():
+        run tasks and sum buckets until no work is left. Returns the seconds it spent on tasks
         (backward work, whichever replica's), not counting sums and waits."""
         with self.cond:
             self.running -= 1
@@ -383,8 +383,7 @@ class _SharedWork:
                 continue
             r, i, task = what
             t0 = time.perf_counter()
-            with self.failing():
-                task()
+            task()                  # raising: the caller's failing() wakes the others
             task_s += time.perf_counter() - t0
             with self.cond:
                 self.pending[r][i] -= 1
@@ -393,7 +392,8 @@ class _SharedWork:
                     self._report(i)
 
     def failing(self):
-        """Context: a replica or task that raises wakes the others (no one waits forever)."""
+        """Context: a replica that raises (in its backward, or in a task it runs)
+        wakes the others (no one waits forever)."""
         import contextlib
 
         @contextlib.contextmanager
