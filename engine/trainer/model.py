@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels as fused
+from . import arena
 from ..gpt_config import GPTConfig, init_params, param_shapes
 
 LN_EPS = 1e-5
@@ -197,7 +198,7 @@ class FlatBuffer:
             size = int(np.prod(shape))
             self.layout[name] = (offset, offset + size, tuple(shape))
             offset += size
-        self.flat = np.zeros(offset, dtype)
+        self.flat = arena.zeros(offset, dtype)      # on huge pages where it fills one
         self.views = {name: self.flat[a:b].reshape(shape)
                       for name, (a, b, shape) in self.layout.items()}
 
@@ -249,9 +250,10 @@ class LayerBuffers:
     Attention keeps its probabilities, (B, H, T, T), with the standard kernel,
     and one log-sum-exp per row, (B, H, T), with the flash kernel."""
 
-    def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, attention: str = "standard"):
+    def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, attention: str = "standard",
+                 zeros=None):
         N, C, H = B * T, cfg.n_embd, cfg.n_head
-        z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
+        z = zeros or (lambda *shape: np.zeros(shape, dtype))  # noqa: E731
         self.ln1, self.ln1_mean, self.ln1_rstd = z(N, C), z(N), z(N)
         self.qkv = z(B, T, 3 * C)
         if _check_attention("LayerBuffers", attention) == "flash":
@@ -269,16 +271,22 @@ class LayerBuffers:
 
 
 class StepBuffers:
-    """Every buffer a training step uses, allocated once for (B, T)."""
+    """Every buffer a training step uses, allocated once for (B, T), all of them
+    views of one block of memory on huge pages where the OS gives them (arena.py
+    says why)."""
 
     def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, checkpointing: bool,
                  attention: str = "standard"):
+        allocate = lambda zeros: self._allocate(zeros, cfg, B, T, dtype,  # noqa: E731
+                                                checkpointing, attention)
+        arena.carve(allocate, dtype)          # runs allocate twice: to measure, then to carve
+
+    def _allocate(self, z, cfg, B, T, dtype, checkpointing, attention):
         N, C, V, L = B * T, cfg.n_embd, cfg.vocab_size, cfg.n_layer
-        z = lambda *shape: np.zeros(shape, dtype)  # noqa: E731
         self.B, self.T, self.checkpointing = B, T, checkpointing
         self.res = z(L + 1, N, C)                    # the residual stream entering each block
         n_sets = 1 if checkpointing else L
-        self.layer_sets = [LayerBuffers(cfg, B, T, dtype, attention) for _ in range(n_sets)]
+        self.layer_sets = [LayerBuffers(cfg, B, T, dtype, attention, z) for _ in range(n_sets)]
         self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
         self.logits = z(N, V)                        # becomes dlogits in place
         self.losses = z(N)

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from . import arena
 from .kernels.adamw import adamw_update, clip_scale, global_norm, work_items
 
 __all__ = ["AdamW", "global_norm", "clip_scale", "lr_at"]
@@ -41,8 +42,8 @@ class AdamW:
         self.segments = [(int(a), int(b), bool(d)) for a, b, d in segments]
         self.items = work_items([(a, b, weight_decay if d else 0.0)
                                  for a, b, d in self.segments])
-        self.m = np.zeros_like(params)
-        self.v = np.zeros_like(params)
+        self.m = arena.zeros(params.size, params.dtype)     # on huge pages where
+        self.v = arena.zeros(params.size, params.dtype)     # they fill one
         self.t = 0
 
     def step(self, grads: np.ndarray, *, grad_scale: float = 1.0, lr: float | None = None):

@@ -1,0 +1,92 @@
+"""One block of memory for a step's many buffers, on huge pages where the OS gives them.
+
+A step of the tiny GPT keeps about forty arrays for its backward, most of them
+64 KiB to 2 MiB. Allocated one by one, each lies on 4 KiB pages, and a kernel
+that reads a saved activation back (cold: the rest of the step has long pushed
+it out of the caches) pays for the small pages twice:
+
+* the TLB: 4 KiB pages cover 4 KiB each, so a 2 MiB array needs 512 entries,
+  about a core's whole second-level TLB, and the walks miss the caches too;
+* the hardware prefetchers, which stop at every 4 KiB page boundary: attention
+  reads one head's 128-byte slice of each 1.5 KiB row of the QKV buffer, so a
+  page holds fewer than three of its rows before the prefetch starts over.
+
+Carved from one mapping aligned to 2 MiB and marked for transparent huge pages
+(`madvise(MADV_HUGEPAGE)`, Linux), the same arrays lie on 2 MiB pages where the
+kernel allows them (its setting `transparent_hugepage` set to "madvise" or
+"always"). Measured on one core of an Intel Xeon (AVX-512, KVM), one layer of
+attention (B = 8, T = 128, C = 128, H = 4) with the caches emptied before
+each call: forward 1.53 -> 1.34 ms, backward 2.23 -> 2.08 ms.
+
+Elsewhere (macOS, Windows, huge pages off) the arrays are the same and lie on
+small pages: only the speed differs, never a number. Each array starts on a
+64-byte cache line; mapped memory starts zeroed, as np.zeros would.
+"""
+from __future__ import annotations
+
+import math
+import mmap
+
+import numpy as np
+
+HUGE_PAGE = 2 << 20       # bytes: x86-64's and most ARM kernels' transparent huge page
+LINE = 64                 # bytes: every array starts on a cache line
+
+
+def _aligned(nbytes: int, to: int) -> int:
+    return (nbytes + to - 1) // to * to
+
+
+def huge_page_memory(nbytes: int) -> np.ndarray:
+    """A zeroed uint8 array of nbytes whose start is aligned to HUGE_PAGE, with the
+    OS asked to back it with huge pages (a no-op where it cannot). Under one huge
+    page it is plain np.zeros aligned to a cache line: a whole 2 MiB page for a
+    few KiB would waste memory."""
+    nbytes = max(int(nbytes), 0)
+    if nbytes < HUGE_PAGE:
+        raw = np.zeros(nbytes + LINE, np.uint8)
+        start = (-raw.ctypes.data) % LINE
+        return raw[start:start + nbytes]
+    size = _aligned(nbytes, HUGE_PAGE)
+    if hasattr(mmap, "MAP_PRIVATE"):                  # POSIX: private (shared anonymous
+        block = mmap.mmap(-1, size + HUGE_PAGE,       # memory is shmem, which the kernel
+                          flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # keeps on small pages)
+    else:
+        block = mmap.mmap(-1, size + HUGE_PAGE)       # Windows: anonymous, zeroed
+    raw = np.frombuffer(block, np.uint8)              # keeps the mapping alive
+    start = (-raw.ctypes.data) % HUGE_PAGE
+    if hasattr(block, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        block.madvise(mmap.MADV_HUGEPAGE)             # before the first touch of any page
+    return raw[start:start + size]
+
+
+def zeros(n: int, dtype) -> np.ndarray:
+    """np.zeros(n, dtype) on huge pages (see huge_page_memory)."""
+    itemsize = np.dtype(dtype).itemsize
+    return huge_page_memory(n * itemsize)[:n * itemsize].view(dtype)
+
+
+def carve(build, dtype):
+    """Run build(zeros) twice: `zeros(*shape)` returns an array of `dtype`. The
+    first run only measures (its arrays are never touched, so they cost no
+    memory); the second hands out zeroed views of one huge-page block, one after
+    another, each on a cache line. Returns what the second run returns."""
+    itemsize = np.dtype(dtype).itemsize
+    sizes = []
+
+    def measure(*shape):
+        sizes.append(_aligned(math.prod(shape) * itemsize, LINE))
+        return np.empty(shape, dtype)
+
+    build(measure)
+    memory = huge_page_memory(sum(sizes))
+    offset = 0
+
+    def take(*shape):
+        nonlocal offset
+        n = math.prod(shape)
+        view = memory[offset:offset + n * itemsize].view(dtype).reshape(shape)
+        offset += _aligned(n * itemsize, LINE)
+        return view
+
+    return build(take)
