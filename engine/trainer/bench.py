@@ -84,15 +84,28 @@ def _page_faults() -> int | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def _resident_bytes() -> int | None:
+    """This process's resident memory (Linux's /proc/self/statm; None elsewhere).
+    Its growth over the first step is the memory that step touched for the first
+    time, whatever the page size: on huge pages one fault brings in 2 MiB."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    import resource
+    return pages * resource.getpagesize()
+
+
 def format_first_step(r: dict) -> str:
     """The first step's time, what it compiled or loaded, and the pages it faulted in."""
     c = r["compile"]
     line = (f"first step {c['first_step_s']:.2f} s (kernels compiled: {c['compiled']}, "
             f"loaded from cache: {c['loaded_from_cache']}")
     if "page_faults" in c:
-        import resource
-        mib = c["page_faults"] * resource.getpagesize() / 2 ** 20
-        line += f"; {c['page_faults']:,} page faults, {mib:,.0f} MiB touched for the first time"
+        line += f"; {c['page_faults']:,} page faults"
+    if "newly_resident_bytes" in c:
+        line += f", {c['newly_resident_bytes'] / 2 ** 20:,.0f} MiB newly resident"
     return line + ")"
 
 
@@ -324,13 +337,15 @@ def _measure(cfg, batch_size, steps, warmup, torch_reason, torch_attention, n_th
     alone = alone_n
 
     say("first step (compiling numba kernels, or loading them from the cache)...")
-    faults = _page_faults()
+    faults, resident = _page_faults(), _resident_bytes()
     t0 = time.perf_counter()
     ours(0)
     first_step = time.perf_counter() - t0
     cache = _cache_stats(_numba_kernels())
     if faults is not None:
         cache["page_faults"] = _page_faults() - faults
+    if resident is not None:
+        cache["newly_resident_bytes"] = max(0, _resident_bytes() - resident)
     wait_for_helper()             # a cold cache's helper never compiles beside timed steps
 
     twin = None

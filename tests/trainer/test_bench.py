@@ -25,6 +25,21 @@ def test_report_without_torch_has_every_number():
     assert "PyTorch comparison skipped" in text and "where the time goes" in text
     if r["compile"].get("page_faults") is not None:       # where the OS counts them
         assert f"{r['compile']['page_faults']:,} page faults" in text
+    if r["compile"].get("newly_resident_bytes") is not None:
+        mib = r["compile"]["newly_resident_bytes"] / 2 ** 20
+        assert f"{mib:,.0f} MiB newly resident" in text
+
+
+def test_resident_memory_grows_by_what_is_first_touched_on_huge_pages_too():
+    from engine.trainer.arena import huge_page_memory
+    from engine.trainer.bench import _resident_bytes
+    if _resident_bytes() is None:
+        pytest.skip("this OS has no /proc/self/statm")
+    memory = huge_page_memory(16 * 2 ** 20)        # huge pages where Linux gives them
+    before = _resident_bytes()
+    memory[::4096] = 1                             # one write per small page
+    grown = _resident_bytes() - before
+    assert 15 * 2 ** 20 <= grown <= 20 * 2 ** 20, grown
 
 
 def test_page_faults_count_the_first_touch_of_fresh_memory():
