@@ -74,6 +74,27 @@ def test_gelu_backward_may_overwrite_its_input_gradient(rng):
 
 # ------------------------------------------------------------------ attention
 # T = 150: blocks of query rows (attention.ROW_BLOCK = 32: four of 32, then 22)
+def test_attention_never_touches_probs_right_of_a_rows_block(rng, attention_build):
+    """P's entries right of each block of query rows are neither written by the
+    forward nor read by the backward: a buffer full of NaN there gives the same
+    bits, and the NaN stay."""
+    from engine.trainer.kernels.attention import ROW_BLOCK
+    B, T, H, C = 1, 150, 2, 8                       # blocks of 32 rows: four, then 22
+    qkv = rng.standard_normal((B, T, 3 * C))
+    dout = rng.standard_normal((B, T, C))
+    out, probs = F.attention_forward(qkv, H)
+    junk = np.full_like(probs, np.nan)
+    out2, probs2 = F.attention_forward(qkv, H, probs=junk)
+    assert np.array_equal(out2, out)
+    right = np.zeros((T, T), bool)
+    for r0 in range(0, T, ROW_BLOCK):
+        right[r0:r0 + ROW_BLOCK, min(r0 + ROW_BLOCK, T):] = True
+    assert np.isnan(probs2[:, :, right]).all() and not np.isnan(probs2[:, :, ~right]).any()
+    assert np.array_equal(probs2[:, :, ~right], probs[:, :, ~right])
+    assert np.array_equal(F.attention_backward(dout, qkv, probs2),
+                          F.attention_backward(dout, qkv, probs))
+
+
 @pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32),
                                      (1, 150, 2, 8)])
 def test_attention_equals_masked_softmax_reference(rng, attention_build, B, T, H, C):
