@@ -90,8 +90,13 @@ def test_a_models_buffers_are_advised_for_huge_pages():
         assert array.ctypes.data % arena.HUGE_PAGE == 0
 
 
-def test_under_one_huge_page_memory_stays_plain():
+def test_under_one_huge_page_no_mapping_is_made(monkeypatch):
+    """A buffer under 2 MiB is plain np.zeros (a whole huge page for a few KiB would
+    waste memory); from 2 MiB on, the arena maps its own memory."""
+    def no_mapping(*args, **kwargs):
+        raise AssertionError("the arena mapped memory")
+    monkeypatch.setattr(arena.mmap, "mmap", no_mapping)
     small = arena.zeros(1000, np.float32)
     assert small.shape == (1000,) and not small.any() and small.ctypes.data % arena.LINE == 0
-    if _thp_mode() not in (None, "never"):
-        assert "hg" not in _mapping_flags(small.ctypes.data)
+    with pytest.raises(AssertionError, match="mapped memory"):
+        arena.zeros(arena.HUGE_PAGE // 4, np.float32)
