@@ -74,6 +74,21 @@ def test_gelu_backward_may_overwrite_its_input_gradient(rng):
 
 # ------------------------------------------------------------------ attention
 # T = 150: blocks of query rows (attention.ROW_BLOCK = 32: four of 32, then 22)
+@pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32),
+                                     (1, 150, 2, 8)])
+def test_attention_equals_masked_softmax_reference(rng, attention_build, B, T, H, C):
+    qkv = rng.standard_normal((B, T, 3 * C))
+    out, probs = F.attention_forward(qkv, H)
+    want, want_p = ref.attention(qkv, H)
+    assert rel(out, want) < RTOL and rel(probs, want_p) < RTOL
+    assert np.all(np.triu(probs, 1) == 0), "the masked half must stay exactly zero"
+    dout = rng.standard_normal(out.shape)
+    dqkv = F.attention_backward(dout, qkv, probs)
+    assert rel(dqkv, ref.attention_grad(dout, qkv, H)) < RTOL
+    loss = lambda z: float((ref.attention(z, H)[0] * dout).sum())  # noqa: E731
+    assert ref.directional_check(loss, qkv, dqkv, rng) < 1e-6
+
+
 def test_attention_never_touches_probs_right_of_a_rows_block(rng, attention_build):
     """P's entries right of each block of query rows are neither written by the
     forward nor read by the backward: a buffer full of NaN there gives the same
@@ -93,21 +108,6 @@ def test_attention_never_touches_probs_right_of_a_rows_block(rng, attention_buil
     assert np.array_equal(probs2[:, :, ~right], probs[:, :, ~right])
     assert np.array_equal(F.attention_backward(dout, qkv, probs2),
                           F.attention_backward(dout, qkv, probs))
-
-
-@pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32),
-                                     (1, 150, 2, 8)])
-def test_attention_equals_masked_softmax_reference(rng, attention_build, B, T, H, C):
-    qkv = rng.standard_normal((B, T, 3 * C))
-    out, probs = F.attention_forward(qkv, H)
-    want, want_p = ref.attention(qkv, H)
-    assert rel(out, want) < RTOL and rel(probs, want_p) < RTOL
-    assert np.all(np.triu(probs, 1) == 0), "the masked half must stay exactly zero"
-    dout = rng.standard_normal(out.shape)
-    dqkv = F.attention_backward(dout, qkv, probs)
-    assert rel(dqkv, ref.attention_grad(dout, qkv, H)) < RTOL
-    loss = lambda z: float((ref.attention(z, H)[0] * dout).sum())  # noqa: E731
-    assert ref.directional_check(loss, qkv, dqkv, rng) < 1e-6
 
 
 def test_attention_builds_agree_and_the_thread_count_picks_one(rng, monkeypatch):
