@@ -914,8 +914,8 @@ for shorter, longer in zip(attention_kept["flash"], attention_kept["flash"][1:])
 print("each doubling of T: the probabilities grow 4x, the row statistics 2x")
 
 # %% [markdown]
-# The probabilities go from about a third of what the model keeps at T = 128 to nearly nine
-# tenths at T = 2048; with the flash kernel, attention's own share stays a few KiB.
+# The probabilities go from over a third of what the model keeps at T = 128 to nine tenths
+# at T = 2048; with the flash kernel, attention's own share stays a few KiB.
 #
 # **What the backward pays.** The standard backward reads P and runs four products per
 # pair of tiles (dP = dY Vᵀ, dV = Pᵀ dY, dQ = dS K, dK = dSᵀ Q). The flash backward has no P:

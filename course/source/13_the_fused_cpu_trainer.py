@@ -87,7 +87,7 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 #
 # | slot | exercise | where it runs |
 # |---|---|---|
-# | bias + GELU forward | 10.1 | the model's kernel registry, `bias_gelu_forward` |
+# | bias + GELU forward | 10.1 | the model's kernel registry, `bias_gelu_forward`; the backward runs it again (below) |
 # | softmax + cross-entropy | 10.2 | the registry, `crossentropy_softmax` |
 # | embedding backward | 11.1 | the registry, `embedding_backward` |
 # | global-norm clipping | 12.1 | the `clip` your training step is handed |
@@ -373,9 +373,16 @@ else:
           "run the sgemm cell again when the machine is quieter")
 
 # %% [markdown]
-# The budget and the model agree on the parameters, on the fixed memory and, to a tenth of
-# a megabyte, on the activations kept for the backward (the budget counts what the tape
-# engine saves; the fused model lays out nearly the same tensors once, in its own buffers).
+# The budget and the model agree on the parameters and on the fixed memory. On the
+# activations kept for the backward the fused model is a fifth lighter. The budget counts
+# what the tape engine saves, and the fused model lays out nearly the same tensors once, in
+# its own buffers, with one left out: GELU's output, 4C numbers a row in every block, the
+# largest activation a block has. Only the weight gradient of the projection after the GELU
+# reads it, and the GELU backward rebuilds it from the fc output it reads anyway: it has
+# each element's sigmoid in hand, so the output costs one multiply, with the forward's bits.
+# That is lesson 10's save-or-recompute question, answered for a whole tensor. (When the
+# GELU forward in the registry is yours, the backward runs your kernel again instead, so the
+# gradient is taken through the very output your forward produced.)
 # They differ on the FLOPs: the budget counts attention over the full T × T square, as the
 # tape engine computes it, while the fused kernel skips the masked half; MFU is quoted
 # with the budget's count, the convention (skipping work is the kernel's gain, not the

@@ -378,10 +378,14 @@ def fused_trainer_saved(cfg: BudgetConfig, attention: str = "standard") -> list[
     (its StepBuffers.saved_nbytes), N = B*T rows:
 
         residual stream entering each block and leaving the last  (L+1) N C
-        per block: ln1 out, mean, rstd; qkv (3C); attention's own   15 N C + 4 N
+        per block: ln1 out, mean, rstd; qkv (3C); attention's own   11 N C + 4 N
           (see fused_attention_saved); its output; the residual      + attention
-          after attention; ln2 out, mean, rstd; fc out, gelu out (4C each)
+          after attention; ln2 out, mean, rstd; fc out (4C)
         final layer norm out, mean, rstd; the logits               N C + 2 N + N V
+
+    GELU's output (4C per row) is not kept, where the tape engine keeps it:
+    the fused GELU backward writes it again from the fc output it reads anyway,
+    one multiply per element (engine/trainer/kernels/gelu.py).
 
     recompute='full' is the trainer's --checkpointing: one block's buffers,
     shared by all blocks, refilled in the backward."""
@@ -394,8 +398,8 @@ def fused_trainer_saved(cfg: BudgetConfig, attention: str = "standard") -> list[
     sets = 1 if cfg.recompute == "full" else L
     return [
         Saved("residual stream", "block inputs and output", N * C, f, L + 1),
-        Saved("block", "layer norms, qkv, attention output, residual, MLP", 15 * N * C + 4 * N,
-              f, sets),
+        Saved("block", "layer norms, qkv, attention output, residual, fc output",
+              11 * N * C + 4 * N, f, sets),
         replace(fused_attention_saved(cfg, attention), count=sets),
         Saved("final layer norm", "output, mean, rstd", N * C + 2 * N, f),
         Saved("head", "logits (become their gradient)", N * V, f),

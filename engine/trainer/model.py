@@ -248,7 +248,8 @@ class LayerBuffers:
     """What one block's backward needs, for a micro-batch of N = B*T rows.
 
     Attention keeps its probabilities, (B, H, T, T), with the standard kernel,
-    and one log-sum-exp per row, (B, H, T), with the flash kernel."""
+    and one log-sum-exp per row, (B, H, T), with the flash kernel. GELU's
+    output is not kept: the backward writes it again (FusedGPT._gelu_backward)."""
 
     def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, attention: str = "standard",
                  zeros=None):
@@ -264,7 +265,6 @@ class LayerBuffers:
         self.res_mid = z(N, C)                      # residual stream after attention
         self.ln2, self.ln2_mean, self.ln2_rstd = z(N, C), z(N), z(N)
         self.fc = z(N, 4 * C)                       # fc matmul output, bias not yet added
-        self.gelu = z(N, 4 * C)
 
     def nbytes(self) -> int:
         return sum(v.nbytes for v in vars(self).values())
@@ -297,6 +297,7 @@ class StepBuffers:
         self.datty = z(B, T, C)
         self.dqkv = z(B, T, 3 * C)
         self.dgelu = z(N, 4 * C)
+        self.gelu = z(N, 4 * C)                      # GELU's output: forward, then backward
 
     def layer(self, index: int) -> LayerBuffers:
         return self.layer_sets[0 if self.checkpointing else index]
@@ -400,8 +401,8 @@ class FusedGPT:
         self._k("layernorm_forward", A.res_mid, p[pre + "ln2_w"], p[pre + "ln2_b"], LN_EPS,
                 out=A.ln2, mean=A.ln2_mean, rstd=A.ln2_rstd)
         self._k("matmul", A.ln2, p[pre + "fc_w"], out=A.fc)
-        self._k("bias_gelu_forward", A.fc, p[pre + "fc_b"], out=A.gelu)
-        self._k("matmul", A.gelu, p[pre + "fcproj_w"], out=a.proj)
+        self._k("bias_gelu_forward", A.fc, p[pre + "fc_b"], out=a.gelu)
+        self._k("matmul", a.gelu, p[pre + "fcproj_w"], out=a.proj)
         self._k("residual_bias_add", A.res_mid, a.proj, p[pre + "fcproj_b"], out=a.res[i + 1])
 
     def forward(self, ids, targets=None, *, loss_scale: float = 1.0):
@@ -444,17 +445,34 @@ class FusedGPT:
         else:
             later(task, name)
 
+    def _gelu_backward(self, fc, fc_b, dfc_b) -> None:
+        """dgelu becomes the gradient at the fc output (in place), and a.gelu holds
+        GELU's output again, for fcproj's weight gradient. The forward does not
+        keep that output (4C numbers a row, the largest activation of a block).
+        The engine's backward has each element's sigmoid in hand and writes
+        u * sigmoid in the same sweep, with the forward's bits. A replacement
+        backward (use_kernel) writes no such output, so the registered forward
+        runs again; so it does when the forward is the replacement, since the
+        engine's formula need not give that forward's output."""
+        a = self.acts
+        if (KERNELS["bias_gelu_backward"] is _ENGINE_KERNELS["bias_gelu_backward"]
+                and KERNELS["bias_gelu_forward"] is _ENGINE_KERNELS["bias_gelu_forward"]):
+            self._k("bias_gelu_backward", a.dgelu, fc, fc_b, dh=a.dgelu, dbias=dfc_b,
+                    out=a.gelu)
+        else:
+            self._k("bias_gelu_forward", fc, fc_b, out=a.gelu)
+            self._k("bias_gelu_backward", a.dgelu, fc, fc_b, dh=a.dgelu, dbias=dfc_b)
+
     def _block_backward(self, i: int, later=None) -> None:
         p, g, a, A = self.params, self.grads, self.acts, self.acts.layer(i)
         pre = f"h{i}."
         dres = a.dres
         # MLP branch: res[i+1] = res_mid + gelu(ln2 @ fc_w + fc_b) @ fcproj_w + fcproj_b
         self._k("bias_grad", dres, dbias=g[pre + "fcproj_b"])
-        # (dres changes below, so the products that read it run now, never later)
-        self._weight_gradient(pre + "fcproj_w", A.gelu, dres)
         self._k("matmul", dres, p[pre + "fcproj_w"], out=a.dgelu, trans_b=True)
-        self._k("bias_gelu_backward", a.dgelu, A.fc, p[pre + "fc_b"], dh=a.dgelu,
-                dbias=g[pre + "fc_b"])
+        self._gelu_backward(A.fc, p[pre + "fc_b"], g[pre + "fc_b"])    # a.gelu refilled
+        # (dres changes below, so the products that read it run now, never later)
+        self._weight_gradient(pre + "fcproj_w", a.gelu, dres)
         self._weight_gradient(pre + "fc_w", A.ln2, a.dgelu, later)
         self._k("matmul", a.dgelu, p[pre + "fc_w"], out=a.dln, trans_b=True)
         self._k("layernorm_backward", a.dln, A.res_mid, p[pre + "ln2_w"], A.ln2_mean,

@@ -108,11 +108,11 @@ def step_bytes(cfg, batch_size: int, itemsize: int, checkpointing: bool,
                         cfg.n_layer)
     N = B * T
     kept = B * H * T if attention == "flash" else B * H * T * T   # lse rows, or P
-    per_layer = 15 * N * C + 4 * N + kept               # LayerBuffers
+    per_layer = 11 * N * C + 4 * N + kept               # LayerBuffers
     layer_sets = 1 if checkpointing else L
     stream = (L + 1) * N * C
     final = N * C + 2 * N + N * V + N                   # lnf, its mean and rstd, logits, losses
-    scratch = 11 * N * C                                # proj, dres, dln, datty, dqkv, dgelu
+    scratch = 15 * N * C                        # proj, dres, dln, datty, dqkv, dgelu, gelu
     return itemsize * (stream + layer_sets * per_layer + final + scratch)
 
 

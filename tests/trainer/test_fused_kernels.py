@@ -72,6 +72,24 @@ def test_gelu_backward_may_overwrite_its_input_gradient(rng):
     assert np.array_equal(buf, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_backward_writes_the_forwards_output_bit_for_bit(rng, dtype):
+    """Given out=, the backward also writes gelu(h + bias), which the model then
+    need not keep from the forward: the same bits as the forward's, and dh and
+    dbias as without it."""
+    h = (rng.standard_normal((37, 24)) * 3).astype(dtype)
+    bias = rng.standard_normal(24).astype(dtype)
+    dout = rng.standard_normal(h.shape).astype(dtype)
+    forward = F.bias_gelu_forward(h, bias)
+    want_dh, want_dbias = F.bias_gelu_backward(dout, h, bias)
+    out = np.full_like(h, np.nan)
+    dh, dbias = F.bias_gelu_backward(dout, h, bias, out=out)
+    assert np.array_equal(out, forward)
+    assert np.array_equal(dh, want_dh) and np.array_equal(dbias, want_dbias)
+    with pytest.raises(ValueError, match="output out must be a C-contiguous array"):
+        F.bias_gelu_backward(dout, h, bias, out=np.empty((37, 23), dtype))
+
+
 # ------------------------------------------------------------------ attention
 # T = 150: blocks of query rows (attention.ROW_BLOCK = 32: four of 32, then 22)
 @pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32),

@@ -227,6 +227,50 @@ def test_a_plugged_pure_kernel_runs_and_is_reported():
         G.use_kernel("gelu", my_bias_gelu)
 
 
+@pytest.mark.parametrize("replaced", ["bias_gelu_backward", "bias_gelu_forward",
+                                      "both"])
+def test_gelus_output_comes_back_for_the_weight_gradient_whoever_owns_the_kernels(replaced):
+    """The model keeps no GELU output: the engine's backward writes it again,
+    and when either GELU kernel is a replacement the registered forward runs
+    again instead. The gradients are the same either way, and the learner's
+    kernels are the ones that ran."""
+    calls = []
+
+    def my_forward(h, bias):
+        calls.append("forward")
+        u = h + bias
+        return 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3)))
+
+    def my_backward(dout, h, bias):
+        calls.append("backward")
+        u = h + bias
+        t = np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3))
+        slope = 0.5 * (1 + t) + 0.5 * u * (1 - t * t) * np.sqrt(2 / np.pi) * (
+            1 + 3 * 0.044715 * u * u)
+        dh = dout * slope
+        return dh, dh.sum(axis=0)
+
+    params = init_params(CFG, seed=3, dtype=np.float64)
+    x, y = batch(5)
+    model = G.FusedGPT(CFG, 4, params=params, dtype=np.float64)
+    assert not hasattr(model.acts.layer(0), "gelu")            # not kept per block
+    want = grads_of(model, x, y)
+    if replaced in ("bias_gelu_backward", "both"):
+        G.use_kernel("bias_gelu_backward", my_backward, owner="learner")
+    if replaced in ("bias_gelu_forward", "both"):
+        G.use_kernel("bias_gelu_forward", my_forward, owner="learner")
+    try:
+        got = grads_of(G.FusedGPT(CFG, 4, params=params, dtype=np.float64), x, y)
+    finally:
+        G.reset_kernels()
+    # a replaced forward runs twice a block: in the forward, and again in the backward
+    assert calls.count("forward") == (0 if replaced == "bias_gelu_backward" else 2 * CFG.n_layer)
+    assert calls.count("backward") == (0 if replaced == "bias_gelu_forward" else CFG.n_layer)
+    assert got[0] == pytest.approx(want[0], rel=1e-12)
+    for k in want[1]:
+        np.testing.assert_allclose(got[1][k], want[1][k], rtol=1e-9, atol=1e-13)
+
+
 def test_wrong_batch_shape_is_named():
     m = G.FusedGPT(CFG, 4)
     with pytest.raises(ValueError, match=r"laid out for \(B, T\) = \(4, 8\)"):

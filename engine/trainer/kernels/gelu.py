@@ -21,6 +21,13 @@ storing them. With s = sigmoid(2z) and ds/dz = 2 s (1 - s):
 
     dout/du = s + u * 2 s (1 - s) * k (1 + 3 a u^2)
             = s (1 + 2 u (1 - s) k (1 + 3 a u^2))
+
+The output itself need not be kept either. The backward has s in hand, so
+given `out=` it writes u * s there too, one multiply per element: the
+trainer's model keeps h but not GELU's output, which the next product's
+weight gradient reads (engine/trainer/model.py). Both passes compute
+out = u * s from the same expression, so the backward's copy has the
+forward's bits.
 """
 from __future__ import annotations
 
@@ -33,6 +40,13 @@ from ...fast_math import exp
 from ...constants import GELU_A, GELU_K  # one copy for every kernel
 
 
+@row_kernel
+def _sigmoid_2z(u, one, k2, a):
+    """s = sigmoid(2z) = 1 / (1 + exp(-2z)), z = k (u + a u^3): one expression for
+    both passes, so the backward's u * s has the forward's bits."""
+    return one / (one + exp(k2 * (u + a * u * u * u)))
+
+
 @parallel_kernel
 def bias_gelu_forward_kernel(h, bias, out):
     N, F = h.shape
@@ -41,24 +55,27 @@ def bias_gelu_forward_kernel(h, bias, out):
     for n in prange(N):
         for f in range(F):
             u = h[n, f] + bias[f]
-            out[n, f] = u / (one + exp(k2 * (u + a * u * u * u)))      # u * sigmoid(2z)
+            out[n, f] = u * _sigmoid_2z(u, one, k2, a)
 
 
 @row_kernel
-def _slope_times_row(g, hrow, bias, out):
-    """out[f] = g[f] * gelu'(hrow[f] + bias[f]) for one row."""
+def _slope_times_row(g, hrow, bias, out, value):
+    """out[f] = g[f] * gelu'(u) and value[f] = gelu(u) for one row, u = hrow + bias."""
     one, two = hrow.dtype.type(1), hrow.dtype.type(2)
     k, k2 = hrow.dtype.type(GELU_K), hrow.dtype.type(-2 * GELU_K)
     a, a3 = hrow.dtype.type(GELU_A), hrow.dtype.type(3 * GELU_A)
     for f in range(hrow.shape[0]):
         u = hrow[f] + bias[f]
-        s = one / (one + exp(k2 * (u + a * u * u * u)))
+        s = _sigmoid_2z(u, one, k2, a)
+        value[f] = u * s
         out[f] = g[f] * (s * (one + two * u * (one - s) * k * (one + a3 * u * u)))
 
 
 @parallel_kernel
-def bias_gelu_backward_kernel(dout, h, bias, dh, dbias):
+def bias_gelu_backward_kernel(dout, h, bias, dh, dbias, value):
+    """value: (N, F) to receive gelu(h + bias) as well, or (0, F) for no copy."""
     N, F = h.shape
+    keep = value.shape[0] == N
     chunk = (N + REDUCE_CHUNKS - 1) // REDUCE_CHUNKS
     part = np.zeros((REDUCE_CHUNKS, F), h.dtype)
     for c in prange(REDUCE_CHUNKS):
@@ -67,9 +84,9 @@ def bias_gelu_backward_kernel(dout, h, bias, dh, dbias):
         # also read cannot be vectorised (the compiler must assume they overlap);
         # one that writes into its own scratch can. Measured, one thread, (1024, 512)
         # float32 in place: 7.4 ms writing dh directly, 0.97 ms through the row.
-        row = np.empty(F, h.dtype)
+        row, unkept = np.empty(F, h.dtype), np.empty(F, h.dtype)
         for n in range(c * chunk, min(N, (c + 1) * chunk)):
-            _slope_times_row(dout[n], h[n], bias, row)
+            _slope_times_row(dout[n], h[n], bias, row, value[n] if keep else unkept)
             for f in range(F):
                 dh[n, f] = row[f]
                 part[c, f] += row[f]
@@ -93,8 +110,10 @@ def bias_gelu_forward(h, bias, *, out=None):
     return out
 
 
-def bias_gelu_backward(dout, h, bias, *, dh=None, dbias=None):
-    """dh = dout * gelu'(h + bias) (written); dbias is *added into*. Returns (dh, dbias)."""
+def bias_gelu_backward(dout, h, bias, *, dh=None, dbias=None, out=None):
+    """dh = dout * gelu'(h + bias) (written); dbias is *added into*; given out,
+    gelu(h + bias) is written there too, the same bits as bias_gelu_forward's.
+    Returns (dh, dbias)."""
     name = "bias_gelu_backward"
     dtype = float_dtype(name, dout, h, bias)
     F = bias.shape[0]
@@ -104,5 +123,7 @@ def bias_gelu_backward(dout, h, bias, *, dh=None, dbias=None):
         raise ValueError(f"{name}: dout has shape {dout.shape}, h has {h.shape}; they must match")
     dh = output(name, "dh", dh, h.shape, dtype)
     dbias = output(name, "dbias", dbias, (F,), dtype)
-    bias_gelu_backward_kernel(dout2, h2, bias, dh.reshape(h2.shape), dbias)
+    value = (np.empty((0, F), dtype) if out is None
+             else output(name, "out", out, h.shape, dtype).reshape(h2.shape))
+    bias_gelu_backward_kernel(dout2, h2, bias, dh.reshape(h2.shape), dbias, value)
     return dh, dbias
