@@ -383,10 +383,11 @@ else:
 # That is lesson 10's save-or-recompute question, answered for a whole tensor. (When the
 # GELU forward in the registry is yours, the backward runs your kernel again instead, so the
 # gradient is taken through the very output your forward produced.)
-# They differ on the FLOPs: the budget counts attention over the full T × T square, as the
-# tape engine computes it, while the fused kernel skips the masked half; MFU is quoted
-# with the budget's count, the convention (skipping work is the kernel's gain, not the
-# model's). An MFU of a few tens of percent is normal for a model this small: much of its
+#
+# The budget and the model differ on the FLOPs: the budget counts attention over the full
+# T × T square, as the tape engine computes it, while the fused kernel skips the masked
+# half; MFU is quoted with the budget's count, the convention (skipping work is the
+# kernel's gain, not the model's). An MFU of a few tens of percent is normal for a model this small: much of its
 # time goes to the memory-bound kernels of lesson 10, to attention, and to Python between
 # kernels, none of which run at the matmul rate.
 #
