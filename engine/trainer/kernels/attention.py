@@ -51,7 +51,9 @@ caller has: one after another (`..._serial`: every model replica of the
 trainer's default runs on one thread), or in parallel (`..._parallel`, a
 `prange` over the pairs, for `--thread-mode kernels`; each pair then has its
 own scratch). The pairs are independent and each is computed by the same
-code, so both builds give the same bits.
+code, so both builds give the same bits. The one-thread builds also ask for
+the next block's rows ahead of time (`_prefetch.py` says why and what it
+bought); that is a hint to the caches, and changes no number.
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ import numpy as np
 from . import threads
 from ._buffers import float_dtype, output
 from .register_tiles import tile_gemm
+from ._prefetch import prefetch_rows
 from ._lanes import LANES, row_dot, row_max, row_sum
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
@@ -132,6 +135,35 @@ def _head_views(m, b, h, T, hs, C):
 
 
 @row_kernel
+def _next_pair(task, B, H):
+    """(batch, head) of the pair after pair number `task` of B * H, or (-1, 0)
+    after the last: whose rows the one-thread builds ask for in advance."""
+    if task + 1 >= B * H:
+        return -1, 0
+    return (task + 1) // H, (task + 1) % H
+
+
+@row_kernel
+def _next_block(b, h, r1, T, nb, nh):
+    """(batch, head, first row, end row) of the block of query rows after the one
+    ending at r1 of pair (b, h): the pair's own next block, or the first block of
+    pair (nb, nh) (batch -1: there is none)."""
+    if r1 < T:
+        return b, h, r1, min(r1 + ROW_BLOCK, T)
+    return nb, nh, 0, min(ROW_BLOCK, T)
+
+
+@row_kernel
+def _prefetch_parts(m, b, h, T, hs, C, first, last, r0, r1):
+    """Ask for rows r0 ... r1-1 of head h's slices of batch b in m, (B*T, C) or
+    (B*T, 3C), in parts first ... last-1 (0, 1, 2: Q, K, V); nothing if b < 0."""
+    if b >= 0:
+        rows = m[b * T:(b + 1) * T]
+        for part in range(first, last):
+            prefetch_rows(rows[:, part * C + h * hs:part * C + (h + 1) * hs], r0, r1)
+
+
+@row_kernel
 def _block_dims(qkv, per_head):
     """(B, H, T, C, hs, one, scale) of a one-thread build's call: per_head is probs
     (B, H, T, T) or lse (B, H, T)."""
@@ -168,10 +200,12 @@ def _row_width(i, r1):
 
 
 @row_kernel
-def _head_forward(qkv, y, probs, b, h, kt):
+def _head_forward(qkv, y, probs, b, h, kt, nb, nh):
     """One (batch, head) pair, block of query rows by block: S = scale Q K^T and
     Y = P V as tile products on the keys the block can see; P into probs[b, h]
-    and Y into y. Scratch: kt, (hs, T), for K^T."""
+    and Y into y. Scratch: kt, (hs, T), for K^T. Each block asks for the next
+    block's rows of Q, and for the same rows of pair (nb, nh)'s K and V, which
+    that pair reads whole before its first block (none if nb < 0)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
     _transpose_into(k, kt)
@@ -179,6 +213,9 @@ def _head_forward(qkv, y, probs, b, h, kt):
     p = probs[b, h]
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
+        _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
+        pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
+        _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
         tile_gemm(q[r0:r1], kt[:, :r1], p[r0:r1, :r1], float(scale), 0.0)
         for i in range(r0, r1):
             _softmax_causal_row(p[i], i, _row_width(i, r1), r1)
@@ -186,10 +223,12 @@ def _head_forward(qkv, y, probs, b, h, kt):
 
 
 @row_kernel
-def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt):
+def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt, nb, nh):
     """The backward of one pair, block of query rows by block: dP = dY V^T, dS,
     then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the keys the block
-    saw. Scratch: ds, (ROW_BLOCK, T), and vt, (hs, T), for V^T."""
+    saw. Scratch: ds, (ROW_BLOCK, T), and vt, (hs, T), for V^T. Each block asks
+    for the next block's rows of Q, dY and P, and for the same rows of pair
+    (nb, nh)'s K and V (as the forward)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
     dq, dk, dv = _head_views(dqkv, b, h, T, hs, C)
@@ -201,6 +240,12 @@ def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt):
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
         d = ds[:r1 - r0, :r1]
+        _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
+        pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
+        _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
+        _prefetch_parts(dy, pb, ph, T, hs, C, 0, 1, s0, s1)
+        if pb >= 0:
+            prefetch_rows(probs[pb, ph][:, :s1], s0, s1)
         tile_gemm(g[r0:r1], vt[:, :r1], d, 1.0, 0.0)                     # dP = dY V^T
         for t in range(r0, r1):                                          # dS, in place
             _softmax_backward_row(p[t], d[t - r0], row_dot(p[t], d[t - r0], t + 1), r1, scale)
@@ -211,25 +256,25 @@ def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt):
 def attention_forward_serial(qkv, y, probs):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     kt = _scratch(hs, T, qkv)
-    for b in range(B):
-        for h in range(H):
-            _head_forward(qkv, y, probs, b, h, kt)
+    for task in range(B * H):
+        nb, nh = _next_pair(task, B, H)
+        _head_forward(qkv, y, probs, task // H, task % H, kt, nb, nh)
 
 
 @kernel
 def attention_backward_serial(dy, qkv, probs, dqkv):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     ds, vt = _scratch(min(ROW_BLOCK, T), T, qkv), _scratch(hs, T, qkv)
-    for b in range(B):
-        for h in range(H):
-            _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt)
+    for task in range(B * H):
+        nb, nh = _next_pair(task, B, H)
+        _head_backward(dy, qkv, probs, dqkv, task // H, task % H, ds, vt, nb, nh)
 
 
 @parallel_only_kernel
 def attention_forward_parallel(qkv, y, probs):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     for task in prange(B * H):                  # every (batch, head) pair is independent
-        _head_forward(qkv, y, probs, task // H, task % H, _scratch(hs, T, qkv))
+        _head_forward(qkv, y, probs, task // H, task % H, _scratch(hs, T, qkv), -1, 0)
 
 
 @parallel_only_kernel
@@ -237,7 +282,7 @@ def attention_backward_parallel(dy, qkv, probs, dqkv):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     for task in prange(B * H):
         _head_backward(dy, qkv, probs, dqkv, task // H, task % H,
-                       _scratch(min(ROW_BLOCK, T), T, qkv), _scratch(hs, T, qkv))
+                       _scratch(min(ROW_BLOCK, T), T, qkv), _scratch(hs, T, qkv), -1, 0)
 
 
 def _check_qkv(kernel_name, qkv, n_head):

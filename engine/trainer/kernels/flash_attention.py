@@ -46,17 +46,19 @@ from . import threads
 from ._buffers import float_dtype, output
 from ._lanes import row_dot
 from .attention import (ROW_BLOCK, _block_dims, _block_gradients, _check_qkv, _exp_causal_row,
-                        _head_views, _row_width, _scratch, _softmax_backward_row,
-                        _transpose_into)
+                        _head_views, _next_block, _next_pair, _prefetch_parts, _row_width, _scratch,
+                        _softmax_backward_row, _transpose_into)
 from .register_tiles import tile_gemm
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
 
 
 @row_kernel
-def _pair_forward(qkv, y, lse, b, h, s, inv, kt):
+def _pair_forward(qkv, y, lse, b, h, s, inv, kt, nb, nh):
     """One (batch, head) pair, block of query rows by block. Scratch: s, (ROW_BLOCK, T),
-    for a block's exponentials; inv, (ROW_BLOCK,), for its row sums; kt, (hs, T), K^T."""
+    for a block's exponentials; inv, (ROW_BLOCK,), for its row sums; kt, (hs, T), K^T.
+    Each block asks for the next block's rows of Q and the same rows of pair (nb, nh)'s
+    K and V (attention._head_forward says why)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
     _transpose_into(k, kt)
@@ -64,6 +66,9 @@ def _pair_forward(qkv, y, lse, b, h, s, inv, kt):
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
         e = s[:r1 - r0, :r1]
+        _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
+        pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
+        _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
         tile_gemm(q[r0:r1], kt[:, :r1], e, float(scale), 0.0)           # S
         for i in range(r0, r1):
             m, total = _exp_causal_row(s[i - r0], i, _row_width(i, r1), r1)
@@ -76,11 +81,12 @@ def _pair_forward(qkv, y, lse, b, h, s, inv, kt):
 
 
 @row_kernel
-def _pair_backward(dy, qkv, y, lse, dqkv, b, h, sp, sd, kt, vt):
+def _pair_backward(dy, qkv, y, lse, dqkv, b, h, sp, sd, kt, vt, nb, nh):
     """The backward of one pair, block of query rows by block: S again, P = exp(S -
     lse), dP = dY V^T, dS = scale P (dP - D) with D_i = dy_i . y_i, then dQ = dS K,
     dK += dS^T Q, dV += P^T dY. Scratch: sp and sd, (ROW_BLOCK, T), for P and dP
-    (then dS); kt and vt, (hs, T), for K^T and V^T."""
+    (then dS); kt and vt, (hs, T), for K^T and V^T. Each block asks for the next
+    block's rows of Q, dY and Y and the same rows of pair (nb, nh)'s K and V."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
     _transpose_into(k, kt)
@@ -93,6 +99,11 @@ def _pair_backward(dy, qkv, y, lse, dqkv, b, h, sp, sd, kt, vt):
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
         p, d = sp[:r1 - r0, :r1], sd[:r1 - r0, :r1]
+        _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
+        pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
+        _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
+        _prefetch_parts(dy, pb, ph, T, hs, C, 0, 1, s0, s1)
+        _prefetch_parts(y, pb, ph, T, hs, C, 0, 1, s0, s1)
         tile_gemm(q[r0:r1], kt[:, :r1], p, float(scale), 0.0)           # S again
         for i in range(r0, r1):                                         # P
             row, row_lse = sp[i - r0], lse[b, h, i]
@@ -112,9 +123,9 @@ def flash_forward_blocked(qkv, y, lse):
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     rows = min(ROW_BLOCK, T)
     s, inv, kt = _scratch(rows, T, qkv), np.empty(rows, qkv.dtype), _scratch(hs, T, qkv)
-    for b in range(B):
-        for h in range(H):
-            _pair_forward(qkv, y, lse, b, h, s, inv, kt)
+    for task in range(B * H):
+        nb, nh = _next_pair(task, B, H)
+        _pair_forward(qkv, y, lse, task // H, task % H, s, inv, kt, nb, nh)
 
 
 @kernel
@@ -123,9 +134,9 @@ def flash_backward_blocked(dy, qkv, y, lse, dqkv):
     rows = min(ROW_BLOCK, T)
     sp, sd = _scratch(rows, T, qkv), _scratch(rows, T, qkv)
     kt, vt = _scratch(hs, T, qkv), _scratch(hs, T, qkv)
-    for b in range(B):
-        for h in range(H):
-            _pair_backward(dy, qkv, y, lse, dqkv, b, h, sp, sd, kt, vt)
+    for task in range(B * H):
+        nb, nh = _next_pair(task, B, H)
+        _pair_backward(dy, qkv, y, lse, dqkv, task // H, task % H, sp, sd, kt, vt, nb, nh)
 
 
 @parallel_only_kernel
@@ -134,7 +145,7 @@ def flash_forward_parallel(qkv, y, lse):
     rows = min(ROW_BLOCK, T)
     for task in prange(B * H):                  # every (batch, head) pair is independent
         _pair_forward(qkv, y, lse, task // H, task % H, _scratch(rows, T, qkv),
-                      np.empty(rows, qkv.dtype), _scratch(hs, T, qkv))
+                      np.empty(rows, qkv.dtype), _scratch(hs, T, qkv), -1, 0)
 
 
 @parallel_only_kernel
@@ -143,7 +154,8 @@ def flash_backward_parallel(dy, qkv, y, lse, dqkv):
     rows = min(ROW_BLOCK, T)
     for task in prange(B * H):
         _pair_backward(dy, qkv, y, lse, dqkv, task // H, task % H, _scratch(rows, T, qkv),
-                       _scratch(rows, T, qkv), _scratch(hs, T, qkv), _scratch(hs, T, qkv))
+                       _scratch(rows, T, qkv), _scratch(hs, T, qkv), _scratch(hs, T, qkv),
+                       -1, 0)
 
 
 def flash_attention_forward(qkv, n_head, *, out=None, lse=None):
