@@ -90,6 +90,38 @@ def test_gelu_backward_writes_the_forwards_output_bit_for_bit(rng, dtype):
         F.bias_gelu_backward(dout, h, bias, out=np.empty((37, 23), dtype))
 
 
+# Pre-activations far below zero: from about -10.3 down (in float32) the sigmoid
+# inside GELU would be a subnormal number, which CPUs compute many times slower.
+VERY_NEGATIVE = [-1e4, -200.0, -50.0, -20.0, -10.4, -10.3, -10.2, -9.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelus_sigmoid_never_becomes_subnormal(dtype):
+    from engine.trainer.kernels.gelu import GELU_A, GELU_K, _sigmoid_2z
+    tiny = np.finfo(dtype).tiny
+    one, k2, a = dtype(1), dtype(-2 * GELU_K), dtype(GELU_A)
+    for u in VERY_NEGATIVE + [-1e30, -1.0, 0.0, 3.0]:
+        s = _sigmoid_2z(dtype(u), one, k2, a)
+        assert tiny <= s <= 1, (u, s)
+    assert _sigmoid_2z(dtype(1e4), one, k2, a) == 1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_far_below_zero_still_equals_reference(rng, dtype):
+    """Where the sigmoid is held at the smallest normal number, GELU's output and
+    gradient stay within 1e-25 of the reference's, which are zero there (its
+    1 + tanh(z) rounds to zero), as the exact values are (below 4e-27 here)."""
+    h = np.array([VERY_NEGATIVE[1:]] * 3, dtype)
+    bias = np.zeros(h.shape[1], dtype)
+    dout = rng.standard_normal(h.shape).astype(dtype)
+    out = F.bias_gelu_forward(h, bias)
+    dh, dbias = F.bias_gelu_backward(dout, h, bias)
+    u = h.astype(np.float64)
+    assert np.abs(out - ref.gelu(u)).max() < 1e-25
+    assert np.abs(dh - dout * ref.gelu_grad(u)).max() < 1e-25
+    assert np.isfinite(dbias).all()
+
+
 # ------------------------------------------------------------------ attention
 # T = 150: blocks of query rows (attention.ROW_BLOCK = 32: four of 32, then 22)
 @pytest.mark.parametrize("B,T,H,C", [(2, 7, 2, 6), (1, 33, 3, 12), (2, 16, 4, 32),
