@@ -29,7 +29,10 @@ Measures, in one run (per shape, with --shapes):
   products run alone;
 * where the time goes, kernel by kernel, and outside the kernels (Python
   between kernels, replicas waiting for each other and summing gradients,
-  clipping and AdamW);
+  clipping and AdamW); then, in a pass of its own, each call that can run
+  twice (its outputs written, not added into, from inputs it leaves alone)
+  timed as called and once more at once: what the call pays for finding its
+  data where the rest of the step left it, against its data in the caches;
 * activation_bytes: the bytes of the buffers the step keeps from forward to
   backward (all replicas), attention's share apart (--attention chooses the
   kernel: standard keeps (B, H, T, T) probabilities, flash (B, H, T) numbers).
@@ -362,6 +365,7 @@ def _measure(cfg, batch_size, steps, warmup, torch_reason, torch_attention, n_th
             twin.close()
     t_ours = timing["ours"]
     per_kernel, prof_wall, rest, matmul_ms = _profile(model, ours, phase_s, steps, warmup)
+    again = _profile_again(model, ours, steps, warmup)
 
     gemm_alone = sgemm_rate(cfg, B, T, dtype, replicas)
     model.close()
@@ -373,6 +377,7 @@ def _measure(cfg, batch_size, steps, warmup, torch_reason, torch_attention, n_th
     report = _report(cfg, B, T, setup, t_ours, first_step, cache, gemm_alone, matmul_ms,
                      per_kernel, prof_wall, rest, replicas, torch_reason)
     report.update(kept)
+    report["again_ms"] = again
     report["ours"]["wait_ms_per_step"] = timing["wait_s"] / len(t_ours) * 1e3
     report["ours"]["alone"] = _spread(timing["ours_alone"])
     report["ours"]["spread"] = _spread(t_ours)
@@ -552,6 +557,21 @@ def _profile(model, ours, phase_s, steps, warmup):
     return per_kernel, prof_wall, rest, matmul_ms
 
 
+def _profile_again(model, ours, steps, warmup) -> dict:
+    """Per kernel, over its calls that can run twice (model._can_run_twice): ms as
+    called in the step and ms run again at once, its data then in the caches.
+    A pass of its own: the second runs warm the caches for the next kernel."""
+    model.profile, model.profile_again = {}, {}
+    n_prof = max(3, steps // 4)
+    for i in range(n_prof):
+        ours(1 + i % warmup if warmup else 0)
+    again = {name: {"as_called_ms": first / n_prof * 1e3, "again_ms": second / n_prof * 1e3}
+             for name, (first, second) in sorted(model.profile_again.items(),
+                                                 key=lambda kv: -kv[1][0])}
+    model.profile = model.profile_again = None
+    return again
+
+
 def _kib_or_mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
@@ -624,6 +644,13 @@ def format_profile(r: dict) -> list[str]:
         lines.append(f"  {name:24}{ms:8.2f} ms  {ms / total:6.1%} of the kernels")
     for name, ms in r["outside_kernels_ms"].items():
         lines.append(f"  {name}: {ms:.2f} ms")
+    again = r.get("again_ms")
+    if again:
+        lines += ["", "the calls that can run twice, as called in the step and again at once "
+                  "(their data then in the caches):"]
+        for name, t in again.items():
+            lines.append(f"  {name:24}{t['as_called_ms']:8.2f} ms  again {t['again_ms']:6.2f} ms"
+                         f"  {t['as_called_ms'] / t['again_ms']:5.2f}x")
     return lines
 
 

@@ -200,6 +200,14 @@ class ThreadReplicas:
     def profile(self, value):
         self.replicas[0].profile = value
 
+    @property
+    def profile_again(self):
+        return self.replicas[0].profile_again
+
+    @profile_again.setter
+    def profile_again(self, value):
+        self.replicas[0].profile_again = value
+
     def zero_grad(self) -> None:
         for m in self.replicas:
             m.zero_grad()

@@ -23,6 +23,8 @@ def test_report_without_torch_has_every_number():
     assert r["compile"]["first_step_s"] > 0
     text = bench.format_report(r)
     assert "PyTorch comparison skipped" in text and "where the time goes" in text
+    assert r["again_ms"]["matmul"]["again_ms"] > 0
+    assert "again at once" in text and "layernorm_forward" in r["again_ms"]
     if r["compile"].get("page_faults") is not None:       # where the OS counts them
         assert f"{r['compile']['page_faults']:,} page faults" in text
     if r["compile"].get("newly_resident_bytes") is not None:
