@@ -79,7 +79,10 @@ def _exp_float32(x):
     # exp(x) = 2**n * exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2;
     # exp(r) from a degree-7 polynomial (Cephes' expf coefficients), each
     # Horner step one fused multiply-add.
-    x = min(max(x, np.float32(-87.0)), np.float32(88.0))   # keep 2**n a normal float
+    # Held to [-87, 87]: 2**n stays a normal float, and so does 1 / (1 + exp(x)),
+    # the sigmoid GELU computes (below 1 / (1 + exp(87)) = 1.6e-38 lie the
+    # subnormal numbers, which CPUs compute many times slower; see GELU's kernel).
+    x = min(max(x, np.float32(-87.0)), np.float32(87.0))
     n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
     r = fma(n, np.float32(2.12194440e-4), fma(n, np.float32(-0.693359375), x))
     p = np.float32(1.9875691500e-4)
