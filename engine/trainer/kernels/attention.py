@@ -164,6 +164,18 @@ def _prefetch_parts(m, b, h, T, hs, C, first, last, r0, r1):
 
 
 @row_kernel
+def _prefetch_ahead(qkv, b, h, T, hs, C, r0, r1, nb, nh):
+    """What every block of pair (b, h), rows r0 ... r1-1, asks for: the same rows
+    of the next pair (nb, nh)'s K and V, which that pair transposes whole before
+    its first block, and the next block's rows of Q. Returns the next block,
+    (batch, head, first row, end row), for the caller's own rows (dY, P, Y)."""
+    _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
+    pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
+    _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
+    return pb, ph, s0, s1
+
+
+@row_kernel
 def _block_dims(qkv, per_head):
     """(B, H, T, C, hs, one, scale) of a one-thread build's call: per_head is probs
     (B, H, T, T) or lse (B, H, T)."""
@@ -203,9 +215,8 @@ def _row_width(i, r1):
 def _head_forward(qkv, y, probs, b, h, kt, nb, nh):
     """One (batch, head) pair, block of query rows by block: S = scale Q K^T and
     Y = P V as tile products on the keys the block can see; P into probs[b, h]
-    and Y into y. Scratch: kt, (hs, T), for K^T. Each block asks for the next
-    block's rows of Q, and for the same rows of pair (nb, nh)'s K and V, which
-    that pair reads whole before its first block (none if nb < 0)."""
+    and Y into y. Scratch: kt, (hs, T), for K^T. Each block asks for rows ahead
+    (`_prefetch_ahead`; (nb, nh) is the next pair, nb < 0 for none)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
     _transpose_into(k, kt)
@@ -213,9 +224,7 @@ def _head_forward(qkv, y, probs, b, h, kt, nb, nh):
     p = probs[b, h]
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
-        _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
-        pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
-        _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
+        _prefetch_ahead(qkv, b, h, T, hs, C, r0, r1, nb, nh)
         tile_gemm(q[r0:r1], kt[:, :r1], p[r0:r1, :r1], float(scale), 0.0)
         for i in range(r0, r1):
             _softmax_causal_row(p[i], i, _row_width(i, r1), r1)
@@ -227,8 +236,7 @@ def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt, nb, nh):
     """The backward of one pair, block of query rows by block: dP = dY V^T, dS,
     then dQ = dS K, and dK += dS^T Q, dV += P^T dY over the keys the block
     saw. Scratch: ds, (ROW_BLOCK, T), and vt, (hs, T), for V^T. Each block asks
-    for the next block's rows of Q, dY and P, and for the same rows of pair
-    (nb, nh)'s K and V (as the forward)."""
+    for rows ahead as the forward's, and for the next block's rows of dY and P."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
     dq, dk, dv = _head_views(dqkv, b, h, T, hs, C)
@@ -240,9 +248,7 @@ def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt, nb, nh):
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
         d = ds[:r1 - r0, :r1]
-        _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
-        pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
-        _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
+        pb, ph, s0, s1 = _prefetch_ahead(qkv, b, h, T, hs, C, r0, r1, nb, nh)
         _prefetch_parts(dy, pb, ph, T, hs, C, 0, 1, s0, s1)
         if pb >= 0:
             prefetch_rows(probs[pb, ph][:, :s1], s0, s1)

@@ -46,8 +46,8 @@ from . import threads
 from ._buffers import float_dtype, output
 from ._lanes import row_dot
 from .attention import (ROW_BLOCK, _block_dims, _block_gradients, _check_qkv, _exp_causal_row,
-                        _head_views, _next_block, _next_pair, _prefetch_parts, _row_width, _scratch,
-                        _softmax_backward_row, _transpose_into)
+                        _head_views, _next_pair, _prefetch_ahead, _prefetch_parts, _row_width,
+                        _scratch, _softmax_backward_row, _transpose_into)
 from .register_tiles import tile_gemm
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
@@ -57,8 +57,7 @@ from ...fast_math import exp
 def _pair_forward(qkv, y, lse, b, h, s, inv, kt, nb, nh):
     """One (batch, head) pair, block of query rows by block. Scratch: s, (ROW_BLOCK, T),
     for a block's exponentials; inv, (ROW_BLOCK,), for its row sums; kt, (hs, T), K^T.
-    Each block asks for the next block's rows of Q and the same rows of pair (nb, nh)'s
-    K and V (attention._head_forward says why)."""
+    Each block asks for rows ahead (attention._prefetch_ahead; (nb, nh) the next pair)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
     _transpose_into(k, kt)
@@ -66,9 +65,7 @@ def _pair_forward(qkv, y, lse, b, h, s, inv, kt, nb, nh):
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
         e = s[:r1 - r0, :r1]
-        _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
-        pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
-        _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
+        _prefetch_ahead(qkv, b, h, T, hs, C, r0, r1, nb, nh)
         tile_gemm(q[r0:r1], kt[:, :r1], e, float(scale), 0.0)           # S
         for i in range(r0, r1):
             m, total = _exp_causal_row(s[i - r0], i, _row_width(i, r1), r1)
@@ -85,8 +82,8 @@ def _pair_backward(dy, qkv, y, lse, dqkv, b, h, sp, sd, kt, vt, nb, nh):
     """The backward of one pair, block of query rows by block: S again, P = exp(S -
     lse), dP = dY V^T, dS = scale P (dP - D) with D_i = dy_i . y_i, then dQ = dS K,
     dK += dS^T Q, dV += P^T dY. Scratch: sp and sd, (ROW_BLOCK, T), for P and dP
-    (then dS); kt and vt, (hs, T), for K^T and V^T. Each block asks for the next
-    block's rows of Q, dY and Y and the same rows of pair (nb, nh)'s K and V."""
+    (then dS); kt and vt, (hs, T), for K^T and V^T. Each block asks for rows ahead
+    as the forward's, and for the next block's rows of dY and Y."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, lse)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
     _transpose_into(k, kt)
@@ -99,9 +96,7 @@ def _pair_backward(dy, qkv, y, lse, dqkv, b, h, sp, sd, kt, vt, nb, nh):
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
         p, d = sp[:r1 - r0, :r1], sd[:r1 - r0, :r1]
-        _prefetch_parts(qkv, nb, nh, T, hs, C, 1, 3, r0, r1)
-        pb, ph, s0, s1 = _next_block(b, h, r1, T, nb, nh)
-        _prefetch_parts(qkv, pb, ph, T, hs, C, 0, 1, s0, s1)
+        pb, ph, s0, s1 = _prefetch_ahead(qkv, b, h, T, hs, C, r0, r1, nb, nh)
         _prefetch_parts(dy, pb, ph, T, hs, C, 0, 1, s0, s1)
         _prefetch_parts(y, pb, ph, T, hs, C, 0, 1, s0, s1)
         tile_gemm(q[r0:r1], kt[:, :r1], p, float(scale), 0.0)           # S again
