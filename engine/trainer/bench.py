@@ -532,17 +532,23 @@ def _spread(times) -> dict:
             "p75": float(np.percentile(ms, 75))}
 
 
+def _profiled_steps(ours, steps, warmup) -> tuple[int, float]:
+    """Run the profiling passes' steps (a quarter of --steps, at least 3, on the
+    warm-up batches); returns (how many, seconds per step)."""
+    n_prof = max(3, steps // 4)
+    t0 = time.perf_counter()
+    for i in range(n_prof):
+        ours(1 + i % warmup if warmup else 0)
+    return n_prof, (time.perf_counter() - t0) / n_prof
+
+
 def _profile(model, ours, phase_s, steps, warmup):
     """Per-kernel ms over separate steps (timing each call costs a little), and
     where the rest of the step went."""
     model.profile = {}
     for key in phase_s:
         phase_s[key] = 0.0
-    n_prof = max(3, steps // 4)
-    t0 = time.perf_counter()
-    for i in range(n_prof):
-        ours(1 + i % warmup if warmup else 0)
-    prof_wall = (time.perf_counter() - t0) / n_prof
+    n_prof, prof_wall = _profiled_steps(ours, steps, warmup)
     per_kernel = {k: v / n_prof * 1e3 for k, v in
                   sorted(model.profile.items(), key=lambda kv: -kv[1])}
     model.profile = None
@@ -562,9 +568,7 @@ def _profile_again(model, ours, steps, warmup) -> dict:
     called in the step and ms run again at once, its data then in the caches.
     A pass of its own: the second runs warm the caches for the next kernel."""
     model.profile, model.profile_again = {}, {}
-    n_prof = max(3, steps // 4)
-    for i in range(n_prof):
-        ours(1 + i % warmup if warmup else 0)
+    n_prof, _ = _profiled_steps(ours, steps, warmup)
     again = {name: {"as_called_ms": first / n_prof * 1e3, "again_ms": second / n_prof * 1e3}
              for name, (first, second) in sorted(model.profile_again.items(),
                                                  key=lambda kv: -kv[1][0])}

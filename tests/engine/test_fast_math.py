@@ -71,7 +71,6 @@ def test_float32_exp_matches_numpy_in_process():
     assert np.all(np.abs(t - want) <= 3e-7 * np.abs(want) + 1e-30)
 
 
-
 def test_float32_exp_saturates_where_its_reciprocal_would_turn_subnormal():
     """Above 87 the float32 exp holds at exp(87) (never inf), so 1 / (1 + exp(x))
     stays at least the smallest normal float32: no kernel built on it (GELU's
