@@ -63,6 +63,7 @@ from . import threads
 from ._buffers import float_dtype, output
 from .register_tiles import tile_gemm
 from ._prefetch import prefetch_rows
+from ._streaming import stream_fence, stream_row
 from ._lanes import LANES, row_dot, row_max, row_sum
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
@@ -212,10 +213,12 @@ def _row_width(i, r1):
 
 
 @row_kernel
-def _head_forward(qkv, y, probs, b, h, kt, nb, nh):
+def _head_forward(qkv, y, probs, b, h, kt, sp, nb, nh):
     """One (batch, head) pair, block of query rows by block: S = scale Q K^T and
-    Y = P V as tile products on the keys the block can see; P into probs[b, h]
-    and Y into y. Scratch: kt, (hs, T), for K^T. Each block asks for rows ahead
+    Y = P V as tile products on the keys the block can see; Y into y. Scratch:
+    kt, (hs, T), for K^T, and sp, (ROW_BLOCK, T), where a block's S becomes its
+    P in the caches; its rows then stream into probs[b, h] (`_streaming.py`:
+    only the backward reads them, long after). Each block asks for rows ahead
     (`_prefetch_ahead`; (nb, nh) is the next pair, nb < 0 for none)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     q, k, v = _head_views(qkv, b, h, T, hs, C)
@@ -225,10 +228,14 @@ def _head_forward(qkv, y, probs, b, h, kt, nb, nh):
     for r0 in range(0, T, ROW_BLOCK):
         r1 = min(r0 + ROW_BLOCK, T)
         _prefetch_ahead(qkv, b, h, T, hs, C, r0, r1, nb, nh)
-        tile_gemm(q[r0:r1], kt[:, :r1], p[r0:r1, :r1], float(scale), 0.0)
+        s = sp[:r1 - r0, :r1]
+        tile_gemm(q[r0:r1], kt[:, :r1], s, float(scale), 0.0)
         for i in range(r0, r1):
-            _softmax_causal_row(p[i], i, _row_width(i, r1), r1)
-        tile_gemm(p[r0:r1, :r1], v[:r1], yh[r0:r1], 1.0, 0.0)
+            _softmax_causal_row(s[i - r0], i, _row_width(i, r1), r1)
+        tile_gemm(s, v[:r1], yh[r0:r1], 1.0, 0.0)
+        for i in range(r0, r1):
+            stream_row(s[i - r0], p[i, :r1])
+    stream_fence()
 
 
 @row_kernel
@@ -261,10 +268,10 @@ def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt, nb, nh):
 @kernel
 def attention_forward_serial(qkv, y, probs):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
-    kt = _scratch(hs, T, qkv)
+    kt, sp = _scratch(hs, T, qkv), _scratch(min(ROW_BLOCK, T), T, qkv)
     for task in range(B * H):
         nb, nh = _next_pair(task, B, H)
-        _head_forward(qkv, y, probs, task // H, task % H, kt, nb, nh)
+        _head_forward(qkv, y, probs, task // H, task % H, kt, sp, nb, nh)
 
 
 @kernel
@@ -280,7 +287,8 @@ def attention_backward_serial(dy, qkv, probs, dqkv):
 def attention_forward_parallel(qkv, y, probs):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     for task in prange(B * H):                  # every (batch, head) pair is independent
-        _head_forward(qkv, y, probs, task // H, task % H, _scratch(hs, T, qkv), -1, 0)
+        _head_forward(qkv, y, probs, task // H, task % H, _scratch(hs, T, qkv),
+                      _scratch(min(ROW_BLOCK, T), T, qkv), -1, 0)
 
 
 @parallel_only_kernel
