@@ -17,6 +17,9 @@ elements are copied with ordinary stores.
 
 Streamed lines leave the caches, so streaming suits buffers nobody reads
 soon; a buffer the next kernel reads would then come back from memory.
+Measured inside the tiny GPT's step: streaming the residual adds' output,
+which the next LayerNorm reads at once, made the adds 1.15x faster and that
+LayerNorm 0.85x, a wash.
 
 Streaming stores are weakly ordered: another core may see them late. A
 kernel that streams calls `stream_fence()` before it returns (`sfence` on

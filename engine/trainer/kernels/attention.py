@@ -46,6 +46,14 @@ interleaved in one process, median of 7), ms for 16 / 32 / 64 / 128 rows:
 32 rows were the fastest or within 1% of it at T = 128, 256, 512 and 1024
 for both kernels.
 
+P goes to memory past the caches. A block's S is computed, and becomes P,
+in a scratch block that stays in the first-level cache; Y = P V reads it
+there, and its rows then stream into `probs` (`_streaming.py`), which only
+the backward reads, much later. Ordinary stores would first read every line
+of P from memory (a read for ownership), 2 MiB a layer at the tiny GPT's
+shape: streamed, the forward ran 1.11x faster inside the tiny step and
+1.14-1.15x at T = 512 and at C = 256 (engine/trainer/PERFORMANCE.md, round 15).
+
 Two builds of the loop over pairs, chosen by how many numba threads the
 caller has: one after another (`..._serial`: every model replica of the
 trainer's default runs on one thread), or in parallel (`..._parallel`, a
