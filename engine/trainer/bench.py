@@ -29,10 +29,12 @@ Measures, in one run (per shape, with --shapes):
   products run alone;
 * where the time goes, kernel by kernel, and outside the kernels (Python
   between kernels, replicas waiting for each other and summing gradients,
-  clipping and AdamW); then, in a pass of its own, each call that can run
-  twice (its outputs written, not added into, from inputs it leaves alone)
-  timed as called and once more at once: what the call pays for finding its
-  data where the rest of the step left it, against its data in the caches;
+  clipping and AdamW); then, in a pass of its own, every call timed as
+  called and once more at once: what the call pays for finding its data
+  where the rest of the step left it, against its data in the caches (a call
+  that adds into an output or overwrites an input runs again on what the first
+  run left, and is then put back as the first run left it), and the median
+  step less what all calls pay that way;
 * activation_bytes: the bytes of the buffers the step keeps from forward to
   backward (all replicas), attention's share apart (--attention chooses the
   kernel: standard keeps (B, H, T, T) probabilities, flash (B, H, T) numbers).
@@ -564,9 +566,9 @@ def _profile(model, ours, phase_s, steps, warmup):
 
 
 def _profile_again(model, ours, steps, warmup) -> dict:
-    """Per kernel, over its calls that can run twice (model._can_run_twice): ms as
-    called in the step and ms run again at once, its data then in the caches.
-    A pass of its own: the second runs warm the caches for the next kernel."""
+    """Per kernel, over all its calls: ms as called in the step and ms run again
+    at once, its data then in the caches (model._run_again). A pass of its own:
+    the second runs warm the caches for the next kernel."""
     model.profile, model.profile_again = {}, {}
     n_prof, _ = _profiled_steps(ours, steps, warmup)
     again = {name: {"as_called_ms": first / n_prof * 1e3, "again_ms": second / n_prof * 1e3}
@@ -650,12 +652,29 @@ def format_profile(r: dict) -> list[str]:
         lines.append(f"  {name}: {ms:.2f} ms")
     again = r.get("again_ms")
     if again:
-        lines += ["", "the calls that can run twice, as called in the step and again at once "
-                  "(their data then in the caches):"]
+        lines += ["", "every call, as called in the step and again at once (its data then in "
+                  "the caches):"]
         for name, t in again.items():
             lines.append(f"  {name:24}{t['as_called_ms']:8.2f} ms  again {t['again_ms']:6.2f} ms"
                          f"  {t['as_called_ms'] / t['again_ms']:5.2f}x")
+        called, warm, step_ms = cached_step_ms(r)
+        lines.append(f"  {'all calls':24}{called:8.2f} ms  again {warm:6.2f} ms"
+                     f"  {called / warm:5.2f}x")
+        rate = r["linear"].get("machine_sgemm_gflops")
+        share = (f", {r['flops_per_step']['total'] / step_ms / 1e6 / rate:.0%} of the "
+                 f"machine's sgemm rate" if rate else "")
+        lines.append(f"the median step less what its calls pay for where their data was: "
+                     f"about {step_ms:.1f} ms{share}")
     return lines
+
+
+def cached_step_ms(r: dict) -> tuple[float, float, float]:
+    """(ms of the profiled calls as called, ms again at once, the median step less
+    the difference): about what a step would take if every kernel found its data
+    in the caches and the time outside the kernels stayed as it is."""
+    called = sum(t["as_called_ms"] for t in r["again_ms"].values())
+    warm = sum(t["again_ms"] for t in r["again_ms"].values())
+    return called, warm, r["ours"]["ms_per_step"] - (called - warm)
 
 
 # ------------------------------------------------------------------ shape table

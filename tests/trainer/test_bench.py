@@ -24,7 +24,12 @@ def test_report_without_torch_has_every_number():
     text = bench.format_report(r)
     assert "PyTorch comparison skipped" in text and "where the time goes" in text
     assert r["again_ms"]["matmul"]["again_ms"] > 0
-    assert "again at once" in text and "layernorm_forward" in r["again_ms"]
+    assert "again at once" in text and {"layernorm_forward", "layernorm_backward",
+                                        "bias_grad"} <= set(r["again_ms"])
+    called, warm, step_ms = bench.cached_step_ms(r)
+    assert called == pytest.approx(sum(r["per_kernel_ms"].values()), rel=0.5)
+    assert step_ms == pytest.approx(r["ours"]["ms_per_step"] - called + warm)
+    assert "the median step less what its calls pay" in text
     if r["compile"].get("page_faults") is not None:       # where the OS counts them
         assert f"{r['compile']['page_faults']:,} page faults" in text
     if r["compile"].get("newly_resident_bytes") is not None:
