@@ -75,6 +75,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=4, help="steps per round and side")
     p.add_argument("--replicas", type=int, default=1,
                    help="thread replicas per side, B sequences each (default 1)")
+    p.add_argument("--whole-step", action="store_true",
+                   help="time the trainer's whole step (step.train_step: zero_grad, forward "
+                        "and backward, clipping, AdamW), not forward and backward alone")
     args = p.parse_args(argv)
     if args.replicas < 1:
         p.error(f"--replicas {args.replicas}: a side needs at least 1 replica")
@@ -108,12 +111,35 @@ def compare(args, folder: Path) -> int:
         model.forward_backward(ids, targets)
         return time.perf_counter() - t0
 
+    if args.whole_step:
+        steps = {name: whole_step(package, models[name], ids, targets)
+                 for name, package in (("before", "engine_before"), ("after", "engine"))}
+
+        def step(model):                               # noqa: F811 (the other timing)
+            return steps["before" if model is models["before"] else "after"]()
+
     try:
         return _rounds(args, models, step)
     finally:
         for model in models.values():
             if hasattr(model, "close"):                # ThreadReplicas: stop its threads
                 model.close()
+
+
+def whole_step(package: str, model, ids, targets):
+    """A function timing one step of the trainer of `package` on `model`: its own
+    train_step, with its own AdamW (the benchmark's settings)."""
+    model_module = importlib.import_module(f"{package}.trainer.model")
+    optim = importlib.import_module(f"{package}.trainer.optim")
+    step_module = importlib.import_module(f"{package}.trainer.step")
+    opt = optim.AdamW(model.params.flat, model_module.decay_segments(model.params), lr=1e-3,
+                      weight_decay=0.1)
+
+    def one():
+        t0 = time.perf_counter()
+        step_module.train_step(model, opt, [(ids, targets)], lr=1e-3, clip=1.0)
+        return time.perf_counter() - t0
+    return one
 
 
 def _rounds(args, models, step) -> int:

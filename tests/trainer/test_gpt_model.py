@@ -116,6 +116,31 @@ def test_replica_gradients_summed_during_the_backward_equal_a_sum_afterwards():
         reps.close()
 
 
+def test_the_last_sum_leaves_every_replica_zero_and_zero_grad_zeroes_the_rest():
+    """The sum of a last micro-batch clears each replica's gradient bucket by bucket,
+    so the next zero_grad has nothing to do; after a micro-batch that is not the
+    last, zero_grad still zeroes them, and accumulation still adds up."""
+    x, y = batch(8)
+    reps = ThreadReplicas(CFG, 4, 2, params=init_params(CFG, seed=8, dtype=np.float32))
+    replicas_zero = lambda: all(not np.any(m.grads.flat) for m in reps.replicas)  # noqa: E731
+    try:
+        reps.zero_grad()
+        reps.forward_backward(x, y, last=False)       # accumulating: nothing summed yet
+        assert not replicas_zero()
+        reps.zero_grad()
+        assert replicas_zero()
+        reps.forward_backward(x, y)
+        once = reps.grads.flat.copy()
+        assert np.any(once != 0) and replicas_zero()
+        reps.zero_grad()
+        reps.forward_backward(x, y, last=False)       # two micro-batches: twice the sum
+        reps.forward_backward(x, y)
+        np.testing.assert_allclose(reps.grads.flat, 2 * once, rtol=1e-5, atol=1e-9)
+        assert replicas_zero()
+    finally:
+        reps.close()
+
+
 def test_a_replica_that_fails_does_not_leave_the_others_waiting():
     x, y = batch(7)
     reps = ThreadReplicas(CFG, 4, 2)
