@@ -11,6 +11,7 @@ of the per-round ratios with their range, and the per-kernel profile of both.
     python tools/ab_steps.py 808facc                      # tiny shape, one replica
     python tools/ab_steps.py 808facc --T 1024 --B 1 --attention flash
     python tools/ab_steps.py 808facc --replicas 2         # the trainer's default on 2 cores
+    python tools/ab_steps.py 808facc --replicas 2 --whole-step   # zero_grad ... AdamW too
 
 One thread, one replica by default: what the kernels cost without the other
 replica's contention (the trainer's default runs one such replica per core).

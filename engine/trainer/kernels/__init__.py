@@ -27,7 +27,10 @@ different algorithm, not a copy: blocked products on each head's slices
 with the output tile in vector registers (register_tiles.py). Row
 reductions go through the vector lanes of `_lanes` (same bits on every
 compile and every CPU), and the small per-row helpers are inlined into
-their kernels (`numba_config.row_kernel`).
+their kernels (`numba_config.row_kernel`). Two hints about memory change no
+number: the one-thread attention builds ask for their next rows ahead
+(`_prefetch`), and attention's forward writes P, which only the backward
+reads, past the caches (`_streaming`).
 
 `engine.trainer.kernels.threads.set_threads(n)` sets both thread pools a step uses
 (numba's and BLAS's); see engine/trainer/parallel.py for why the trainer prefers one
