@@ -34,6 +34,16 @@ def test_ab_steps_times_thread_replicas_on_each_side(tmp_path):
     assert bad.returncode == 2 and "--replicas 0" in bad.stderr
 
 
+def test_ab_steps_times_the_whole_step_on_request(tmp_path):
+    r = _run("HEAD", "--B", "2", "--T", "16", "--L", "1", "--H", "2", "--C", "16",
+             "--rounds", "2", "--steps", "1", "--replicas", "2", "--whole-step", tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "the whole step, zero_grad to AdamW" in r.stdout and "step: before" in r.stdout
+    plain = _run("HEAD", "--B", "2", "--T", "16", "--L", "1", "--H", "2", "--C", "16",
+                 "--rounds", "1", "--steps", "1", tmp=tmp_path)
+    assert plain.returncode == 0 and "whole step" not in plain.stdout
+
+
 def test_ab_steps_names_a_commit_git_does_not_know(tmp_path):
     r = _run("no-such-commit-abc", tmp=tmp_path)
     assert r.returncode == 2

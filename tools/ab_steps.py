@@ -160,7 +160,8 @@ def _rounds(args, models, step) -> int:
     ratios = np.array(medians["before"]) / np.array(medians["after"])
     who = "one thread" if args.replicas == 1 else f"{args.replicas} replicas (profile: replica 0)"
     print(f"B={args.B} T={args.T} L={args.L} H={args.H} C={args.C} {args.attention}, {who}, "
-          f"{args.rounds} rounds of {args.steps} steps (profiled):")
+          f"{args.rounds} rounds of {args.steps} steps (profiled"
+          + ("; each the whole step, zero_grad to AdamW" if args.whole_step else "") + "):")
     print(f"  step: before {np.median(medians['before']) * 1e3:.1f} ms, after "
           f"{np.median(medians['after']) * 1e3:.1f} ms; before/after {np.median(ratios):.3f} "
           f"(range {ratios.min():.3f}-{ratios.max():.3f})")
