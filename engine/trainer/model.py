@@ -131,9 +131,10 @@ def _run_again(name: str, fn, args, kwargs) -> float:
     input runs on what the first run left, and every array it was given is put
     back as that first run left it afterwards, so the step keeps its bits. (The
     copy taken first touches all those arrays, which is the point: the second
-    run finds them in the caches.)"""
+    run finds them in the caches.) A read-only array (a batch of token ids, say)
+    cannot have changed, and is left alone."""
     arrays = [] if _can_run_twice(name, args, kwargs) else [
-        v for v in (*args, *kwargs.values()) if isinstance(v, np.ndarray)]
+        v for v in (*args, *kwargs.values()) if isinstance(v, np.ndarray) and v.flags.writeable]
     left = [a.copy() for a in arrays]
     t0 = time.perf_counter()
     fn(*args, **kwargs)

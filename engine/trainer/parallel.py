@@ -270,9 +270,10 @@ class ThreadReplicas:
         so the bits do not depend on which thread sums. With clear, each replica's
         range is then set to zero, while its lines are still in the caches: the
         next step's zero_grad has nothing left to do. (Zeroing the replicas' 3 MiB
-        each at the start of a step, from memory and on one thread, took 1.07 ms
-        of the tiny GPT's 65 ms step; cleared here, in the sums that overlap
-        the slower replica's backward, it costs a fraction of that.)"""
+        each at the start of a step, from memory and on one thread, took about
+        1 ms of the tiny GPT's 62-65 ms step; cleared here, in the sums that
+        overlap the slower replica's backward, the whole step ran 1.015-1.018x
+        faster: engine/trainer/PERFORMANCE.md, round 15.)"""
         total = self.grads.flat[start:stop]
         np.copyto(total, self.replicas[0].grads.flat[start:stop])
         for m in self.replicas[1:]:
