@@ -106,18 +106,17 @@ def compare(args, folder: Path) -> int:
     rng = np.random.default_rng(0)
     ids, targets = (rng.integers(0, vocab, (args.B * args.replicas, args.T)) for _ in range(2))
 
-    def step(model):
+    def forward_backward(model):
         model.zero_grad()
         t0 = time.perf_counter()
         model.forward_backward(ids, targets)
         return time.perf_counter() - t0
 
-    if args.whole_step:
-        steps = {name: whole_step(package, models[name], ids, targets)
-                 for name, package in (("before", "engine_before"), ("after", "engine"))}
-
-        def step(model):                               # noqa: F811 (the other timing)
-            return steps["before" if model is models["before"] else "after"]()
+    step = forward_backward
+    if args.whole_step:                                # each side's own train_step and AdamW
+        timers = {id(models[name]): whole_step(package, models[name], ids, targets)
+                  for name, package in (("before", "engine_before"), ("after", "engine"))}
+        step = lambda model: timers[id(model)]()        # noqa: E731
 
     try:
         return _rounds(args, models, step)

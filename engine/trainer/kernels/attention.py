@@ -95,6 +95,13 @@ def _scratch(rows, cols, like):
 
 
 @row_kernel
+def _block_scratch(T, like):
+    """The scratch of one block of query rows against every key: S, then P, in
+    the forward; dP, then dS, in the backward."""
+    return _scratch(min(ROW_BLOCK, T), T, like)
+
+
+@row_kernel
 def _exp_causal_row(row, i, width, end):
     """row[:end] becomes exp(row[j] - m) for j <= i, zeros after, where m is
     the maximum of row[:i+1]; row[:width] (width > i) holds computed scores.
@@ -276,7 +283,7 @@ def _head_backward(dy, qkv, probs, dqkv, b, h, ds, vt, nb, nh):
 @kernel
 def attention_forward_serial(qkv, y, probs):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
-    kt, sp = _scratch(hs, T, qkv), _scratch(min(ROW_BLOCK, T), T, qkv)
+    kt, sp = _scratch(hs, T, qkv), _block_scratch(T, qkv)
     for task in range(B * H):
         nb, nh = _next_pair(task, B, H)
         _head_forward(qkv, y, probs, task // H, task % H, kt, sp, nb, nh)
@@ -285,7 +292,7 @@ def attention_forward_serial(qkv, y, probs):
 @kernel
 def attention_backward_serial(dy, qkv, probs, dqkv):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
-    ds, vt = _scratch(min(ROW_BLOCK, T), T, qkv), _scratch(hs, T, qkv)
+    ds, vt = _block_scratch(T, qkv), _scratch(hs, T, qkv)
     for task in range(B * H):
         nb, nh = _next_pair(task, B, H)
         _head_backward(dy, qkv, probs, dqkv, task // H, task % H, ds, vt, nb, nh)
@@ -296,7 +303,7 @@ def attention_forward_parallel(qkv, y, probs):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     for task in prange(B * H):                  # every (batch, head) pair is independent
         _head_forward(qkv, y, probs, task // H, task % H, _scratch(hs, T, qkv),
-                      _scratch(min(ROW_BLOCK, T), T, qkv), -1, 0)
+                      _block_scratch(T, qkv), -1, 0)
 
 
 @parallel_only_kernel
@@ -304,7 +311,7 @@ def attention_backward_parallel(dy, qkv, probs, dqkv):
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)
     for task in prange(B * H):
         _head_backward(dy, qkv, probs, dqkv, task // H, task % H,
-                       _scratch(min(ROW_BLOCK, T), T, qkv), _scratch(hs, T, qkv), -1, 0)
+                       _block_scratch(T, qkv), _scratch(hs, T, qkv), -1, 0)
 
 
 def _check_qkv(kernel_name, qkv, n_head):
