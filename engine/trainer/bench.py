@@ -35,6 +35,9 @@ Measures, in one run (per shape, with --shapes):
   that adds into an output or overwrites an input runs again on what the first
   run left, and is then put back as the first run left it), and the median
   step less what all calls pay that way;
+* memory: how fast one core writes (ordinary and streaming stores) and reads
+  a buffer past the caches (memory_rates.py), and what writing the kept
+  activations once and reading them back once costs at those rates;
 * activation_bytes: the bytes of the buffers the step keeps from forward to
   backward (all replicas), attention's share apart (--attention chooses the
   kernel: standard keeps (B, H, T, T) probabilities, flash (B, H, T) numbers).
@@ -59,6 +62,7 @@ import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
 from ..timing import fastest_seconds, median_seconds, sgemm_flops, timed_steps
+from . import memory_rates
 from .compile_ahead import wait_for_helper
 from .torch_twin import TorchTwin, torch_gpt, torch_missing
 
@@ -309,6 +313,7 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
                           attention, block, alone)
         restore_threads(thread_info)                  # BLAS back to its own threads
         report["linear"]["machine_sgemm_gflops"] = sgemm_flops() / 1e9
+        report["memory"] = memory_rates.measure()
         own = cpu_own_sgemm()
         if own is not None and own["blas"] != report["config"]["blas"]:
             report["linear"]["cpu_own_sgemm"] = own
@@ -665,7 +670,39 @@ def format_profile(r: dict) -> list[str]:
                  f"machine's sgemm rate" if rate else "")
         lines.append(f"the median step less what its calls pay for where their data was: "
                      f"about {step_ms:.1f} ms{share}")
+    return lines + format_memory(r)
+
+
+def format_memory(r: dict) -> list[str]:
+    """One core's memory rates, and what the kept activations cost at them."""
+    m = r.get("memory")
+    if not m:
+        return []
+    cache = m["reported_cache_bytes"]
+    lines = [f"memory, one core (a {_kib_or_mib(m['buffer_bytes'])} buffer"
+             + (f"; the OS reports a {_kib_or_mib(cache)} cache" if cache else "")
+             + f"): writes {m['write_gbs']:.1f} GB/s, {m['streamed_gbs']:.1f} GB/s streamed past "
+             f"the caches; reads {m['read_gbs']:.1f} GB/s"]
+    if "activation_bytes" in r:
+        per_core, ordinary, streamed = kept_traffic(r)
+        paid = ""
+        if r.get("again_ms"):
+            called, warm, _ = cached_step_ms(r)
+            paid = f"; the calls above paid {called - warm:.1f} ms for where their data was"
+        lines.append(f"the activations kept, {_kib_or_mib(per_core)} a core, written once and "
+                     f"read back once at these rates: {ordinary:.1f} ms a step "
+                     f"({streamed:.1f} ms with every write streamed){paid}")
     return lines
+
+
+def kept_traffic(r: dict) -> tuple[float, float, float]:
+    """(bytes of kept activations a core, ms to write and read them back with
+    ordinary stores, ms with streamed writes) at the report's memory rates. Each
+    replica runs on a core of its own; one model's kernels spread over all threads."""
+    c = r["config"]
+    cores = c["replicas"] if c["thread_mode"] == "replicas" else c["threads"]
+    per_core = r["activation_bytes"] / max(1, cores)
+    return (per_core, *memory_rates.traffic_ms(per_core, r["memory"]))
 
 
 def cached_step_ms(r: dict) -> tuple[float, float, float]:

@@ -10,8 +10,17 @@ import pytest
 
 from engine import bench
 from engine.gpt_config import GPTConfig
+from engine.trainer import memory_rates
 
 CFG = GPTConfig(vocab_size=20, block_size=16, n_layer=2, n_head=2, n_embd=16)
+
+
+@pytest.fixture(autouse=True)
+def small_memory_buffer(monkeypatch):
+    """The memory rates over 4 MiB, not a buffer past the caches: these tests check
+    what the report holds, and a gigabyte would cost each run a second."""
+    monkeypatch.setattr(memory_rates, "MIN_BYTES", 4 << 20)
+    monkeypatch.setattr(memory_rates, "MAX_BYTES", 4 << 20)
 
 
 def test_report_without_torch_has_every_number():
@@ -30,11 +39,34 @@ def test_report_without_torch_has_every_number():
     assert called == pytest.approx(sum(r["per_kernel_ms"].values()), rel=0.5)
     assert step_ms == pytest.approx(r["ours"]["ms_per_step"] - called + warm)
     assert "the median step less what its calls pay" in text
+    m = r["memory"]
+    assert m["buffer_bytes"] == 4 << 20 and min(m["write_gbs"], m["streamed_gbs"],
+                                                 m["read_gbs"]) > 0
+    per_core, ordinary, streamed = bench.kept_traffic(r)
+    c = r["config"]
+    cores = c["replicas"] if c["thread_mode"] == "replicas" else c["threads"]
+    assert per_core == r["activation_bytes"] / cores
+    assert ordinary == pytest.approx(per_core / m["write_gbs"] / 1e6
+                                     + per_core / m["read_gbs"] / 1e6)
+    assert f"reads {m['read_gbs']:.1f} GB/s" in text
+    assert (f"written once and read back once at these rates: {ordinary:.1f} ms a step "
+            f"({streamed:.1f} ms with every write streamed); the calls above paid "
+            f"{called - warm:.1f} ms") in text
     if r["compile"].get("page_faults") is not None:       # where the OS counts them
         assert f"{r['compile']['page_faults']:,} page faults" in text
     if r["compile"].get("newly_resident_bytes") is not None:
         mib = r["compile"]["newly_resident_bytes"] / 2 ** 20
         assert f"{mib:,.0f} MiB newly resident" in text
+
+
+def test_the_kept_activations_are_shared_by_the_cores_that_run_the_step():
+    rates = {"write_gbs": 2.0, "streamed_gbs": 8.0, "read_gbs": 4.0}
+    replicas = {"config": {"thread_mode": "replicas", "replicas": 2, "threads": 2},
+                "activation_bytes": 8e9, "memory": rates}
+    assert bench.kept_traffic(replicas) == pytest.approx((4e9, 2000 + 1000, 500 + 1000))
+    kernels = {**replicas, "config": {"thread_mode": "kernels", "replicas": 1, "threads": 4}}
+    assert bench.kept_traffic(kernels) == pytest.approx((2e9, 1000 + 500, 250 + 500))
+    assert bench.format_memory({"config": {}}) == []              # measured nothing
 
 
 def test_resident_memory_grows_by_what_is_first_touched_on_huge_pages_too():
