@@ -7,11 +7,11 @@ import sys
 
 from .trainer.bench import (SHAPES, TOKENS_PER_STEP, cached_step_ms, format_memory,
                             format_report, format_table, kept_traffic, main, parse_shape, run,
-                            run_shapes, torch_gpt)
+                            run_shapes, step_cores, torch_gpt)
 
 __all__ = ["run", "format_report", "main", "torch_gpt", "run_shapes", "format_table",
-           "parse_shape", "cached_step_ms", "format_memory", "kept_traffic", "SHAPES",
-           "TOKENS_PER_STEP"]
+           "parse_shape", "cached_step_ms", "format_memory", "kept_traffic", "step_cores",
+           "SHAPES", "TOKENS_PER_STEP"]
 
 if __name__ == "__main__":
     sys.exit(main())

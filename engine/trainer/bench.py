@@ -36,8 +36,9 @@ Measures, in one run (per shape, with --shapes):
   run left, and is then put back as the first run left it), and the median
   step less what all calls pay that way;
 * memory: how fast one core writes (ordinary and streaming stores) and reads
-  a buffer past the caches (memory_rates.py), and what writing the kept
-  activations once and reading them back once costs at those rates;
+  a buffer past the caches, and the step's cores all at once (memory_rates.py),
+  and what writing the kept activations once and reading them back once costs
+  each core at its share of the latter;
 * activation_bytes: the bytes of the buffers the step keeps from forward to
   backward (all replicas), attention's share apart (--attention chooses the
   kernel: standard keeps (B, H, T, T) probabilities, flash (B, H, T) numbers).
@@ -314,6 +315,9 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         restore_threads(thread_info)                  # BLAS back to its own threads
         report["linear"]["machine_sgemm_gflops"] = sgemm_flops() / 1e9
         report["memory"] = memory_rates.measure()
+        cores = step_cores(report["config"])
+        if cores > 1:                         # the step's cores side by side, as they run it
+            report["memory_together"] = memory_rates.measure(cores=cores)
         own = cpu_own_sgemm()
         if own is not None and own["blas"] != report["config"]["blas"]:
             report["linear"]["cpu_own_sgemm"] = own
@@ -676,15 +680,22 @@ def format_profile(r: dict) -> list[str]:
 
 
 def format_memory(r: dict) -> list[str]:
-    """One core's memory rates, and what the kept activations cost at them."""
+    """The memory rates of one core and of the step's cores at once, and what the
+    kept activations cost at the latter."""
     m = r.get("memory")
     if not m:
         return []
     cache = m["reported_cache_bytes"]
+    def rates(x):
+        return (f"writes {x['write_gbs']:.1f} GB/s, {x['streamed_gbs']:.1f} GB/s streamed "
+                f"past the caches; reads {x['read_gbs']:.1f} GB/s")
     lines = [f"memory, one core (a {_kib_or_mib(m['buffer_bytes'])} buffer"
              + (f"; the OS reports a {_kib_or_mib(cache)} cache" if cache else "")
-             + f"): writes {m['write_gbs']:.1f} GB/s, {m['streamed_gbs']:.1f} GB/s streamed past "
-             f"the caches; reads {m['read_gbs']:.1f} GB/s"]
+             + f"): {rates(m)}"]
+    together = r.get("memory_together")
+    if together:
+        lines.append(f"memory, {together['cores']} cores at once, all together: "
+                     f"{rates(together)}")
     if "activation_bytes" in r:
         per_core, ordinary, streamed = kept_traffic(r)
         paid = ""
@@ -697,14 +708,21 @@ def format_memory(r: dict) -> list[str]:
     return lines
 
 
+def step_cores(config: dict) -> int:
+    """The cores a step runs on at once: one per replica, or one model's threads."""
+    return config["replicas"] if config["thread_mode"] == "replicas" else config["threads"]
+
+
 def kept_traffic(r: dict) -> tuple[float, float, float]:
-    """(bytes of kept activations a core, ms to write and read them back with
-    ordinary stores, ms with streamed writes) at the report's memory rates. Each
-    replica runs on a core of its own; one model's kernels spread over all threads."""
-    c = r["config"]
-    cores = c["replicas"] if c["thread_mode"] == "replicas" else c["threads"]
-    per_core = r["activation_bytes"] / max(1, cores)
-    return (per_core, *memory_rates.traffic_ms(per_core, r["memory"]))
+    """(bytes of kept activations a core, ms to write them once and read them back
+    once with ordinary stores, ms with every write streamed), each core at its share
+    of the rates of the step's cores at once (one core's alone for a one-core step)."""
+    cores = step_cores(r["config"])
+    rates = r.get("memory_together") or r["memory"]
+    per_core_rates = {k: rates[k] / rates.get("cores", 1)
+                      for k in ("write_gbs", "streamed_gbs", "read_gbs")}
+    per_core = r["activation_bytes"] / cores
+    return (per_core, *memory_rates.traffic_ms(per_core, per_core_rates))
 
 
 def cached_step_ms(r: dict) -> tuple[float, float, float]:

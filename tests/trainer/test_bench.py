@@ -42,12 +42,14 @@ def test_report_without_torch_has_every_number():
     m = r["memory"]
     assert m["buffer_bytes"] == 4 << 20 and min(m["write_gbs"], m["streamed_gbs"],
                                                  m["read_gbs"]) > 0
+    cores = bench.step_cores(r["config"])
+    together = r.get("memory_together")
+    assert (together is None) == (cores == 1) and (together is None or together["cores"] == cores)
     per_core, ordinary, streamed = bench.kept_traffic(r)
-    c = r["config"]
-    cores = c["replicas"] if c["thread_mode"] == "replicas" else c["threads"]
     assert per_core == r["activation_bytes"] / cores
-    assert ordinary == pytest.approx(per_core / m["write_gbs"] / 1e6
-                                     + per_core / m["read_gbs"] / 1e6)
+    rates = together or m
+    assert ordinary == pytest.approx(per_core / (rates["write_gbs"] / cores) / 1e6
+                                     + per_core / (rates["read_gbs"] / cores) / 1e6)
     assert f"reads {m['read_gbs']:.1f} GB/s" in text
     assert (f"written once and read back once at these rates: {ordinary:.1f} ms a step "
             f"({streamed:.1f} ms with every write streamed); the calls above paid "
@@ -60,12 +62,22 @@ def test_report_without_torch_has_every_number():
 
 
 def test_the_kept_activations_are_shared_by_the_cores_that_run_the_step():
-    rates = {"write_gbs": 2.0, "streamed_gbs": 8.0, "read_gbs": 4.0}
+    alone = {"cores": 1, "write_gbs": 2.0, "streamed_gbs": 8.0, "read_gbs": 4.0,
+             "buffer_bytes": 1 << 30, "reported_cache_bytes": 0}
+    # two cores at once get 3 GB/s of writes between them, not twice one core's 2
+    both = {"cores": 2, "write_gbs": 3.0, "streamed_gbs": 16.0, "read_gbs": 8.0}
     replicas = {"config": {"thread_mode": "replicas", "replicas": 2, "threads": 2},
-                "activation_bytes": 8e9, "memory": rates}
-    assert bench.kept_traffic(replicas) == pytest.approx((4e9, 2000 + 1000, 500 + 1000))
-    kernels = {**replicas, "config": {"thread_mode": "kernels", "replicas": 1, "threads": 4}}
-    assert bench.kept_traffic(kernels) == pytest.approx((2e9, 1000 + 500, 250 + 500))
+                "activation_bytes": 6e9, "memory": alone, "memory_together": both}
+    assert bench.kept_traffic(replicas) == pytest.approx((3e9, 2000 + 750, 375 + 750))
+    kernels = {"config": {"thread_mode": "kernels", "replicas": 1, "threads": 4},
+               "activation_bytes": 8e9, "memory": alone,
+               "memory_together": {**both, "cores": 4}}
+    assert bench.kept_traffic(kernels) == pytest.approx((2e9, 8000 / 3 + 1000, 500 + 1000))
+    one = {"config": {"thread_mode": "replicas", "replicas": 1, "threads": 1},
+           "activation_bytes": 8e9, "memory": alone}
+    assert bench.kept_traffic(one) == pytest.approx((8e9, 4000 + 2000, 1000 + 2000))
+    text = "\n".join(bench.format_memory(replicas))
+    assert "memory, 2 cores at once, all together: writes 3.0 GB/s" in text
     assert bench.format_memory({"config": {}}) == []              # measured nothing
 
 
