@@ -55,23 +55,18 @@ def _part(buf, parts, p):
 
 
 @parallel_kernel
-def _write_plain(buf, row, parts):
+def _write(buf, row, parts, streamed):
+    """Each core copies `row` across its part: with ordinary stores, or streamed."""
     w = row.shape[0]
     for p in prange(parts):
         part = _part(buf, parts, p)
         for start in range(0, part.shape[0] - w + 1, w):
-            for j in range(w):
-                part[start + j] = row[j]
-
-
-@parallel_kernel
-def _write_streamed(buf, row, parts):
-    w = row.shape[0]
-    for p in prange(parts):
-        part = _part(buf, parts, p)
-        for start in range(0, part.shape[0] - w + 1, w):
-            stream_row(row, part[start:start + w])
-        stream_fence()                     # each core's own streaming stores
+            if streamed:
+                stream_row(row, part[start:start + w])
+            else:
+                for j in range(w):
+                    part[start + j] = row[j]
+        stream_fence()                     # each core's own streaming stores, if any
 
 
 @parallel_kernel
@@ -138,8 +133,8 @@ def measure(nbytes: int | None = None, passes: int = 3, cores: int = 1) -> dict:
         # warmup=1: the first write also touches every page (the OS zeroes each on first use)
         rate = lambda fn: nbytes / fastest_seconds(fn, passes, warmup=1) / 1e9  # noqa: E731
         return {"cores": cores, "buffer_bytes": nbytes, "reported_cache_bytes": cache,
-                "write_gbs": rate(lambda: _write_plain(buf, row, cores)),
-                "streamed_gbs": rate(lambda: _write_streamed(buf, row, cores)),
+                "write_gbs": rate(lambda: _write(buf, row, cores, False)),
+                "streamed_gbs": rate(lambda: _write(buf, row, cores, True)),
                 "read_gbs": rate(lambda: _read(buf, cores))}
     finally:
         numba.set_num_threads(previous)

@@ -31,17 +31,17 @@ def threads_at_most(n):
         numba.set_num_threads(previous)
 
 
-@pytest.mark.parametrize("write", [memory_rates._write_plain, memory_rates._write_streamed])
+@pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("offset", [0, 1])         # a line-aligned buffer, and one that is not
 @pytest.mark.parametrize("parts", [1, 2, 3])
-def test_each_write_copies_the_row_across_the_whole_buffer(write, offset, parts):
+def test_each_write_copies_the_row_across_the_whole_buffer(streamed, offset, parts):
     rows = 2 * parts
     memory = zeros(rows * ROW + 16, np.float32)
     memory[:] = -1
     buf = memory[offset:offset + rows * ROW]
     row = np.random.default_rng(0).standard_normal(ROW).astype(np.float32)
     with threads_at_most(parts):
-        write(buf, row, parts)
+        memory_rates._write(buf, row, parts, streamed)
     np.testing.assert_array_equal(buf, np.tile(row, rows))
     assert (memory[:offset] == -1).all() and (memory[offset + rows * ROW:] == -1).all()
 
