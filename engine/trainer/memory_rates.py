@@ -1,8 +1,8 @@
-"""How fast one core writes and reads memory: what a step's kept activations cost.
+"""How fast the cores write and read memory: what a step's kept activations cost.
 
 A training step writes its kept activations in the forward and reads them
 back in the backward. Where they are larger than the caches (the tiny GPT
-keeps about 33 MiB a replica), that is traffic to memory, and how fast one
+keeps about 33 MiB a replica), that is traffic to memory, and how fast each
 core moves it decides part of the step: the benchmark's "again at once"
 profile shows what each call pays for where its data was. `measure()` times
 three sweeps over one buffer well past the caches, on one core or on several
