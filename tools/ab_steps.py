@@ -21,6 +21,7 @@ B sequences each, one thread apiece: what changes in how they share a step.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import shutil
 import subprocess
@@ -102,7 +103,8 @@ def compare(args, folder: Path) -> int:
     from engine.trainer.kernels.threads import set_threads
     set_threads(1, blas=1)
     vocab = 103
-    models = {"before": build("engine_before", args, vocab), "after": build("engine", args, vocab)}
+    packages = {"before": "engine_before", "after": "engine"}
+    models = {name: build(package, args, vocab) for name, package in packages.items()}
     rng = np.random.default_rng(0)
     ids, targets = (rng.integers(0, vocab, (args.B * args.replicas, args.T)) for _ in range(2))
 
@@ -112,14 +114,11 @@ def compare(args, folder: Path) -> int:
         model.forward_backward(ids, targets)
         return time.perf_counter() - t0
 
-    step = forward_backward
-    if args.whole_step:                                # each side's own train_step and AdamW
-        timers = {id(models[name]): whole_step(package, models[name], ids, targets)
-                  for name, package in (("before", "engine_before"), ("after", "engine"))}
-        step = lambda model: timers[id(model)]()        # noqa: E731
-
+    # each side's timer: its forward and backward, or its own train_step and AdamW
+    timers = {name: whole_step(packages[name], model, ids, targets) if args.whole_step
+              else functools.partial(forward_backward, model) for name, model in models.items()}
     try:
-        return _rounds(args, models, step)
+        return _rounds(args, models, timers)
     finally:
         for model in models.values():
             if hasattr(model, "close"):                # ThreadReplicas: stop its threads
@@ -142,17 +141,18 @@ def whole_step(package: str, model, ids, targets):
     return one
 
 
-def _rounds(args, models, step) -> int:
-    for model in models.values():                     # compile (or load) and warm up
+def _rounds(args, models, timers) -> int:
+    """timers[name]() runs one step of side `name` and returns its seconds."""
+    for name in models:                               # compile (or load) and warm up
         for _ in range(3):
-            step(model)
+            timers[name]()
     medians = {name: [] for name in models}
     profiles = {name: {} for name in models}
     for r in range(args.rounds):
         for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
             model = models[name]
             model.profile = {}
-            medians[name].append(float(np.median([step(model) for _ in range(args.steps)])))
+            medians[name].append(float(np.median([timers[name]() for _ in range(args.steps)])))
             for kernel, seconds in model.profile.items():
                 profiles[name].setdefault(kernel, []).append(seconds / args.steps)
             model.profile = None
