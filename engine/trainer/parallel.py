@@ -179,6 +179,7 @@ class ThreadReplicas:
                           for name, (start, _, _) in self.grads.layout.items()}
         self._pool = None
         self._replicas_zero = False   # every replica's gradient known to be all zeros
+        self._grads_summed = False    # grads hold the sum of a last micro-batch's replicas
         # a cold numba cache: the backward's and the optimizer's kernels compile in a
         # helper process while the first forward compiles here (compile_ahead.py)
         start_if_cold(cfg, first.T, threads=numba.get_num_threads(), replicas=n_replicas > 1,
@@ -216,6 +217,7 @@ class ThreadReplicas:
             for m in self.replicas:
                 m.zero_grad()
         self._replicas_zero = self.n > 1
+        self._grads_summed = False
 
     def _each(self, fn):
         """fn(replica index) on every replica, replica 0 on the calling thread."""
@@ -237,7 +239,7 @@ class ThreadReplicas:
         if self.n == 1:             # one model: its kernels use the caller's threads
             return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
                                                      grad_ready=grad_ready)
-        self._replicas_zero = False
+        self._replicas_zero = self._grads_summed = False
         shared = _SharedWork(self, summing=last)
 
         def one(r):
@@ -250,7 +252,7 @@ class ThreadReplicas:
             return loss, forward_s, backward_s
 
         results = self._each(one)
-        self._replicas_zero = last          # each bucket was cleared as it was summed
+        self._replicas_zero = self._grads_summed = last   # each bucket cleared as summed
         if last and grad_ready is not None:
             for start, stop in self.buckets:
                 grad_ready(start, stop)
@@ -258,9 +260,12 @@ class ThreadReplicas:
         return loss, results[0][1], results[0][2]
 
     def reduce(self, grad_ready=None) -> None:
-        """grads = sum of the replicas' gradients, in replica order (deterministic)."""
-        for start, stop in self.buckets:
-            self._sum_bucket(start, stop)
+        """grads = sum of the replicas' gradients, in replica order (deterministic).
+        After a last micro-batch the sum is in grads already, and the replicas were
+        cleared as it was taken (_sum_bucket): summing them again would write zeros."""
+        if not self._grads_summed:
+            for start, stop in self.buckets:
+                self._sum_bucket(start, stop)
         if grad_ready is not None:
             for start, stop in self.buckets:
                 grad_ready(start, stop)

@@ -137,6 +137,12 @@ def test_the_last_sum_leaves_every_replica_zero_and_zero_grad_zeroes_the_rest():
         reps.forward_backward(x, y)
         np.testing.assert_allclose(reps.grads.flat, 2 * once, rtol=1e-5, atol=1e-9)
         assert replicas_zero()
+        summed = reps.grads.flat.copy()
+        reps.reduce()                      # already summed (and cleared): the sum stays
+        assert np.array_equal(reps.grads.flat, summed)
+        reps.zero_grad()
+        reps.reduce()                      # zeroed replicas sum to zero
+        assert not np.any(reps.grads.flat)
     finally:
         reps.close()
 
