@@ -635,11 +635,33 @@ norms_one_late = _norms_with(spikes=lambda t: [i + 1 for i in range(1, len(t))
 norms_none = _norms_with(spikes=lambda t: [])
 norms_tolerance = _norms_with(frozen=lambda g: [k for k, v in g.items() if max(v) < 1e-6])
 norms_any_zero = _norms_with(frozen=lambda g: [k for k, v in g.items() if min(v) == 0.0])
+norms_mean = _norms_with(spikes=lambda t: [i for i in range(1, len(t))
+                                           if t[i] > 10 * np.mean(t[:i])])
+norms_whole_log = _norms_with(spikes=lambda t: [i for i in range(1, len(t))
+                                                if t[i] > 10 * np.median(t)])
+norms_last_zero = _norms_with(frozen=lambda g: [k for k, v in g.items() if v[-1] == 0.0])
+norms_first_zero = _norms_with(frozen=lambda g: [k for k, v in g.items() if v[0] == 0.0])
+
+
+def norms_written_differently(group_norms, spike_factor=10.0):
+    """Right, another way: a running loop over steps, a numpy array of norms, tuples."""
+    names = list(group_norms)
+    table = np.array([group_norms[k] for k in names], dtype=np.float64)
+    total = np.linalg.norm(table, axis=0)
+    spikes = tuple(t for t in range(len(total))
+                   if t > 0 and total[t] / spike_factor > np.median(total[:t]))
+    frozen = tuple(k for k, row in zip(names, table) if (row == 0).all())
+    return total, spikes, frozen
 
 
 def test_12_3_passes(capsys):
     lesson12.check_summarize_norms(norms_right)
     assert "Exercise 12.3 (summarize_norms) passed." in capsys.readouterr().out
+
+
+def test_12_3_passes_an_answer_written_differently(capsys):
+    lesson12.check_summarize_norms(norms_written_differently)
+    assert "and right on 3 more logs" in capsys.readouterr().out
 
 
 def test_12_3_stub_says_not_done():
@@ -652,8 +674,12 @@ def test_12_3_stub_says_not_done():
     (norms_vs_previous, "median of all the steps before it"),
     (norms_one_late, "whose own norm jumped"),
     (norms_none, "times the median of the steps before it"),
-    (norms_tolerance, "tiny norms (1e-7), not zero ones"),
+    (norms_tolerance, "tiny norms (1e-07), not zero ones"),
     (norms_any_zero, "zero at step 5 only"),
+    (norms_mean, "mean of the earlier steps, not their median"),
+    (norms_whole_log, "median of the whole log, later steps included"),
+    (norms_last_zero, "'late' is zero at its last step only"),
+    (norms_first_zero, "'early' is zero at its first step only"),
 ])
 def test_12_3_names_the_mistake(fn, phrase):
     expect(lesson12.check_summarize_norms, fn, "12.3", phrase)

@@ -482,8 +482,12 @@ plt.show()
 #   one gradient vector, so their *squares* add up);
 # - `spikes`: the steps t ≥ 1 whose global norm exceeds `spike_factor` times the **median**
 #   of the global norms of all earlier steps (a median, so that one odd step, a quiet one
-#   included, does not move the yardstick);
+#   or an earlier spike, does not move the yardstick; earlier only, because a monitor reads
+#   the log while the run trains);
 # - `frozen`: the names of the groups whose norm is exactly 0.0 at every step.
+#
+# The check reads the log of the plots above and three more, each built so that one
+# tempting shortcut gives a different answer.
 
 # %%
 def summarize_norms(group_norms, spike_factor=10.0):
