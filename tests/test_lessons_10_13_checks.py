@@ -120,6 +120,66 @@ def test_10_1_math_tanh_kernel_passes_but_not_silently(capsys):
     assert "passed" in out and "your kernel calls tanh" in out
 
 
+@njit
+def bias_gelu_serial(x, b, out):   # right values, one thread: no parallel=True
+    k, a = 0.7978845608028654, 0.044715
+    rows, cols = x.shape
+    for i in prange(rows):
+        for j in range(cols):
+            u = x[i, j] + b[j]
+            out[i, j] = 0.5 * u * (2.0 - 2.0 / (np.exp(2.0 * k * (u + a * u * u * u)) + 1.0))
+    return out
+
+
+@njit(parallel=True)
+def bias_gelu_range(x, b, out):    # right values, parallel=True but the loops use range
+    k, a = 0.7978845608028654, 0.044715
+    rows, cols = x.shape
+    for i in range(rows):
+        for j in range(cols):
+            u = x[i, j] + b[j]
+            out[i, j] = 0.5 * u * (2.0 - 2.0 / (np.exp(2.0 * k * (u + a * u * u * u)) + 1.0))
+    return out
+
+
+@njit(parallel=True)
+def bias_gelu_flat(x, b, out):     # right, written differently: one prange over all elements
+    rows, cols = x.shape
+    for n in prange(rows * cols):
+        i, j = n // cols, n % cols
+        u = x[i, j] + b[j]
+        e = np.exp(-2.0 * 0.7978845608028654 * (u + 0.044715 * u ** 3))
+        out[i, j] = u * (1.0 - e / (1.0 + e)) if e < 1e30 else 0.0 * u
+    return out
+
+
+def test_10_1_passes_a_kernel_written_differently(capsys):
+    lesson10.check_bias_gelu(bias_gelu_flat, repeats=1)
+    assert "Exercise 10.1 (bias_gelu_fused) passed." in capsys.readouterr().out
+
+
+def test_10_1_verdict_names_the_learners_own_gap_and_flags_slower_than_numpy():
+    lines = lesson10.bias_gelu_speed_verdict(
+        {"yours": 0.852, "plain": 0.064, "numpy": 0.126, "trainer": 0.02}, calls_tanh=True)
+    text = " ".join(lines)
+    assert "13.3x the time of the lesson's plain fused loop" in text
+    assert "your kernel calls tanh" in text
+    assert "SLOWER THAN NUMPY" in text and "6.8x the unfused numpy time" in text
+    assert "C library" not in text     # the exp is not the cause of this gap
+
+
+def test_10_1_verdict_blames_the_scalar_exp_only_when_the_plain_loop_is_slow_too():
+    lines = lesson10.bias_gelu_speed_verdict(
+        {"yours": 0.066, "plain": 0.064, "numpy": 0.055, "trainer": 0.02}, calls_tanh=False)
+    text = " ".join(lines)
+    assert "plain fused loop" in text and "(1.2x)" in text and "scalar exp" in text
+    assert "SLOWER THAN NUMPY" in text
+    fast = lesson10.bias_gelu_speed_verdict(
+        {"yours": 0.03, "plain": 0.03, "numpy": 0.12, "trainer": 0.02}, calls_tanh=False)
+    assert fast == ["out of cache yours beats the unfused numpy version 4.0x: one pass over "
+                    "memory instead of ten."]
+
+
 def test_10_1_stub_says_not_done():
     expect(lesson10.check_bias_gelu, stub, "10.1", "not done yet")
 
@@ -132,6 +192,8 @@ def test_10_1_stub_says_not_done():
     (bias_gelu_returns_none, "returned None"),
     (bias_gelu_overflows, "overflows"),
     (bias_gelu_python, "@njit(parallel=True)"),
+    (bias_gelu_serial, "compiled without parallel=True, so numba runs it on one thread"),
+    (bias_gelu_range, "loops use range, not prange"),
 ])
 def test_10_1_names_the_mistake(fn, phrase):
     expect(lesson10.check_bias_gelu, fn, "10.1", phrase, repeats=1)
