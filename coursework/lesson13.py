@@ -33,6 +33,36 @@ EX_STEP = "13.1 (train_step)"
 TRAINER_PIECES = {name: (exercise, role) for name, (exercise, role, _) in TRAINER_SLOTS.items()}
 
 
+# What makes the engine's version of a slot faster than the plain loop its exercise asked
+# for: the gap a learner sees in the timing table, explained.
+ENGINE_ADVANTAGE = {
+    "bias_gelu_forward": "its exp is made of multiplies and adds, so the loop vectorises "
+                         "(lesson 10, \"A third limit: exp\"), where a plain loop calls the "
+                         "scalar exp of the C library once per element",
+    "softmax_cross_entropy": "it writes a row's exponentials into a scratch row with the same "
+                             "vectorised exp and sums them in vector lanes; a running "
+                             "`total += exp(...)` keeps the loop, and its exp, scalar",
+    "embedding_backward": "it adds into the model's table in place, where the exercise "
+                          "returns a fresh (V, C) table that the slot then adds in (two more "
+                          "passes over the table) and sums the positions' gradient in numpy",
+    "clip_global_norm": "it sums the squares of each tensor in blocks, in vector lanes, in "
+                        "one compiled pass",
+    "adamw_step": "it runs one parallel loop over the whole flat buffer, and splits each "
+                  "block's update into two loops that vectorise; yours is called once per "
+                  "parameter tensor (a start of the threads each time), and one loop that "
+                  "writes p, m and v while it reads g stays scalar",
+    "accumulate": "it runs the same forward and backward, so a gap is the machine's load, or "
+                  "a forward run twice: `loss.item()` before `(loss / K).backward()` runs it "
+                  "at scale 1, then again at 1/K",
+}
+
+# How often a training step of lesson 13 calls each slot (the MLP's GELU runs in the
+# forward and again in the backward, per layer); the accumulation loop is not in the step.
+CALLS_PER_STEP = {"bias_gelu_forward": lambda cfg: 2 * cfg.n_layer,
+                  "softmax_cross_entropy": lambda cfg: 1, "embedding_backward": lambda cfg: 1,
+                  "clip_global_norm": lambda cfg: 1, "adamw_step": lambda cfg: 1}
+
+
 class Trainer:
     """What `plug_in_pieces` assembled: per slot, the learner's function or why not."""
 
@@ -72,6 +102,7 @@ class Trainer:
                          f"{engines * 1e3:.3g} ms")
                 if yours > slow_ratio * engines:
                     slow.append(f"{name} ({yours / engines:.1f}x the engine's time)")
+                    line += "\n" + _slower_because(name, yours, engines, cfg)
             lines.append(line)
         if train_step_owner is not None:
             lines.append(f"{'the training step':>40} (13.1): {train_step_owner}")
@@ -81,15 +112,34 @@ class Trainer:
         return lines
 
 
-def plug_in_pieces() -> Trainer:
+def _slower_because(name: str, yours: float, engines: float, cfg) -> str:
+    """The indented lines under a slow piece: why the engine's is faster, what it costs a
+    training step, and how to train on the engine's version instead."""
+    calls = CALLS_PER_STEP.get(name)
+    cost = (f" Per training step ({calls(cfg)} call{'s' if calls(cfg) > 1 else ''}) yours "
+            f"adds about {(yours - engines) * calls(cfg) * 1e3:.3g} ms." if calls else "")
+    return (f"      the engine's is faster because {ENGINE_ADVANTAGE[name]}.{cost} To train "
+            f"on the engine's instead, add \"{name}\" to ENGINE_FOR and run from there again.")
+
+
+def plug_in_pieces(engine_for=()) -> Trainer:
     """Check every saved trainer piece in its slot and plug in those that pass: kernels
     into the model's registry, clipping and AdamW into `Trainer`. A missing or broken
-    piece leaves the engine's version in place, and `Trainer.skipped` says why."""
+    piece, or one whose slot is named in `engine_for` (the learner's choice), leaves the
+    engine's version in place, and `Trainer.skipped` says why."""
     from engine.trainer.model import reset_kernels, use_kernel
+    unknown = sorted(set(engine_for) - set(TRAINER_SLOTS))
+    if unknown:
+        raise ValueError(f"ENGINE_FOR names {', '.join(map(repr, unknown))}, which is not a "
+                         f"slot of the trainer; the slots are "
+                         f"{', '.join(map(repr, TRAINER_SLOTS))}.")
     pieces, skipped = {}, {}
     for name, (exercise, _, kernel) in TRAINER_SLOTS.items():
         if kernel is not None:
             reset_kernels(kernel)
+        if name in engine_for:
+            skipped[name] = "you chose it (ENGINE_FOR)"
+            continue
         fn, why = piece_for_slot(name)
         if fn is None:
             skipped[name] = why
@@ -303,8 +353,8 @@ def sgemm_flops_per_s(m: int, k: int, n: int, repeats: int = 30, seed: int = 0) 
     BLAS call on all cores (engine.blas: SciPy's OpenBLAS, or MKL where it is installed
     on an Intel CPU), or every core its share of the rows at once, as the trainer's
     replicas run them (on the engine's register tiles where those are faster).
-    engine.trainer.bench.product_peak_flops measures it."""
-    from engine.trainer.bench import product_peak_flops
+    engine.trainer.lab.machine.product_peak_flops measures it."""
+    from engine.trainer.lab.machine import product_peak_flops
     return product_peak_flops(m, k, n, repeats=repeats, seed=seed)
 
 

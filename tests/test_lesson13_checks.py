@@ -255,3 +255,48 @@ def test_a_truncating_export_is_not_the_rounding(tmp_path):
     out = lesson13.export_bf16(truncate, weights, tmp_path)
     assert not np.array_equal(out["weights"], round_to_bf16(weights))
     assert math.isclose(out["bf16_bytes"] / out["fp32_bytes"], 0.5, abs_tol=0.1)
+
+
+# ------------------------------------------- slow pieces: why, and the way out
+def test_a_slow_piece_is_explained_with_its_cost_per_step_and_the_way_out():
+    trainer = lesson13.Trainer({"bias_gelu_forward": stub, "adamw_step": stub}, {
+        name: "not written yet" for name in lesson13.TRAINER_PIECES
+        if name not in ("bias_gelu_forward", "adamw_step")})
+    cfg = tiny_config(65)
+    times = {"bias_gelu_forward": (9e-3, 1e-3), "adamw_step": (1.5e-3, 1e-3)}
+    table = trainer.slot_table(cfg, 16, timer=lambda name, fn, cfg, b: times[name])
+    gelu = next(line for line in table if "bias + GELU" in line)
+    assert "exp is made of multiplies and adds" in gelu
+    assert f"Per training step ({2 * cfg.n_layer} calls) yours adds about 64 ms." in gelu
+    assert 'add "bias_gelu_forward" to ENGINE_FOR' in gelu
+    adamw = next(line for line in table if "AdamW" in line)
+    assert "faster because" not in adamw          # 1.5x is within the 2x tolerance
+    assert table[-1] == "slow pieces: bias_gelu_forward (9.0x the engine's time)"
+
+
+def test_every_trainer_slot_has_its_gap_explained():
+    assert set(lesson13.ENGINE_ADVANTAGE) == set(lesson13.TRAINER_PIECES)
+
+
+def test_engine_for_puts_the_engines_kernel_in_a_slot_the_learner_names():
+    from engine.trainer.model import kernel_owners, reset_kernels
+    trainer = lesson13.plug_in_pieces(engine_for=["bias_gelu_forward", "adamw_step"])
+    try:
+        assert "bias_gelu_forward" not in trainer.pieces and "adamw_step" not in trainer.pieces
+        assert trainer.owner("bias_gelu_forward") == "engine's: you chose it (ENGINE_FOR)"
+        assert trainer.owner("adamw_step") == "engine's: you chose it (ENGINE_FOR)"
+        assert kernel_owners()["bias_gelu_forward"] == "engine"
+        assert isinstance(trainer.make_optimizer(_tiny_model()), lesson13.FlatAdamW)
+    finally:
+        reset_kernels()
+
+
+def test_engine_for_refuses_a_name_that_is_not_a_slot():
+    with pytest.raises(ValueError, match="'adamw', which is not a slot of the trainer"):
+        lesson13.plug_in_pieces(engine_for=["adamw"])
+
+
+def _tiny_model():
+    from engine.trainer.model import FusedGPT
+    return FusedGPT(GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=8),
+                    batch_size=2, seed=0)
