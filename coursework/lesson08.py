@@ -125,11 +125,16 @@ def check_accumulate(accumulate) -> None:
     try:   # lesson 13 runs the loop on the fused model, through a thin view of it
         check_accumulate_through_view(accumulate)
     except SlotError as err:
+        if "attribute 'parameters'" in str(err) or "attribute 'grad'" in str(err):
+            hint = ("the fused model keeps its gradients in one flat buffer, with no "
+                    "parameters() and no .grad to divide after the loop: divide each loss by "
+                    "K before its backward instead")
+        else:
+            hint = "add up loss.item() (a float), not the loss Tensors or their .data"
         raise ExerciseError(EX_ACCUMULATE, f"your loop is right on the tape's GPT, but lesson "
                             f"13 runs it on the fused model, through a view that offers only "
-                            f"what the loop needs, and there it fails: {err}. Hint: add up "
-                            f"loss.item() (a float), not the loss Tensors or their .data.") \
-            from None
+                            f"what the exercise's contract lists, and there it fails: {err}. "
+                            f"Hint: {hint}.") from None
     save_piece("accumulate", accumulate, EX_ACCUMULATE)
     passed(EX_ACCUMULATE, f"K={K} micro-batches of 2 give the gradient of the batch of 6.")
 

@@ -446,6 +446,36 @@ def accumulate_reads_data(model, micro_batches):
     return total / K
 
 
+def accumulate_divides_grads(model, micro_batches):
+    """Right on the tape, but divides every .grad by K after the loop: the fused view has
+    no parameters() (the exercise's contract says so)."""
+    model.zero_grad()
+    losses = []
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        loss.backward()
+        losses.append(loss.item())
+    for p in model.parameters().values():
+        p.grad /= len(micro_batches)
+    return sum(losses) / len(losses)
+
+
+def test_08_1_a_loop_that_divides_the_grads_is_told_the_fused_view_has_none():
+    message = fails_with(lesson08.check_accumulate, accumulate_divides_grads,
+                         "through the fused model's view")
+    assert "no .grad to divide after the loop" in message
+    assert "divide each loss by K before its backward" in message
+
+
+def test_08_1_the_exercise_states_the_view_contract():
+    from notebook_tools import ROOT
+    source = (ROOT / "course" / "source" / "08_accumulation_and_checkpointing.py").read_text()
+    exercise = source[source.index("## Exercise 08.1"):source.index("def accumulate(")]
+    for offered in ("`model(ids, targets)`", "`model.zero_grad()`", "`.backward()`",
+                    "`.item()`", "no `model.parameters()`"):
+        assert offered in exercise, offered
+
+
 def test_08_1_passes_a_loop_written_differently_also_through_the_fused_view(capsys):
     lesson08.check_accumulate(accumulate_item_first)
     assert "Exercise 08.1 (accumulate) passed." in capsys.readouterr().out

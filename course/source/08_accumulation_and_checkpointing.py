@@ -109,6 +109,13 @@ for K in (2, 4, 8):
 # Tensor, `model.zero_grad()` clears every parameter's `.grad`. Leave in every parameter's
 # `.grad` the gradient of the mean loss over all micro-batches, and return that mean loss
 # (a Python float; `loss.item()` reads a scalar Tensor).
+#
+# **The contract.** Lesson 13 runs this same loop on the fused trainer, whose gradients
+# live in one flat buffer, through a view that offers only what is listed here:
+# `model(ids, targets)`, `model.zero_grad()`, and on a loss `/` and `*` by a number,
+# `.backward()` and `.item()`. So use nothing else: no `model.parameters()`, no `.grad`,
+# no `.data`. (Dividing every `.grad` by K after the loop would be right on the tape, but
+# there is no `.grad` to divide in lesson 13: scale the loss before its backward.)
 
 # %%
 def accumulate(model, micro_batches):
