@@ -138,7 +138,7 @@ print("kernel registry:", {k: v for k, v in kernel_owners().items() if v != "eng
 # table names it under every piece more than twice as slow as the engine's: the vectorised
 # exp of lesson 10's third limit for GELU and the loss, the update split into loops that
 # vectorise over one flat buffer for AdamW. It also says what the gap costs one training
-# step. A slow piece still trains the model to the same loss, only slower. If the run below
+# step. A slow piece trains the model just as well, only slower. If the run below
 # would take too long, put the slot's name in `ENGINE_FOR` above and run from there again:
 # the engine's version takes that slot, and the table says it was your choice.
 
