@@ -15,7 +15,9 @@
      maximum, sum and output per row; returns the output and each row's
      log-sum-exp. The check compares both with the full masked softmax
      (T shorter than a tile, not a multiple of it, one head, head size 1),
-     recognises a missing rescale or a missing mask, and measures with
+     recognises a missing rescale of the output or of the sum (the first
+     wrong row is the first to see two tiles) and a missing mask (row 0,
+     which sees key 0 alone, is wrong), and measures with
      tracemalloc that no (T x T) array was made. Saved as the trainer's
      flash_attention_forward piece.
 """
@@ -422,17 +424,31 @@ def _flash_case(fn, B, T, H, C, seed, tile=None):
                     "raises the maximum from m to m', multiply the running output by "
                     "exp(m - m') too, before adding this tile's exp(s - m') @ v.")
         else:
-            full = qkv.shape[1]
-            hint = ("compare one row with the reference: is the running sum rescaled by "
-                    "exp(m - m') when the maximum grows? Are the future columns (j > i) "
-                    f"masked in the diagonal tile? Does the loop over tiles reach column i "
-                    f"(T = {full} is not always a multiple of the tile)?")
+            hint = _flash_diagnosis(out, want_out, qkv.shape[1])
         raise ExerciseError(EX_FLASH, f"{where}: the output differs from the full softmax; "
                                       f"{hint}")
     if not np.allclose(lse, want_lse, rtol=1e-9, atol=1e-12):
         raise ExerciseError(EX_FLASH, f"{where}: the output is right but lse is not; lse_i is "
                                       "m + log(l) with m the final running maximum and l the "
                                       "final running sum of row i.")
+
+
+def _flash_diagnosis(out, want_out, T):
+    """Which rows are wrong tells the mistakes apart: row 0 sees key 0 alone, so only a
+    leak of later keys (a missing mask) can make it wrong; a row is first wrong where its
+    keys span a second tile when the running sum is not rescaled."""
+    row_error = np.abs(out - want_out).max(axis=(0, 2))
+    first = int(np.flatnonzero(row_error > 1e-9 * (1.0 + np.abs(want_out).max()))[0])
+    if first == 0:
+        return ("row 0 is wrong, and row 0 attends to key 0 alone (its output is v_0): later "
+                "keys leak in. In the diagonal tile, set the scores of the future columns "
+                "(j > i) to -inf before the exp.")
+    return (f"rows 0 to {first - 1} are right and row {first} is the first wrong one: the "
+            f"rows that see a single tile of keys come out right, so the merge of a second "
+            f"tile is wrong. When a tile raises the maximum from m to m', rescale the running "
+            f"sum l by exp(m - m') (and the running output with it) before adding the tile's "
+            f"terms; and check that the loop over key tiles reaches column i (T = {T} is not "
+            f"always a multiple of the tile).")
 
 
 def check_online_softmax(online_softmax_attention) -> None:

@@ -17,7 +17,7 @@ def _heads(qkv, n_head):
             for i in range(3)]
 
 
-def _online(qkv, n_head, tile=16, rescale_output=True, mask=True):
+def _online(qkv, n_head, tile=16, rescale_output=True, mask=True, rescale_sum=True):
     q, k, v = _heads(qkv, n_head)
     B, H, T, hs = q.shape
     out, lse = np.empty((B, H, T, hs)), np.empty((B, H, T))
@@ -32,7 +32,7 @@ def _online(qkv, n_head, tile=16, rescale_output=True, mask=True):
                 s = np.where(cols[None, :] <= rows[:, None], s, -np.inf)
             m_new = np.maximum(m, s.max(-1))
             p = np.exp(s - m_new[..., None])
-            l = l * np.exp(m - m_new) + p.sum(-1)
+            l = (l * np.exp(m - m_new) if rescale_sum else l) + p.sum(-1)
             acc = (acc * np.exp(m - m_new)[..., None] if rescale_output else acc) \
                 + p @ v[:, :, cols]
             m = m_new
@@ -72,6 +72,10 @@ def online_without_mask(qkv, n_head, tile=16):
     return _online(qkv, n_head, tile, mask=False)
 
 
+def online_without_sum_rescale(qkv, n_head, tile=16):
+    return _online(qkv, n_head, tile, rescale_sum=False)
+
+
 def full_matrix(qkv, n_head, tile=16):
     return lesson10.attention_reference(qkv, n_head)
 
@@ -93,7 +97,9 @@ def test_right_answer_passes_and_becomes_the_trainers_piece():
 
 def test_typical_mistakes_are_named():
     _fails_with(online_without_rescale, "multiply the running output by")
-    _fails_with(online_without_mask, "masked")
+    _fails_with(online_without_mask, "row 0 attends to key 0 alone")
+    _fails_with(online_without_sum_rescale, "rescale the running sum l by exp(m - m')")
+    _fails_with(online_without_sum_rescale, "is the first wrong one")
     _fails_with(full_matrix, "(T x T) matrix")
 
     def stub(qkv, n_head, tile=16):
