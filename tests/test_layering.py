@@ -5,9 +5,14 @@
 * The two engines never import each other: the fused trainer (engine/trainer/
   and its entry modules engine/train.py, engine/bench.py) imports nothing of
   the tape, and the tape nothing of the trainer. Both may use SHARED.
+* The trainer's lab (engine/trainer/lab/) is measurement, not the trainer:
+  nothing outside it imports it but `python -m engine.bench`, and
+  `python -m engine.train` never loads it.
 * There is no import cycle among engine modules.
 """
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,6 +23,7 @@ SHARED = {"engine", "engine._versions", "engine.gpt_config", "engine.timing",
           "engine.numba_config", "engine.fast_math", "engine.constants", "engine.blas"}
 # Modules of the trainer wing outside engine/trainer/: the command-line entries.
 TRAINER_ENTRIES = {"engine.train", "engine.bench"}
+LAB = "engine.trainer.lab"
 
 
 def module_name(path: Path) -> str:
@@ -80,6 +86,34 @@ def test_the_trainer_and_the_tape_do_not_import_each_other():
             assert is_trainer(name) == is_trainer(dep), (
                 f"{name} ({'trainer' if is_trainer(name) else 'tape'}) imports {dep} "
                 f"({'trainer' if is_trainer(dep) else 'tape'})")
+
+
+def in_lab(name: str) -> bool:
+    return name == LAB or name.startswith(LAB + ".")
+
+
+def test_nothing_outside_the_lab_imports_it_but_the_bench_command():
+    for name, deps in graph().items():
+        if in_lab(name) or name == "engine.bench":
+            continue
+        assert not any(in_lab(d) for d in deps), (
+            f"{name} imports {sorted(d for d in deps if in_lab(d))}: the trainer must not "
+            f"depend on its lab; move what it needs out of engine/trainer/lab/")
+
+
+def test_the_training_command_never_loads_the_lab():
+    """Importing every module `python -m engine.train` can reach (the trainer
+    outside lab/) loads nothing of the lab."""
+    trainer = sorted(n for n in engine_modules() if is_trainer(n) and not in_lab(n)
+                     and n != "engine.bench")
+    code = ("import importlib, sys\n"
+            f"for name in {trainer!r}:\n"
+            "    importlib.import_module(name)\n"
+            f"print(sorted(m for m in sys.modules if m.startswith({LAB!r})))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"the trainer loaded {out.stdout.strip()}"
 
 
 def test_no_import_cycle_among_engine_modules():

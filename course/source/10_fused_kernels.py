@@ -892,11 +892,11 @@ print(f"same loss: {math.isclose(loss_yours, loss_standard, rel_tol=1e-12)}; "
 
 # %% [markdown]
 # **The memory curve, measured.** The trainer's models report the bytes they keep from
-# forward to backward (`engine.trainer.bench.activation_bytes`, what
+# forward to backward (`engine.trainer.model.activation_bytes`, what
 # `python -m engine.bench --json` prints as `activation_bytes`). One sequence, growing:
 
 # %%
-from engine.trainer.bench import activation_bytes
+from engine.trainer.model import activation_bytes
 
 curve = GPTConfig(vocab_size=64, block_size=2048, n_layer=2, n_head=4, n_embd=64)
 kept = {}

@@ -16,7 +16,7 @@ and engine.numba_config.
     config.py            TrainConfig and the errors the command line reports
     train.py             the training loop
     cli.py               `python -m engine.train`
-    bench.py             `python -m engine.bench`
-    torch_twin.py        the benchmark's PyTorch model, in a process of its own
-    child_process.py     how both of those start a Python child
+    child_process.py     how a helper process (compile_ahead, the lab's PyTorch twin) starts
+    lab/                 `python -m engine.bench`: measurements of the trainer; the
+                         trainer never imports it
 """

@@ -108,42 +108,6 @@ KERNELS: dict[str, object] = dict(_ENGINE_KERNELS)
 _OWNERS: dict[str, str] = {name: "engine" for name in KERNELS}
 
 
-def _can_run_twice(name: str, args, kwargs) -> bool:
-    """Whether calling kernel `name` again at once changes nothing: every output is
-    written, not added into (a matmul without accumulate), and none shares memory
-    with an input (the cross-entropy overwrites its logits; GELU's backward may
-    write dh over dout). The profile's second timing (FusedGPT.profile_again)
-    runs such a call again as it is; any other call, on a copy of what the
-    first run left (`_run_again`)."""
-    spec = KERNEL_SPECS[name]
-    if name == "crossentropy_softmax" or any(mode != "write" for _, mode in spec.outputs):
-        return False
-    if kwargs.get("accumulate"):
-        return False
-    outputs = [v for v in kwargs.values() if isinstance(v, np.ndarray)]
-    inputs = [a for a in args if isinstance(a, np.ndarray)]
-    return not any(np.may_share_memory(o, i) for o in outputs for i in inputs)
-
-
-def _run_again(name: str, fn, args, kwargs) -> float:
-    """Seconds kernel `name` takes called once more at once, its data then in the
-    caches (as far as it fits). A call that adds into an output or overwrites an
-    input runs on what the first run left, and every array it was given is put
-    back as that first run left it afterwards, so the step keeps its bits. (The
-    copy taken first touches all those arrays, which is the point: the second
-    run finds them in the caches.) A read-only array (a batch of token ids, say)
-    cannot have changed, and is left alone."""
-    arrays = [] if _can_run_twice(name, args, kwargs) else [
-        v for v in (*args, *kwargs.values()) if isinstance(v, np.ndarray) and v.flags.writeable]
-    left = [a.copy() for a in arrays]
-    t0 = time.perf_counter()
-    fn(*args, **kwargs)
-    seconds = time.perf_counter() - t0
-    for a, kept in zip(arrays, left):
-        a[...] = kept
-    return seconds
-
-
 def _adapt_pure(name: str, fn):
     """Wrap a pure function (inputs -> outputs) into the model's in-place convention."""
     spec = KERNEL_SPECS[name]
@@ -344,6 +308,18 @@ class StepBuffers:
                 + self.lnf_mean.nbytes + self.lnf_rstd.nbytes + self.logits.nbytes)
 
 
+def activation_bytes(models) -> dict:
+    """Bytes the step keeps from forward to backward, over the given FusedGPTs
+    (the replicas of one step), and attention's own share of them: the
+    probabilities (standard kernel) or the row log-sum-exps (flash kernel)."""
+    total = attention = 0
+    for m in models:
+        total += m.acts.saved_nbytes()
+        for layer in m.acts.layer_sets:
+            attention += getattr(layer, "probs", getattr(layer, "lse", None)).nbytes
+    return {"activation_bytes": total, "attention_saved_bytes": attention}
+
+
 # ---------------------------------------------------------------------------- model
 class FusedGPT:
     """FusedGPT(cfg, batch_size) -> a model whose training step allocates nothing.
@@ -380,10 +356,6 @@ class FusedGPT:
             self.load_params(init_params(cfg, seed, self.dtype) if params is None else params)
         self.checkpointing = checkpointing
         self.acts = StepBuffers(cfg, self.B, self.T, self.dtype, checkpointing, attention)
-        self.profile: dict[str, float] | None = None   # set to {} to time every kernel
-        # set to {} as well to time every call once more, at once (`_run_again`):
-        # name -> [seconds as called, seconds again]
-        self.profile_again: dict[str, list[float]] | None = None
         self._ids = self._targets = None
         self._grad_ready = None
 
@@ -402,20 +374,10 @@ class FusedGPT:
     def zero_grad(self) -> None:
         self.grads.flat[...] = 0
 
-    # -- kernel calls, optionally timed
+    # -- kernel calls
     def _k(self, name: str, *args, **kwargs):
-        fn = KERNELS[name]
-        if self.profile is None:
-            return fn(*args, **kwargs)
-        t0 = time.perf_counter()
-        result = fn(*args, **kwargs)
-        t1 = time.perf_counter()
-        self.profile[name] = self.profile.get(name, 0.0) + t1 - t0
-        if self.profile_again is not None:
-            pair = self.profile_again.setdefault(name, [0.0, 0.0])
-            pair[0] += t1 - t0
-            pair[1] += _run_again(name, fn, args, kwargs)
-        return result
+        """Run kernel `name` of the registry (what use_kernel set, else the engine's)."""
+        return KERNELS[name](*args, **kwargs)
 
     def _check_batch(self, ids, targets=None):
         ids = np.asarray(ids)

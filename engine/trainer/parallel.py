@@ -194,22 +194,6 @@ class ThreadReplicas:
                                             thread_name_prefix="gpt-replica")
         return self._pool
 
-    @property
-    def profile(self):
-        return self.replicas[0].profile
-
-    @profile.setter
-    def profile(self, value):
-        self.replicas[0].profile = value
-
-    @property
-    def profile_again(self):
-        return self.replicas[0].profile_again
-
-    @profile_again.setter
-    def profile_again(self, value):
-        self.replicas[0].profile_again = value
-
     def zero_grad(self) -> None:
         """Every replica's gradient to zero: at once where a replica's is not zero
         already. (A last micro-batch's sum leaves them zero: see _sum_bucket.)"""

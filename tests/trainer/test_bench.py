@@ -11,7 +11,7 @@ import pytest
 
 from engine import bench
 from engine.gpt_config import GPTConfig
-from engine.trainer import memory_rates
+from engine.trainer.lab import memory_rates
 
 CFG = GPTConfig(vocab_size=20, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -89,7 +89,7 @@ def test_the_kept_activations_are_shared_by_the_cores_that_run_the_step():
 
 def test_resident_memory_grows_by_what_is_first_touched_on_huge_pages_too():
     from engine.trainer.arena import huge_page_memory
-    from engine.trainer.bench import _resident_bytes
+    from engine.trainer.lab.first_step import _resident_bytes
     if _resident_bytes() is None:
         pytest.skip("this OS has no /proc/self/statm")
     memory = huge_page_memory(16 * 2 ** 20)        # huge pages where Linux gives them
@@ -100,7 +100,7 @@ def test_resident_memory_grows_by_what_is_first_touched_on_huge_pages_too():
 
 
 def test_page_faults_count_the_first_touch_of_fresh_memory():
-    from engine.trainer.bench import _page_faults
+    from engine.trainer.lab.first_step import _page_faults
     if _page_faults() is None:
         pytest.skip("this OS does not count page faults")
     import mmap
@@ -127,7 +127,7 @@ def test_pytorchs_side_runs_in_its_own_process_and_reports_its_failures():
     pytest.importorskip("torch", reason="PyTorch is not installed: the comparison is skipped")
     import os
     from engine.gpt_config import init_params
-    from engine.trainer.torch_twin import TorchTwin
+    from engine.trainer.lab.torch_twin import TorchTwin
     params = init_params(CFG, 0, np.float32)
     rng = np.random.default_rng(0)
     batches = [tuple(rng.integers(0, CFG.vocab_size, (2, 2, 16))) for _ in range(4)]
@@ -163,7 +163,7 @@ def test_shapes_parse_as_presets_or_pairs():
 
 def test_paired_timing_alternates_blocks_in_both_orders_on_the_same_batches():
     from engine.timing import timed_steps
-    from engine.trainer.bench import _time_steps
+    from engine.trainer.lab.versus_torch import _time_steps
     calls = []
     ours = timed_steps(lambda i: calls.append(("ours", i)))
 
@@ -195,7 +195,7 @@ def test_shape_table_has_one_row_per_shape():
 
 
 def test_the_table_measures_every_shape_against_the_best_sgemm_reading():
-    from engine.trainer.bench import machine_ceiling
+    from engine.trainer.lab.machine import machine_ceiling
     reports = [{"linear": {"machine_sgemm_gflops": g}} for g in (180.0, 95.0, 200.0)]
     assert machine_ceiling(reports) == 200.0
     assert machine_ceiling([{"linear": {}}]) is None
@@ -207,7 +207,7 @@ def test_the_cpus_own_sgemm_is_measured_without_openblas_coretype(monkeypatch):
     does not see the variable. Without the variable there is nothing to read."""
     from types import SimpleNamespace
     from engine import blas
-    from engine.trainer.bench import cpu_own_sgemm
+    from engine.trainer.lab.machine import cpu_own_sgemm
     monkeypatch.setattr(blas, "library", lambda: SimpleNamespace(name="openblas"))
     monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
     own = cpu_own_sgemm()

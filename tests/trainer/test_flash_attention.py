@@ -161,7 +161,7 @@ def test_bench_reports_activation_bytes_for_either_kernel(capsys):
 
 
 def test_attention_sweep_shows_quadratic_against_linear_bytes():
-    from engine.trainer.bench import format_sweep, sweep_attention
+    from engine.trainer.lab.attention_sweep import format_sweep, sweep_attention
     cfg = GPTConfig(vocab_size=13, block_size=8, n_layer=1, n_head=2, n_embd=8)
     r = sweep_attention(cfg, (16, 32), tokens=32, repeats=1, threads=1)
     short, long_ = r["rows"]

@@ -14,9 +14,9 @@ import numba
 import numpy as np
 import pytest
 
-from engine.trainer import memory_rates
+from engine.trainer.lab import memory_rates
 from engine.trainer.arena import zeros
-from engine.trainer.memory_rates import ROW
+from engine.trainer.lab.memory_rates import ROW
 
 
 @contextmanager

@@ -146,9 +146,9 @@ def test_a_step_on_the_tiles_allocates_no_arrays(monkeypatch):
 
 
 def test_the_mfu_peak_is_measured_on_the_route_the_trainer_takes(tile_spy):
-    """bench.product_peak_flops (lesson 13's MFU peak) times the trainer's own
+    """lab.machine.product_peak_flops (lesson 13's MFU peak) times the trainer's own
     products, every core its share of rows: on the tiles when they are the route."""
-    from engine.trainer.bench import product_peak_flops
+    from engine.trainer.lab.machine import product_peak_flops
     from engine.trainer.kernels.threads import cores
     m = TILE_ROWS * cores()
     rate = product_peak_flops(m, 24, 2 * COLUMNS, repeats=2)

@@ -32,8 +32,8 @@ import traceback
 
 import numpy as np
 
-from ..gpt_config import GPTConfig
-from ..timing import timed_steps
+from ...gpt_config import GPTConfig
+from ...timing import timed_steps
 
 
 def torch_gpt(cfg: GPTConfig, params: dict[str, np.ndarray], attention: str = "sdpa"):
@@ -97,10 +97,10 @@ class TorchTwin:
 
     def __init__(self, cfg: GPTConfig, params: dict[str, np.ndarray], batches, *,
                  attention: str = "sdpa", threads: int = 1):
-        from ..numba_config import users_environment
-        from .child_process import start_python
+        from ...numba_config import users_environment
+        from ..child_process import start_python
         # torch is imported before anything of ours, under the user's environment
-        self._child = start_python("import torch, sys; from engine.trainer.torch_twin import "
+        self._child = start_python("import torch, sys; from engine.trainer.lab.torch_twin import "
                                    "serve; serve(sys.stdin.buffer)", env=users_environment(),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         ready = self._ask({"config": cfg.to_dict(), "params": params, "batches": batches,

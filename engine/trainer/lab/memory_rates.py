@@ -36,11 +36,11 @@ import os
 import numba
 import numpy as np
 
-from ..numba_config import parallel_kernel, prange, row_kernel
-from ..timing import fastest_seconds
-from .arena import zeros
-from .kernels._lanes import row_sum
-from .kernels._streaming import stream_fence, stream_row
+from ...numba_config import parallel_kernel, prange, row_kernel
+from ...timing import fastest_seconds
+from ..arena import zeros
+from ..kernels._lanes import row_sum
+from ..kernels._streaming import stream_fence, stream_row
 
 MIN_BYTES = 256 << 20
 MAX_BYTES = 1 << 30
