@@ -168,15 +168,26 @@ def check_checkpointed_backward(checkpointed_backward) -> None:
     probe = saved.copy()
     recording = []   # was recording on while the learner's code ran the segment?
 
+    returned = []    # what the segment gave back, to tell a cut graph from an unrecorded op
+
     def watched_segment(x):
         recording.append(is_grad_enabled())
-        return segment(x)
+        returned.append(segment(x))
+        return returned[-1]
     try:
         with no_grad():  # backward does not have to record; your recompute must
             got = attempt(EX_REPLAY, checkpointed_backward, watched_segment, probe, g)
     except RuntimeError as err:
         if "does not require grad" in str(err):
-            if recording and all(recording):
+            if recording and all(recording) and all(o.requires_grad for o in returned):
+                hint = ("you ran fn with recording on (good), and its output requires grad, "
+                        "but what you called backward on does not: it was made from fn's "
+                        "output after the `with engine.enable_grad():` block, where recording "
+                        "is off again (a .sum(), a product), or cut from it (.detach(), a new "
+                        "Tensor of its .data). Backpropagate grad_output, the gradient that "
+                        "reached the segment, through fn's output itself: "
+                        "out.backward(grad_output).")
+            elif recording and all(recording):
                 hint = ("you ran fn with recording on (good), yet its output does not require "
                         "grad: was the output detached, or its .data wrapped in a new Tensor? "
                         "Call backward on what fn returned, and make the input a Tensor with "

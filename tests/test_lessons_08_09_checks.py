@@ -171,6 +171,21 @@ def test_08_2_a_learner_who_used_enable_grad_is_not_told_to_use_it():
     assert "inside `with engine.enable_grad()" not in message
 
 
+def replay_sum_outside_enable_grad(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    with engine.enable_grad():
+        out = fn(x)
+    out.sum().backward()                  # the sum ran with recording off
+    return x.grad
+
+
+def test_08_2_a_sum_outside_enable_grad_is_told_to_backpropagate_grad_output():
+    message = fails_with(lesson08.check_checkpointed_backward,
+                         replay_sum_outside_enable_grad, "Backpropagate grad_output")
+    assert "after the `with engine.enable_grad():` block" in message
+    assert "was the output detached" not in message
+
+
 def replay_passthrough(fn, saved_input, grad_output):
     return grad_output
 
