@@ -1,4 +1,5 @@
-"""The three activation models: the 34sbh+5as^2b rule, the transformer op list, this engine."""
+"""The activation models: the 34sbh+5as^2b rule, the transformer op list, this
+engine, and (in `real_step`) a real PyTorch or Hugging Face training step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -197,6 +198,8 @@ class Activations:
     saved: int            # alive at the end of the forward pass
     peak: int             # most alive at any moment of the forward and backward
     items: tuple = ()     # the Saved entries behind `saved`
+    step: object = None   # a real framework's step (real_step.RealStep): its
+    #                       moments; `peak` is then the step's peak minus the fixed bytes
 
     @property
     def transient(self) -> int:
@@ -230,6 +233,10 @@ def _transformer_activations(cfg: BudgetConfig) -> Activations:
     outside = transformer_outside_ops(cfg)
     e = activation_bytes_per_element(cfg)
     sbh = cfg.seq_len * cfg.micro_batch * cfg.d_model
+    if cfg.attention == "flash":  # one number per query row instead of the T x T tensors
+        layer = [x for x in layer if not _is_attention_core(x)]
+        layer.append(Saved("flash attention", "logsumexp, one per row",
+                           cfg.n_head * cfg.seq_len * cfg.micro_batch, 4))
     if cfg.recompute == "full":
         kept = [Saved("block", "input (checkpoint)", sbh, e, L)]
         rebuilt = sum(x.bytes for x in layer)
@@ -248,7 +255,10 @@ def activations(cfg: BudgetConfig) -> Activations:
         return _rule_activations(cfg)
     if cfg.activation_model == "transformer":
         return _transformer_activations(cfg)
-    return engine_activations(cfg)
+    if cfg.activation_model == "engine":
+        return engine_activations(cfg)
+    from .real_step import real_step_activations  # it builds on this module's Saved
+    return real_step_activations(cfg)
 
 
 # ----------------------------------------------------- "this engine" model

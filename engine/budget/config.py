@@ -9,7 +9,13 @@ from .devices import DEVICES
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "momentum", "adamw")
-ACTIVATION_MODELS = ("rule", "transformer", "engine")
+# Whose step the activations model: the textbook rule, the transformer op
+# list, this engine's GPT, a plain PyTorch GPT (nanoGPT's code), Hugging Face
+# transformers (GPT-2, LLaMA). The last two model a real framework's step.
+ACTIVATION_MODELS = ("rule", "transformer", "engine", "pytorch", "hf")
+REAL_STEP_MODELS = ("pytorch", "hf")
+# standard attention keeps the T x T probabilities; flash keeps one number per row.
+ATTENTIONS = ("standard", "flash")
 RECOMPUTE = ("none", "selective", "full")
 # gpt2: learned positions, LayerNorm, GELU MLP, biases. llama: rotary positions
 # (no table), RMSNorm, SwiGLU MLP, no biases, grouped-query attention.
@@ -53,7 +59,11 @@ class BudgetConfig:
 
     Training: micro-batch, sequence, accumulation, `precision` of the weights
     and activations, `grad_precision` ("storage": gradients in that precision,
-    "fp32": accumulated in fp32), optimizer, activation model, recompute.
+    "fp32": accumulated in fp32), optimizer, activation model, recompute,
+    `attention` ("standard" keeps the T x T probabilities, "flash" one number
+    per query row). Under the real-step models ("pytorch", "hf") a 16-bit
+    precision means torch.autocast: fp32 weights and gradients, 16-bit
+    compute, and recompute "full" means checkpointing every block.
 
     Data parallel: `devices` replicas, each running its own micro-batches,
     with ZeRO stage `zero` (0-3) sharding the fixed memory among them.
@@ -81,6 +91,7 @@ class BudgetConfig:
     tensors_per_layer: int = 16
     dropout: bool = False
     recompute: str = "none"
+    attention: str = "standard"
     architecture: str = "gpt2"
     n_kv_head: int = 0
     grad_precision: str = "storage"
@@ -144,6 +155,7 @@ class BudgetConfig:
         for knob, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                               ("activation_model", ACTIVATION_MODELS),
                               ("recompute", RECOMPUTE), ("architecture", ARCHITECTURES),
+                              ("attention", ATTENTIONS),
                               ("grad_precision", GRAD_PRECISIONS), ("zero", ZERO_STAGES)):
             if getattr(self, knob) not in allowed:
                 raise BudgetError(f"{knob}={getattr(self, knob)!r} is unknown; allowed: "
@@ -187,7 +199,14 @@ class BudgetConfig:
                 "recompute='selective' needs to know which tensors belong to the attention "
                 "core, and the rule of thumb ('rule') does not; choose activation_model "
                 "'transformer', or recompute 'none' or 'full'.")
+        if self.activation_model in REAL_STEP_MODELS:
+            self._validate_real_step()
         if self.activation_model == "engine":
+            if self.attention != "standard":
+                raise BudgetError(
+                    "the engine's reference GPT keeps its attention probabilities "
+                    "(standard attention); with activation_model='engine' set attention "
+                    "'standard'.")
             if self.architecture != "gpt2":
                 raise BudgetError(
                     "the engine's reference GPT is a GPT-2 style model; with "
@@ -205,6 +224,33 @@ class BudgetConfig:
                 raise BudgetError("the engine's reference GPT ties its output head to the "
                                   "token embedding; set tied_embedding=True.")
         return self
+
+    @property
+    def autocast(self) -> bool:
+        """A real framework's step in 16 bits: torch.autocast over fp32 weights."""
+        return self.activation_model in REAL_STEP_MODELS and self.precision != "fp32"
+
+    def _validate_real_step(self) -> None:
+        model = self.activation_model
+        if self.recompute == "selective":
+            raise BudgetError(
+                f"recompute='selective' is not a switch of a {model} step: what it buys "
+                f"(no T x T probabilities kept) is what attention 'flash' (SDPA) does; "
+                f"choose attention 'flash' with recompute 'none', or recompute 'full' "
+                f"(checkpoint every block).")
+        if self.n_params:
+            raise BudgetError(
+                f"n_params={self.n_params} replaces the shape by a count, but the {model} "
+                f"model follows every tensor of the shape; set n_params to 0.")
+        if self.grad_precision != "storage":
+            raise BudgetError(
+                f"grad_precision={self.grad_precision!r}: a {model} step keeps fp32 "
+                f"gradients of its fp32 weights (autocast computes in 16 bits but stores "
+                f"fp32); set grad_precision 'storage'.")
+        if model == "pytorch" and self.architecture != "gpt2":
+            raise BudgetError(
+                "the plain PyTorch model is nanoGPT's GPT-2 block; with activation_model="
+                "'pytorch' set architecture 'gpt2' (or activation_model 'hf' for LLaMA).")
 
     def with_(self, **changes) -> "BudgetConfig":
         """A copy with some knobs changed (validated)."""

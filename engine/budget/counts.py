@@ -110,12 +110,13 @@ def flops(cfg: BudgetConfig) -> dict[str, dict[str, int]]:
 
 # ------------------------------------------------------------- fixed memory
 def bytes_per_parameter(precision: str, optimizer: str,
-                        grad_precision: str = "storage") -> dict[str, int]:
+                        grad_precision: str = "storage", autocast: bool = False) -> dict[str, int]:
     """Bytes per parameter of each fixed buffer: weights in the storage
     precision, gradients in it too ("storage") or in fp32 ("fp32"), an fp32
     master copy for 16-bit storage, fp32 optimizer state. Mixed-precision
     (bf16/fp16) AdamW: 2 + 2 + 4 + 8 = 16, or 2 + 4 + 4 + 8 = 18 with fp32
-    gradients."""
+    gradients. Under `autocast` the weights and gradients stay fp32 (the
+    16-bit copies are made during the step): 4 + 0 + 4 + 8 = 16."""
     if precision not in PRECISIONS:
         raise BudgetError(f"precision={precision!r} is unknown; allowed: {', '.join(PRECISIONS)}.")
     if optimizer not in OPTIMIZERS:
@@ -123,6 +124,8 @@ def bytes_per_parameter(precision: str, optimizer: str,
     if grad_precision not in GRAD_PRECISIONS:
         raise BudgetError(f"grad_precision={grad_precision!r} is unknown; allowed: "
                           f"{', '.join(GRAD_PRECISIONS)}.")
+    if autocast:
+        precision, grad_precision = "fp32", "storage"
     return {
         "weights": STORAGE_BYTES[precision],
         "master weights": MASTER_BYTES[precision],
@@ -136,4 +139,4 @@ def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     whole model, before any sharding)."""
     P = parameter_count(cfg)
     return {k: P * b for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer,
-                                                     cfg.grad_precision).items()}
+                                                     cfg.grad_precision, cfg.autocast).items()}

@@ -1,0 +1,348 @@
+"""What a real framework's training step holds: PyTorch (a plain GPT as nanoGPT
+writes it) and Hugging Face transformers (GPT-2 and LLaMA), op by op.
+
+The textbook formula counts the tensors a block *needs* for its backward. A
+real step holds what its code *keeps*, and that differs in four ways this
+module writes down, each confirmed against PyTorch's saved-tensor hooks and
+allocator (`engine.budget.torch_step` measures the same step):
+
+1. Every op saves what its own VJP reads, so code written as many small ops
+   keeps many tensors: transformers' GPT-2 GELU (`0.5*x*(1+tanh(...))`) keeps
+   five B x T x 4C tensors where `F.gelu(approximate="tanh")` keeps two.
+2. Under `torch.autocast` (bf16/fp16) the weights stay fp32; each matmul
+   saves a 16-bit copy of its input and of its weight, while ops on the fp32
+   list (layer_norm, softmax, log_softmax, pow, ...) and type promotion keep
+   fp32 tensors. The autocast cache holds a 16-bit copy of every weight until
+   the forward ends, even when checkpointing saves none of them.
+3. The loss works over the vocabulary: log_softmax keeps its fp32 output
+   [B*T, V], and its backward allocates the gradient of that output and of
+   the logits while everything else is still alive. For GPT-2 small at
+   B=8, T=1024 each of those is 1.65 GB: the largest tensors of the step.
+4. The peak is a moment, not a sum. It is the largest of: the loss at the
+   end of the forward (logits, their fp32 copy, the autocast cache), the
+   loss's backward (two more [B*T, V] tensors), the backward of the first
+   block when blocks are recomputed (every gradient but one block's), and
+   the optimizer step (AdamW's temporaries). AdamW's state exists from the
+   first `step()`, so the first step peaks lower than the steady state.
+
+Symbols: n = B*T tokens, h = width, f = MLP width, k = width of K and V
+(kv heads x head size), a = heads, s = T, V = vocabulary; `lo` = bytes of the
+autocast dtype (4 under fp32). Dropout masks are one byte on CUDA (the fused
+dropout kernel keeps a bool mask) and a float of the input's dtype on the CPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .activations import Activations, Saved
+from .config import REAL_STEP_MODELS, BudgetConfig
+from .counts import fixed_bytes
+from .sharding import per_device_fixed
+
+FP32 = 4
+INDEX = 8         # int64 token ids and labels
+ADAMW_TEMPORARIES = 2  # single-tensor AdamW: sqrt(v) and its quotient, one parameter's size
+
+
+# ------------------------------------------------------------------ dtypes
+def compute_bytes(cfg: BudgetConfig) -> int:
+    """Bytes of the dtype matmuls produce: fp32, or autocast's 16-bit type."""
+    return FP32 if cfg.precision == "fp32" else 2
+
+
+def autocast(cfg: BudgetConfig) -> bool:
+    return cfg.precision != "fp32"
+
+
+def mask_bytes(cfg: BudgetConfig, device: str) -> int:
+    """A dropout mask element: bool on CUDA, the input's float dtype on the CPU."""
+    return 1 if device == "cuda" else compute_bytes(cfg)
+
+
+def keeps_kv_cache(cfg: BudgetConfig) -> bool:
+    """transformers builds a key/value cache in training unless gradient
+    checkpointing turns it off; the cache's concatenation copies K and V."""
+    return cfg.activation_model == "hf" and cfg.recompute != "full"
+
+
+# ------------------------------------------------------------------ blocks
+def _attention_core(cfg: BudgetConfig, device: str) -> list[Saved]:
+    """The T x T part of standard (eager) attention, after Q @ K^T: the
+    softmax's fp32 output (the additive mask or autocast's fp32 list makes it
+    fp32), a 16-bit copy of it for P @ V under autocast, dropout's mask and
+    output when dropout is on."""
+    n_scores = cfg.n_head * cfg.seq_len * cfg.seq_len * cfg.micro_batch
+    lo = compute_bytes(cfg)
+    items = [Saved("softmax", "probabilities P (fp32)", n_scores, FP32)]
+    if cfg.dropout:  # P @ V keeps dropout's output (cast to 16 bits under autocast)
+        items += [Saved("attention dropout", "mask", n_scores, mask_bytes(cfg, device)),
+                  Saved("P @ V", "P after dropout", n_scores, lo)]
+    elif autocast(cfg):
+        items.append(Saved("P @ V", "P, 16-bit copy", n_scores, lo))
+    return items
+
+
+def _attention(cfg: BudgetConfig, device: str, k: int, qkv_fused: bool) -> list[Saved]:
+    """Q, K, V and what attention keeps of them. `k` is the width of K and V;
+    `qkv_fused`: one matmul makes Q, K and V (GPT-2's c_attn)."""
+    n, h, lo = cfg.micro_batch * cfg.seq_len, cfg.d_model, compute_bytes(cfg)
+    rows = cfg.micro_batch * cfg.n_head * cfg.seq_len  # one number per query row
+    cache = keeps_kv_cache(cfg)
+    if cfg.attention == "flash":
+        items = []
+        if qkv_fused:
+            # Q is a view of the fused matmul's output, so all of it stays alive;
+            # K and V too unless the cache's concatenation copied them.
+            items.append(Saved("scaled_dot_product_attention", "Q (a view of Q|K|V)",
+                               n * (h + 2 * k), lo))
+            if cache:
+                items.append(Saved("kv cache", "K and V (concatenated copies)", 2 * n * k, lo))
+        else:  # LLaMA: Q and K are rotated (fp32 under autocast), then cast back
+            items += [Saved("scaled_dot_product_attention", "Q rotated, compute copy", n * h, lo),
+                      Saved("scaled_dot_product_attention", "K rotated, compute copy", n * k, lo),
+                      Saved("scaled_dot_product_attention",
+                            "V (cache copy)" if cache else "V", n * k, lo)]
+        items += [Saved("scaled_dot_product_attention", "output (also the projection's input)",
+                        n * h, lo),
+                  Saved("scaled_dot_product_attention", "logsumexp, one per row", rows, FP32)]
+        return items
+    # standard: Q @ K^T and P @ V reshape their 4-D operands into copies (K and
+    # V repeated to every head first under grouped-query attention)
+    items = [Saved("Q @ K^T", "Q (copy)", n * h, lo),
+             Saved("Q @ K^T", "K^T (copy)", n * h, lo)]
+    items += _attention_core(cfg, device)
+    items += [Saved("P @ V", "V (copy)", n * h, lo),
+              Saved("projection matmul", "merged heads (copy)", n * h, lo)]
+    return items
+
+
+def gpt2_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
+    """One GPT-2 block of transformers (`GPT2Block`) or of a plain PyTorch GPT."""
+    n, h, f = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.ffn
+    lo, mask = compute_bytes(cfg), mask_bytes(cfg, device)
+    stats = Saved("layer norm", "mean and 1/std, two per token", 2 * n, FP32)
+    items = [Saved("layer norm 1", "input (the residual stream, fp32)", n * h, FP32), stats,
+             Saved("qkv matmul", "input (layer norm 1's output)", n * h, lo)]
+    items += _attention(cfg, device, h, qkv_fused=True)
+    if cfg.dropout:
+        items.append(Saved("residual dropout (attention)", "mask", n * h, mask))
+    items += [Saved("layer norm 2", "input (the residual stream, fp32)", n * h, FP32), stats,
+              Saved("fc matmul", "input (layer norm 2's output)", n * h, lo)]
+    if cfg.activation_model == "hf":
+        # GELU as transformers' "gelu_new": 0.5*x*(1+tanh(c*(x+0.044715*x**3))).
+        # pow is on autocast's fp32 list, so x**3 and everything after it is fp32.
+        items += [Saved("GELU: x ** 3", "x (fp32)", n * f, FP32),
+                  Saved("GELU: tanh", "output", n * f, FP32),
+                  Saved("GELU: product", "1 + tanh(...)", n * f, FP32),
+                  Saved("GELU: product", "0.5 * x", n * f, lo),
+                  Saved("fc-proj matmul", "input (GELU's output)", n * f, lo)]
+    else:  # F.gelu(approximate="tanh"): one op, not on any autocast list
+        items += [Saved("GELU", "input (fc's output)", n * f, lo),
+                  Saved("fc-proj matmul", "input (GELU's output)", n * f, lo)]
+    if cfg.dropout:
+        items.append(Saved("residual dropout (mlp)", "mask", n * h, mask))
+    return items
+
+
+def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
+    """One LLaMA block of transformers (`LlamaDecoderLayer`)."""
+    n, h, f = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.ffn
+    k, lo = cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
+    # RMSNorm keeps x, 1/rms and x/rms (fp32); under autocast each of the
+    # matmuls that read its output casts its own 16-bit copy (autocast caches
+    # casts of weights only), in fp32 they all read one tensor.
+    def norm(which: str, readers: int, what: str) -> list[Saved]:
+        items = [Saved(f"rms norm {which}", "input (the residual stream, fp32)", n * h, FP32),
+                 Saved(f"rms norm {which}", "1/rms, one per token", n, FP32),
+                 Saved(f"rms norm {which}", "x / rms (fp32)", n * h, FP32)]
+        copies = readers if autocast(cfg) else 1
+        return items + [Saved(what, "input (the norm's output)" if copies == 1
+                              else f"input, one 16-bit copy per matmul", copies * n * h, lo)]
+    items = norm("1", 3, "q/k/v matmuls")
+    items += _attention(cfg, device, k, qkv_fused=False)
+    if cfg.dropout:
+        items.append(Saved("residual dropout (attention)", "mask", n * h, mask_bytes(cfg, device)))
+    items += norm("2", 2, "gate/up matmuls")
+    items += [Saved("SiLU", "input (gate's output)", n * f, lo),
+              Saved("SiLU(gate) * up", "SiLU's output and up's output", 2 * n * f, lo),
+              Saved("down matmul", "input (the product)", n * f, lo)]
+    if cfg.dropout:
+        items.append(Saved("residual dropout (mlp)", "mask", n * h, mask_bytes(cfg, device)))
+    return items
+
+
+def block_weights(cfg: BudgetConfig) -> int:
+    """Elements of one block's matmul weights: what autocast copies to 16 bits."""
+    h, f = cfg.d_model, cfg.ffn
+    if cfg.architecture == "llama":
+        k = cfg.kv_heads * cfg.head_dim
+        return 2 * h * h + 2 * h * k + 3 * h * f
+    return 4 * h * h + 2 * h * f
+
+
+def block_biases(cfg: BudgetConfig) -> int:
+    """Elements of one block's matmul biases (cast and cached, never saved)."""
+    return 0 if cfg.architecture == "llama" else 3 * cfg.d_model + cfg.d_model + cfg.ffn + cfg.d_model
+
+
+def block_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
+    """Everything one block keeps for its backward, the weights' 16-bit
+    copies included under autocast."""
+    items = llama_block(cfg, device) if cfg.architecture == "llama" else gpt2_block(cfg, device)
+    if autocast(cfg):
+        items.append(Saved("block matmuls", "weights, 16-bit copies", block_weights(cfg),
+                           compute_bytes(cfg)))
+    return items
+
+
+# ------------------------------------------------------------ head and loss
+def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
+    """What the model keeps outside its blocks: the embedding's dropout mask,
+    the final norm, the head's input (and weight copy), the loss."""
+    n, h, V = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.vocab_size
+    lo = compute_bytes(cfg)
+    items = []
+    if cfg.dropout:
+        items.append(Saved("embedding dropout", "mask", n * h, mask_bytes(cfg, device),
+                           until_end=True))
+    if cfg.architecture == "llama":
+        items += [Saved("final rms norm", "input (fp32)", n * h, FP32),
+                  Saved("final rms norm", "1/rms and x / rms", n + n * h, FP32),
+                  Saved("rotary embedding", "cos and sin (fp32, all blocks)",
+                        2 * cfg.seq_len * cfg.head_dim, FP32, until_end=True)]
+    else:
+        items += [Saved("final layer norm", "input (fp32)", n * h, FP32),
+                  Saved("final layer norm", "mean and 1/std", 2 * n, FP32)]
+    items.append(Saved("head matmul", "input (the final norm's output)", n * h, lo))
+    if autocast(cfg):
+        items.append(Saved("head matmul", "weight, 16-bit copy", V * h, lo))
+    if cfg.activation_model == "pytorch":  # the caller holds the returned logits
+        items.append(Saved("head matmul", "logits (returned to the caller)", n * V, lo))
+    items.append(Saved("cross-entropy", "log_softmax output (fp32)", n * V, FP32))
+    if cfg.activation_model == "hf":  # the labels, shifted by one: a new int64 tensor
+        items.append(Saved("cross-entropy", "shifted labels (int64)", n, INDEX))
+    return items
+
+
+def logits_bytes(cfg: BudgetConfig) -> int:
+    return cfg.micro_batch * cfg.seq_len * cfg.vocab_size * compute_bytes(cfg)
+
+
+def vocab_fp32_bytes(cfg: BudgetConfig) -> int:
+    """One fp32 [B*T, V] tensor: log_softmax's output, its gradient, the logits' gradient."""
+    return cfg.micro_batch * cfg.seq_len * cfg.vocab_size * FP32
+
+
+# --------------------------------------------------------------- the step
+@dataclass(frozen=True)
+class Moment:
+    """One moment of the step and what is alive then, largest terms first."""
+    name: str
+    alive: tuple  # (what, bytes) pairs
+
+    @property
+    def bytes(self) -> int:
+        return sum(b for _, b in self.alive)
+
+
+@dataclass(frozen=True)
+class RealStep:
+    """The saved tensors of one micro-batch and the step's candidate peaks."""
+    items: tuple          # Saved entries alive at the end of the forward
+    moments: tuple        # Moment, steady state (AdamW's state exists)
+    first_step: tuple     # Moment, the first step
+
+    @property
+    def saved(self) -> int:
+        return sum(x.bytes for x in self.items)
+
+    @property
+    def peak_moment(self) -> Moment:
+        return max(self.moments, key=lambda m: m.bytes)
+
+    @property
+    def first_step_peak_moment(self) -> Moment:
+        return max(self.first_step, key=lambda m: m.bytes)
+
+
+def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int]:
+    """Saved entries (blocks then outside), and the bytes of one block."""
+    L, n, h = cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
+    block = block_saved(cfg, device)
+    one_block = sum(x.bytes for x in block)
+    if cfg.recompute == "full":  # each block keeps only its input
+        blocks = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, L)]
+    else:
+        blocks = [replace(x, count=L) for x in block]
+    return blocks, outside_saved(cfg, device), one_block
+
+
+def real_step(cfg: BudgetConfig, fixed: dict[str, int], largest_parameter: int,
+              device: str = "cuda") -> RealStep:
+    """The step of `cfg.activation_model` ("pytorch" or "hf") on one device
+    holding `fixed` (bytes of weights, gradients, optimizer state), whose
+    largest parameter has `largest_parameter` elements."""
+    blocks, outside, one_block = _kept(cfg, device)
+    items = tuple(blocks + outside)
+    saved = sum(x.bytes for x in items)
+    weights = fixed["weights"] + fixed["master weights"]
+    grads, state = fixed["gradients"], fixed["optimizer state"]
+    lo = compute_bytes(cfg)
+    vocab = vocab_fp32_bytes(cfg)
+    cast_weights = 0
+    if autocast(cfg):
+        all_casts = cfg.n_layer * (block_weights(cfg) + block_biases(cfg)) * lo
+        kept_casts = 0 if cfg.recompute == "full" else cfg.n_layer * block_weights(cfg) * lo
+        cast_weights = all_casts - kept_casts  # cached until the forward ends, not saved
+    # With accumulation, the gradients of earlier micro-batches are alive throughout.
+    earlier_grads = grads if cfg.accumulation > 1 else 0
+
+    def moments(state_bytes: int, first: bool) -> tuple:
+        base = [("weights", weights)] + ([("optimizer state", state_bytes)] if state_bytes else [])
+        if earlier_grads and not first:
+            base.append(("gradients of earlier micro-batches", earlier_grads))
+        fwd_end = [*base, ("saved by the forward", saved - vocab)]
+        if cfg.activation_model == "hf":
+            fwd_end.append(("logits", logits_bytes(cfg)))
+        if autocast(cfg):
+            fwd_end.append(("logits, fp32 copy for the loss", vocab))
+            if cast_weights:
+                fwd_end.append(("autocast cache: 16-bit weight copies", cast_weights))
+        fwd_end.append(("log_softmax output", vocab))
+        loss_bwd = [*base, ("saved by the forward", saved),
+                    ("gradient of the log_softmax output", vocab),
+                    ("gradient of the logits (fp32)", vocab)]
+        found = [Moment("the loss at the end of the forward", tuple(fwd_end)),
+                 Moment("the loss's backward", tuple(loss_bwd))]
+        if cfg.recompute == "full":  # at least: its own backward adds a few more tensors
+            n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
+            found.append(Moment("the first block's backward (recomputed)", (
+                *base, ("gradients", grads),
+                ("the first block's recomputed tensors", one_block),
+                ("its checkpointed input", n * h * FP32))))
+        opt = [("weights", weights), ("gradients", grads), ("optimizer state", state)]
+        if cfg.optimizer == "adamw":
+            opt.append(("AdamW temporaries (sqrt(v) and the update, largest parameter)",
+                        ADAMW_TEMPORARIES * largest_parameter * FP32))
+        found.append(Moment("the optimizer step", tuple(opt)))
+        return tuple(Moment(m.name, tuple(sorted(((w, b) for w, b in m.alive if b),
+                                                 key=lambda wb: -wb[1]))) for m in found)
+
+    return RealStep(items=items, moments=moments(state, first=False),
+                    first_step=moments(0, first=True))
+
+
+def largest_parameter(cfg: BudgetConfig) -> int:
+    """Elements of the largest parameter tensor: the token embedding (or an
+    untied head of the same size), else one MLP matrix."""
+    return max(cfg.vocab_size * cfg.d_model, cfg.d_model * cfg.ffn)
+
+
+def real_step_activations(cfg: BudgetConfig, device: str = "cuda") -> Activations:
+    """The Activations of a real step on one device: `saved` alive at the end
+    of the forward, `peak` the steady-state peak above the fixed bytes."""
+    assert cfg.activation_model in REAL_STEP_MODELS, cfg.activation_model
+    fixed = per_device_fixed(cfg, fixed_bytes(cfg))
+    step = real_step(cfg, fixed, largest_parameter(cfg), device)
+    return Activations(cfg.activation_model, step.saved,
+                       step.peak_moment.bytes - sum(fixed.values()), step.items, step=step)
