@@ -531,6 +531,15 @@ _TRIAGE_NUDGES = {
               "say where they come from. Which op between W1 and the loss has a derivative of "
               "0 almost everywhere?",
     ("D", 6): "float64 would show the same zeros: this is not a precision problem",
+    ("B", 6): "float64 would not rescue this run: dividing by a temperature of 1e-4 makes "
+              "logits in the thousands, and exp of a thousand overflows float64 as well. Find "
+              "the first op that produced an Inf instead",
+    ("E", 4): "step 4 finds nothing here: mystery E computes one gradient, once, so nothing "
+              "accumulates. Its size is off because of what the loss adds up: look at the "
+              "axis of each reduction in the loss line",
+    ("E", 9): "a finite-difference check would agree with this backward: the gradient is the "
+              "right gradient of the loss as written. The loss line itself differs from the "
+              "intended one printed below it",
 }
 
 
@@ -553,11 +562,9 @@ def check_triage(triage) -> None:
         if (case, int(got)) in _TRIAGE_NUDGES:
             hint = _TRIAGE_NUDGES[case, int(got)]
         elif int(got) in steps:
-            others = ", ".join(str(k) for k in sorted(steps) if k != int(got))
             hint = (f"step {got} is on the list for this symptom, but it would not find what "
-                    f"is wrong in mystery {case}: read its code again and ask which of the "
-                    f"other listed steps ({others}) looks at the line that differs from a "
-                    f"normal run")
+                    f"is wrong in mystery {case}: read its code again, find the line that "
+                    f"differs from a normal run, and ask which step looks at that kind of line")
         elif int(got) == 9:
             hint = ("step 9 would find it eventually, but it comes last for a reason: the "
                     "symptom points at a cheaper step first")

@@ -711,7 +711,9 @@ def test_05_4_passes_the_right_triage(capsys):
 
 @pytest.mark.parametrize("answers, phrase", [
     ({"A": 1}, "W1 takes part"),
-    ({"E": 4}, "step 4 is on the list"),
+    ({"E": 4}, "nothing accumulates"),
+    ({"B": 6}, "overflows float64 as well"),
+    ({"E": 9}, "right gradient of the loss as written"),
     ({"D": 5}, "would not say where they come from"),
     ({"B": 9}, "comes last for a reason"),
     ({"E": 3}, "diagnose('right shape, plausible direction, wrong size')"),
@@ -733,6 +735,7 @@ def test_05_4_hints_never_give_away_the_step(case, wrong):
     hint = str(err.value).split("Hint:", 1)[1]
     step = right[case]
     assert f"step {step}" not in hint and f"by step" not in hint, hint
+    assert f"({step})" not in hint, hint          # not the one step left of a list
 
 
 def test_05_4_mystery_a_is_step_2_by_the_steps_own_words():
