@@ -91,11 +91,22 @@ def check_step_seconds(step_seconds) -> None:
                                          f"too many. The central difference evaluates the loss "
                                          f"at theta + eps and theta - eps, never at theta itself: "
                                          f"2 per parameter.")
+        if np.isclose(fd, 3 * n * t, rtol=1e-9):
+            raise ExerciseError(EX_COST, f"finite differences: {fd:.4g} s is three forward "
+                                         f"passes per parameter, backprop's price paid once per "
+                                         f"parameter. The central difference evaluates the loss "
+                                         f"twice per parameter, at theta + eps and theta - eps.")
         if not np.isclose(fd, 2 * n * t, rtol=1e-9):
             raise ExerciseError(EX_COST, f"finite differences for {n} parameters at {t} s per "
                                          f"forward pass: you have {fd:.4g} s. Count the loss "
                                          f"calls of your central_difference_gradient: how many "
                                          f"per parameter?")
+        if np.isclose(bp, 3 * n * t, rtol=1e-9) or np.isclose(bp, 2 * n * t, rtol=1e-9):
+            raise ExerciseError(EX_COST, f"backprop: {bp:.4g} s grows with the number of "
+                                         f"parameters, but one forward and one backward pass "
+                                         f"give the gradient of every parameter at once. Price "
+                                         f"those passes for the whole network, not per "
+                                         f"parameter.")
         if np.isclose(bp, t):
             raise ExerciseError(EX_COST, "backprop: one forward pass is right, but the backward "
                                          "pass is not free. Price it by its matrix products: "

@@ -203,6 +203,10 @@ def check_micro_batch_that_fits(micro_batch_that_fits) -> None:
             (memory // (N * d * L * e), "each layer keeps k tensors of B x N x d, not one."),
             (memory // (N * d * k * L), "that counts elements, not bytes: multiply one "
                                         "sequence's elements by the bytes per element."),
+            (memory // (one * 8), f"that counts bits: e = {e} is already bytes per element, "
+                                  f"and the memory is in bytes, so no factor of 8."),
+            (memory * 8 // one, f"that turns the memory into bits but prices an element in "
+                                f"bytes (e = {e}): both are bytes already, no factor of 8."),
             (round(memory / one), f"B={got} does not fit ({got * one:,} bytes > {memory:,}): "
                                   f"round the division down, not to the nearest."),
             (-(-memory // one), f"B={got} does not fit ({got * one:,} bytes > {memory:,}): "

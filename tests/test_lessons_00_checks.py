@@ -87,7 +87,10 @@ def test_step_seconds_right_prediction_written_another_way_passes(capsys):
 @pytest.mark.parametrize("answer, words", [
     (lambda n, t: (n * t, 3 * t), ("forward difference", "two per parameter")),
     (lambda n, t: ((2 * n + 1) * t, 3 * t), ("one forward pass too many", "never at theta itself")),
-    (lambda n, t: (3 * n * t, 3 * t), ("Count the loss calls",)),
+    (lambda n, t: (3 * n * t, 3 * t), ("three forward passes per parameter", "twice per")),
+    (lambda n, t: (4 * n * t, 3 * t), ("Count the loss calls",)),
+    (lambda n, t: (2 * n * t, 3 * n * t), ("grows with the number of parameters",
+                                           "every parameter at once")),
     (lambda n, t: (2 * n * t, t), ("backward pass is not free", "d_W2 = h.T @ d_pred")),
     (lambda n, t: (2 * n * t, 2 * t), ("forward pass is not free", "add the one forward pass")),
     (lambda n, t: (2 * n * t, 2.5 * t), ("first layer owes no gradient", "middle of a deep")),
