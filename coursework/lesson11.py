@@ -136,8 +136,13 @@ def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
         if one.tobytes() != runs[0].tobytes():
             raise ExerciseError(EX_SCATTER, f"1 thread and {threads} threads give different "
                                             f"bits: the additions into a row happen in an order "
-                                            f"that depends on how tokens are split between "
-                                            f"threads. Split the columns, not the tokens.")
+                                            f"that depends on how many threads share the "
+                                            f"tokens (one table per thread, summed at the end, "
+                                            f"does this). Split the columns: each thread owns "
+                                            f"whole columns and adds the tokens in order. Or "
+                                            f"keep partial tables, but for a fixed number of "
+                                            f"token chunks, not one per thread, and add them "
+                                            f"in chunk order.")
     # time it against np.add.at at the tiny trainer's shape: B*T = 2048 tokens, C = 128
     ids3 = rng.integers(0, 100, size=2048)
     g3 = rng.normal(size=(2048, 128)).astype(np.float32)

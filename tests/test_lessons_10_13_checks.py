@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+import numba
 from numba import njit, prange
 
 from coursework import ExerciseError, lesson10
@@ -373,6 +374,52 @@ def test_11_1_stub_says_not_done():
 ])
 def test_11_1_names_the_mistake(fn, phrase):
     expect(lesson11.check_embedding_backward, fn, "11.1", phrase, repeats=2)
+
+
+@njit(parallel=True)
+def scatter_per_thread_tables(ids, g, vocab_size):
+    """Race-free and repeatable, but one partial table per thread: the grouping of the
+    sums, hence the bits, follows the thread count."""
+    n, c = g.shape
+    chunks = numba.get_num_threads()
+    tables = np.zeros((chunks, vocab_size, c), g.dtype)
+    size = (n + chunks - 1) // chunks
+    for k in prange(chunks):
+        for t in range(k * size, min(n, (k + 1) * size)):
+            for j in range(c):
+                tables[k, ids[t], j] += g[t, j]
+    d = np.zeros((vocab_size, c), g.dtype)
+    for k in range(chunks):
+        d += tables[k]
+    return d
+
+
+@njit(parallel=True)
+def scatter_fixed_chunks(ids, g, vocab_size):
+    """Right, written differently: partial tables for 8 token chunks, whatever the thread
+    count, added in chunk order."""
+    n, c = g.shape
+    tables = np.zeros((8, vocab_size, c), g.dtype)
+    size = (n + 7) // 8
+    for k in prange(8):
+        for t in range(k * size, min(n, (k + 1) * size)):
+            for j in range(c):
+                tables[k, ids[t], j] += g[t, j]
+    d = np.zeros((vocab_size, c), g.dtype)
+    for k in range(8):
+        d += tables[k]
+    return d
+
+
+def test_11_1_passes_partial_tables_of_a_fixed_number_of_chunks(capsys):
+    lesson11.check_embedding_backward(scatter_fixed_chunks, repeats=2)
+    assert "Exercise 11.1 (embedding_backward) passed." in capsys.readouterr().out
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two numba threads")
+def test_11_1_a_table_per_thread_is_told_to_fix_the_number_of_chunks():
+    expect(lesson11.check_embedding_backward, scatter_per_thread_tables, "11.1",
+           "a fixed number of token chunks, not one per thread", repeats=2)
 
 
 def test_11_1_racy_threads_are_caught_when_they_race():
