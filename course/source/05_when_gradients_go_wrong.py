@@ -445,7 +445,14 @@ for ax, (name, s) in zip(axes.flat, suspects.items()):
     ax.set_xlabel("input value")
 axes[0, 0].set_ylabel("analytic / numerical")
 axes[1, 0].set_ylabel("analytic / numerical")
-axes.flat[-1].axis("off")
+key = axes.flat[-1]                        # the eighth panel, empty: the legend goes there
+key.axis("off")
+key.legend(handles=[
+    plt.Line2D([], [], ls="", marker="o", color="tab:orange", label="input < 0"),
+    plt.Line2D([], [], ls="", marker="o", color="tab:blue", label="input ≥ 0"),
+    plt.Line2D([], [], ls="", marker="x", color="0.3", label="second input (a bias)"),
+    plt.Line2D([], [], color="0.7", label="ratio 1: a correct rule"),
+], loc="center", title="each point: one input element")
 fig.tight_layout()
 plt.show()
 

@@ -906,16 +906,18 @@ print(f"backward ends at {backward_end:.0f} ms; the step can start at "
 assert overlapped[-1][1] <= after_backward[-1][1]
 
 # %%
-fig, ax = plt.subplots(figsize=(9, 2.6))
+fig, ax = plt.subplots(figsize=(9, 2.8))
+lane = dict(height=0.6, edgecolor="white")       # one lane per row, with a gap between them
 t = 0.0
 for name, ms_ in zip(bucket_names, backward_ms):
-    ax.barh(1, ms_, left=t, color="C0", edgecolor="white")
+    ax.barh(2, ms_, left=t, color="C0", **lane)
     t += ms_
 for (t0, t1) in overlapped:
-    ax.barh(0.5, t1 - t0, left=t0, color="C1", edgecolor="white")
+    ax.barh(1, t1 - t0, left=t0, color="C1", **lane)
 for (t0, t1) in after_backward:
-    ax.barh(0, t1 - t0, left=t0, color="C3", edgecolor="white")
-ax.set_yticks([0, 0.5, 1], ["sends after\nthe backward", "sends\noverlapped", "backward,\nbucket by bucket"])
+    ax.barh(0, t1 - t0, left=t0, color="C3", **lane)
+ax.set_yticks([0, 1, 2], ["sends after\nthe backward", "sends\noverlapped",
+                          "backward,\nbucket by bucket"])
 ax.set_xlabel("ms from the start of the backward")
 ax.set_title("Gradient buckets on one link (stated times, tiny GPT's bucket sizes)")
 ax.grid(True, axis="x", alpha=0.3)
