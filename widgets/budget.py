@@ -40,6 +40,7 @@ from engine import budget as B
 CATEGORY_COLORS = {
     "weights": "#4c72b0", "master weights": "#8172b3", "gradients": "#55a868",
     "optimizer state": "#ccb974", "activations": "#c44e52", "recompute transient": "#e8a0a2",
+    "step transient": "#dd8452",
 }
 _THIS_MACHINE: dict = {}  # "this machine" as a device, once measured
 

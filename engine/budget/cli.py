@@ -6,12 +6,12 @@ import json
 import re
 import sys
 
-from .config import (ACTIVATION_MODELS, ARCHITECTURES, BudgetConfig, BudgetError,
+from .config import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BudgetConfig, BudgetError,
                      GRAD_PRECISIONS, OPTIMIZERS, PRECISIONS, PRESET_NAMES, RECOMPUTE, preset)
 from .devices import DEVICES, this_machine
 from .hf import config_from_hf, read_hf_config
 from .total import budget
-from .report import describe
+from .report import describe, describe_breakdown
 
 THIS_MACHINE_FLAG = "this-machine"
 
@@ -105,10 +105,23 @@ def _parser() -> argparse.ArgumentParser:
                     "estimate (default 0.4)")
     ap.add_argument("--optimizer", help=f"one of {', '.join(OPTIMIZERS)}")
     ap.add_argument("--activations", dest="activation_model",
-                    help=f"activation model: {', '.join(ACTIVATION_MODELS)}")
-    ap.add_argument("--dropout", choices=("on", "off"), help="dropout masks in the "
-                    "transformer model")
-    ap.add_argument("--recompute", help=f"one of {', '.join(RECOMPUTE)}")
+                    help=f"whose step is modelled: {', '.join(ACTIVATION_MODELS)} (rule: "
+                         "k tensors per layer; transformer: the textbook op list; engine: "
+                         "this engine's GPT; pytorch: a plain PyTorch GPT as nanoGPT writes "
+                         "it; hf: Hugging Face transformers' GPT-2 or LLaMA)")
+    ap.add_argument("--attention", help=f"one of {', '.join(ATTENTIONS)}: standard keeps "
+                    "the T x T probabilities (eager attention), flash one number per row "
+                    "(SDPA's kernels)")
+    ap.add_argument("--dropout", choices=("on", "off"), help="dropout (p=0.1) in the step")
+    ap.add_argument("--recompute", help=f"one of {', '.join(RECOMPUTE)} (under pytorch and "
+                    "hf, full = checkpoint every block, as transformers' "
+                    "gradient_checkpointing_enable() does)")
+    ap.add_argument("--breakdown", action="store_true", help="list every kept tensor and "
+                    "every moment of the step that could be its peak")
+    ap.add_argument("--measure", choices=("torch",), help="also run the same step in "
+                    "PyTorch (pytorch and hf models; needs torch, and transformers for hf) "
+                    "and print measured beside predicted: on CUDA at the given shape, on "
+                    "the CPU at a scaled-down one")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
@@ -118,7 +131,7 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
                for flag, (field_, _, _) in _KNOBS.items()}
     changes = {k: v for k, v in changes.items() if v is not None}
     for knob in ("precision", "optimizer", "activation_model", "recompute", "architecture",
-                 "grad_precision", "zero", "device_memory", "device_flops", "mfu"):
+                 "attention", "grad_precision", "zero", "device_memory", "device_flops", "mfu"):
         if getattr(args, knob) is not None:
             changes[knob] = getattr(args, knob)
     if args.untied:
@@ -132,8 +145,18 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
     if args.hf_config is not None:
         if args.preset is not None:
             raise BudgetError("give --preset or --hf-config, not both: both set the model.")
-        cfg = config_from_hf(read_hf_config(args.hf_config), source=args.hf_config,
-                             **changes)
+        data = read_hf_config(args.hf_config)
+        if "architecture" in changes and changes["architecture"] != data.get("model_type"):
+            raise BudgetError(
+                f"--arch {changes['architecture']} contradicts the file's model_type "
+                f"{data.get('model_type')!r}; leave out --arch (the file says the "
+                f"architecture).")
+        cfg = config_from_hf(data, source=args.hf_config, **changes)
+    elif args.preset is None and set(changes) & _SHAPE_FIELDS:
+        # A shape of your own: the default preset's limits (128 positions, the
+        # engine's own GPT) belong to its tiny model, not to yours.
+        start = {"block_size": 0, "activation_model": "transformer"}
+        cfg = preset("tiny", **{**start, **changes})
     else:
         cfg = preset(args.preset or "tiny", **changes)
     if args.device == THIS_MACHINE_FLAG:  # measured only once the rest is known to be valid
@@ -143,10 +166,15 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
     return cfg
 
 
+# Knobs that describe the model's shape: set without a preset, they start a model of your own.
+_SHAPE_FIELDS = {"n_layer", "d_model", "n_head", "vocab_size", "d_ff", "n_params", "n_kv_head",
+                 "seq_len", "architecture"}
+
 _FLAG_OF = {**{field_: flag for flag, (field_, _, _) in _KNOBS.items()},
             "activation_model": "--activations", "precision": "--precision",
             "optimizer": "--optimizer", "recompute": "--recompute", "dropout": "--dropout",
             "architecture": "--arch", "grad_precision": "--grad-precision", "zero": "--zero",
+            "attention": "--attention",
             "device_memory": "--device-memory", "device_flops": "--device-flops",
             "mfu": "--mfu"}
 # Whole phrases first: the head's switch is a pair of flags, not a value.
@@ -168,11 +196,60 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         b = budget(config_from_args(args))
+        if args.measure and b.config.activation_model not in ("pytorch", "hf"):
+            raise BudgetError(f"--measure torch runs a PyTorch step, so it needs --activations "
+                              f"pytorch or hf, not {b.config.activation_model}.")
+        comparison = measured_beside_predicted(b.config) if args.measure else None
     except BudgetError as exc:
         print(f"error: {_with_flags(str(exc))}", file=sys.stderr)
         return 2
     try:
-        print(json.dumps(b.as_dict(), indent=1) if args.json else describe(b))
+        if args.json:
+            out = b.as_dict()
+            if comparison:
+                out["measured"] = comparison
+            print(json.dumps(out, indent=1))
+        else:
+            print(describe(b) + (f"\n\n{describe_breakdown(b)}" if args.breakdown else "")
+                  + (f"\n\n{describe_comparison(comparison)}" if comparison else ""))
     except BrokenPipeError:  # `... | head` closed the pipe early: not an error of ours
         sys.stderr.close()
     return 0
+
+
+def measured_beside_predicted(cfg: BudgetConfig) -> dict:
+    """Run the step in PyTorch (see engine.budget.torch_step) and predict the
+    very step that ran, on the device it ran on."""
+    from .real_step import real_step_activations
+    from .torch_step import measure_step
+    print("measuring: building the model in PyTorch and running two training steps ...",
+          file=sys.stderr, flush=True)
+    m = measure_step(cfg)
+    predicted = budget(m.config)
+    acts = real_step_activations(m.config, device=m.device)
+    fixed = predicted.fixed_total
+    rows = {"weights": (predicted.fixed["weights"], m.weights),
+            "activations": (acts.saved, m.activations),
+            "peak": (fixed + acts.peak, m.peak),
+            "peak_first_step": (acts.step.first_step_peak_moment.bytes, m.peak_first_step)}
+    return {"device": m.device, "config": {"micro_batch": m.config.micro_batch,
+                                          "seq_len": m.config.seq_len,
+                                          "n_layer": m.config.n_layer,
+                                          "precision": m.config.precision},
+            "scaled_down": m.config != cfg,
+            "rows": {k: {"predicted": p, "measured": v} for k, (p, v) in rows.items()}}
+
+
+def describe_comparison(comparison: dict) -> str:
+    from .report import human_bytes
+    c = comparison["config"]
+    lines = [f"measured with PyTorch on {comparison['device']}: B={c['micro_batch']} "
+             f"N={c['seq_len']} L={c['n_layer']} {c['precision']}"
+             + (" (scaled down from the budget's shape to run on the CPU; the prediction "
+                "below is for this shape)" if comparison["scaled_down"] else ""),
+             f"  {'':<18}{'predicted':>12}{'measured':>12}{'ratio':>8}"]
+    for what, row in comparison["rows"].items():
+        ratio = row["predicted"] / row["measured"] if row["measured"] else float("nan")
+        lines.append(f"  {what:<18}{human_bytes(row['predicted']):>12}"
+                     f"{human_bytes(row['measured']):>12}{ratio:>8.3f}")
+    return "\n".join(lines)

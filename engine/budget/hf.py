@@ -15,6 +15,8 @@ The batch shape and training policy come from the caller.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from .config import BudgetConfig, BudgetError
@@ -28,19 +30,33 @@ _LLAMA = {"num_hidden_layers": "n_layer", "hidden_size": "d_model",
           "vocab_size": "vocab_size", "max_position_embeddings": "block_size"}
 
 
+def _read_bounded(path: Path) -> bytes | None:
+    """At most MAX_CONFIG_BYTES + 1 bytes of `path`, or None when it is not a regular
+    file. Opened without blocking, so a named pipe cannot wait for a writer forever, and
+    checked on the open file, so /dev/zero (size 0, endless) is refused before reading."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(MAX_CONFIG_BYTES + 1)
+
+
 def read_hf_config(path) -> dict:
     """The JSON object of a config.json, or BudgetError saying what is wrong."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        raw = _read_bounded(path)
     except OSError as exc:
         raise BudgetError(f"cannot read the Hugging Face config {str(path)!r}: "
                           f"{exc.strerror}; give the path of a config.json.") from None
-    if size > MAX_CONFIG_BYTES:
-        raise BudgetError(f"{str(path)!r} is {size:,} bytes, too large for a config.json "
-                          f"(at most {MAX_CONFIG_BYTES:,}); give the model's config.json.")
+    if raw is None:
+        raise BudgetError(f"{str(path)!r} is not a regular file (a pipe, a device or a "
+                          f"folder); give the path of the model's config.json.")
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise BudgetError(f"{str(path)!r} is more than {MAX_CONFIG_BYTES:,} bytes, too large "
+                          f"for a config.json; give the model's config.json.")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BudgetError(f"{str(path)!r} is not a JSON file ({exc}); give the model's "
                           f"config.json.") from None

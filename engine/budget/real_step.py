@@ -120,13 +120,14 @@ def gpt2_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     """One GPT-2 block of transformers (`GPT2Block`) or of a plain PyTorch GPT."""
     n, h, f = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.ffn
     lo, mask = compute_bytes(cfg), mask_bytes(cfg, device)
-    stats = Saved("layer norm", "mean and 1/std, two per token", 2 * n, FP32)
-    items = [Saved("layer norm 1", "input (the residual stream, fp32)", n * h, FP32), stats,
+    def stats(which: str) -> Saved:
+        return Saved(f"layer norm {which}", "mean and 1/std, two per token", 2 * n, FP32)
+    items = [Saved("layer norm 1", "input (the residual stream, fp32)", n * h, FP32), stats("1"),
              Saved("qkv matmul", "input (layer norm 1's output)", n * h, lo)]
     items += _attention(cfg, device, h, qkv_fused=True)
     if cfg.dropout:
         items.append(Saved("residual dropout (attention)", "mask", n * h, mask))
-    items += [Saved("layer norm 2", "input (the residual stream, fp32)", n * h, FP32), stats,
+    items += [Saved("layer norm 2", "input (the residual stream, fp32)", n * h, FP32), stats("2"),
               Saved("fc matmul", "input (layer norm 2's output)", n * h, lo)]
     if cfg.activation_model == "hf":
         # GELU as transformers' "gelu_new": 0.5*x*(1+tanh(c*(x+0.044715*x**3))).

@@ -64,9 +64,12 @@ def describe(b: Budget) -> str:
         f"{tokens_per_step(c):,} per optimizer step"
         + (f" per device, {b.tokens_per_step_all_devices:,} over {c.devices} devices"
            if c.devices > 1 else ""),
-        f"policy     {c.precision} storage"
-        + (" + fp32 master weights" if MASTER_BYTES[c.precision] else "")
-        + f", {grads}, {c.optimizer}, activations: {c.activation_model} model"
+        (f"policy     torch.autocast to {c.precision} over fp32 weights, fp32 gradients"
+         if c.autocast else
+         f"policy     {c.precision} storage"
+         + (" + fp32 master weights" if MASTER_BYTES[c.precision] else "") + f", {grads}")
+        + f", {c.optimizer}, activations: {MODEL_NAMES[c.activation_model]}"
+        + (f", {c.attention} attention" if c.activation_model != "rule" else "")
         + (f" ({c.tensors_per_layer} tensors per layer)" if c.activation_model == "rule" else "")
         + (", dropout" if c.dropout else "") + f", recompute {c.recompute}",
         "",
@@ -76,7 +79,7 @@ def describe(b: Budget) -> str:
         row = [b.flops[w][k] for w in ("per_token", "per_micro_batch", "per_step")]
         lines.append(f"  {k:<10}" + "".join(f"{human_flops(v):>{w}}"
                                             for v, w in zip(row, (14, 18, 16))))
-    bpp = bytes_per_parameter(c.precision, c.optimizer, c.grad_precision)
+    bpp = bytes_per_parameter(c.precision, c.optimizer, c.grad_precision, c.autocast)
     sharded = c.devices > 1 and c.zero > 0
     lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices)"
                               if c.devices > 1 else "")]
@@ -90,10 +93,13 @@ def describe(b: Budget) -> str:
                     else f"({sum(bpp.values())} bytes/param)"))
     lines.append(f"  {'one B x N x d tensor':<22}{human_bytes(b.one_tensor_bytes):>12}")
     lines.append(f"  {'activations (saved)':<22}{human_bytes(b.activations.saved):>12}")
-    if b.activations.transient:
+    if b.activations.transient and b.activations.step is None:
         lines.append(f"  {'recompute transient':<22}{human_bytes(b.activations.transient):>12}")
-    lines.append(f"  {'peak of the step':<22}{human_bytes(b.peak):>12}   "
-                 f"(fixed total + activation peak)")
+    if b.activations.step is None:
+        lines.append(f"  {'peak of the step':<22}{human_bytes(b.peak):>12}   "
+                     f"(fixed total + activation peak)")
+    else:
+        lines += describe_peak(b)
     if b.communication:
         lines += ["", f"communication per optimizer step (ring collectives over "
                       f"{c.devices} devices)"]
@@ -105,6 +111,51 @@ def describe(b: Budget) -> str:
                      f"{human_bytes(sum(r['sent_per_device'] for r in b.communication)):>12}")
     if b.device:
         lines += ["", *describe_device(b)]
+    return "\n".join(lines)
+
+
+MODEL_NAMES = {"rule": "rule of thumb", "transformer": "transformer op list",
+               "engine": "this engine's GPT", "pytorch": "plain PyTorch GPT (nanoGPT)",
+               "hf": "Hugging Face transformers"}
+
+
+def _terms(alive, shown: int = 3) -> str:
+    return ", ".join(f"{what} {human_bytes(size)}" for what, size in alive[:shown])
+
+
+def describe_peak(b: Budget) -> list[str]:
+    """A real step's peak: when it happens and the largest things alive then."""
+    step = b.activations.step
+    m, first = step.peak_moment, step.first_step_peak_moment
+    lines = [f"  {'peak of the step':<22}{human_bytes(m.bytes):>12}   (steady state)",
+             f"  {'peak of step 1':<22}{human_bytes(first.bytes):>12}   "
+             f"(before the optimizer state exists)" if first.name != "the optimizer step"
+             else f"  {'peak of step 1':<22}{human_bytes(first.bytes):>12}   "
+                  f"(in its optimizer step)",
+             f"peak       during {m.name}: {_terms(m.alive)}"]
+    return lines
+
+
+def describe_breakdown(b: Budget) -> str:
+    """Every kept tensor of one micro-batch, largest first, and the peak's moments."""
+    dtype = {1: "bool", 2: "16-bit", 4: "fp32", 8: "int64"}
+    c = b.config
+    rows = sorted(b.activations.items, key=lambda x: -x.bytes)
+    lines = [f"kept for the backward ({MODEL_NAMES[c.activation_model]}, B={c.micro_batch} "
+             f"N={c.seq_len}), largest first",
+             f"  {'op':<30}{'tensor':<44}{'dtype':>7}{'each':>11}{'x':>5}{'total':>11}"]
+    for x in rows:
+        lines.append(f"  {x.op[:29]:<30}{x.tensor[:43]:<44}{dtype.get(x.itemsize, '?'):>7}"
+                     f"{human_bytes(x.elements * x.itemsize):>11}{x.count:>5}"
+                     f"{human_bytes(x.bytes):>11}")
+    lines.append(f"  {'total':<30}{'':<44}{'':>7}{'':>11}{'':>5}"
+                 f"{human_bytes(b.activations.saved):>11}")
+    step = b.activations.step
+    if step is not None:
+        for title, moments in (("steady state", step.moments), ("step 1", step.first_step)):
+            lines += ["", f"moments of the step ({title}), what is alive at each"]
+            for m in sorted(moments, key=lambda m: -m.bytes):
+                lines.append(f"  {human_bytes(m.bytes):>10}  {m.name}: {_terms(m.alive, 9)}")
     return "\n".join(lines)
 
 

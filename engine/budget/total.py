@@ -48,10 +48,25 @@ class Budget:
     def tokens_per_step_all_devices(self) -> int:
         return self.config.devices * tokens_per_step(self.config)
 
+    @property
+    def peak_first_step(self) -> int:
+        """The first step's peak: a real step's optimizer state is created at its
+        first `step()`; the other models keep everything resident throughout."""
+        step = self.activations.step
+        return step.first_step_peak_moment.bytes if step else self.peak
+
     def memory(self) -> dict[str, int]:
-        """One device's categories of the stacked bar, in the order they are resident."""
-        return {**self.fixed_per_device, "activations": self.activations.saved,
-                "recompute transient": self.activations.transient}
+        """One device's categories of the stacked bar, in the order they are
+        resident; for a real step, what is alive at its peak's moment."""
+        step = self.activations.step
+        if step is None:
+            return {**self.fixed_per_device, "activations": self.activations.saved,
+                    "recompute transient": self.activations.transient}
+        parts = dict.fromkeys(("weights", "master weights", "gradients", "optimizer state",
+                               "activations", "step transient"), 0)
+        for what, size in step.peak_moment.alive:
+            parts[STEP_CATEGORY.get(what, "step transient")] += size
+        return parts
 
     def as_dict(self) -> dict:
         cfg = asdict(self.config)
@@ -64,9 +79,15 @@ class Budget:
             "flops": self.flops,
             "bytes_per_parameter": bytes_per_parameter(self.config.precision,
                                                        self.config.optimizer,
-                                                       self.config.grad_precision),
-            "memory": {**self.memory(), "fixed_total": self.fixed_total,
-                       "activations_peak": self.activations.peak, "peak": self.peak},
+                                                       self.config.grad_precision,
+                                                       self.config.autocast),
+            "memory": {**self.memory(), "activations": self.activations.saved,
+                       "fixed_total": self.fixed_total,
+                       "activations_peak": self.activations.peak, "peak": self.peak,
+                       "peak_first_step": self.peak_first_step,
+                       "peak_moment": _moment(self.activations.step, "peak_moment"),
+                       "peak_first_step_moment": _moment(self.activations.step,
+                                                         "first_step_peak_moment")},
             "model_fixed": self.fixed,
             "data_parallel": {"devices": self.config.devices, "zero": self.config.zero,
                               "tokens_per_step_all_devices":
@@ -76,6 +97,21 @@ class Budget:
             "one_tensor_bytes": self.one_tensor_bytes,
             "activation_items": [{**asdict(x), "bytes": x.bytes} for x in self.activations.items],
         }
+
+
+# Where each term alive at a real step's peak goes in the stacked bar.
+STEP_CATEGORY = {"weights": "weights", "optimizer state": "optimizer state",
+                 "gradients": "gradients", "gradients of earlier micro-batches": "gradients",
+                 "saved by the forward": "activations", "its checkpointed input": "activations"}
+
+
+def _moment(step, which: str) -> dict | None:
+    """A real step's moment as JSON: its name, its bytes, what is alive."""
+    if step is None:
+        return None
+    m = getattr(step, which)
+    return {"moment": m.name, "bytes": m.bytes,
+            "alive": [{"what": w, "bytes": b} for w, b in m.alive]}
 
 
 def _finite(row: dict) -> dict:

@@ -1,0 +1,245 @@
+"""Measure a real training step with PyTorch, to compare with `real_step`'s prediction.
+
+`measure_step(cfg)` builds the model `cfg.activation_model` names (a plain
+PyTorch GPT as nanoGPT writes it, or Hugging Face transformers' GPT-2 or
+LLaMA from a config, random weights), runs two training steps (forward,
+backward, `AdamW(foreach=False).step()`, `zero_grad(set_to_none=True)`) and
+reads what was allocated:
+
+- on CUDA, the caching allocator (`torch.cuda.memory_allocated` and
+  `max_memory_allocated`, the peak reset before each step);
+- on the CPU, PyTorch's profiler, whose memory events carry the running
+  total of what the CPU allocator handed out.
+
+Both count tensors only (not the cuBLAS workspace or oneDNN scratch).
+"activations" is what the forward leaves alive (after it minus before it, in
+step 2); "peak" the most alive during step 2 (weights and optimizer state
+included), "peak_first_step" during step 1. torch (and transformers for
+"hf") are optional extras: `torch_missing()` says what is missing.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+
+from .config import BudgetConfig, BudgetError
+
+# A CPU measurement runs the step for real: keep it to seconds.
+CPU_MAX_LAYERS = 4
+CPU_MAX_TOKENS = 512
+
+
+def torch_missing(cfg: BudgetConfig) -> str | None:
+    """None when the packages `cfg`'s step needs are importable, else which are not."""
+    needed = ["torch"] + (["transformers"] if cfg.activation_model == "hf" else [])
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (f"{' and '.join(missing)} not installed; `pip install "
+            f"{' '.join(missing)}` to measure a {cfg.activation_model} step")
+
+
+def cpu_shape(cfg: BudgetConfig) -> BudgetConfig:
+    """The scaled-down step a CPU measures: at most CPU_MAX_LAYERS blocks and
+    CPU_MAX_TOKENS tokens, in fp32 (the CPU's autocast casts other ops than
+    CUDA's, so a bf16 run there would not be the step predicted for a GPU)."""
+    seq = min(cfg.seq_len, CPU_MAX_TOKENS)
+    batch = max(1, min(cfg.micro_batch, CPU_MAX_TOKENS // seq))
+    return cfg.with_(n_layer=min(cfg.n_layer, CPU_MAX_LAYERS), micro_batch=batch,
+                     seq_len=seq, precision="fp32", accumulation=1, devices=1, zero=0)
+
+
+# ------------------------------------------------------------------ models
+def _hf_model(cfg: BudgetConfig):
+    import transformers
+    common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tied_embedding)
+    if cfg.architecture == "llama":
+        config = transformers.LlamaConfig(
+            num_hidden_layers=cfg.n_layer, hidden_size=cfg.d_model,
+            num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
+            intermediate_size=cfg.ffn, max_position_embeddings=cfg.positions,
+            attention_dropout=0.1 if cfg.dropout else 0.0, **common)
+        cls = transformers.LlamaForCausalLM
+    else:
+        p = 0.1 if cfg.dropout else 0.0
+        config = transformers.GPT2Config(
+            n_layer=cfg.n_layer, n_embd=cfg.d_model, n_head=cfg.n_head,
+            n_inner=cfg.d_ff or None, n_positions=cfg.positions,
+            attn_pdrop=p, resid_pdrop=p, embd_pdrop=p, **common)
+        cls = transformers.GPT2LMHeadModel
+    config.bos_token_id = config.eos_token_id = config.pad_token_id = None
+    model = cls._from_config(config, attn_implementation=(
+        "sdpa" if cfg.attention == "flash" else "eager"))
+    if cfg.recompute == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _plain_model(cfg: BudgetConfig):
+    """nanoGPT's GPT (its model.py, written again here): pre-LN blocks, fused
+    qkv, F.gelu(approximate="tanh"), SDPA or manual attention, tied head."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+    p, flash = (0.1 if cfg.dropout else 0.0), cfg.attention == "flash"
+    C, H = cfg.d_model, cfg.n_head
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+            self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            self.c_fc, self.mlp_proj = nn.Linear(C, cfg.ffn), nn.Linear(cfg.ffn, C)
+            self.attn_drop, self.resid_drop = nn.Dropout(p), nn.Dropout(p)
+            self.register_buffer("causal", torch.tril(torch.ones(cfg.seq_len, cfg.seq_len))
+                                 .view(1, 1, cfg.seq_len, cfg.seq_len), persistent=False)
+
+        def attention(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+            if flash:
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=p if self.training else 0,
+                                                   is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(self.causal[:, :, :T, :T] == 0, float("-inf"))
+                y = self.attn_drop(F.softmax(att, dim=-1)) @ v
+            return self.resid_drop(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+        def forward(self, x):
+            x = x + self.attention(self.ln_1(x))
+            h = F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")
+            return x + self.resid_drop(self.mlp_proj(h))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(cfg.vocab_size, C), nn.Embedding(cfg.positions, C)
+            self.drop, self.ln_f = nn.Dropout(p), nn.LayerNorm(C)
+            self.h = nn.ModuleList(Block() for _ in range(cfg.n_layer))
+            self.lm_head = nn.Linear(C, cfg.vocab_size, bias=False)
+            self.lm_head.weight = self.wte.weight
+
+        def forward(self, idx, targets):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.drop(self.wte(idx) + self.wpe(pos))
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            return logits, loss
+
+    return GPT()
+
+
+# -------------------------------------------------------------- measuring
+@dataclass(frozen=True)
+class Measured:
+    """Bytes a real step held, read from the allocator."""
+    config: BudgetConfig    # the step that ran (scaled down on a CPU)
+    device: str
+    weights: int
+    activations: int
+    peak: int
+    peak_first_step: int
+
+
+def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) -> Measured:
+    """Run two steps of `cfg`'s model and measure them (see the module's doc)."""
+    missing = torch_missing(cfg)
+    if missing:
+        raise BudgetError(missing)
+    import torch
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    run = cfg if device == "cuda" else cpu_shape(cfg)
+    torch.manual_seed(seed)
+    model = _hf_model(run) if run.activation_model == "hf" else _plain_model(run)
+    model.to(device).train()
+    ids = torch.randint(0, run.vocab_size, (run.micro_batch, run.seq_len), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False, fused=False)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
+
+    def forward():
+        with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+            if run.activation_model == "hf":
+                return model(ids, labels=ids).loss, None
+            return tuple(reversed(model(ids, ids)))  # (loss, logits): the caller keeps both
+
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    read = _cuda_steps if device == "cuda" else _cpu_steps
+    activations, peak, first = read(forward, opt, torch)
+    return Measured(run, device, weights, activations, weights + peak, weights + first)
+
+
+def _step(forward, opt, mark):
+    mark("before")
+    loss, logits = forward()
+    mark("after forward")
+    loss.backward()
+    del loss, logits
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _cuda_steps(forward, opt, torch):
+    """(activations, peak above the weights in step 2, the same in step 1)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    marks, peaks = {}, []
+    for step in (1, 2):
+        torch.cuda.reset_peak_memory_stats()
+        _step(forward, opt, lambda what: marks.__setitem__((step, what),
+                                                          torch.cuda.memory_allocated()))
+        peaks.append(torch.cuda.max_memory_allocated() - base)
+    return (marks[2, "after forward"] - marks[2, "before"], peaks[1], peaks[0])
+
+
+def _cpu_steps(forward, opt, torch):
+    """The same from the profiler's memory events: their running total starts
+    at zero when profiling starts, after the weights exist."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    marks = {}
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for step in (1, 2):
+            with record_function(f"step {step}"):
+                _step(forward, opt, lambda what, s=step: _mark(marks, s, what, record_function))
+    trace = _trace_events(prof)
+    events = sorted((e for e in trace if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    # The running total is the allocator's since the process started: count from
+    # what it was just before the first event of this run.
+    start = events[0]["args"]["Total Allocated"] - events[0]["args"]["Bytes"] if events else 0
+    memory = [(e["ts"], e["args"]["Total Allocated"] - start) for e in events]
+    spans = {e["name"]: (e["ts"], e["ts"] + e["dur"]) for e in trace
+             if e.get("ph") == "X" and e.get("name", "").startswith(("step ", "mark "))}
+
+    def total_at(t):  # the running total just before time t
+        before = [m for ts, m in memory if ts <= t]
+        return before[-1] if before else 0
+
+    def peak_in(span):
+        return max([total_at(span[0])] + [m for ts, m in memory if span[0] <= ts <= span[1]])
+
+    activations = (total_at(spans["mark 2 after forward"][0])
+                   - total_at(spans["mark 2 before"][0]))
+    return activations, peak_in(spans["step 2"]), peak_in(spans["step 1"])
+
+
+def _mark(marks, step, what, record_function):
+    with record_function(f"mark {step} {what}"):
+        pass
+
+
+def _trace_events(prof) -> list:
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)["traceEvents"]
+    finally:
+        os.remove(path)
