@@ -47,7 +47,7 @@ Lesson <-> module:
                                                      trainer: optim.py, kernels/adamw.py,
                                                               parallel.py
     13      the CPU trainer                          tape: -
-                                                     trainer: step.py, train.py, cli.py, bench.py,
+                                                     trainer: step.py, train.py, cli.py, lab/,
                                                               checkpoint_files.py
 
 Adding an op to the tape: see CONTRIBUTING.md ("Adding an op").

@@ -17,7 +17,7 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
   (tests/trainer/test_reproducible_bits.py), so a run stopped and resumed
   did not continue bit for bit. The price was the row sums that no
   longer vectorised (LayerNorm about 2x slower alone, softmax's exp loop
-  scalar); engine/trainer/kernels/_lanes.py wins it back with the
+  scalar); engine/trainer/kernels/cpu/lanes.py wins it back with the
   reordering written into the program (sixteen partial sums in one LLVM
   vector, combined in a fixed order), which every compile honours alike.
   (Without fast-math's "no NaN, no Inf" assumptions a NaN in the loss
@@ -64,7 +64,7 @@ def _quiet_idle_threads() -> None:
     an idle OpenBLAS thread spins for about 2**28 cycles (a tenth of a second).
     Spinning threads of one pool then steal the cores the other pool is
     computing on, and every barrier waits for a descheduled thread: on two
-    busy cores we measured steps of a second instead of a tenth. Both
+    busy cores steps took ten times as long. Both
     libraries read these variables once, when they load, which is why this
     runs before numba starts its threads and before SciPy loads its BLAS."""
     _set_default("OMP_WAIT_POLICY", "PASSIVE")
@@ -104,11 +104,11 @@ def _full_width_vectors() -> None:
 
     LLVM's tuning for Intel's AVX-512 server CPUs prefers 256-bit vectors
     (older ones lowered their clock for 512-bit code), so numba's loops used
-    half the registers' width. Measured here (Emerald Rapids, one thread,
-    float32): bias + GELU forward 0.79 -> 0.59 ms, backward 1.10 -> 0.87 ms
-    for a (1024, 512) array. Same bits either way: without fast-math the
-    vector width changes how many elements a loop does at once, never the
-    order of any sum (the lanes of `_lanes` are fixed in the IR). Skipped when
+    half the registers' width; the full width makes the GELU kernels about 1.3x
+    faster (trainer/kernels/cpu/README.md#full-width-vectors). Same bits either
+    way: without fast-math the vector width changes how many elements a loop
+    does at once, never the order of any sum (the lanes of
+    trainer/kernels/cpu/lanes.py are fixed in the IR). Skipped when
     the user chose a CPU (NUMBA_CPU_NAME) or its features (NUMBA_CPU_FEATURES),
     as CI's run on the AVX2 code paths does, and on CPUs without AVX-512."""
     if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
@@ -123,8 +123,8 @@ def drop_stale_caches(root) -> None:
     """Delete numba's cached machine code under engine/ when any engine source changed.
 
     numba keys a cached kernel by its own file: when a function it calls or
-    inlines changes in another file (a lane reduction in _lanes.py, the tile
-    product of register_tiles.py), the old machine code is loaded again, old
+    inlines changes in another file (a lane reduction in cpu/lanes.py, the tile
+    product of cpu/register_tiles.py), the old machine code is loaded again, old
     helper and all, and a helper whose arguments changed would be called
     wrongly. So a hash of every engine source is kept beside the caches, and
     when it differs (a `git pull`, an edited kernel) the engine's cache files

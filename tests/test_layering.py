@@ -142,3 +142,25 @@ def test_no_import_cycle_among_engine_modules():
 def test_the_checks_are_outside_the_library():
     assert not (ENGINE / "exercises").exists()
     assert (ROOT / "coursework" / "pieces.py").exists()
+
+
+def _anchor(heading: str) -> str:
+    """The anchor a Markdown heading gets: lower case, punctuation dropped, spaces as -."""
+    text = "".join(c for c in heading.lower() if c.isalnum() or c in " -")
+    return text.strip().replace(" ", "-")
+
+
+def test_docstrings_cite_measurements_that_exist_and_no_history():
+    """The trainer's docstrings point to kernels/cpu/README.md for their numbers
+    (each cited section exists) and carry no experiment history ("round N")."""
+    import re
+    readme = ENGINE / "trainer" / "kernels" / "cpu" / "README.md"
+    anchors = {_anchor(line.lstrip("#")) for line in readme.read_text().splitlines()
+               if line.startswith("#")}
+    for path in sorted(ENGINE.rglob("*.py")):
+        text = path.read_text()
+        for anchor in re.findall(r"README\.md#([a-z0-9-]+)", text):
+            assert anchor in anchors, f"{path.relative_to(ROOT)} cites README.md#{anchor}"
+        assert not re.search(r"\brounds? [0-9]", text, re.I), (
+            f"{path.relative_to(ROOT)} cites a round of the performance log; say what and "
+            f"why, and put the numbers in kernels/cpu/README.md")

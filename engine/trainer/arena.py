@@ -11,11 +11,8 @@ the caches too. On 2 MiB pages the same 41 MiB take 21 TLB entries.
 Carved from one mapping aligned to 2 MiB and marked for transparent huge pages
 (`madvise(MADV_HUGEPAGE)`, Linux), the same arrays lie on 2 MiB pages where the
 kernel allows them (its setting `transparent_hugepage` set to "madvise" or
-"always"). Measured on one core of an Intel Xeon (AVX-512, KVM), one layer of
-attention (B = 8, T = 128, C = 128, H = 4) with the caches emptied before
-each call: forward 1.53 -> 1.34 ms, backward 2.23 -> 2.08 ms. The tiny GPT's
-step on two replicas, old and new code alternating in one process
-(tools/ab_steps.py): 1.025-1.058x faster; one replica alone, 1.004x.
+"always"). One layer of attention with cold caches ran about 1.1x faster, the
+tiny GPT's two-replica step 1.03-1.06x (kernels/cpu/README.md#huge-pages).
 
 Elsewhere (macOS, Windows, huge pages off) the arrays are the same and lie on
 small pages: only the speed differs, never a number. Each array starts on a

@@ -3,9 +3,9 @@
 With an empty numba cache the first training step compiles every kernel it
 calls, in the order it calls them, and on one core at a time: numba
 compiles under one lock per process, so while replica 0 compiles, replica 1
-waits. Measured on the tiny GPT (two replicas, flash attention, an Intel
-Xeon): 13.4 s, of which replica 0's forward 5.7, backward 4.8 and the
-optimizer 2.9 (AdamW and the gradient norm, in their multi-threaded builds).
+waits: the forward's compiles, then the backward's, then the optimizer's
+(AdamW and the gradient norm, in their multi-threaded builds), about 40%, 35%
+and 25% of the whole (kernels/cpu/README.md#a-cold-first-step).
 
 The backward's kernels and the optimizer's depend on the types of their
 arguments, not on the forward's results. So when the cache is cold, the
@@ -53,7 +53,7 @@ _helper: subprocess.Popen | None = None
 def cache_was_cold() -> bool:
     """Whether this process compiled the engine's tile product at import instead
     of loading it from numba's cache: the cache was empty or dropped."""
-    from .kernels.register_tiles import _compiled
+    from .kernels.cpu.register_tiles import _compiled
     return _compiled.cache_hits == 0
 
 

@@ -146,8 +146,8 @@ class ThreadReplicas:
     hundred of them, and two thread pools (numba's and BLAS's) take turns on
     the same cores. On an idle machine that costs little; on a shared one a
     barrier waits for a descheduled thread every time. Replicas meet once
-    per step. (Measured on a busy 2-core machine: replicas 0.2-0.4 s/step,
-    threaded kernels 1.1-1.6 s/step.)
+    per step: on a busy machine they ran several times faster
+    (kernels/cpu/README.md#replicas-not-threaded-kernels).
     """
 
     def __init__(self, cfg, batch_size: int, n_replicas: int, **gpt_kwargs):
@@ -258,11 +258,8 @@ class ThreadReplicas:
         """grads[start:stop] = replica 0's + replica 1's + ..., always in that order,
         so the bits do not depend on which thread sums. With clear, each replica's
         range is then set to zero, while its lines are still in the caches: the
-        next step's zero_grad has nothing left to do. (Zeroing the replicas' 3 MiB
-        each at the start of a step, from memory and on one thread, took about
-        1 ms of the tiny GPT's 62-65 ms step; cleared here, in the sums that
-        overlap the slower replica's backward, the whole step ran 1.015-1.018x
-        faster: engine/trainer/PERFORMANCE.md, round 15.)"""
+        next step's zero_grad has nothing left to do, and the clearing overlaps
+        the slower replica's backward (kernels/cpu/README.md#replicas-not-threaded-kernels)."""
         total = self.grads.flat[start:stop]
         np.copyto(total, self.replicas[0].grads.flat[start:stop])
         for m in self.replicas[1:]:

@@ -328,7 +328,7 @@ def test_mixed_dtypes_get_a_clear_error(rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 33, 100, 128])
 def test_lane_reductions_equal_numpy_at_any_length(rng, n, dtype):
-    from engine.trainer.kernels._lanes import row_dot, row_max, row_sum
+    from engine.trainer.kernels.cpu.lanes import row_dot, row_max, row_sum
     a, b = rng.standard_normal(n + 3).astype(dtype), rng.standard_normal(n + 3).astype(dtype)
     a[n:] = b[n:] = 1e6                                # past n: must not be read
     tol = (1e-5 if dtype == np.float32 else 1e-12) * n
@@ -347,7 +347,7 @@ def test_lane_sum_order_is_the_written_one():
     # 1 followed by 2**-24 thirty-one times, in float32: left to right, every small
     # number rounds away against the 1; in lanes, lane k sums a[k] and a[k + 16],
     # then the sixteen partials are combined pairwise, and most of them survive.
-    from engine.trainer.kernels._lanes import LANES, row_sum
+    from engine.trainer.kernels.cpu.lanes import LANES, row_sum
     assert LANES == 16
     a = np.array([1.0] + [2.0 ** -24] * 31, np.float32)
     sequential = np.float32(0)

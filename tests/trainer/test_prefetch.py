@@ -1,4 +1,4 @@
-"""The attention kernels' software prefetch (kernels/_prefetch.py): a hint that
+"""The attention kernels' software prefetch (kernels/cpu/prefetch.py): a hint that
 changes no result, so what can be wrong is which lines it asks for and when.
 
 Checked here: the lines asked for are exactly those that hold a row, wherever
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.trainer.kernels._prefetch import LINE, prefetch_rows, row_lines
+from engine.trainer.kernels.cpu.prefetch import LINE, prefetch_rows, row_lines
 from engine.trainer.kernels.attention import ROW_BLOCK, _next_block, _next_pair
 
 

@@ -21,7 +21,7 @@ import pytest
 from engine.blas import openblas_kernel_bits
 from engine.timing import fixed_threads
 from engine.trainer.kernels import linear
-from engine.trainer.kernels.register_tiles import TILE_ROWS, VECTOR_BYTES
+from engine.trainer.kernels.cpu.register_tiles import TILE_ROWS, VECTOR_BYTES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COLUMNS = VECTOR_BYTES // 4
@@ -160,7 +160,7 @@ _PROBE = """
 import json
 from engine.blas import library
 from engine.trainer.kernels import linear
-from engine.trainer.kernels.register_tiles import VECTOR_BYTES
+from engine.trainer.kernels.cpu.register_tiles import VECTOR_BYTES
 print(json.dumps({"description": library().description, "bits": library().kernel_bits,
                   "tiles": linear.TILES_FOR_PRODUCTS, "routes": linear.product_routes(),
                   "tile_bits": VECTOR_BYTES * 8}))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.trainer.kernels.register_tiles import (ACCUMULATORS, MAX_VECTORS, ROWS, TILE_ROWS,
+from engine.trainer.kernels.cpu.register_tiles import (ACCUMULATORS, MAX_VECTORS, ROWS, TILE_ROWS,
                                                    VECTOR_BYTES, packed_tile_gemm, tile_gemm)
 
 
@@ -138,7 +138,7 @@ def test_an_avx2_build_gives_the_same_bits(tmp_path):
     np.save(tmp_path / "b.npy", b)
     script = (
         "import sys, numpy as np\n"
-        "from engine.trainer.kernels.register_tiles import VECTOR_BYTES, tile_gemm\n"
+        "from engine.trainer.kernels.cpu.register_tiles import VECTOR_BYTES, tile_gemm\n"
         "assert VECTOR_BYTES == 32, VECTOR_BYTES\n"
         "folder = sys.argv[1]\n"
         "a, b = np.load(folder + '/a.npy'), np.load(folder + '/b.npy')\n"

@@ -1,4 +1,4 @@
-"""Streaming stores (kernels/_streaming.py): a copy that skips the caches.
+"""Streaming stores (kernels/cpu/streaming.py): a copy that skips the caches.
 
 What can be wrong: a value copied wrong or not at all (the whole lines go one
 way, the partial lines at either end another), a byte written outside the
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from engine.trainer.arena import huge_page_memory
-from engine.trainer.kernels._streaming import LINE, X86, stream_fence, stream_row
+from engine.trainer.kernels.cpu.streaming import LINE, X86, stream_fence, stream_row
 
 
 @numba.njit(cache=False)

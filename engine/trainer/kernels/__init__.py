@@ -8,9 +8,13 @@
     flash_attention flash_attention_forward     flash_attention_backward (tiled, O(T) saved)
     crossentropy    crossentropy_softmax (loss and gradient in one kernel), crossentropy_loss
     residual        residual_bias_add           bias_grad
-    linear          linear_forward, gemm        linear_backward      (BLAS, outside prange)
-    register_tiles  tile_gemm: small products with the output tile in registers (attention's)
+    linear          linear_forward, gemm        linear_backward      (BLAS or register tiles)
     adamw           adamw_update, global_norm, clip_scale
+
+Beneath them, cpu/ is the back end that numba alone does not give (lane
+reductions, register tiles, BLAS from inside a kernel, prefetch, streaming
+stores), with its measurements in cpu/README.md; threads.py sets the thread
+pools.
 
 Every function takes its inputs positionally and its outputs as keywords
 (`out=`, `dx=`, ...). Leave an output out and it is allocated, so a lesson can
@@ -24,13 +28,13 @@ compiles one version per dtype on first use and caches it on disk. Each
 ParallelKernel); a caller on one numba thread, as every model replica is,
 runs and compiles only the serial one. Attention's one-thread build is a
 different algorithm, not a copy: blocked products on each head's slices
-with the output tile in vector registers (register_tiles.py). Row
-reductions go through the vector lanes of `_lanes` (same bits on every
+with the output tile in vector registers (cpu/register_tiles.py). Row
+reductions go through the vector lanes of cpu/lanes.py (same bits on every
 compile and every CPU), and the small per-row helpers are inlined into
 their kernels (`numba_config.row_kernel`). Two hints about memory change no
 number: the one-thread attention builds ask for their next rows ahead
-(`_prefetch`), and attention's forward writes P, which only the backward
-reads, past the caches (`_streaming`).
+(cpu/prefetch.py), and attention's forward writes P, which only the backward
+reads, past the caches (cpu/streaming.py).
 
 `engine.trainer.kernels.threads.set_threads(n)` sets both thread pools a step uses
 (numba's and BLAS's); see engine/trainer/parallel.py for why the trainer prefers one
@@ -42,14 +46,14 @@ from .attention import attention_backward, attention_forward
 from .crossentropy import crossentropy_loss, crossentropy_softmax
 from .embedding import embedding_backward, embedding_forward
 from .flash_attention import flash_attention_backward, flash_attention_forward
-from .gelu import bias_gelu_backward, bias_gelu_forward, gelu_reference
+from .gelu import bias_gelu_backward, bias_gelu_forward
 from .layernorm import layernorm_backward, layernorm_forward
 from .linear import gemm, linear_backward, linear_forward
 from .residual import bias_grad, residual_bias_add
 
 __all__ = [
     "embedding_forward", "embedding_backward", "layernorm_forward", "layernorm_backward",
-    "bias_gelu_forward", "bias_gelu_backward", "gelu_reference", "attention_forward",
+    "bias_gelu_forward", "bias_gelu_backward", "attention_forward",
     "attention_backward", "flash_attention_forward", "flash_attention_backward",
     "crossentropy_softmax", "crossentropy_loss", "residual_bias_add",
     "bias_grad", "gemm", "linear_forward", "linear_backward", "adamw_update", "global_norm",

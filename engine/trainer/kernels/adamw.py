@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._lanes import row_dot
+from .cpu.lanes import row_dot
 from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange, row_kernel
 
 WORK_ITEM = 1 << 14   # elements per parallel task
@@ -35,7 +35,7 @@ NORM_BLOCK = 256      # elements per lane-summed block of the norm
 @parallel_kernel
 def sum_of_squares_kernel(x):
     """sum(x^2): per chunk, blocks of NORM_BLOCK elements summed in the vector
-    lanes of `_lanes` (in x's own type: 16 squares a lane), the blocks added
+    lanes of `cpu.lanes` (in x's own type: 16 squares a lane), the blocks added
     in float64, in order, then the chunks in a fixed order. A running
     `acc += v * v` in float64 is one scalar chain (0.85 ns an element against
     0.2, measured on one thread)."""

@@ -16,17 +16,16 @@ The softmax backward is the O(T^2) form above, one dot product per row, never
 the (T x T) Jacobian per row. P is saved (B, H, T, T) for the backward; its
 upper triangle is zero. Right of each block of query rows (below) nothing is
 ever written or read: those entries keep the zeros the buffer was made with.
-Zeroing them at every step wrote 37% of P at T = 128 and almost half at T =
-1024 for nothing the backward reads; skipping it made the forward 1.11x and
-1.16x faster inside the tiny and T = 1024 steps (one machine, AVX-512).
+Zeroing them at every step would write up to half of P for nothing the
+backward reads (kernels/cpu/README.md#untouched-upper-triangle).
 
 One pair at a time (`_head_forward`, `_head_backward`), every product is a
-register-tile product (`register_tiles.tile_gemm`) on the head's slices of
+register-tile product (`cpu.register_tiles.tile_gemm`) on the head's slices of
 the QKV buffer, read in place; K^T and V^T, the right operands of S = Q K^T
 and dP = dY V^T, are copied once per head. These products are small (32 x
 128 x 32 at T = 128, 32 x 1024 x 32 at T = 1024), and a BLAS call spends
-microseconds on each before it multiplies (register_tiles.py has the
-figures). Causality is blocked: query rows go in blocks of ROW_BLOCK, and
+microseconds on each before it multiplies
+(kernels/cpu/README.md#register-tiles). Causality is blocked: query rows go in blocks of ROW_BLOCK, and
 block [r0, r1) only multiplies keys 0 ... r1-1, so the only masked products
 computed are the diagonal block's upper half. What is left between the
 products is the softmax and its backward, row by row.
@@ -36,23 +35,14 @@ upper half of every diagonal block is computed and thrown away, about
 ROW_BLOCK / T times the useful products (half as many again at T = 128 with
 64 rows). A short block costs more passes: each adds into dK and dV over all
 the keys it saw, and each tile product has less k to spread its start and
-its stores over. Measured on one core of a Zen 3 EPYC (AVX2 tiles; forward +
-backward of one layer, H = 4, hs = 32, B * T = 1024, the block heights
-interleaved in one process, median of 7), ms for 16 / 32 / 64 / 128 rows:
-
-    standard  T = 128:  3.75 / 3.79 / 4.14 /  5.25    T = 1024: 21.3 / 19.6 / 21.0 / 23.5
-    flash     T = 128:  6.11 / 5.31 / 6.31 /  7.05    T = 1024: 29.3 / 28.0 / 30.8 / 29.4
-
-32 rows were the fastest or within 1% of it at T = 128, 256, 512 and 1024
-for both kernels.
+its stores over. 32 rows: the fastest or within 1% at every T measured, for
+both kernels (kernels/cpu/README.md#attention-block-height).
 
 P goes to memory past the caches. A block's S is computed, and becomes P,
 in a scratch block that stays in the first-level cache; Y = P V reads it
-there, and its rows then stream into `probs` (`_streaming.py`), which only
-the backward reads, much later. Ordinary stores would first read every line
-of P from memory (a read for ownership), 2 MiB a layer at the tiny GPT's
-shape: streamed, the forward ran 1.11x faster inside the tiny step and
-1.14-1.15x at T = 512 and at C = 256 (engine/trainer/PERFORMANCE.md, round 15).
+there, and its rows then stream into `probs` (`cpu/streaming.py`), which only
+the backward reads, much later: ordinary stores would first read every line
+of P from memory (kernels/cpu/README.md#streaming-p).
 
 Two builds of the loop over pairs, chosen by how many numba threads the
 caller has: one after another (`..._serial`: every model replica of the
@@ -60,8 +50,7 @@ trainer's default runs on one thread), or in parallel (`..._parallel`, a
 `prange` over the pairs, for `--thread-mode kernels`; each pair then has its
 own scratch). The pairs are independent and each is computed by the same
 code, so both builds give the same bits. The one-thread builds also ask for
-the next block's rows ahead of time (`_prefetch.py` says why and what it
-bought); that is a hint to the caches, and changes no number.
+the next block's rows ahead of time (`cpu/prefetch.py` says why); that is a hint to the caches, and changes no number.
 """
 from __future__ import annotations
 
@@ -69,10 +58,10 @@ import numpy as np
 
 from . import threads
 from ._buffers import float_dtype, output
-from .register_tiles import tile_gemm
-from ._prefetch import prefetch_rows
-from ._streaming import stream_fence, stream_row
-from ._lanes import LANES, row_dot, row_max, row_sum
+from .cpu.register_tiles import tile_gemm
+from .cpu.prefetch import prefetch_rows
+from .cpu.streaming import stream_fence, stream_row
+from .cpu.lanes import LANES, row_dot, row_max, row_sum
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
 
@@ -110,7 +99,7 @@ def _exp_causal_row(row, i, width, end):
     The exponentials run over all `width` entries and the masked ones are
     zeroed afterwards: a mask inside the loop (`exp(..) if j <= i else 0`)
     kept the exp loop from vectorising (1.9 against 0.8 ns an element). The
-    row's maximum and sum go through the lane reductions of `_lanes` (a
+    row's maximum and sum go through the lane reductions of `cpu.lanes` (a
     plain `total += e` would keep a loop scalar too)."""
     one = row.dtype.type(1)
     m = row_max(row, i + 1)
@@ -232,7 +221,7 @@ def _head_forward(qkv, y, probs, b, h, kt, sp, nb, nh):
     """One (batch, head) pair, block of query rows by block: S = scale Q K^T and
     Y = P V as tile products on the keys the block can see; Y into y. Scratch:
     kt, (hs, T), for K^T, and sp, (ROW_BLOCK, T), where a block's S becomes its
-    P in the caches; its rows then stream into probs[b, h] (`_streaming.py`:
+    P in the caches; its rows then stream into probs[b, h] (`cpu/streaming.py`:
     only the backward reads them, long after). Each block asks for rows ahead
     (`_prefetch_ahead`; (nb, nh) is the next pair, nb < 0 for none)."""
     B, H, T, C, hs, one, scale = _block_dims(qkv, probs)

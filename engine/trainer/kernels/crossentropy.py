@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ._lanes import row_max, row_sum
+from .cpu.lanes import row_max, row_sum
 from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
 from ...fast_math import exp
 
@@ -32,7 +32,7 @@ def crossentropy_softmax_kernel(logits, targets, scale, losses, write_grad):
     chunk = (N + REDUCE_CHUNKS - 1) // REDUCE_CHUNKS
     for c in prange(REDUCE_CHUNKS):
         # The exponentials go to a scratch row and are summed in vector lanes
-        # (`_lanes`): a running `total += exp(..)` would keep the loop scalar,
+        # (`cpu.lanes`): a running `total += exp(..)` would keep the loop scalar,
         # the exp with it.
         e = np.empty(V, logits.dtype)
         for n in range(c * chunk, min(N, (c + 1) * chunk)):

@@ -44,11 +44,11 @@ import numpy as np
 
 from . import threads
 from ._buffers import float_dtype, output
-from ._lanes import row_dot
+from .cpu.lanes import row_dot
 from .attention import (ROW_BLOCK, _block_dims, _block_gradients, _check_qkv, _exp_causal_row,
                         _head_views, _next_pair, _prefetch_ahead, _prefetch_parts, _row_width,
                         _scratch, _softmax_backward_row, _transpose_into)
-from .register_tiles import tile_gemm
+from .cpu.register_tiles import tile_gemm
 from ...numba_config import kernel, parallel_only_kernel, prange, row_kernel
 from ...fast_math import exp
 

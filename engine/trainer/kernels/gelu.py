@@ -104,11 +104,6 @@ def bias_gelu_backward_kernel(dout, h, bias, dh, dbias, value):
             dbias[f] += part[c, f]
 
 
-def gelu_reference(u):
-    """GELU (tanh form) in plain numpy, for tests and lessons."""
-    return 0.5 * u * (1.0 + np.tanh(GELU_K * (u + GELU_A * u ** 3)))
-
-
 def bias_gelu_forward(h, bias, *, out=None):
     """out = gelu(h + bias), row-wise over the last axis. Returns out."""
     name = "bias_gelu_forward"

@@ -9,7 +9,7 @@
 The backward needs two row reductions (mean(g), mean(g xhat)). One sweep
 over the row, while it sits in L1, writes g and g * xhat into two row-sized
 scratch arrays and adds the row's share of dw and db into a per-chunk
-partial sum; the two means are then lane sums (`_lanes.row_sum`), so no
+partial sum; the two means are then lane sums (`cpu.lanes.row_sum`), so no
 loop carries a running scalar sum and every loop vectorises without
 fast-math. The forward does the same: the centred row goes into `out`
 first, and its sum of squares is a lane dot product. `xhat` is recomputed
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._buffers import float_dtype, output, rows
-from ._lanes import row_dot, row_sum
+from .cpu.lanes import row_dot, row_sum
 from ...numba_config import REDUCE_CHUNKS, parallel_kernel, prange
 
 

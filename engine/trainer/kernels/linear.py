@@ -6,28 +6,20 @@
 
 Matrix products of this size are where a tuned BLAS usually beats
 hand-written loops: it packs its operands for the caches and runs kernels
-written for the CPU. So `gemm` calls BLAS (blas_gemm.py), with one
+written for the CPU. So `gemm` calls BLAS (cpu/blas_gemm.py), with one
 exception, decided once per process from two facts the engine knows:
 
 * the width of the BLAS's kernels (engine.blas: OpenBLAS names them, and
   OPENBLAS_CORETYPE may hold them to a narrower set than the CPU has, as a
   machine that wants the same bits on every CPU of a fleet does), and
 * the width of numba's vectors, which the register tiles use
-  (register_tiles.py: the output block held in registers).
+  (cpu/register_tiles.py: the output block held in registers).
 
-When the tiles' vectors are wider (OpenBLAS on its 256-bit Haswell kernels,
+When the tiles' vectors are wider (OpenBLAS held to its 256-bit kernels,
 numba compiling for an AVX-512 CPU), a one-thread product whose output the
 tiles cover whole (rows a multiple of 16, columns of the vector width) goes
-to the tiles. Measured on one core of a Zen 5 EPYC (before the tiles packed
-their operands), a layer's 12 products of the tiny GPT (1024 rows): 5.7-6.0
-ms on the 8 x 3 tiles against 12.1-12.4 on OpenBLAS's Haswell kernels, and
-23-25 against 45 ms at C = 256 (the head's products, with 103 rows or
-columns, stay on BLAS). OpenBLAS's own AVX-512 kernels ran the same 12 in
-6.8 ms and 24.5 ms: close enough that BLAS keeps every product there, as it
-does under MKL, whose kernels are chosen at run time. At equal width BLAS
-keeps them too: on a Zen 3 core (AVX2 tiles against OpenBLAS's Haswell
-kernels, both packing) the tiny GPT's products took 65.1 and 75.3 ms a step
-on the tiles, 59.4 and 75.2 ms on BLAS, in two alternating runs.
+to the tiles: about twice as fast there. At equal width BLAS keeps every
+product (kernels/cpu/README.md#linear-layers-tiles-or-blas).
 
 The tiles need b's rows contiguous, so dx = dy @ w^T copies w^T first
 (in * out numbers against rows * in * out multiply-adds), into a buffer this
@@ -44,8 +36,8 @@ import numba
 import numpy as np
 
 from ._buffers import float_dtype, output
-from .blas_gemm import BLAS, gemm_kernel
-from .register_tiles import TILE_ROWS, VECTOR_BYTES, packed_tile_gemm
+from .cpu.blas_gemm import BLAS, gemm_kernel
+from .cpu.register_tiles import TILE_ROWS, VECTOR_BYTES, packed_tile_gemm
 from ...numba_config import parallel_kernel, prange
 
 

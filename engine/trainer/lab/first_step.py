@@ -47,7 +47,7 @@ def _numba_kernels():
     from .. import kernels as fused
     found = []
     for mod in (fused.embedding, fused.layernorm, fused.gelu, fused.attention,
-                fused.flash_attention, fused._lanes,
+                fused.flash_attention, fused.cpu.lanes,
                 fused.crossentropy, fused.residual, fused.linear, fused.adamw):
         for v in vars(mod).values():
             if isinstance(v, CPUDispatcher):

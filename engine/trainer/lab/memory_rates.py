@@ -14,7 +14,7 @@ bus may give each of them less than one core gets alone):
   store. An ordinary store to a line that is not in the caches first reads
   the line from memory (a read for ownership), and writes it back later;
 * streamed write: whole lines with non-temporal stores
-  (`kernels/_streaming.py`), which skip that read and bypass the caches;
+  (`kernels/cpu/streaming.py`), which skip that read and bypass the caches;
 * read: a sum over every element.
 
 Each write copies one small row, hot in the first-level cache, across the
@@ -39,8 +39,8 @@ import numpy as np
 from ...numba_config import parallel_kernel, prange, row_kernel
 from ...timing import fastest_seconds
 from ..arena import zeros
-from ..kernels._lanes import row_sum
-from ..kernels._streaming import stream_fence, stream_row
+from ..kernels.cpu.lanes import row_sum
+from ..kernels.cpu.streaming import stream_fence, stream_row
 
 MIN_BYTES = 256 << 20
 MAX_BYTES = 1 << 30

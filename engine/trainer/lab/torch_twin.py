@@ -11,7 +11,7 @@ the environment once, when it loads. In one process the two share the
 environment, so one side runs under the other's choices (the engine asks for
 sleeping idle threads, OMP_WAIT_POLICY=PASSIVE, which slows PyTorch), and
 our replicas waited for each other several times longer while PyTorch
-sat in the same process (engine/trainer/PERFORMANCE.md, round 6). In its own
+sat in the same process (trainer/kernels/cpu/README.md). In its own
 process PyTorch loads under the user's environment, as a practitioner would
 run it, and neither side's idle threads live in the other's address space.
 

@@ -1,16 +1,11 @@
 """Small matrix products with the output tile held in vector registers.
 
-Attention multiplies small slices, head by head: a block of 64 query rows (the
-height measured below; attention.py now takes 32) times the keys it can see is
-64 x 1024 x 32 at T = 1024 (S = Q K^T), its probabilities times V
-64 x 32 x 1024. A BLAS call spends microseconds before its first multiply
-(argument checks, choosing a kernel, packing both operands into its own
-buffers), and with an inner or outer dimension of 32 its packed panels are
-mostly edges. Measured on one core (AVX-512, GFLOP/s, the same operands in a
-loop): at the T = 1024 shapes these tiles ran at 90-125 where SciPy's OpenBLAS
-ran at 55-70; at the T = 128 shapes (64 x 128 x 32 and alike) the two were
-within 10% of each other (with the 4 x 4 tiles of that time; the 8 x 3 tiles
-below are faster). The linear layers' products (1024 x 512 x 128 and alike)
+Attention multiplies small slices, head by head: a block of 32 query rows
+times the keys it can see is 32 x 1024 x 32 at T = 1024 (S = Q K^T). A BLAS
+call spends microseconds before its first multiply (argument checks, choosing
+a kernel, packing both operands into its own buffers), and with an inner or
+outer dimension of 32 its packed panels are mostly edges: at T = 1024 these
+tiles run up to twice as fast (README.md#register-tiles). The linear layers' products (1024 x 512 x 128 and alike)
 come here too where BLAS's kernels are narrower than these vectors (linear.py
 says when).
 
@@ -39,14 +34,9 @@ gradient x^T dy) tile by tile, its ROWS numbers of each k side by side.
 Read in place, a panel's k rows lie a row of b apart, and with rows of 384
 or 512 float32 (a multiple of 512 bytes) they fall into a few sets of the
 L1 cache and evict each other, so every tile fetched its panel again from
-L2. Measured on one core of a Zen 3 EPYC with the AVX2 tiles running the
-tiny GPT's products (one replica, tools/ab_steps.py, in place against
-packed, two runs): matmul 99.6 -> 79.5 and 97.9 -> 79.4 ms a step, the
-step 1.23x and 1.17x faster. Attention's products are small (blocks of 64
-query rows when this was measured, 32 now; k as low as 32), where a copy
-costs more than it saves (attention's kernels ran about 1.2x slower with b
-packed, the copy and its allocation included), so `tile_gemm` reads in
-place.
+L2; packed, the tiny GPT's products ran about 1.2x faster. Attention's
+products are small (k as low as 32), where a copy costs more than it saves,
+so `tile_gemm` reads in place (README.md#packed-operands).
 
 The same bits on every CPU with FMA: every output element is one chain of
 fused multiply-adds over k in order (then alpha, then beta), whatever R, V
@@ -72,10 +62,10 @@ from numba import cfunc, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from ._llvm_loops import counted_loop
+from .llvm_loops import counted_loop
 from .blas_gemm import gemm_kernel
-from ...fast_math import HAS_FMA, fma
-from ...numba_config import kernel, row_kernel, target_has_avx512
+from ....fast_math import HAS_FMA, fma
+from ....numba_config import kernel, row_kernel, target_has_avx512
 
 
 def _vector_bytes() -> int:
@@ -89,11 +79,8 @@ VECTOR_BYTES = _vector_bytes()
 # The main tile: ROWS x 3 vectors, 24 accumulators of AVX-512's (and NEON's) 32
 # registers, 12 of AVX2's 16, which leaves the 3 loads of b and the broadcast.
 # Each row of b loaded is used ROWS times and each number of a broadcast feeds
-# 3 multiply-adds. Measured on one core of a Zen 5 EPYC, the tiny GPT's 12 layer
-# products: 8 x 3 tiles 6.0 ms, the 4 x 4 tiles they replace 7.8 ms, 8 x 2 6.3,
-# 4 x 6 6.9, 8 x 4 (32 accumulators: spills) 8.3; at C = 256, 24.6 against 32.4 ms.
-# Compiled for AVX2 on the same core, 4 x 3 12.3 ms against 4 x 2's 15.8.
-# (NEON's is chosen by its register count, not measured.)
+# 3 multiply-adds. The fastest shape measured (README.md#tile-shape); NEON's is
+# chosen by its register count.
 ROWS = 4 if VECTOR_BYTES == 32 else 8
 MAX_VECTORS = 3                                  # vectors per row of the main tile
 ACCUMULATORS = ROWS * MAX_VECTORS

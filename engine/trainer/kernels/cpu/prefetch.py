@@ -6,19 +6,15 @@ numbers (two 64-byte lines) from each row of 3C, the rows 1536 bytes apart
 at C = 128. Inside a training step those rows, P's rows and the output
 gradient's come from memory, not from the caches (the rest of the step ran
 in between), and the kernels ran at about half the speed they reach on the
-same data in cache (one core, one layer of the tiny GPT: backward 2.2-2.3
-against 1.0-1.1 ms with the caches flushed first or not).
+same data in cache (README.md#prefetch).
 
 So while one block of query rows computes, the kernels ask for what comes
 next (`prefetch_rows`, called from attention.py and flash_attention.py):
 the next block's rows of Q, dY and P (or Y), and, a block's worth of rows
 at a time, the next pair's K and V, which that pair transposes whole before
-its first block. Asking a block ahead, not a pair ahead, matters at long
-sequences: a pair's P is 4 MiB at T = 1024, twice the second-level cache,
-and asking for the next pair's (a first version did) made the T = 1024
-backward 7% slower instead of faster. Asked a block ahead, the attention
-backward ran 1.05-1.14x faster inside the step at every shape measured, the
-forward 1.00-1.04x (engine/trainer/PERFORMANCE.md, round 14).
+its first block. A block ahead, not a pair ahead: at
+long sequences a pair's P is larger than the second-level cache, and asking
+for a whole pair evicts what the current block still reads.
 
 The hint goes to the second-level cache (`prefetcht1` on x86): the block
 being computed keeps the first-level cache. A prefetch never faults and
@@ -31,7 +27,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ...numba_config import row_kernel
+from ....numba_config import row_kernel
 
 LINE = 64            # bytes in a cache line (x86 and most ARM cores)
 

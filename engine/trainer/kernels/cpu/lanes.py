@@ -34,8 +34,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._llvm_loops import counted_loop
-from ...numba_config import row_kernel
+from .llvm_loops import counted_loop
+from ....numba_config import row_kernel
 
 LANES = 16            # one AVX-512 register of float32, two of AVX2
 

@@ -18,8 +18,8 @@ import llvmlite.binding as llvm
 import numpy as np
 from numba import types
 
-from ...blas import library as blas_library
-from ...numba_config import kernel
+from ....blas import library as blas_library
+from ....numba_config import kernel
 
 # The compiled kernels call the routines by name; the names are bound to the
 # chosen library's addresses at every import, which keeps the machine code

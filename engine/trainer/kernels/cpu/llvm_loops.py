@@ -1,4 +1,4 @@
-"""One loop in LLVM IR, for the kernels written as numba intrinsics (_lanes,
+"""One loop in LLVM IR, for the kernels written as numba intrinsics (lanes,
 register_tiles): `for step in range(count)`, carrying values from one step to
 the next in registers (LLVM phi nodes).
 

@@ -2,11 +2,10 @@
 
 An ordinary store to a line that is not in the caches makes the core read the
 line from memory before it writes into it (a read for ownership), and write
-it back later: two trips for one. On the machines this trainer was tuned on
-(one core of an Intel Xeon under KVM) that is what limits a kernel writing
-a large buffer: filling 64 MiB ran at 5.9 GB/s with ordinary stores and at
-25 GB/s with non-temporal ones (`vmovntps`), which send whole lines to
-memory without reading them and without keeping them in the caches.
+it back later: two trips for one, which can limit a kernel writing a large
+buffer to a quarter of what non-temporal stores (`vmovntps`) reach; those send
+whole lines to memory without reading them and without keeping them in the
+caches (README.md#streaming-stores).
 
 So a kernel that writes a buffer the step reads back only much later (the
 attention probabilities P, written by the forward, read by the backward) can
@@ -17,9 +16,6 @@ elements are copied with ordinary stores.
 
 Streamed lines leave the caches, so streaming suits buffers nobody reads
 soon; a buffer the next kernel reads would then come back from memory.
-Measured inside the tiny GPT's step: streaming the residual adds' output,
-which the next LayerNorm reads at once, made the adds 1.15x faster and that
-LayerNorm 0.85x, a wash.
 
 Streaming stores are weakly ordered: another core may see them late. A
 kernel that streams calls `stream_fence()` before it returns (`sfence` on
@@ -34,7 +30,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ...numba_config import row_kernel
+from ....numba_config import row_kernel
 
 LINE = 64            # bytes in a cache line
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
