@@ -6,7 +6,8 @@ one. Two things would make honest notebooks fail, so we adjust narrowly:
 * the patterns in tests/nbval_sanitize.cfg blank out object addresses and
   timings; every other printed number is compared exactly.
 Passed exercises are saved as pieces; under pytest they go to a temporary
-folder so tests never touch a learner's own `course/my_pieces/`. OpenMP
+folder, even when BACKPROP_PIECES_DIR is set, so tests never touch the
+learner's own pieces. OpenMP
 threads wait passively, since the two test workers share the cores.
 """
 import os
@@ -21,7 +22,9 @@ def pytest_configure(config):
     opt = config.option
     if hasattr(opt, "nbval_sanitize_with") and opt.nbval_sanitize_with is None:
         opt.nbval_sanitize_with = str(SANITIZE)
-    if "BACKPROP_PIECES_DIR" not in os.environ:
+    # Always a folder of the test run's own, even where the learner set the variable
+    # to keep their pieces: a test worker keeps the one its controller made.
+    if "PYTEST_XDIST_WORKER" not in os.environ or "BACKPROP_PIECES_DIR" not in os.environ:
         os.environ["BACKPROP_PIECES_DIR"] = tempfile.mkdtemp(prefix="backprop-pieces-")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     # Two test workers share two cores: OpenMP threads that spin while they

@@ -16,9 +16,12 @@ load, breaks its slot's contract); `tape_rules()` runs the learner's lesson
 loads a piece and hands it to the engine explicitly (`engine.rules.override_vjp`,
 `engine.trainer.model.use_kernel`, the clip and optimizer of a training step).
 
-A solution notebook (run from course/solutions, as `make course` and a
-learner opening one do) keeps its pieces in a temporary folder, so the
-reference solutions never replace the learner's own.
+A solution notebook (run from course/solutions, as `make course`, `make test`
+and a learner opening one do) keeps its pieces in a temporary folder, even
+with $BACKPROP_PIECES_DIR set, so the reference solutions never replace the
+learner's own. A damaged `index.json` is kept aside and rebuilt from the piece
+files. A piece is loaded and checked under `_piece_guard.guarded`: a deadline,
+bounded output, numpy's state put back, no library function replaced.
 """
 from __future__ import annotations
 
@@ -31,26 +34,28 @@ import linecache
 import math
 import os
 import re
+import stat
 import tempfile
 import textwrap
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from ._core import ExerciseError
+from ._piece_guard import PieceRefused, guarded
 
 COURSE = Path(__file__).resolve().parents[1] / "course"
 _SOLUTION_RUN_DIR: Path | None = None
 
 
 def pieces_dir() -> Path:
-    """Where passed exercises are kept: $BACKPROP_PIECES_DIR, or course/my_pieces, or a
-    temporary folder when a solution notebook runs (cwd course/solutions)."""
+    """Where passed exercises are kept: a temporary folder when a solution notebook runs
+    (cwd course/solutions, as `make course` and `make test` run them), else
+    $BACKPROP_PIECES_DIR, else course/my_pieces. The solution run is decided first, so
+    the reference solutions never replace the learner's pieces wherever those are kept."""
     global _SOLUTION_RUN_DIR
-    env = os.environ.get("BACKPROP_PIECES_DIR")
-    if env:
-        return Path(env)
     try:
         in_solutions = Path.cwd().resolve() == (COURSE / "solutions").resolve()
     except OSError:
@@ -59,7 +64,8 @@ def pieces_dir() -> Path:
         if _SOLUTION_RUN_DIR is None:
             _SOLUTION_RUN_DIR = Path(tempfile.mkdtemp(prefix="backprop-solution-pieces-"))
         return _SOLUTION_RUN_DIR
-    return COURSE / "my_pieces"
+    env = os.environ.get("BACKPROP_PIECES_DIR")
+    return Path(env) if env else COURSE / "my_pieces"
 
 
 def _fresh_namespace() -> dict:
@@ -162,6 +168,8 @@ def standalone_source(fn) -> tuple[str, list[str]]:
 
 def _load_file(path: Path, function: str):
     """Execute a piece's file in a fresh namespace; (function or None, namespace)."""
+    if not path.is_file():
+        raise OSError(f"{path} is not a regular file")
     namespace = _fresh_namespace()
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     return namespace.get(function), namespace
@@ -199,6 +207,95 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
+INDEX = "index.json"
+INDEX_LIMIT = 1_000_000        # bytes; the index of every piece of the course is about 2 kB
+_HEADER = re.compile(r"# Your solution to exercise (?P<exercise>\S+), saved when its check "
+                     r"passed\.\n# Later lessons load `(?P<function>\w+)` from here as the "
+                     r"piece '(?P<name>\w+)'\.\n")
+
+
+def _piece_header(name: str, function: str, exercise: str) -> str:
+    """The two comment lines a piece's file starts with (the index is rebuilt from them)."""
+    return (f"# Your solution to exercise {exercise}, saved when its check passed.\n"
+            f"# Later lessons load `{function}` from here as the piece '{name}'.\n")
+
+
+def _index_problem(index) -> str | None:
+    """None when `index` maps piece names to {"function": ..., "exercise": ...}, else
+    what is wrong with it."""
+    if not isinstance(index, dict):
+        return f"it holds a JSON {type(index).__name__}, not an object of pieces"
+    for name, entry in index.items():
+        function = entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(function, str) or not function.isidentifier():
+            text = json.dumps(entry)
+            return (f"its entry {name!r} is {text if len(text) < 60 else text[:57] + '...'}, "
+                    f'not {{"function": ..., "exercise": ...}}')
+    return None
+
+
+def _index_from_files(folder: Path) -> dict:
+    """The index the piece files in `folder` describe, read from their first two lines."""
+    index = {}
+    for path in sorted(folder.glob("*.py")):
+        if not path.is_file():
+            continue
+        try:
+            with path.open(encoding="utf-8") as f:
+                head = f.readline(400) + f.readline(400)
+        except (OSError, ValueError):
+            continue
+        found = _HEADER.match(head)
+        if found and found["name"] == path.stem:
+            index[path.stem] = {"function": found["function"], "exercise": found["exercise"]}
+    return index
+
+
+def _rebuild_index(folder: Path, problem: str) -> dict:
+    """Move the damaged index aside, write one rebuilt from the piece files, say so."""
+    index = _index_from_files(folder)
+    meta = folder / INDEX
+    aside = folder / f"index.damaged-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    for n in range(2, 100):
+        if not aside.exists():
+            break
+        aside = folder / f"index.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{n}.json"
+    try:
+        os.replace(meta, aside)
+        _write_atomic(meta, json.dumps(index, indent=1, sort_keys=True))
+        done = f"It was kept as {aside.name} and a new index was written"
+    except OSError as err:
+        done = (f"It could not be replaced ({err.strerror or err}), so this time the pieces "
+                f"are read")
+    print(f"(The index of your pieces, {meta}, is damaged: {problem}. {done} from the "
+          f"piece files there: {', '.join(sorted(index)) or 'none'}.)")
+    return index
+
+
+def _read_index(folder: Path) -> dict:
+    """The index of the pieces in `folder`: {name: {"function": ..., "exercise": ...}}.
+    A damaged index (not JSON, JSON of another shape, not a regular file) is moved aside
+    and rebuilt from the piece files, with a line saying so; a missing one is empty."""
+    meta = folder / INDEX
+    try:
+        info = meta.stat()
+    except OSError:
+        return {}
+    if not stat.S_ISREG(info.st_mode):
+        return _rebuild_index(folder, "it is not a regular file")
+    if info.st_size > INDEX_LIMIT:
+        return _rebuild_index(folder, f"it is {info.st_size:,} bytes, far more than an "
+                                      f"index of pieces holds")
+    try:
+        index = json.loads(meta.read_text(encoding="utf-8"))
+    except OSError:
+        return {}
+    except (ValueError, RecursionError) as err:      # UnicodeDecodeError is a ValueError
+        return _rebuild_index(folder, f"it is not valid JSON ({err})")
+    problem = _index_problem(index)
+    return index if problem is None else _rebuild_index(folder, problem)
+
+
 def save_piece(name: str, fn, exercise: str) -> Path | None:
     """Check the learner's function where it will run, then store it as the piece `name`.
 
@@ -223,18 +320,23 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
                                       f"at its first call). Define the value inside the "
                                       f"function and run the check again.")
     function = getattr(getattr(fn, "py_func", fn), "__name__", name)
-    header = (f"# Your solution to exercise {exercise}, saved when its check passed.\n"
-              f"# Later lessons load `{function}` from here as the piece '{name}'.\n")
+    header = _piece_header(name, function, exercise)
     with tempfile.TemporaryDirectory(prefix="backprop-piece-check-") as scratch:
         candidate = Path(scratch) / f"{name}.py"
         candidate.write_text(header + source)
         try:
-            loaded, namespace = _load_file(candidate, function)
-        except Exception as err:
-            raise ExerciseError(exercise, f"your answer is right in the notebook, but loaded "
-                                          f"on its own, as later lessons load it, it fails: "
-                                          f"{type(err).__name__}: {err}") from None
-        why = _checked(name, loaded, namespace, at_save=True)
+            with guarded(f"your piece '{name}'"):
+                try:
+                    loaded, namespace = _load_file(candidate, function)
+                except Exception as err:
+                    raise ExerciseError(exercise, f"your answer is right in the notebook, but "
+                                                  f"loaded on its own, as later lessons load "
+                                                  f"it, it fails: {type(err).__name__}: "
+                                                  f"{err}") from None
+                why = _checked(name, loaded, namespace, at_save=True)
+        except PieceRefused as err:
+            raise ExerciseError(exercise, f"your answer is right in the notebook, but {err}."
+                                ) from None
     if why is not None:
         fix = ("Make the function stand alone (define or import what it uses inside the "
                "cell)" if "from the notebook" in why else "Fix that")
@@ -246,13 +348,9 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _write_atomic(path, header + source)
-        meta = folder / "index.json"
-        try:
-            index = json.loads(meta.read_text()) if meta.exists() else {}
-        except ValueError:
-            index = {}
+        index = _read_index(folder)
         index[name] = {"function": function, "exercise": exercise}
-        _write_atomic(meta, json.dumps(index, indent=1, sort_keys=True))
+        _write_atomic(folder / INDEX, json.dumps(index, indent=1, sort_keys=True))
     except OSError as err:
         print(f"(Your answer passed, but it could not be saved as the piece '{name}': "
               f"{err.strerror or err} in {folder}. Later lessons will run the engine's "
@@ -262,34 +360,36 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
 
 
 def load_piece(name: str):
-    """Return the learner's saved function for `name` (loaded fresh), or None if not saved."""
+    """Return the learner's saved function for `name` (loaded fresh), or None if not saved.
+    Loading runs under `guarded` (PieceRefused when the piece loops or replaces a
+    library function)."""
     folder = pieces_dir()
-    meta = folder / "index.json"
-    if not meta.exists():
-        return None
-    entry = json.loads(meta.read_text()).get(name)
+    entry = _read_index(folder).get(name)
     path = folder / f"{name}.py"
     if entry is None or not path.exists():
         return None
-    return _load_file(path, entry["function"])[0]
+    with guarded(f"your piece '{name}'"):
+        return _load_file(path, entry["function"])[0]
 
 
 def piece_for_slot(name: str):
     """(the learner's function, None) when the saved piece loads and keeps its slot's
-    contract, else (None, why the engine's version runs). Never raises."""
+    contract, else (None, why the engine's version runs). Never raises; loading and the
+    check run under `guarded` (a deadline, bounded output, numpy's state kept)."""
     folder = pieces_dir()
-    try:
-        entry = json.loads((folder / "index.json").read_text()).get(name)
-    except (OSError, ValueError):
-        entry = None
+    entry = _read_index(folder).get(name)
     path = folder / f"{name}.py"
     if entry is None or not path.exists():
         return None, "not written yet"
     try:
-        fn, namespace = _load_file(path, entry["function"])
-    except Exception as err:
-        return None, f"yours does not load: {type(err).__name__}: {err}"
-    why = _checked(name, fn, namespace)
+        with guarded(f"your piece '{name}'"):
+            try:
+                fn, namespace = _load_file(path, entry["function"])
+            except Exception as err:
+                return None, f"yours does not load: {type(err).__name__}: {err}"
+            why = _checked(name, fn, namespace)
+    except PieceRefused as err:
+        return None, f"yours was skipped: {err}"
     if why is not None:
         return None, f"yours was skipped: {why}"
     return fn, None

@@ -105,7 +105,7 @@ def use_solution_pieces(before_lesson: str) -> Path:
     scratch = folder / "cells"
     scratch.mkdir()
     save_solution_pieces(names, scratch)
-    return folder / "pieces"
+    return pieces.pieces_dir()       # in a solution notebook, its own temporary folder
 
 
 def in_solution_notebook() -> bool:
