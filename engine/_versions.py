@@ -2,11 +2,15 @@
 
 numba compiles against a narrow range of NumPy releases; when they do not
 fit, the failure deep inside numba is cryptic. We check first and say what
-to install instead.
+to install instead. numba's version is read from its package metadata, so
+`import engine` does not load numba (nor the SciPy and llvmlite it loads):
+engine.numba_config imports it when a kernel is first needed, and
+`numba_import_error` explains a failure there.
 """
 from __future__ import annotations
 
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 MIN_PYTHON = (3, 10)
 MIN_NUMPY = (1, 24)
@@ -43,20 +47,25 @@ def check_versions() -> dict[str, str]:
     except ImportError:
         problems.append("NumPy is not installed; run `make lab` (or `pip install -e .`).")
     try:
-        import numba
-        found["numba"] = numba.__version__
-        if _as_tuple(numba.__version__) < MIN_NUMBA:
-            problems.append(f"numba {numba.__version__} is older than {_fmt(MIN_NUMBA)}; "
+        found["numba"] = version("numba")
+        if _as_tuple(found["numba"]) < MIN_NUMBA:
+            problems.append(f"numba {found['numba']} is older than {_fmt(MIN_NUMBA)}; "
                             f"run `pip install -U 'numba>={_fmt(MIN_NUMBA)}'`.")
-    except ImportError as exc:
-        # numba raises ImportError itself when the installed NumPy is outside
-        # the range it was built for; pass its explanation on, with the fix.
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not installed"
-        problems.append(
-            f"numba cannot be imported with NumPy {found.get('numpy', '?')} on Python "
-            f"{found['python']} ({reason}). Run `pip install -U numba numpy` so pip picks "
-            f"a matching pair, or `make lab`, which does it for you.")
+    except PackageNotFoundError:
+        problems.append("numba is not installed; run `make lab` (or `pip install -e .`).")
     if problems:
         raise ImportError("engine cannot start:\n  - " + "\n  - ".join(problems)
                           + f"\n(found: {found})")
     return found
+
+
+def numba_import_error(exc: ImportError) -> ImportError:
+    """The error to raise when `import numba` fails: numba raises ImportError
+    itself when the installed NumPy is outside the range it was built for;
+    pass its explanation on, with the fix."""
+    import numpy
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "not installed"
+    return ImportError(
+        f"numba cannot be imported with NumPy {numpy.__version__} on Python "
+        f"{_fmt(sys.version_info[:3])} ({reason}). Run `pip install -U numba numpy` so pip "
+        f"picks a matching pair, or `make lab`, which does it for you.")

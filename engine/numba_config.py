@@ -155,12 +155,15 @@ def drop_stale_caches(root) -> None:
 
 
 _quiet_idle_threads()
+try:
+    import numba  # noqa: E402  (after the thread settings: numba loads SciPy's BLAS)
+except ImportError as exc:
+    from ._versions import numba_import_error
+    raise numba_import_error(exc) from exc
 _full_width_vectors()
 if not os.environ.get("NUMBA_CACHE_DIR"):
     import pathlib
     drop_stale_caches(pathlib.Path(__file__).resolve().parent)
-
-import numba  # noqa: E402
 
 FASTMATH = False
 # The tape's kernels (engine/kernels/fast.py) reorder sums and fuse multiply-adds

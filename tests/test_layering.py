@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "engine"
 
@@ -164,3 +166,22 @@ def test_docstrings_cite_measurements_that_exist_and_no_history():
         assert not re.search(r"\brounds? [0-9]", text, re.I), (
             f"{path.relative_to(ROOT)} cites a round of the performance log; say what and "
             f"why, and put the numbers in kernels/cpu/README.md")
+
+
+@pytest.mark.parametrize("command", [
+    "import engine",
+    "sys.argv = ['budget', '--help']; runpy.run_module('engine.budget', run_name='__main__')",
+    "sys.argv = ['budget', '--preset', 'gpt2-small']; "
+    "runpy.run_module('engine.budget', run_name='__main__')",
+])
+def test_the_tape_and_the_budget_load_no_numba(command):
+    """`import engine`, `python -m engine.budget --help` and a budget computation
+    stay quick: numba (and the SciPy and llvmlite it loads) wait for a kernel."""
+    code = ("import runpy, sys\n"
+            f"try:\n    exec({command!r})\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('numba', 'scipy', 'llvmlite') if m in sys.modules),"
+            " file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "[]", out.stderr
