@@ -27,7 +27,8 @@ import math
 
 import numpy as np
 
-from engine.timing import median_seconds  # the engine sets numba up before numba loads
+from engine import numba_config  # noqa: F401  (its thread settings go in before numba loads)
+from engine.timing import median_seconds
 from numba import njit, prange
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
