@@ -103,6 +103,7 @@ class BudgetWidget:
             "tensors_per_layer": slider("rule: tensors/layer", 1, 64),
             "dropout": w.Checkbox(description="dropout masks", style=wide),
             "recompute": toggles("recompute", B.RECOMPUTE),
+            "attention": toggles("attention", B.ATTENTIONS),
             "architecture": toggles("architecture", B.ARCHITECTURES),
             "n_kv_head": choice("key/value heads", [("one per head", 0)]),
             "grad_precision": toggles("gradients", B.GRAD_PRECISIONS),
@@ -167,7 +168,7 @@ class BudgetWidget:
         training = w.VBox([sized["micro_batch"], sized["seq_len"], c["accumulation"],
                            c["precision"], c["grad_precision"], c["optimizer"],
                            c["activation_model"], c["tensors_per_layer"], c["dropout"],
-                           c["recompute"]])
+                           c["recompute"], c["attention"]])
         devices = w.VBox([c["device"], c["device_memory"], c["device_flops"], c["mfu"],
                           c["devices"], c["zero"]])
         tabs = w.Tab(children=[model, training, devices])
@@ -263,7 +264,8 @@ class BudgetWidget:
             "tensors_per_layer": model != "rule",
             "dropout": model == "engine",
             "n_kv_head": c["architecture"].value != "llama",
-            "grad_precision": c["precision"].value == "fp32",
+            "grad_precision": c["precision"].value == "fp32" or model in B.REAL_STEP_MODELS,
+            "attention": model in ("rule", "engine"),
             "zero": devices == 1,
             "mfu": c["device"].value == "none" and not c["device_flops"].value,
         }
@@ -381,16 +383,32 @@ class BudgetWidget:
 # --------------------------------------------------------------- rendering
 def readout_html(b: B.Budget) -> str:
     """The main readout; the exact peak sits in span.budget-peak-bytes."""
+    c = b.config
+    # a real step's activations: what its forward leaves alive (the peak is a moment)
+    acts = b.activations.saved if b.activations.step else b.activations.peak
     return (
         f"<div><b>peak of the step: <span class='budget-peak'>{B.human_bytes(b.peak)}</span></b>"
         f" (<span class='budget-peak-bytes'>{b.peak:,}</span> bytes)"
         f" &nbsp;|&nbsp; parameters {B.human_count(b.parameters)}"
         f" &nbsp;|&nbsp; fixed {B.human_bytes(b.fixed_total)}"
-        f" ({sum(B.bytes_per_parameter(b.config.precision, b.config.optimizer).values())}"
+        f" ({sum(B.bytes_per_parameter(c.precision, c.optimizer, c.grad_precision, c.autocast).values())}"
         f" bytes/param)"
         f" &nbsp;|&nbsp; activations <span class='budget-activations'>"
-        f"{B.human_bytes(b.activations.peak)}</span>"
-        f" &nbsp;|&nbsp; one B x N x d tensor {B.human_bytes(b.one_tensor_bytes)}</div>")
+        f"{B.human_bytes(acts)}</span>"
+        f" &nbsp;|&nbsp; one B x N x d tensor {B.human_bytes(b.one_tensor_bytes)}</div>"
+        + peak_moment_html(b))
+
+
+def peak_moment_html(b: B.Budget) -> str:
+    """For a real step: when the peak happens and the largest things alive then."""
+    step = b.activations.step
+    if step is None:
+        return ""
+    m = step.peak_moment
+    terms = ", ".join(f"{html.escape(w)} {B.human_bytes(v)}" for w, v in m.alive[:3])
+    return (f"<div class='budget-peak-moment'>peak during {html.escape(m.name)}: {terms}; "
+            f"step 1 peaks at {B.human_bytes(b.peak_first_step)} "
+            f"(AdamW's state is created by its first step)</div>")
 
 
 def flops_html(b: B.Budget) -> str:

@@ -78,14 +78,17 @@ grouped-query attention), with presets of both families and a reader for
 Hugging Face config.json files (`hf`).
 
 Modules: config (BudgetConfig, presets), counts (parameters, FLOPs, fixed
-memory), activations (the three activation models), measure (the tape's
-measured bytes), sharding (ZeRO, collectives), devices (device figures),
+memory), activations (the rule, transformer and engine activation models),
+real_step (a real PyTorch or transformers step: what it keeps, its peak's
+moment), torch_step (that step measured in PyTorch; optional, imported on
+use), measure (the tape's measured bytes), sharding (ZeRO, collectives), devices (device figures),
 fit (fits, largest micro-batch, step time), hf (config.json), total (the
 Budget and its sweeps), report (units, text), cli (`python -m engine.budget`).
 """
 from __future__ import annotations
 
-from .config import (PRECISIONS, OPTIMIZERS, ACTIVATION_MODELS, RECOMPUTE, ARCHITECTURES,
+from .config import (PRECISIONS, OPTIMIZERS, ACTIVATION_MODELS, REAL_STEP_MODELS, ATTENTIONS,
+                     RECOMPUTE, ARCHITECTURES,
                      GRAD_PRECISIONS, ZERO_STAGES, STORAGE_BYTES,
                      MASTER_BYTES, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, MASK_BYTES,
                      LOGITS_BYTES, BudgetError, BudgetConfig, corpus_vocab_size, PRESET_NAMES,
@@ -105,10 +108,13 @@ from .fit import DeviceFit, largest_micro_batch
 from .hf import read_hf_config, config_from_hf
 from .measure import (MEASURE_MAX_ACTIVATION_BYTES, MEASURE_MAX_FLOPS, measurable, measure)
 from .total import (Budget, budget, crossover_batch, batch_sweep, recompute_tradeoff)
-from .report import (human_bytes, human_flops, describe, human_count, human_seconds)
+from .report import (human_bytes, human_flops, describe, describe_breakdown, human_count,
+                     human_seconds)
+from .real_step import Moment, RealStep, real_step, real_step_activations
 from .cli import (config_from_args, main)
 
-__all__ = ['PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'RECOMPUTE', 'STORAGE_BYTES',
+__all__ = ['PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'REAL_STEP_MODELS', 'ATTENTIONS',
+           'RECOMPUTE', 'STORAGE_BYTES',
            'MASTER_BYTES', 'OPTIMIZER_BUFFERS', 'OPTIMIZER_STATE_BYTES', 'MASK_BYTES',
            'LOGITS_BYTES', 'BudgetError', 'BudgetConfig', 'corpus_vocab_size', 'PRESET_NAMES',
            'preset', 'parameter_breakdown', 'parameter_count', 'matmul_weights',
@@ -125,4 +131,5 @@ __all__ = ['PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'RECOMPUTE', 'STORAG
            'llama_layer_ops', 'layer_ops', 'Device', 'DEVICES', 'THIS_MACHINE',
            'device_figures', 'sgemm_flops', 'this_machine', 'SHARDED', 'per_device_fixed',
            'communication', 'DeviceFit', 'largest_micro_batch', 'read_hf_config',
-           'config_from_hf', 'human_seconds']
+           'config_from_hf', 'human_seconds', 'describe_breakdown', 'Moment', 'RealStep',
+           'real_step', 'real_step_activations']

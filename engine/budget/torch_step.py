@@ -74,8 +74,12 @@ def _hf_model(cfg: BudgetConfig):
     config.bos_token_id = config.eos_token_id = config.pad_token_id = None
     model = cls._from_config(config, attn_implementation=(
         "sdpa" if cfg.attention == "flash" else "eager"))
-    if cfg.recompute == "full":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.recompute == "full":  # checkpoint every block (the method's newer name first)
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model
 
 
