@@ -386,13 +386,14 @@ def readout_html(b: B.Budget) -> str:
     c = b.config
     # a real step's activations: what its forward leaves alive (the peak is a moment)
     acts = b.activations.saved if b.activations.step else b.activations.peak
+    per_parameter = sum(B.bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
+                                              c.autocast).values())
     return (
         f"<div><b>peak of the step: <span class='budget-peak'>{B.human_bytes(b.peak)}</span></b>"
         f" (<span class='budget-peak-bytes'>{b.peak:,}</span> bytes)"
         f" &nbsp;|&nbsp; parameters {B.human_count(b.parameters)}"
         f" &nbsp;|&nbsp; fixed {B.human_bytes(b.fixed_total)}"
-        f" ({sum(B.bytes_per_parameter(c.precision, c.optimizer, c.grad_precision, c.autocast).values())}"
-        f" bytes/param)"
+        f" ({per_parameter} bytes/param)"
         f" &nbsp;|&nbsp; activations <span class='budget-activations'>"
         f"{B.human_bytes(acts)}</span>"
         f" &nbsp;|&nbsp; one B x N x d tensor {B.human_bytes(b.one_tensor_bytes)}</div>"
