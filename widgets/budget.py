@@ -106,6 +106,7 @@ class BudgetWidget:
             "attention": toggles("attention", B.ATTENTIONS),
             "architecture": toggles("architecture", B.ARCHITECTURES),
             "n_kv_head": choice("key/value heads", [("one per head", 0)]),
+            "d_head": number("head size (0: d / a)", 0, 1 << 16, "250px"),
             "grad_precision": toggles("gradients", B.GRAD_PRECISIONS),
             "devices": number("data-parallel devices", 1, 1 << 20),
             "zero": toggles("ZeRO stage", B.ZERO_STAGES),
@@ -163,7 +164,7 @@ class BudgetWidget:
         c = self.controls
         sized = {n: w.HBox([c[n], self.steppers[n]]) for n in self.steppers}
         model = w.VBox([c["architecture"], c["n_layer"], sized["d_model"], c["n_head"],
-                        c["n_kv_head"], c["vocab_size"], c["d_ff"], c["block_size"],
+                        c["n_kv_head"], c["d_head"], c["vocab_size"], c["d_ff"], c["block_size"],
                         c["tied_embedding"], c["n_params"]])
         training = w.VBox([sized["micro_batch"], sized["seq_len"], c["accumulation"],
                            c["precision"], c["grad_precision"], c["optimizer"],
@@ -251,6 +252,7 @@ class BudgetWidget:
         self._set_choices(c["d_model"].value, c["n_head"].value)
         if c["architecture"].value != "llama":
             c["n_kv_head"].value = 0  # GPT-2 blocks have one K/V head per head
+            c["d_head"].value = 0  # and split their width evenly among the heads
         for name, stepper in self.steppers.items():
             value = c[name].value
             top = max(value, {"d_model": 32768, "micro_batch": 4096, "seq_len": 131072}[name])
@@ -264,6 +266,7 @@ class BudgetWidget:
             "tensors_per_layer": model != "rule",
             "dropout": model == "engine",
             "n_kv_head": c["architecture"].value != "llama",
+            "d_head": c["architecture"].value != "llama",
             "grad_precision": c["precision"].value == "fp32" or model in B.REAL_STEP_MODELS,
             "attention": model in ("rule", "engine"),
             "zero": devices == 1,

@@ -89,16 +89,17 @@ def transformer_layer_ops(cfg: BudgetConfig) -> list[Saved]:
 
 def llama_layer_ops(cfg: BudgetConfig) -> list[Saved]:
     """What one LLaMA block saves, in the notation of `transformer_layer_ops`
-    with k = kv_heads * head_dim, the width of K and V:
+    with k = kv_heads * head_dim, the width of K and V, and q = heads *
+    head_dim, the width of Q (h unless the config sets its own head size):
 
         op                 saved tensor                 elements   bytes
         rms norm 1         its input                    sbh        e
         q/k/v matmuls      their input (norm 1 output)  sbh        e
-        Q @ K^T            Q and K (rotated; rotary     sbh+sbk    e
+        Q @ K^T            Q and K (rotated; rotary     sbq+sbk    e
                            embedding itself keeps none)
         softmax            its output                   as^2b      e
         P @ V              V                            sbk        e
-        output matmul      its input                    sbh        e
+        output matmul      its input                    sbq        e
         rms norm 2         its input                    sbh        e
         gate/up matmuls    their input (norm 2 output)  sbh        e
         SiLU               its input (gate output)      sbf        e
@@ -109,19 +110,19 @@ def llama_layer_ops(cfg: BudgetConfig) -> list[Saved]:
     `dropout` is on, as in the GPT block. LLaMA trains without dropout.
     """
     s, b, h, a, f = cfg.seq_len, cfg.micro_batch, cfg.d_model, cfg.n_head, cfg.ffn
-    k = cfg.kv_heads * cfg.head_dim
+    k, q = cfg.kv_heads * cfg.head_dim, cfg.q_width
     e = activation_bytes_per_element(cfg)
     sbh, scores = s * b * h, a * s * s * b
     ops = [
         Saved("rms norm 1", "input", sbh, e),
         Saved("q/k/v matmuls", "input", sbh, e),
-        Saved("Q @ K^T", "Q and K", sbh + s * b * k, e),
+        Saved("Q @ K^T", "Q and K", s * b * (q + k), e),
         Saved("softmax", "output", scores, e, 1),
     ]
     if cfg.dropout:
         ops += [Saved("attention dropout", "mask", scores, MASK_BYTES),
                 Saved("P @ V", "P (dropout output)", scores, e)]
-    ops += [Saved("P @ V", "V", s * b * k, e), Saved("output matmul", "input", sbh, e)]
+    ops += [Saved("P @ V", "V", s * b * k, e), Saved("output matmul", "input", s * b * q, e)]
     if cfg.dropout:
         ops.append(Saved("residual dropout (attention)", "mask", sbh, MASK_BYTES))
     ops += [

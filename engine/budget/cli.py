@@ -31,6 +31,7 @@ _KNOBS = {  # flag -> (config field, type, help)
     "--tensors-per-layer": ("tensors_per_layer", int, "k of the rule of thumb"),
     "--kv-heads": ("n_kv_head", int, "key/value heads of grouped-query attention (llama; "
                    "0: one per head)"),
+    "--head-dim": ("d_head", int, "size of one attention head (llama; 0: width / heads)"),
     "--devices": ("devices", int, "data-parallel devices N (each runs its own micro-batches)"),
 }
 
@@ -168,7 +169,7 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
 
 # Knobs that describe the model's shape: set without a preset, they start a model of your own.
 _SHAPE_FIELDS = {"n_layer", "d_model", "n_head", "vocab_size", "d_ff", "n_params", "n_kv_head",
-                 "seq_len", "architecture"}
+                 "d_head", "seq_len", "architecture"}
 
 _FLAG_OF = {**{field_: flag for flag, (field_, _, _) in _KNOBS.items()},
             "activation_model": "--activations", "precision": "--precision",

@@ -94,6 +94,7 @@ class BudgetConfig:
     attention: str = "standard"
     architecture: str = "gpt2"
     n_kv_head: int = 0
+    d_head: int = 0
     grad_precision: str = "storage"
     devices: int = 1
     zero: int = 0
@@ -129,7 +130,12 @@ class BudgetConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_head
+        return self.d_head or self.d_model // self.n_head
+
+    @property
+    def q_width(self) -> int:
+        """Columns of Q (and of the attention's output): heads x head size."""
+        return self.n_head * self.head_dim
 
     def validate(self) -> "BudgetConfig":
         """Return self, or raise BudgetError naming the knob, its value and the fix."""
@@ -140,13 +146,18 @@ class BudgetConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise BudgetError(f"{knob}={value!r} is not allowed: it must be a "
                                   f"positive whole number (1, 2, 3, ...).")
-        for knob in ("d_ff", "block_size", "n_params", "n_kv_head", "device_memory",
+        for knob in ("d_ff", "block_size", "n_params", "n_kv_head", "d_head", "device_memory",
                      "device_flops"):
             value = getattr(self, knob)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise BudgetError(f"{knob}={value!r} is not allowed: it must be a "
                                   f"positive whole number, or 0 for the default.")
-        if self.d_model % self.n_head:
+        if self.d_head and self.architecture != "llama":
+            raise BudgetError(
+                f"d_head={self.d_head}: a GPT-2 block splits its width evenly among its "
+                f"heads; a head size of its own is a LLaMA setting (architecture 'llama'), "
+                f"or set d_head to 0.")
+        if self.d_model % self.n_head and not self.d_head:
             divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
             raise BudgetError(
                 f"n_head={self.n_head} does not divide d_model={self.d_model}: every head "

@@ -32,10 +32,10 @@ def _llama_breakdown(cfg: BudgetConfig) -> dict[str, int]:
     """LLaMA: no position table (rotary), RMSNorm gains only, no biases, K and
     V projections of n_kv_head * head_dim columns, SwiGLU's three matrices."""
     L, d, V, f = cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.ffn
-    kv = cfg.kv_heads * cfg.head_dim
+    kv, q = cfg.kv_heads * cfg.head_dim, cfg.q_width
     per_layer = {
         "rms norms": 2 * d,
-        "attention q and output": 2 * d * d,
+        "attention q and output": 2 * d * q,
         "attention k and v": 2 * d * kv,
         "mlp gate, up and down": 3 * d * f,
     }
@@ -61,7 +61,8 @@ def matmul_weights(cfg: BudgetConfig) -> int:
     d = cfg.d_model
     if cfg.architecture == "llama":
         kv = cfg.kv_heads * cfg.head_dim
-        return cfg.n_layer * (2 * d * d + 2 * d * kv + 3 * d * cfg.ffn) + d * cfg.vocab_size
+        return (cfg.n_layer * (2 * d * cfg.q_width + 2 * d * kv + 3 * d * cfg.ffn)
+                + d * cfg.vocab_size)
     return cfg.n_layer * (4 * d * d + 2 * d * cfg.ffn) + d * cfg.vocab_size
 
 

@@ -5,12 +5,13 @@ whole number; nothing in it chooses a path, a command or any other setting.
 The batch shape and training policy come from the caller.
 
     GPT-2 (model_type "gpt2"): n_layer, n_embd, n_head, vocab_size,
-        n_positions, n_inner (null: 4 x n_embd), tie_word_embeddings (default true)
+        n_positions, n_inner (null: 4 x n_embd), tie_word_embeddings (default true);
+        add_cross_attention must be false (a decoder-only model)
     LLaMA (model_type "llama"): num_hidden_layers, hidden_size,
         num_attention_heads, num_key_value_heads (default: one per head),
-        intermediate_size, vocab_size, max_position_embeddings,
-        tie_word_embeddings (default false); attention_bias and mlp_bias must
-        be false (LLaMA has no biases)
+        head_dim (default: hidden_size / heads), intermediate_size, vocab_size,
+        max_position_embeddings, tie_word_embeddings (default false);
+        attention_bias and mlp_bias must be false (LLaMA has no biases)
 """
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ def read_hf_config(path) -> dict:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise BudgetError(f"{str(path)!r} is not a JSON file ({exc}); give the model's "
                           f"config.json.") from None
+    except RecursionError:  # brackets nested deeper than Python's parser follows
+        raise BudgetError(f"{str(path)!r} nests its brackets too deeply for a config.json; "
+                          f"give the model's config.json.") from None
     if not isinstance(data, dict):
         raise BudgetError(f"{str(path)!r} holds a JSON {type(data).__name__}, not the "
                           f"object of a config.json.")
@@ -85,10 +89,21 @@ def config_from_hf(data: dict, source: str = "config.json", **changes) -> Budget
         shape["d_ff"] = 0 if inner is None else _whole(data, "n_inner", source)
         tied = data.get("tie_word_embeddings", True)
         shape["architecture"] = "gpt2"
+        if data.get("add_cross_attention", False) is not False:
+            raise BudgetError(f'{source}: "add_cross_attention": '
+                              f'{json.dumps(data["add_cross_attention"])}; blocks with '
+                              f"cross-attention (an encoder-decoder) are not modelled here, "
+                              f"only decoder-only GPT-2 configs are read.")
     elif kind == "llama":
         shape = {field: _whole(data, key, source) for key, field in _LLAMA.items()}
         shape["n_kv_head"] = _whole(data, "num_key_value_heads", source,
                                     default=shape["n_head"])
+        # LLaMA 3.x configs may give a head size of their own (heads x head_dim
+        # need not equal the width); absent or null means width / heads.
+        if data.get("head_dim") is not None:
+            head = _whole(data, "head_dim", source)
+            if head * shape["n_head"] != shape["d_model"]:
+                shape["d_head"] = head
         for key in ("attention_bias", "mlp_bias"):
             if data.get(key, False) is not False:
                 raise BudgetError(f'{source}: "{key}": {json.dumps(data[key])}; the LLaMA '

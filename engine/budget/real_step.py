@@ -85,7 +85,7 @@ def _attention_core(cfg: BudgetConfig, device: str) -> list[Saved]:
 def _attention(cfg: BudgetConfig, device: str, k: int, qkv_fused: bool) -> list[Saved]:
     """Q, K, V and what attention keeps of them. `k` is the width of K and V;
     `qkv_fused`: one matmul makes Q, K and V (GPT-2's c_attn)."""
-    n, h, lo = cfg.micro_batch * cfg.seq_len, cfg.d_model, compute_bytes(cfg)
+    n, q, lo = cfg.micro_batch * cfg.seq_len, cfg.q_width, compute_bytes(cfg)
     rows = cfg.micro_batch * cfg.n_head * cfg.seq_len  # one number per query row
     cache = keeps_kv_cache(cfg)
     if cfg.attention == "flash":
@@ -94,25 +94,25 @@ def _attention(cfg: BudgetConfig, device: str, k: int, qkv_fused: bool) -> list[
             # Q is a view of the fused matmul's output, so all of it stays alive;
             # K and V too unless the cache's concatenation copied them.
             items.append(Saved("scaled_dot_product_attention", "Q (a view of Q|K|V)",
-                               n * (h + 2 * k), lo))
+                               n * (q + 2 * k), lo))
             if cache:
                 items.append(Saved("kv cache", "K and V (concatenated copies)", 2 * n * k, lo))
         else:  # LLaMA: Q and K are rotated (fp32 under autocast), then cast back
-            items += [Saved("scaled_dot_product_attention", "Q rotated, compute copy", n * h, lo),
+            items += [Saved("scaled_dot_product_attention", "Q rotated, compute copy", n * q, lo),
                       Saved("scaled_dot_product_attention", "K rotated, compute copy", n * k, lo),
                       Saved("scaled_dot_product_attention",
                             "V (cache copy)" if cache else "V", n * k, lo)]
         items += [Saved("scaled_dot_product_attention", "output (also the projection's input)",
-                        n * h, lo),
+                        n * q, lo),
                   Saved("scaled_dot_product_attention", "logsumexp, one per row", rows, FP32)]
         return items
     # standard: Q @ K^T and P @ V reshape their 4-D operands into copies (K and
     # V repeated to every head first under grouped-query attention)
-    items = [Saved("Q @ K^T", "Q (copy)", n * h, lo),
-             Saved("Q @ K^T", "K^T (copy)", n * h, lo)]
+    items = [Saved("Q @ K^T", "Q (copy)", n * q, lo),
+             Saved("Q @ K^T", "K^T (copy)", n * q, lo)]
     items += _attention_core(cfg, device)
-    items += [Saved("P @ V", "V (copy)", n * h, lo),
-              Saved("projection matmul", "merged heads (copy)", n * h, lo)]
+    items += [Saved("P @ V", "V (copy)", n * q, lo),
+              Saved("projection matmul", "merged heads (copy)", n * q, lo)]
     return items
 
 
@@ -177,7 +177,7 @@ def block_weights(cfg: BudgetConfig) -> int:
     h, f = cfg.d_model, cfg.ffn
     if cfg.architecture == "llama":
         k = cfg.kv_heads * cfg.head_dim
-        return 2 * h * h + 2 * h * k + 3 * h * f
+        return 2 * h * cfg.q_width + 2 * h * k + 3 * h * f
     return 4 * h * h + 2 * h * f
 
 

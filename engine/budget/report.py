@@ -82,7 +82,9 @@ def describe(b: Budget) -> str:
     bpp = bytes_per_parameter(c.precision, c.optimizer, c.grad_precision, c.autocast)
     sharded = c.devices > 1 and c.zero > 0
     lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices)"
-                              if c.devices > 1 else "")]
+                              if c.devices > 1 else
+                              f" (ZeRO stage {c.zero} shards nothing on one device: set the "
+                              f"number of data-parallel devices)" if c.zero else "")]
     for k, v in b.fixed_per_device.items():
         note = f"({bpp[k]} bytes/param"
         if sharded and v != b.fixed[k]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from .config import BudgetConfig
+from .config import BudgetConfig, BudgetError
 from .counts import bytes_per_parameter, fixed_bytes, flops, parameter_breakdown, parameter_count, tokens_per_micro_batch, tokens_per_step
 from .activations import Activations, activations, tensor_bytes
 from .devices import device_figures
@@ -123,6 +123,11 @@ def _finite(row: dict) -> dict:
 def budget(cfg: BudgetConfig) -> Budget:
     """The whole training-step budget for one configuration."""
     cfg.validate()
+    if cfg.devices > parameter_count(cfg):
+        raise BudgetError(
+            f"devices={cfg.devices:,} is more than the model's {parameter_count(cfg):,} "
+            f"parameters: data parallelism needs a replica per device and ZeRO cannot split "
+            f"one parameter; use at most {parameter_count(cfg):,} devices.")
     fixed = fixed_bytes(cfg)
     mine = per_device_fixed(cfg, fixed)
     acts = activations(cfg)
