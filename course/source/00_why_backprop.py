@@ -266,14 +266,18 @@ ax.grid(True, which="both", alpha=0.3)
 plt.show()
 
 # %% [markdown]
-# On the log-log plot the finite-difference line has slope about 2 at the right: P
-# evaluations, each of which itself costs more as the network grows. The backprop line stays
-# a small multiple of the forward pass: "a few forward passes". At the smallest sizes the
-# ratio can wander from run to run: a forward pass of a few dozen numbers takes
-# microseconds, so Python's fixed cost per call decides it, not arithmetic (backprop makes
-# fewer calls than three forward passes would, so it can even look cheaper than 3). From a
-# few thousand parameters on, arithmetic dominates and the ratio settles at two to three
-# forward passes, the "about 3" of your prediction.
+# On the log-log plot the finite-difference line has slope about 2 at the right: 2P
+# evaluations, each of which itself costs more as the network grows. The backprop line runs
+# beside the forward pass: its ratio to one forward pass (printed above for each P) stays a
+# small number while P grows a thousandfold, where finite differences grow with P.
+#
+# That ratio is rarely exactly the 3 of your prediction, and it differs between machines and
+# between runs. The prediction counts matrix products; a small numpy network also pays
+# Python's fixed cost per call, temporary arrays and transposes, which the count leaves out.
+# At the smallest sizes the fixed cost decides it (backprop makes fewer calls than three
+# forward passes would, so it can even look cheaper than 3); at the largest, a loaded
+# machine has shown anything from about 2 to 10. What does not change is the comparison:
+# a handful of forward passes against 20,002.
 #
 # ## The 7-billion-parameter arithmetic
 #

@@ -102,24 +102,30 @@ lesson04.check_numerical_partial(numerical_partial)
 # The numerical value `n` and the backprop value `a` never agree exactly, so we need a
 # measure of "close". The absolute difference `|a - n|` alone is not it: a difference of
 # 1e-5 is nothing next to a gradient of 1e3, and everything next to a gradient of 1e-6.
-# The **relative error** scales the difference by the size of the gradients:
+# The **relative error** divides the difference by the size of the gradients. Which size?
+# Three demands decide the denominator:
 #
-# $$\text{rel} = \frac{|a - n|}{\max(|a|,\ |n|,\ \delta)}$$
+# 1. neither value is privileged (either may be the wrong one), so swapping `a` and `n` must
+#    not change the error;
+# 2. the error reads as a fraction of the gradient: a value 1% off gives about 0.01, and
+#    a right gradient about 1e-8, whatever its size;
+# 3. gradients at or near zero give a finite number. Two exact zeros must not give 0/0 =
+#    NaN, and a true gradient of 1e-14 against a numerical 0 must not give a scary
+#    relative error for a difference no one could measure. A **floor** δ, a smallest
+#    denominator, handles this.
 #
-# The **floor** δ is there for gradients at or near zero. Without it, two exact zeros give
-# 0/0 = NaN, and a true gradient of 1e-14 against a numerical 0 gives a relative error of
-# 1 (100%!) for a difference no one could measure. So a checker reports the absolute error
-# `|a - n|` next to the relative one, and an element passes when **either** is small:
-# `abs <= atol or rel <= rtol`.
+# Because of 3, a checker reports the absolute error `|a - n|` next to the relative one,
+# and an element passes when **either** is small: `abs <= atol or rel <= rtol`.
 #
 # ## Exercise 04.2 · The two errors
 #
 # Write `gradient_errors(analytic, numeric, floor)` returning the pair `(relative, absolute)`,
-# element by element, as above (`np.maximum` takes element-wise maxima).
+# element by element. Choose the relative error's denominator by the three demands
+# (`np.maximum` takes element-wise maxima); the check says which demand a denominator breaks.
 
 # %%
 def gradient_errors(analytic, numeric, floor=1e-10):
-    """(|a - n| / max(|a|, |n|, floor), |a - n|), element-wise."""
+    """(relative error, absolute error) of two gradients, element-wise."""
     ### BEGIN SOLUTION
     absolute = np.abs(analytic - numeric)
     relative = absolute / np.maximum(np.maximum(np.abs(analytic), np.abs(numeric)), floor)

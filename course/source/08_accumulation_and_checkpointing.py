@@ -305,9 +305,12 @@ print("after the backward, segment ran:", runs)
 # Write `checkpointed_backward(fn, saved_input, grad_output)`: `saved_input` is the ndarray
 # the checkpoint kept, `grad_output` the gradient arriving at the segment's output. Recompute
 # the segment and backpropagate through it; return the gradient of the input (an ndarray).
-# Two details matter. The backward pass may run with recording switched off, so wrap the
-# recompute in `with engine.enable_grad():`. And the input must be a Tensor that requires
-# grad, or its `.grad` stays `None`.
+# Two details decide whether the recompute yields a gradient at all; the demo above holds
+# the clues. The backward pass may run with recording switched off (`engine.no_grad()`;
+# `engine.enable_grad()` is its opposite): what must be on while `fn` runs again, and what
+# happens to an op you run after that? And the answer is some Tensor's `.grad`: which one,
+# and what must be true of it when you create it? Then: which gradient do you send back
+# through the recomputed output, the one that reached the segment or a fresh one?
 
 # %%
 def checkpointed_backward(fn, saved_input, grad_output):

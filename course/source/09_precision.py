@@ -405,7 +405,10 @@ plt.show()
 # fp16's subnormal range (shaded) and its largest value; the label reads the report.
 
 # %%
+import io
+
 import ipywidgets as widgets
+from widgets._figures import PreviewVBox
 
 
 class LossScaleExplorer:
@@ -421,8 +424,9 @@ class LossScaleExplorer:
         for s in (self.margin, self.log2_scale):
             s.observe(self._update, names="value")
         self._update()
-        self.ui = widgets.VBox([widgets.HBox([self.margin, self.log2_scale]), self.label,
-                                self.plot])
+        # a saved notebook without the widget's state shows this picture of it instead
+        self.ui = PreviewVBox([widgets.HBox([self.margin, self.log2_scale]), self.label,
+                               self.plot], preview=lambda: self.png)
 
     def _update(self, change=None):
         g = lm_logit_gradient(margin=self.margin.value)
@@ -445,6 +449,9 @@ class LossScaleExplorer:
         ax.legend(loc="upper left", fontsize=8)
         self.plot.outputs = ()
         self.plot.append_display_data(self.fig)
+        png = io.BytesIO()
+        self.fig.savefig(png, format="png")
+        self.png = png.getvalue()
         plt.close(self.fig)
 
 
