@@ -295,13 +295,13 @@ def real_step(cfg: BudgetConfig, fixed: dict[str, int], largest_parameter: int,
         all_casts = cfg.n_layer * (block_weights(cfg) + block_biases(cfg)) * lo
         kept_casts = 0 if cfg.recompute == "full" else cfg.n_layer * block_weights(cfg) * lo
         cast_weights = all_casts - kept_casts  # cached until the forward ends, not saved
-    # With accumulation, the gradients of earlier micro-batches are alive throughout.
-    earlier_grads = grads if cfg.accumulation > 1 else 0
+    # With accumulation, micro-batches after the first run beside the gradients so far.
+    earlier_grads = [("gradients of earlier micro-batches", grads)] if cfg.accumulation > 1 else []
 
-    def moments(state_bytes: int, first: bool) -> tuple:
-        base = [("weights", weights)] + ([("optimizer state", state_bytes)] if state_bytes else [])
-        if earlier_grads and not first:
-            base.append(("gradients of earlier micro-batches", earlier_grads))
+    def moments(state_bytes: int) -> tuple:
+        resident = [("weights", weights)] + ([("optimizer state", state_bytes)]
+                                             if state_bytes else [])
+        base = resident + earlier_grads
         fwd_end = [*base, ("saved by the forward", saved - vocab)]
         if cfg.activation_model == "hf":
             fwd_end.append(("logits", logits_bytes(cfg)))
@@ -318,7 +318,7 @@ def real_step(cfg: BudgetConfig, fixed: dict[str, int], largest_parameter: int,
         if cfg.recompute == "full":  # at least: its own backward adds a few more tensors
             n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
             found.append(Moment("the first block's backward (recomputed)", (
-                *base, ("gradients", grads),
+                *resident, ("gradients", grads),
                 ("the first block's recomputed tensors", one_block),
                 ("its checkpointed input", n * h * FP32))))
         opt = [("weights", weights), ("gradients", grads), ("optimizer state", state)]
@@ -329,8 +329,7 @@ def real_step(cfg: BudgetConfig, fixed: dict[str, int], largest_parameter: int,
         return tuple(Moment(m.name, tuple(sorted(((w, b) for w, b in m.alive if b),
                                                  key=lambda wb: -wb[1]))) for m in found)
 
-    return RealStep(items=items, moments=moments(state, first=False),
-                    first_step=moments(0, first=True))
+    return RealStep(items=items, moments=moments(state), first_step=moments(0))
 
 
 def largest_parameter(cfg: BudgetConfig) -> int:
