@@ -64,3 +64,10 @@ def test_a_llama_with_no_preset_needs_no_positions(capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["parameters"] == 1_100_048_384
     assert got["config"]["activation_model"] == "transformer"  # not tiny's engine model
+
+
+@pytest.mark.parametrize("name", bm.PRESET_NAMES)
+def test_arch_llama_works_from_every_preset(name, capsys):
+    assert cli.main(["--preset", name, "--arch", "llama", "--seq", "4096", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["config"]
+    assert got["architecture"] == "llama" and got["seq_len"] == 4096

@@ -159,6 +159,13 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
         start = {"block_size": 0, "activation_model": "transformer"}
         cfg = preset("tiny", **{**start, **changes})
     else:
+        start = preset(args.preset or "tiny")
+        if changes.get("architecture", start.architecture) != start.architecture:
+            # Another block than the preset's: its position table (a limit of learned
+            # positions) and the engine's own GPT-2 model do not carry over.
+            changes = {"block_size": 0, **changes}
+            if start.activation_model == "engine":
+                changes = {"activation_model": "transformer", **changes}
         cfg = preset(args.preset or "tiny", **changes)
     if args.device == THIS_MACHINE_FLAG:  # measured only once the rest is known to be valid
         measured = this_machine()
