@@ -43,8 +43,9 @@ ENGINE_ADVANTAGE = {
                              "vectorised exp and sums them in vector lanes; a running "
                              "`total += exp(...)` keeps the loop, and its exp, scalar",
     "embedding_backward": "it adds into the model's table in place, where the exercise "
-                          "returns a fresh (V, C) table that the slot then adds in (two more "
-                          "passes over the table) and sums the positions' gradient in numpy",
+                          "returns a fresh (V, C) table, zeroed and then added into the "
+                          "model's (two more passes over the table), and the slot sums the "
+                          "positions' gradient in numpy",
     "clip_global_norm": "it sums the squares of each tensor in blocks, in vector lanes, in "
                         "one compiled pass",
     "adamw_step": "it runs one parallel loop over the whole flat buffer, and splits each "
