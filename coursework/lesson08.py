@@ -19,11 +19,12 @@ import numpy as np
 from engine import F, Tensor, memory, nn, no_grad
 from engine.tensor import is_grad_enabled
 from engine.accumulation import accumulate_gradients, split_batch
-from engine.recompute import checkpoint_sequential, segments
+from engine.recompute import checkpoint_sequential
 from engine.gpt_config import GPTConfig, init_params
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
-from .slots import SlotError, check_accumulate_through_view, checkpointed_gpt_mismatch
+from .slots import (SlotError, check_accumulate_through_view, checkpointed_gpt_mismatch,
+                    exact_checkpoint_peak)
 
 EX_ACCUMULATE = "08.1 (accumulate)"
 EX_REPLAY = "08.2 (checkpointed_backward)"
@@ -242,11 +243,6 @@ def check_checkpointed_backward(checkpointed_backward) -> None:
 
 
 # ------------------------------------------------------------------ 08.3
-def exact_checkpoint_peak(n_blocks: int, k: int, a: int, b: int) -> int:
-    """max over segments j (forward order) of (j+1)*a + len_j*b."""
-    return max((j + 1) * a + len(seg) * b for j, seg in enumerate(segments(n_blocks, k)))
-
-
 def _measured_stack_peak(n_blocks: int, k: int):
     """Measure a stack of GPT blocks (input needs no gradient, loss = sum)."""
     cfg = GPTConfig(vocab_size=4, block_size=6, n_layer=n_blocks, n_head=2, n_embd=8)

@@ -118,6 +118,35 @@ def test_the_training_command_never_loads_the_lab():
     assert out.stdout.strip() == "[]", f"the trainer loaded {out.stdout.strip()}"
 
 
+def test_no_import_cycle_among_coursework_modules():
+    """The exercise checks, the pieces and the slot contracts import each other in
+    one direction, imports inside functions included (lessonNN -> pieces -> slots)."""
+    modules = {module_name(p): p for p in sorted((ROOT / "coursework").rglob("*.py"))}
+    edges = {name: {m for m in imports_of(name, path) if m in modules and m != name
+                    and not m.startswith(name + ".")}
+             for name, path in modules.items()}
+    edges["coursework"] = set()
+    _assert_acyclic(edges)
+
+
+def _assert_acyclic(edges: dict[str, set[str]]) -> None:
+    state: dict[str, int] = {}
+
+    def visit(node, path):
+        state[node] = 1
+        for dep in sorted(edges.get(node, ())):
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep, path + [dep])
+        state[node] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+
+
 def test_no_import_cycle_among_engine_modules():
     edges = graph()
     # a package's __init__ importing its own submodules is not a cycle
