@@ -11,7 +11,12 @@ from hypothesis import given, settings, strategies as st
 from engine import budget as B
 from matplotlib.colors import to_hex
 
-from widgets.budget import CATEGORY_COLORS, BudgetWidget
+from widgets.budget import BAR_PX, CATEGORY_COLORS, CURVE_PX, BudgetWidget
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's header."""
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
 
 
 def shown_peak_bytes(widget: BudgetWidget) -> int:
@@ -131,8 +136,9 @@ def test_device_fit_line_and_capacity():
     assert "reduce-scatter gradients" in w.parallel.value
     assert shown_peak_bytes(w) == want.peak
     bar, curve = w._figures
-    capacity = [l for l in bar.axes[0].lines if l.get_label() == "A100-80GB memory"]
+    capacity = [l for l in bar.axes[0].lines if l.get_label() == "A100-80GB memory (80 GiB)"]
     assert capacity and capacity[0].get_ydata()[0] == pytest.approx(80 * 2**30 / 1e9)
+    assert "of 85.9 GB (80 GiB)" in w.fit.value  # the data sheet's GiB beside our GB
     w.controls["device"].value = "none"
     assert "no device chosen" in w.fit.value
 
@@ -143,7 +149,7 @@ def test_each_memory_item_keeps_its_colour_in_table_bar_and_curve():
     for name in ("weights", "master weights", "gradients", "optimizer state",
                  "activations"):
         assert B.budget(w.config()).memory()[name] > 0
-        assert CATEGORY_COLORS[name] in w.memory_table.value
+        assert CATEGORY_COLORS[name] in w.readout.value
         bars = [c for c in bar.axes[0].containers if c.get_label() == name]
         assert bars and to_hex(bars[0].patches[0].get_facecolor()) == CATEGORY_COLORS[name]
         areas = [p for p in curve.axes[0].collections if p.get_label() == name]
@@ -170,7 +176,10 @@ def test_plots_are_redrawn_in_place_into_image_models():
     before = w.curve.value
     w.controls["micro_batch"].value = 2
     assert w._figures[0] is bar and w._figures[1] is curve  # the same figures, redrawn
-    assert bytes(w.curve.value) != bytes(before) and w.curve.layout.height == "280px"
+    assert bytes(w.curve.value) != bytes(before)
+    # the same pixel size each time: the CSS box (aspect ratio) never changes
+    assert png_size(bytes(w.curve.value)) == png_size(bytes(before)) == CURVE_PX
+    assert png_size(bytes(w.bar.value)) == BAR_PX
     tiny = BudgetWidget(preset="tiny")
     assert tiny._figures[0].axes[0].get_ylabel() == "MB"  # units follow the size
 
@@ -188,8 +197,10 @@ def test_measure_shows_engine_bytes_beside_the_prediction():
     assert m["measured_saved"] == m["predicted_saved"] == w.result.activations.saved
     assert f"{m['measured_saved']:,}" in w.measure_result.value
     assert "+0.00%" in w.measure_result.value
-    w.controls["micro_batch"].value = 3   # a new shape clears the old measurement
-    assert w.measured is None and w.measure_result.value == ""
+    w.controls["micro_batch"].value = 3   # a new shape retires the old measurement
+    assert w.measured is None and "settings changed" in w.measure_result.value
+    w.controls["micro_batch"].value = 4   # and the next move clears the message
+    assert w.measure_result.value == ""
     assert not w.measure_button.disabled
 
 
@@ -212,7 +223,7 @@ def test_measure_says_it_is_working_and_drops_a_stale_result(monkeypatch):
     w.measure()
     assert seen["button"] == (True, "measuring...") and "running" in seen["text"]
     assert seen["bar"] == "visible" and seen["half"][0] == 0.5
-    assert "50% done, about 3 s left" in seen["half"][1]
+    assert "50% done, estimating the time left" in seen["half"][1]
     assert w.measure_progress.layout.visibility == "hidden"
     assert w.measured is None and "settings changed" in w.measure_result.value
     assert not w.measure_button.disabled
@@ -269,3 +280,84 @@ def test_every_preset_loads_exactly_through_the_constrained_controls(widget, nam
     assert {n: c.value for n, c in widget.controls.items()} == {
         n: getattr(cfg, n) for n in widget.controls}
     assert widget.message.value == "" and shown_peak_bytes(widget) == B.budget(cfg).peak
+
+
+def test_a_knob_moved_while_measuring_says_the_settings_changed():
+    """In a browser the kernel handles a knob moved during "measure" after the
+    measurement returns: the result gives way to the message, not to nothing."""
+    w = BudgetWidget(preset="tiny", plots=False, micro_batch=2, seq_len=32, n_layer=2)
+    w.measure()
+    assert w.measured is not None
+    w.controls["seq_len"].value = 16  # the queued move arrives
+    assert "settings changed" in w.measure_result.value and w.measured is None
+
+
+def test_zero_buttons_are_redrawn_when_they_are_enabled(widget):
+    """ipywidgets 8 draws `disabled` on toggle buttons only when it rebuilds them
+    (new labels or icons): each change of `disabled` also swaps the icons."""
+    zero = widget.controls["zero"]
+    assert zero.disabled
+    before = list(zero.icons)
+    widget.controls["devices"].value = 8
+    assert not zero.disabled and list(zero.icons) != before
+    assert all(icon == "" for icon in zero.icons)  # no icon drawn either way
+    again = list(zero.icons)
+    widget.controls["devices"].value = 1
+    assert zero.disabled and list(zero.icons) != again
+
+
+def test_zero_stage_changes_the_bytes_of_one_device(widget):
+    widget.controls["devices"].value = 8
+    peaks = []
+    for stage in (0, 1, 2, 3):
+        widget.controls["zero"].value = stage
+        want = B.budget(B.preset("gpt2-small", devices=8, zero=stage))
+        assert shown_peak_bytes(widget) == want.peak
+        peaks.append(want.peak)
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 4
+
+
+def test_readout_table_has_bytes_share_and_whole_model(widget):
+    widget.controls["devices"].value = 4
+    widget.controls["zero"].value = 3
+    b = B.budget(B.preset("gpt2-small", devices=4, zero=3))
+    table = widget.readout.value
+    for name in ("weights", "gradients", "optimizer state", "activations"):
+        value = b.memory()[name]
+        assert (f"{name}</td><td class='num'>{B.human_bytes(value)}</td>"
+                f"<td class='num'>{100 * value / b.peak:.0f}%</td>") in table
+    assert f"<td class='num'>{B.human_bytes(b.fixed['optimizer state'])}</td>" in table
+    top = max(b.activations.items, key=lambda x: x.bytes)
+    assert f"largest kept tensor: {top.op}" in html.unescape(table)
+
+
+def test_a_real_step_says_when_its_peak_happens():
+    w = BudgetWidget(preset="gpt2-small", plots=False, activation_model="hf")
+    b = B.budget(w.config())
+    line = html.unescape(w.readout.value)
+    assert f"peak during {b.activations.step.peak_moment.name}" in line
+    assert shown_peak_bytes(w) == b.peak == sum(b.memory().values())
+    assert "step transient" in w.readout.value
+
+
+def test_legends_sit_below_the_pictures_they_key():
+    w = BudgetWidget(preset="llama2-7b", device="A100-80GB")
+    for fig in w._figures:
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        legend = ax.get_legend().get_window_extent()
+        assert legend.y1 <= ax.bbox.y0, (legend, ax.bbox)  # none of it over the axes
+
+
+def test_time_left_is_said_steadily(monkeypatch):
+    """Odd estimates (14 s, 219 s, 23 s for a run of about 37 s) do not make the
+    figure jump, and it never goes up."""
+    from widgets import budget as module
+    clock = iter(float(t) for t in range(100))
+    monkeypatch.setattr(module.time, "monotonic", lambda: next(clock))
+    eta = module.TimeLeft()
+    eta.start()
+    said = [eta(left) for left in (36, 35, 14, 219, 23, 31, 30, 29)]
+    assert said[:2] == ["estimating the time left"] * 2
+    numbers = [int(re.search(r"(\d+) s left", s).group(1)) for s in said[2:]]
+    assert numbers == sorted(numbers, reverse=True) and max(numbers) <= 35

@@ -34,6 +34,11 @@ settings show the message of `engine.budget` and grey out the last numbers.
 from __future__ import annotations
 
 import html
+import statistics
+import time
+
+import ipywidgets as w
+from traitlets import observe
 
 from engine import budget as B
 
@@ -43,6 +48,74 @@ CATEGORY_COLORS = {
     "step transient": "#dd8452",
 }
 _THIS_MACHINE: dict = {}  # "this machine" as a device, once measured
+DPI = 90
+GiB = 2 ** 30  # data sheets quote device memory in these
+BAR_PX, CURVE_PX = (216, 288), (414, 288)  # the two pictures, width x height in pixels
+SETTINGS_CHANGED = ("The settings changed since the measurement; press measure again to "
+                    "measure these.")
+# Responsive rules: the pictures shrink with their column and keep their box while a
+# new picture loads; toggle buttons size to their labels and wrap; labels wrap, not cut.
+STYLE = f"""<style>
+.budget-widget {{gap: 6px 24px; align-items: flex-start}}
+.budget-stale {{opacity: 0.35; filter: grayscale(1)}}
+.budget-widget img.budget-plot-bar {{max-width: 100%; height: auto;
+  aspect-ratio: {BAR_PX[0]} / {BAR_PX[1]}; flex: 0 1 {BAR_PX[0]}px; min-width: 0}}
+.budget-widget img.budget-plot-curve {{max-width: 100%; height: auto;
+  aspect-ratio: {CURVE_PX[0]} / {CURVE_PX[1]}; flex: 1 1 300px; min-width: 0}}
+.budget-controls .widget-toggle-buttons > div {{display: flex; flex-wrap: wrap; gap: 2px;
+  flex: 1 1 0; min-width: 0}}
+.budget-controls .widget-toggle-button {{width: auto; min-width: 0; margin: 0;
+  padding: 0 9px}}
+.budget-widget .widget-label, .budget-widget .widget-label-basic {{white-space: normal;
+  overflow-wrap: anywhere; line-height: 1.15}}
+.budget-widget .widget-inline-hbox .widget-label {{align-self: center}}
+.budget-widget .widget-text input, .budget-widget select {{min-width: 0}}
+.budget-widget .widget-button {{overflow: visible}}
+.budget-hint {{display: block; font-size: 0.85em; line-height: 1.35; color: #555;
+  margin: 2px 0}}
+.budget-widget table {{border-collapse: collapse; margin: 4px 0}}
+.budget-widget th, .budget-widget td {{padding: 1px 8px; white-space: nowrap}}
+.budget-widget th {{text-align: left; border-bottom: 1px solid #bbb}}
+.budget-widget td.num, .budget-widget th.num {{text-align: right;
+  font-variant-numeric: tabular-nums}}
+.budget-widget tr.budget-total td {{border-top: 1px solid #bbb; font-weight: bold}}
+.budget-results .widget-html-content {{overflow-x: auto; max-width: 100%}}
+.budget-results pre {{font-size: 11px; overflow-x: auto}}
+.budget-fit {{font-size: 1.05em}}
+</style>"""
+
+
+class RedrawnToggleButtons(w.ToggleButtons):
+    """Toggle buttons that show a change of `disabled` at once. ipywidgets 8's view
+    applies `disabled` only when it rebuilds its buttons, which it does when the
+    labels or the icons change; so each change of `disabled` also swaps `icons`
+    between two lists that draw no icon."""
+
+    @observe("disabled")
+    def _redraw(self, change) -> None:
+        with self.hold_sync():
+            self.icons = [""] * len(self.options) if not self.icons else []
+
+
+class TimeLeft:
+    """The seconds left of a run, said steadily: the estimates of the whole run's
+    length (elapsed + left) are reduced to their median, so one odd estimate does
+    not make the figure jump, and the figure shown never goes up."""
+
+    def start(self) -> None:
+        self.began, self.totals, self.shown = time.monotonic(), [], None
+
+    def __call__(self, seconds_left: float) -> str:
+        elapsed = time.monotonic() - self.began
+        self.totals.append(elapsed + seconds_left)
+        left = max(statistics.median(self.totals) - elapsed, 0.0)
+        self.shown = left if self.shown is None else min(left, self.shown)
+        if len(self.totals) < 3:
+            return "estimating the time left"
+        if self.shown < 1:
+            return "almost done"
+        return f"about {self.shown:.0f} s left" if self.shown < 10 else \
+            f"about {5 * round(self.shown / 5):.0f} s left"
 
 
 class BudgetWidget:
@@ -55,31 +128,32 @@ class BudgetWidget:
     """
 
     def __init__(self, preset: str = "gpt2-small", plots: bool = True, **changes):
-        import ipywidgets as w
         self.plots = plots
         self.result: B.Budget | None = None
         self.measured: dict | None = None
         self._loading = False
         self._figures: list = []
         start = B.preset(preset, **changes)
-        wide = {"description_width": "140px"}
-        layout = w.Layout(width="400px")
+        wide = {"description_width": "132px"}
+        full = {"width": "auto", "align_self": "stretch"}  # as wide as the controls' column
 
-        def slider(description, lo, hi, step=1):
+        def slider(description, lo, hi, step=1, tip=None):
             return w.IntSlider(min=lo, max=hi, step=step, description=description,
-                               style=wide, layout=layout, continuous_update=False)
+                               tooltip=tip, style=wide, layout=w.Layout(**full),
+                               continuous_update=False)
 
-        def number(description, lo=0, hi=10**13, width="400px"):
-            return w.BoundedIntText(min=lo, max=hi, description=description, style=wide,
-                                    layout=w.Layout(width=width))
+        def number(description, lo=0, hi=10**13, tip=None):
+            return w.BoundedIntText(min=lo, max=hi, description=description, tooltip=tip,
+                                    style=wide, layout=w.Layout(**full))
 
-        def choice(description, options):
-            return w.Dropdown(options=list(options), description=description, style=wide,
-                              layout=layout)
+        def choice(description, options, tip=None):
+            return w.Dropdown(options=list(options), description=description, tooltip=tip,
+                              style=wide, layout=w.Layout(**full))
 
-        def toggles(description, options):
-            return w.ToggleButtons(options=list(options), description=description,
-                                   style={"button_width": "62px", **wide})
+        def toggles(description, options, tip=None):
+            return RedrawnToggleButtons(options=list(options), description=description,
+                                        tooltip=tip, style={"button_width": "auto", **wide},
+                                        layout=w.Layout(**full))
 
         self.preset = choice("preset", B.PRESET_NAMES)
         self.preset.value = preset
@@ -87,41 +161,62 @@ class BudgetWidget:
         # preset and reading the screen back are one loop each.
         self.controls = {
             "n_layer": slider("layers L", 1, 128),
-            "d_model": number("width d", 1, 1 << 20, "250px"),
+            "d_model": number("width d", 1, 1 << 20),
             "n_head": choice("heads a", [start.n_head]),
             "vocab_size": number("vocabulary V", 1, 10**7),
-            "d_ff": number("MLP width (0: rule)"),
-            "block_size": number("positions (0: N)"),
-            "tied_embedding": w.Checkbox(description="tied output head", style=wide),
-            "n_params": number("params (0: formula)"),
-            "micro_batch": number("micro-batch B", 1, 1 << 20, "250px"),
-            "seq_len": number("sequence N", 1, 1 << 22, "250px"),
-            "accumulation": slider("accumulation K", 1, 256),
+            "d_ff": number("MLP width", tip="0: the usual rule (4d for GPT-2, about 8d/3 "
+                                            "for LLaMA)"),
+            "block_size": number("positions", tip="learned positions of the model; "
+                                                  "0: as many as the sequence N"),
+            "tied_embedding": w.Checkbox(description="output head tied to the embedding",
+                                         indent=False, layout=w.Layout(**full)),
+            "n_params": number("parameter count", tip="0: counted from the shape; a number "
+                                                      "here replaces that count"),
+            "micro_batch": number("micro-batch B", 1, 1 << 20),
+            "seq_len": number("sequence N", 1, 1 << 22),
+            "accumulation": slider("accumulation K", 1, 256,
+                                   tip="micro-batches summed into one optimizer step"),
             "precision": toggles("precision", B.PRECISIONS),
             "optimizer": toggles("optimizer", B.OPTIMIZERS),
-            "activation_model": toggles("activation model", B.ACTIVATION_MODELS),
-            "tensors_per_layer": slider("rule: tensors/layer", 1, 64),
-            "dropout": w.Checkbox(description="dropout masks", style=wide),
+            "activation_model": toggles("activations of", B.ACTIVATION_MODELS,
+                                        tip="rule: k tensors per layer; transformer: op by "
+                                            "op; engine: our GPT; pytorch, hf: a real "
+                                            "PyTorch / Hugging Face step"),
+            "tensors_per_layer": slider("tensors per layer", 1, 64,
+                                        tip="the rule of thumb's k (activations of: rule)"),
+            "dropout": w.Checkbox(description="dropout masks", indent=False,
+                                  layout=w.Layout(**full)),
             "recompute": toggles("recompute", B.RECOMPUTE),
-            "attention": toggles("attention", B.ATTENTIONS),
+            "attention": toggles("attention", B.ATTENTIONS,
+                                 tip="standard keeps the N x N probabilities; flash one "
+                                     "number per row"),
             "architecture": toggles("architecture", B.ARCHITECTURES),
             "n_kv_head": choice("key/value heads", [("one per head", 0)]),
-            "d_head": number("head size (0: d / a)", 0, 1 << 16, "250px"),
-            "grad_precision": toggles("gradients", B.GRAD_PRECISIONS),
+            "d_head": number("head size", 0, 1 << 16, tip="0: width / heads (LLaMA only)"),
+            "grad_precision": toggles("gradients in", B.GRAD_PRECISIONS,
+                                      tip="storage: the weights' precision; fp32: "
+                                          "accumulated in fp32"),
             "devices": number("data-parallel devices", 1, 1 << 20),
-            "zero": toggles("ZeRO stage", B.ZERO_STAGES),
+            "zero": toggles("ZeRO stage", B.ZERO_STAGES,
+                            tip="what the devices shard: 1 optimizer state, 2 and "
+                                "gradients, 3 and weights"),
             "device": choice("device", ["none", *B.DEVICES, B.THIS_MACHINE]),
-            "device_memory": number("memory bytes (0: device's)", 0, 10**15),
-            "device_flops": number("FLOP/s (0: device's)", 0, 10**18),
+            "device_memory": number("memory (bytes)", 0, 10**15,
+                                    tip="0: the chosen device's"),
+            "device_flops": number("FLOP/s", 0, 10**18, tip="0: the chosen device's"),
             "mfu": w.FloatSlider(min=0.05, max=1.0, step=0.05, description="MFU",
-                                 style=wide, layout=layout, continuous_update=False),
+                                 tooltip="model FLOP utilization: the share of the device's "
+                                         "FLOP/s a step achieves",
+                                 style=wide, layout=w.Layout(**full),
+                                 continuous_update=False),
         }
         for name, control in self.controls.items():  # stable handles for browser tests
             control.add_class(f"budget-knob-{name.replace('_', '-')}")
         # Power-of-two sliders beside the exact boxes of the sizes.
         self.steppers = {name: w.SelectionSlider(options=[1], description="", readout=False,
                                                  continuous_update=False,
-                                                 layout=w.Layout(width="150px"))
+                                                 layout=w.Layout(width="110px",
+                                                                 flex="0 0 110px"))
                          for name in ("d_model", "micro_batch", "seq_len")}
         for name, stepper in self.steppers.items():
             stepper.add_class(f"budget-step-{name.replace('_', '-')}")
@@ -132,27 +227,33 @@ class BudgetWidget:
         self.fit.add_class("budget-fit")
         self.message = w.HTML()
         self.message.add_class("budget-message")
-        self.memory_table = w.HTML()
         self.flops_table = w.HTML()
         self.tradeoff = w.HTML()
         self.tradeoff.add_class("budget-recompute")
         self.parallel = w.HTML()
         self.parallel.add_class("budget-parallel")
-        # Images keep their size while their picture is swapped: no blank, no collapse.
-        self.bar = w.Image(format="png", layout=w.Layout(width="250px", height="280px"))
-        self.curve = w.Image(format="png", layout=w.Layout(width="430px", height="280px"))
+        # Images keep their box (CSS aspect-ratio) while their picture is swapped:
+        # no blank, no collapse; they shrink with a narrow column.
+        self.bar = w.Image(format="png", layout=w.Layout(width=f"{BAR_PX[0]}px"))
+        self.curve = w.Image(format="png", layout=w.Layout(width=f"{CURVE_PX[0]}px"))
+        self.bar.add_class("budget-plot-bar")
+        self.curve.add_class("budget-plot-curve")
         self.measure_button = w.Button(description="measure on our engine",
-                                       button_style="info", layout=w.Layout(width="220px"))
+                                       tooltip="run one step of this course's engine at this "
+                                               "shape and show the bytes it used",
+                                       button_style="info",
+                                       layout=w.Layout(width="auto", min_width="190px"))
         self.measure_button.add_class("budget-measure")
         self.measure_result = w.HTML()
         self.measure_result.add_class("budget-measured")
         # Filled as the tape runs the step (engine.budget.measure's progress callback).
         self.measure_progress = w.FloatProgress(value=0.0, min=0.0, max=1.0,
-                                                layout=w.Layout(width="160px",
+                                                layout=w.Layout(width="140px",
                                                                 visibility="hidden"))
         self.measure_progress.add_class("budget-measure-progress")
-        self._results = [self.readout, self.fit, self.memory_table, self.flops_table,
-                         self.tradeoff, self.parallel, self.bar, self.curve]
+        self._eta = TimeLeft()
+        self._results = [self.readout, self.fit, self.flops_table, self.tradeoff,
+                         self.parallel, self.bar, self.curve]
 
         self._load(start)
         self.preset.observe(self._on_preset, names="value")
@@ -162,10 +263,13 @@ class BudgetWidget:
         self._update()
 
         c = self.controls
-        sized = {n: w.HBox([c[n], self.steppers[n]]) for n in self.steppers}
+        sized = {n: w.HBox([c[n], self.steppers[n]], layout=w.Layout(**full))
+                 for n in self.steppers}
+        zeros = w.HTML("<span class='budget-hint'>A 0 in MLP width, positions, parameter "
+                       "count or head size means the usual value (hover a label).</span>")
         model = w.VBox([c["architecture"], c["n_layer"], sized["d_model"], c["n_head"],
-                        c["n_kv_head"], c["d_head"], c["vocab_size"], c["d_ff"], c["block_size"],
-                        c["tied_embedding"], c["n_params"]])
+                        c["n_kv_head"], c["d_head"], c["vocab_size"], c["d_ff"],
+                        c["block_size"], c["tied_embedding"], c["n_params"], zeros])
         training = w.VBox([sized["micro_batch"], sized["seq_len"], c["accumulation"],
                            c["precision"], c["grad_precision"], c["optimizer"],
                            c["activation_model"], c["tensors_per_layer"], c["dropout"],
@@ -176,15 +280,20 @@ class BudgetWidget:
         for i, title in enumerate(("model", "training", "devices")):
             tabs.set_title(i, title)
         tabs.add_class("budget-tabs")
-        style = w.HTML("<style>.budget-stale{opacity:0.35;filter:grayscale(1)}"
-                       ".budget-fit{font-size:1.05em}</style>")
-        left = w.VBox([self.preset, tabs], layout=w.Layout(width="440px", flex="0 0 440px"))
-        right = w.VBox([self.message, self.readout, self.fit, w.HBox([self.bar, self.curve]),
-                        self.memory_table, self.flops_table, self.tradeoff, self.parallel,
-                        w.HBox([self.measure_button, self.measure_progress,
-                                self.measure_result])],
-                       layout=w.Layout(flex="1 1 auto"))
-        self.ui = w.HBox([style, left, right])
+        measuring = w.VBox([w.HBox([self.measure_button, self.measure_progress]),
+                            self.measure_result])
+        left = w.VBox([self.preset, tabs, measuring], layout=w.Layout(
+            flex="1 1 340px", max_width="440px", min_width="0"))
+        left.add_class("budget-controls")
+        plots = w.HBox([self.bar, self.curve], layout=w.Layout(flex_flow="row wrap"))
+        right = w.VBox([self.message, self.fit, self.readout, plots, self.tradeoff,
+                        self.flops_table, self.parallel],
+                       layout=w.Layout(flex="1 1 420px", min_width="0"))
+        right.add_class("budget-results")
+        # Side by side where there is room; one column (controls first) where there is not.
+        self.ui = w.HBox([w.HTML(STYLE), left, right],
+                         layout=w.Layout(flex_flow="row wrap", width="100%"))
+        self.ui.add_class("budget-widget")
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
@@ -299,7 +408,8 @@ class BudgetWidget:
             self._sync()
         finally:
             self._loading = False
-        self.measure_result.value = ""
+        # A measurement belongs to the settings it ran at; say so when they move on.
+        self.measure_result.value = SETTINGS_CHANGED if self.measured else ""
         self.measured = None
         try:
             self.result = B.budget(self.config())
@@ -315,7 +425,6 @@ class BudgetWidget:
             shown.remove_class("budget-stale")
         self.readout.value = readout_html(self.result)
         self.fit.value = fit_html(self.result)
-        self.memory_table.value = memory_html(self.result)
         self.flops_table.value = flops_html(self.result)
         self.tradeoff.value = tradeoff_html(self.result)
         self.parallel.value = parallel_html(self.result)
@@ -327,8 +436,9 @@ class BudgetWidget:
         import io
         if not self._figures:
             import matplotlib.pyplot as plt
-            self._figures = [plt.figure(figsize=(2.8, 3.1), dpi=90),
-                             plt.figure(figsize=(4.8, 3.1), dpi=90)]
+            self._figures = [plt.figure(figsize=(BAR_PX[0] / DPI, BAR_PX[1] / DPI), dpi=DPI),
+                             plt.figure(figsize=(CURVE_PX[0] / DPI, CURVE_PX[1] / DPI),
+                                        dpi=DPI)]
             for fig in self._figures:
                 fig.add_subplot()
                 plt.close(fig)  # drawn on request only, never shown by pyplot
@@ -362,6 +472,7 @@ class BudgetWidget:
         self.measure_result.value = "running one forward and backward of our engine's GPT..."
         self.measure_progress.value = 0.0
         self.measure_progress.layout.visibility = "visible"
+        self._eta.start()
         try:
             measured = B.measure(settings, progress=self._measure_progress)
         finally:
@@ -370,8 +481,7 @@ class BudgetWidget:
             self.measure_progress.layout.visibility = "hidden"
         if self.result is None or self.result.config != settings:
             self.measured = None
-            self.measure_result.value = ("The settings changed during the measurement; "
-                                         "press measure again.")
+            self.measure_result.value = SETTINGS_CHANGED
             return
         self.measured = measured
         self.measure_result.value = measured_html(measured)
@@ -380,39 +490,68 @@ class BudgetWidget:
         """Widget values travel to the browser while the step still runs."""
         self.measure_progress.value = fraction
         self.measure_result.value = (f"running one forward and backward of our engine's GPT: "
-                                     f"{fraction:.0%} done, about {seconds_left:.0f} s left")
+                                     f"{fraction:.0%} done, {self._eta(seconds_left)}")
 
 
 # --------------------------------------------------------------- rendering
 def readout_html(b: B.Budget) -> str:
-    """The main readout; the exact peak sits in span.budget-peak-bytes."""
+    """The peak of one device (exact bytes in span.budget-peak-bytes), its items as a
+    table, when the peak happens and its largest tensor, and the sizes behind them."""
     c = b.config
-    # a real step's activations: what its forward leaves alive (the peak is a moment)
-    acts = b.activations.saved if b.activations.step else b.activations.peak
     per_parameter = sum(B.bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
                                               c.autocast).values())
-    return (
-        f"<div><b>peak of the step: <span class='budget-peak'>{B.human_bytes(b.peak)}</span></b>"
-        f" (<span class='budget-peak-bytes'>{b.peak:,}</span> bytes)"
-        f" &nbsp;|&nbsp; parameters {B.human_count(b.parameters)}"
-        f" &nbsp;|&nbsp; fixed {B.human_bytes(b.fixed_total)}"
-        f" ({per_parameter} bytes/param)"
-        f" &nbsp;|&nbsp; activations <span class='budget-activations'>"
-        f"{B.human_bytes(acts)}</span>"
-        f" &nbsp;|&nbsp; one B x N x d tensor {B.human_bytes(b.one_tensor_bytes)}</div>"
-        + peak_moment_html(b))
+    one_device = "one device" if c.devices > 1 else "the device"
+    return (f"<div class='budget-headline'><b>peak of {one_device}: "
+            f"<span class='budget-peak'>{B.human_bytes(b.peak)}</span></b> "
+            f"(<span class='budget-peak-bytes'>{b.peak:,}</span> bytes)</div>"
+            + memory_html(b) + peak_moment_html(b)
+            + f"<div class='budget-hint'>{B.human_count(b.parameters)} parameters, "
+              f"{per_parameter} bytes of fixed memory per parameter; one "
+              f"B x N x d tensor {B.human_bytes(b.one_tensor_bytes)}. "
+              f"1 GB = 10<sup>9</sup> bytes.</div>")
+
+
+def _swatch(name: str) -> str:
+    return (f"<span style='display:inline-block;width:0.8em;height:0.8em;"
+            f"background:{CATEGORY_COLORS[name]};margin-right:0.3em'></span>")
+
+
+def memory_html(b: B.Budget) -> str:
+    """One device's memory at the peak, item by item in its colour: bytes, share of the
+    peak and, over several devices, the whole model's bytes of that item."""
+    sharded = b.config.devices > 1
+    head = ("<tr><th>what</th><th class='num'>bytes</th><th class='num'>share</th>"
+            + ("<th class='num'>whole model</th>" if sharded else "") + "</tr>")
+    rows = []
+    for name, value in b.memory().items():
+        if not value:
+            continue
+        whole = B.human_bytes(b.fixed[name]) if name in b.fixed else "each device its own"
+        rows.append(f"<tr><td>{_swatch(name)}{name}</td>"
+                    f"<td class='num'>{B.human_bytes(value)}</td>"
+                    f"<td class='num'>{100 * value / b.peak:.0f}%</td>"
+                    + (f"<td class='num'>{whole}</td>" if sharded else "") + "</tr>")
+    rows.append(f"<tr class='budget-total'><td>peak</td><td class='num'>"
+                f"{B.human_bytes(b.peak)}</td><td class='num'>100%</td>"
+                + ("<td></td>" if sharded else "") + "</tr>")
+    return f"<table class='budget-memory'>{head}{''.join(rows)}</table>"
 
 
 def peak_moment_html(b: B.Budget) -> str:
-    """For a real step: when the peak happens and the largest things alive then."""
+    """One line: when the peak happens (a real step's moments) and the largest tensor
+    the forward keeps (engine.budget's breakdown of the activations)."""
+    parts = []
     step = b.activations.step
-    if step is None:
-        return ""
-    m = step.peak_moment
-    terms = ", ".join(f"{html.escape(w)} {B.human_bytes(v)}" for w, v in m.alive[:3])
-    return (f"<div class='budget-peak-moment'>peak during {html.escape(m.name)}: {terms}; "
-            f"step 1 peaks at {B.human_bytes(b.peak_first_step)} "
-            f"(AdamW's state is created by its first step)</div>")
+    if step is not None:
+        parts.append(f"peak during {html.escape(step.peak_moment.name)}")
+        if b.peak_first_step != b.peak:
+            parts.append(f"step 1 peaks at {B.human_bytes(b.peak_first_step)}")
+    if b.activations.items:
+        top = max(b.activations.items, key=lambda x: x.bytes)
+        each = f", {B.human_bytes(top.bytes // top.count)} x {top.count}" if top.count > 1 else ""
+        parts.append(f"largest kept tensor: {html.escape(top.op)}, {html.escape(top.tensor)} "
+                     f"{B.human_bytes(top.bytes)}{each}")
+    return f"<div class='budget-peak-moment'>{'; '.join(parts)}</div>" if parts else ""
 
 
 def flops_html(b: B.Budget) -> str:
@@ -465,7 +604,8 @@ def _capacity(ax, b: B.Budget, scale: float) -> None:
     d = b.device
     if d and d.memory:
         ax.axhline(d.memory / scale, color="black", ls="-.", lw=1.2,
-                   label=f"{d.device} memory")
+                   label=f"{d.device} memory" + (f" ({d.memory // GiB} GiB)"
+                                                 if d.memory % GiB == 0 else ""))
 
 
 def draw_memory_bar(ax, b: B.Budget) -> None:
@@ -477,21 +617,24 @@ def draw_memory_bar(ax, b: B.Budget) -> None:
     scale, unit = _unit(top)
     bottom = 0.0
     for name, value in items.items():
-        ax.bar(["one device"], [value / scale], bottom=bottom / scale, label=name,
+        ax.bar([0], [value / scale], bottom=bottom / scale, label=name,
                color=CATEGORY_COLORS[name], width=0.6)
         bottom += value
-    _capacity(ax, b, scale)
+    ax.set_xlim(-0.5, 0.5)
+    ax.set_xticks([])
     ax.set_ylim(0, 1.12 * top / scale)
     ax.set_ylabel(unit)
     ax.set_title(f"peak {B.human_bytes(b.peak)}", fontsize=10)
-    if b.device and b.device.memory:  # the items' colours are keyed in the table beside
-        ax.legend(fontsize=7, loc="upper left", frameon=False)
+    if b.device and b.device.memory:  # under the bar, so it covers none of it
+        _capacity(ax, b, scale)
+        ax.legend(handles=ax.lines, fontsize=7, loc="upper center",
+                  bbox_to_anchor=(0.5, -0.04), frameon=False, borderaxespad=0)
 
 
 def memory_bar_figure(b: B.Budget):
     """The stacked bar as a figure of its own."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(2.8, 3.1))
+    fig, ax = plt.subplots(figsize=(BAR_PX[0] / DPI, BAR_PX[1] / DPI), dpi=DPI)
     draw_memory_bar(ax, b)
     fig.tight_layout()
     plt.close(fig)
@@ -519,75 +662,63 @@ def draw_memory_curve(ax, b: B.Budget, points: int = 24) -> None:
     ax.axvline(B.tokens_per_micro_batch(c), color="0.3", lw=1, ls="--",
                label=f"B={c.micro_batch} (set)")
     if cross:
-        ax.axvline(cross * c.seq_len, color=CATEGORY_COLORS["activations"], ls=":", lw=1.5)
-        ax.annotate(f"crossover B={cross}", (cross * c.seq_len, 0.5),
-                    xycoords=("data", "axes fraction"), xytext=(4, 0),
-                    textcoords="offset points", fontsize=8,
-                    color=CATEGORY_COLORS["activations"], va="top")
+        ax.axvline(cross * c.seq_len, color=CATEGORY_COLORS["activations"], ls=":", lw=1.5,
+                   label=f"crossover B={cross}")
     _capacity(ax, b, scale)
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(5))  # tick labels that fit the width
     ax.set_xlim(tokens[0], tokens[-1])
     ax.set_ylim(0, 1.12 * largest / scale)
-    ax.set_xlabel(f"tokens per micro-batch B x N (N={c.seq_len})")
     ax.set_ylabel(unit)
     ax.set_title("activations overtake the fixed memory" if cross else
                  "activations stay below the fixed memory", fontsize=10)
-    ax.legend(fontsize=6, loc="upper left", frameon=False, ncol=2)
+    ax.set_xlabel(f"tokens per micro-batch B x N (N={c.seq_len})", fontsize=8)
+    # Under the axes, so it covers nothing; the areas' colours are keyed in the table.
+    ax.legend(handles=ax.lines, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+              frameon=False, ncol=len(ax.lines), handlelength=1.5, borderaxespad=0,
+              columnspacing=1)
 
 
 def memory_curve_figure(b: B.Budget, points: int = 24):
     """The memory curve as a figure of its own."""
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(4.8, 3.1))
+    fig, ax = plt.subplots(figsize=(CURVE_PX[0] / DPI, CURVE_PX[1] / DPI), dpi=DPI)
     draw_memory_curve(ax, b, points)
     fig.tight_layout()
     plt.close(fig)
     return fig
 
 
-def _swatch(name: str) -> str:
-    return (f"<span style='display:inline-block;width:0.8em;height:0.8em;"
-            f"background:{CATEGORY_COLORS[name]};margin-right:0.3em'></span>")
-
-
-def memory_html(b: B.Budget) -> str:
-    """One device's memory items, each with its colour, beside the whole model's."""
-    c = b.config
-    sharded = c.devices > 1
-    head = "<tr><th>memory of one device</th><th>bytes</th>" + (
-        "<th>whole model</th>" if sharded else "") + "</tr>"
-    rows = []
-    for name, value in b.memory().items():
-        whole = b.fixed.get(name, value)
-        rows.append(f"<tr><td>{_swatch(name)}{name}</td>"
-                    f"<td style='text-align:right'>{B.human_bytes(value)}</td>"
-                    + (f"<td style='text-align:right'>{B.human_bytes(whole)}</td>"
-                       if sharded else "") + "</tr>")
-    return f"<table class='budget-memory'>{head}{''.join(rows)}</table>"
+def card_memory(memory: int) -> str:
+    """A device's memory in the decimal units of the readout, with the GiB its data
+    sheet quotes when it is a whole number of them: '85.9 GB (80 GiB)'."""
+    if memory % GiB == 0:
+        return f"{B.human_bytes(memory)} ({memory // GiB} GiB)"
+    return B.human_bytes(memory)
 
 
 def fit_html(b: B.Budget) -> str:
-    """Fits / does not fit the device, the largest micro-batch, the step time."""
+    """The verdict for the chosen device, the largest micro-batch that fits, the step time."""
     d, c = b.device, b.config
     if d is None:
-        return ("<span class='budget-fit-verdict'>no device chosen</span>: pick one in "
-                "the devices tab to see whether a step fits and how long it takes.")
+        return ("<span class='budget-fit-verdict'>no device chosen</span>: pick one under "
+                "devices to see whether a step fits and how long it takes.")
     parts = []
     if d.fits is not None:
         verdict = ("fits" if d.fits else "does not fit")
         colour = "#2a7d2a" if d.fits else "#b00"
         parts.append(f"<b class='budget-fit-verdict' style='color:{colour}'>{verdict}</b> "
                      f"on {html.escape(d.device)}: peak {B.human_bytes(d.peak)} of "
-                     f"{B.human_bytes(d.memory)}")
-        parts.append("largest micro-batch that fits: "
-                     + (f"<b>B={d.largest_micro_batch}</b>" if d.largest_micro_batch
-                        else "none (shard with ZeRO, recompute, or shorten N)"))
+                     f"{card_memory(d.memory)}.")
+        parts.append("Largest micro-batch that fits: "
+                     + (f"<b>B={d.largest_micro_batch}</b>." if d.largest_micro_batch
+                        else "none (more devices with a ZeRO stage, recompute, or a "
+                             "shorter N)."))
     if d.step_seconds is not None:
-        parts.append(f"step {B.human_seconds(d.step_seconds)} at MFU {c.mfu:g}, "
+        parts.append(f"Step {B.human_seconds(d.step_seconds)} at MFU {c.mfu:g}, "
                      f"{d.tokens_per_second:,.0f} tokens/s"
-                     + (f" over {c.devices} devices" if c.devices > 1 else ""))
-    return " &nbsp;|&nbsp; ".join(parts)
+                     + (f" over {c.devices} devices." if c.devices > 1 else "."))
+    return " ".join(parts)
 
 
 def parallel_html(b: B.Budget) -> str:
