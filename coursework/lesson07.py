@@ -3,7 +3,8 @@
 07.1 the FLOPs of a training step per token, 07.2 the bytes per parameter
 of the fixed memory, 07.3 the micro-batch at which activations overtake
 the fixed memory, 07.4 the floor of a step's time and the MFU a measured step
-reached. Each is checked against `engine.budget` (the numbers the
+reached, 07.5 the bytes alive in a Hugging Face step at the loss's backward. Each
+is checked against `engine.budget` (the numbers the
 widget and the command line show) on several configurations, and the usual
 slips (forward only, no attention term, no master weights, an off-by-one
 search) are named.
@@ -268,3 +269,70 @@ def check_step_floor_and_mfu(step_floor_and_mfu) -> None:
                                          f"{want_mfu:.4g}. Hint: {hint}")
     passed(EX_STEP, "a step of 1.2 TFLOP on a 100 GFLOP/s device takes at least 12 s; "
                     "measured at 40 s, it ran at MFU 0.30.")
+
+
+# ------------------------------------------------------------------ 07.5
+EX_LOSS = "07.5 (loss_peak)"
+
+
+def _loss_cases():
+    """Steps of transformers' GPT-2 and LLaMA, fp32 and bf16 autocast, whose peak
+    is the loss's backward."""
+    from engine import budget as bm
+    llama = dict(architecture="llama", n_layer=4, d_model=512, n_head=8, n_kv_head=2,
+                 d_ff=1408, vocab_size=32000, tied_embedding=False, block_size=0)
+    return [bm.preset("gpt2-small", activation_model="hf", precision="fp32"),
+            bm.preset("gpt2-small", activation_model="hf", precision="bf16",
+                      attention="flash"),
+            bm.preset("gpt2-medium", activation_model="hf", precision="bf16", micro_batch=2),
+            bm.preset("tiny", activation_model="hf", precision="bf16", attention="flash",
+                      micro_batch=4, seq_len=2048, **llama)]
+
+
+def check_loss_peak(loss_peak) -> None:
+    """loss_peak(n_tokens, vocab, precision, other_saved, resident) -> the bytes alive at
+    the moment of the loss's backward in a Hugging Face transformers step: what is
+    resident (weights, optimizer state), what the forward saved outside the loss, and
+    the loss's own [n_tokens, vocab] tensors."""
+    from engine import budget as bm
+    for cfg in _loss_cases():
+        step = bm.budget(cfg).activations.step
+        n, V = cfg.micro_batch * cfg.seq_len, cfg.vocab_size
+        vocab = n * V * 4
+        moment = next(m for m in step.moments if m.name == "the loss's backward")
+        alive = dict(moment.alive)
+        resident = alive["weights"] + alive["optimizer state"]
+        other = alive["saved by the forward"] - vocab
+        want = moment.bytes
+        got = _number(EX_LOSS, attempt(EX_LOSS, loss_peak, n, V, cfg.precision, other,
+                                       resident), "loss_peak(...)")
+        if got == want:
+            continue
+        low = 2 if cfg.precision != "fp32" else 4
+        base = resident + other
+        known = {
+            base + vocab: "that is what the loss keeps at the end of the forward (log_softmax's "
+                          "output); its backward then allocates more [n, V] tensors while "
+                          "that output is still alive.",
+            base + 2 * vocab: "count every [n, V] tensor alive while log_softmax's backward "
+                              "runs: its saved output, the gradient arriving from nll_loss, "
+                              "and the gradient it writes for the logits.",
+            base + 4 * vocab: "transformers' loss holds no reference to the logits once the "
+                              "forward returns (the caller keeps only .loss); a nanoGPT-style "
+                              "loop that keeps `logits` would hold one more.",
+            base + 3 * n * V * low: "under autocast the loss still works in fp32: log_softmax "
+                                    "is on autocast's fp32 list, and transformers calls "
+                                    "logits.float() before it.",
+            3 * vocab: "the peak is a moment of the whole step: add what is resident and "
+                       "what the rest of the forward saved.",
+        }
+        hint = next((h for v, h in known.items() if got == v),
+                    "resident + other_saved + (how many fp32 [n, V] tensors are alive during "
+                    "log_softmax's backward) x n x V x 4.")
+        raise ExerciseError(EX_LOSS, f"for {cfg.name} ({cfg.precision}, n={n:,} tokens, "
+                                     f"V={V:,}) you have {got:,.0f} bytes, the step holds "
+                                     f"{want:,} then. Hint: {hint}")
+    g = bm.budget(_loss_cases()[1])
+    passed(EX_LOSS, f"GPT-2 small, bf16 autocast, B=8 N=1024: three fp32 [8192, 50257] "
+                    f"tensors of {bm.human_bytes(8192 * 50257 * 4)} each at the peak, "
+                    f"{bm.human_bytes(g.peak)} in all.")

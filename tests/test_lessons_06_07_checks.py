@@ -324,3 +324,35 @@ def test_07_4_stub_says_not_done():
 ])
 def test_07_4_each_slip_gets_its_own_hint(wrong, words):
     fails_with(lesson07.check_step_floor_and_mfu, wrong, words=words)
+
+
+# ------------------------------------------------------------------ 07.5
+def test_07_5_right_answer_written_otherwise_passes(capsys):
+    def by_the_tensors(n_tokens, vocab, precision, other_saved, resident):
+        one = n_tokens * vocab * 4                  # fp32, autocast or not
+        saved_output, grad_output, grad_logits = one, one, one
+        return other_saved + saved_output + grad_output + grad_logits + resident
+    lesson07.check_loss_peak(by_the_tensors)
+    assert "passed" in capsys.readouterr().out
+
+
+def test_07_5_stub_says_not_done():
+    def stub(n_tokens, vocab, precision, other_saved, resident):
+        raise NotImplementedError()
+    fails_with(lesson07.check_loss_peak, stub, words=("not done",))
+
+
+def _bytes(precision):
+    return 4 if precision == "fp32" else 2
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda n, V, p, o, r: r + o + n * V * 4, ("end of the forward",)),
+    (lambda n, V, p, o, r: r + o + 2 * n * V * 4, ("gradient arriving from nll_loss",)),
+    (lambda n, V, p, o, r: r + o + 4 * n * V * 4, ("no reference to the logits",)),
+    (lambda n, V, p, o, r: r + o + 3 * n * V * _bytes(p), ("fp32 list",)),
+    (lambda n, V, p, o, r: 3 * n * V * 4, ("moment of the whole step",)),
+    (lambda n, V, p, o, r: r + o, ("how many fp32 [n, V] tensors",)),
+])
+def test_07_5_each_slip_gets_its_own_hint(wrong, words):
+    fails_with(lesson07.check_loss_peak, wrong, words=words)
