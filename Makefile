@@ -64,11 +64,10 @@ FORCE ?=
 course: $(STAMP)
 	$(BIN)/python tools/build_course.py $(if $(FORCE),--force) $(LESSONS)
 
-# The budget calculator as a page of its own (Voila, the optional extra `app`), on
-# http://127.0.0.1:8866; e.g. make budget-app APP_ARGS="--preset llama2-7b --no-browser"
+# The budget calculator as a page of its own on http://127.0.0.1:8866 (this machine only;
+# --listen serves elsewhere); e.g. make budget-app APP_ARGS="--preset llama2-7b --no-browser"
 APP_ARGS ?=
 budget-app: $(STAMP)
-	@$(BIN)/python -c "import voila" 2>/dev/null || $(BIN)/python -m pip install -q -e '.[app]'
 	$(BIN)/python -m widgets.budget_app $(APP_ARGS)
 
 clean-venv:

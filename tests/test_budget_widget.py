@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from engine import budget as B
 from matplotlib.colors import to_hex
 
-from widgets.budget import BAR_PX, CATEGORY_COLORS, CURVE_PX, BudgetWidget
+from widgets.budget import BAR_PX, CATEGORY_COLORS, CURVE_PX, BudgetWidget, _share
 
 
 def png_size(png: bytes) -> tuple[int, int]:
@@ -325,7 +325,9 @@ def test_readout_table_has_bytes_share_and_whole_model(widget):
     for name in ("weights", "gradients", "optimizer state", "activations"):
         value = b.memory()[name]
         assert (f"{name}</td><td class='num'>{B.human_bytes(value)}</td>"
-                f"<td class='num'>{100 * value / b.peak:.0f}%</td>") in table
+                f"<td class='num'>{_share(value, b.peak)}</td>") in table
+    assert f"<td class='num'>{100 * b.memory()['activations'] / b.peak:.0f}%</td>" in table
+    assert _share(1, 1000) == "<1%" and _share(0, 10) == "0%" and _share(5, 10) == "50%"
     assert f"<td class='num'>{B.human_bytes(b.fixed['optimizer state'])}</td>" in table
     top = max(b.activations.items, key=lambda x: x.bytes)
     assert f"largest kept tensor: {top.op}" in html.unescape(table)

@@ -529,12 +529,18 @@ def memory_html(b: B.Budget) -> str:
         whole = B.human_bytes(b.fixed[name]) if name in b.fixed else "each device its own"
         rows.append(f"<tr><td>{_swatch(name)}{name}</td>"
                     f"<td class='num'>{B.human_bytes(value)}</td>"
-                    f"<td class='num'>{100 * value / b.peak:.0f}%</td>"
+                    f"<td class='num'>{_share(value, b.peak)}</td>"
                     + (f"<td class='num'>{whole}</td>" if sharded else "") + "</tr>")
     rows.append(f"<tr class='budget-total'><td>peak</td><td class='num'>"
                 f"{B.human_bytes(b.peak)}</td><td class='num'>100%</td>"
                 + ("<td></td>" if sharded else "") + "</tr>")
     return f"<table class='budget-memory'>{head}{''.join(rows)}</table>"
+
+
+def _share(part: int, whole: int) -> str:
+    """A percentage for a table: '<1%' rather than a misleading '0%'."""
+    share = 100 * part / whole
+    return "<1%" if 0 < share < 0.5 else f"{share:.0f}%"
 
 
 def peak_moment_html(b: B.Budget) -> str:
