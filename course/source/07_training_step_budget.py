@@ -499,9 +499,7 @@ print(f"{'':<34}{'pred.  / meas.':>20}{'pred.  / meas.':>20}{'pred.  / meas.':>2
       f"   {'peak':>8}")
 for (name, changes), row in zip(REAL_STEPS, measured_steps):
     real = bm.budget(bm.preset(name, activation_model="hf", **changes))
-    textbook = bm.budget(bm.preset(name, activation_model="transformer",
-                                   **{**changes, "precision": "fp32"
-                                      if changes["precision"] == "fp32" else "bf16"}))
+    textbook = bm.budget(bm.preset(name, activation_model="transformer", **changes))
     pairs = ((real.activations.saved, row["activations"]), (real.peak, row["peak_step2"]),
              (real.peak_first_step, row["peak_step1"]))
     print(f"{row['name']:<34}" + "".join(f"{p / GB:9.2f} / {m / GB:6.2f}  " for p, m in pairs)
