@@ -5,26 +5,31 @@ controls into a `BudgetConfig`, asks `budget(config)` and writes the answer
 into widget models (`.value`), never printing, so a notebook that shows it
 replays cleanly under nbval.
 
-Layout: the controls on the left (in three tabs: model, training, devices),
-what they cost on the right, so both fit a 1280 x 800 screen.
-  * the readout (DOM class `budget-readout`): peak, parameters, fixed and
-    activation bytes of one device; the peak in exact bytes sits in a span
-    of class `budget-peak-bytes` for tests that read the page (each control
-    carries the class `budget-knob-<field>`, e.g. `budget-knob-micro-batch`;
-    the power-of-two slider beside a size box `budget-step-<field>`);
-  * the fit line (`budget-fit`): fits / does not fit the chosen device, the
-    largest micro-batch that does, the step time and tokens/s;
-  * the memory of one device, item by item, each item in its own colour in
-    the table, the bar and the curve;
-  * FLOPs per token, per micro-batch and per optimizer step, what the
-    recompute setting saves and adds, and the collectives of data parallel;
+Layout: the controls (three tabs: model, training, devices, and "measure"
+under them) beside what they cost, side by side where the output area is
+wide enough and in one column where it is not; labels wrap, never cut.
+  * the fit line (`budget-fit`): fits / does not fit the chosen device (its
+    memory in GB, with the GiB its data sheet quotes), the largest
+    micro-batch that does, the step time and tokens/s;
+  * the readout (DOM class `budget-readout`): the peak of one device (exact
+    bytes in a span of class `budget-peak-bytes` for tests that read the
+    page; each control carries the class `budget-knob-<field>`, e.g.
+    `budget-knob-micro-batch`, the power-of-two slider beside a size box
+    `budget-step-<field>`), a table of its items (bytes, share of the peak,
+    the whole model's bytes over several devices), each item in its own
+    colour in the table, the bar and the curve; then one line on when the
+    peak happens and the largest tensor the forward keeps;
   * a stacked bar of the memory items and the memory against B x N, with
-    the device's capacity as a line: two images redrawn from two figures
-    kept for the widget's life, so a move swaps the picture in place;
+    the device's capacity as a line and the legends under the axes: two
+    images redrawn from two figures kept for the widget's life, so a move
+    swaps the picture in place;
+  * what the recompute setting saves and adds, FLOPs per token, per
+    micro-batch and per optimizer step, and the collectives of data parallel;
   * "measure": runs our engine's GPT at the current shape (when it is small
     enough for this machine) and shows measured bytes beside predicted ones;
-    the button says it is working, and a result is shown only while the
-    settings it was measured at are the ones on screen.
+    the button says it is working with a steady time-left, and a result is
+    shown only while the settings it was measured at are the ones on screen
+    (after that, a line says they changed).
 Sizes (batch, sequence, width) have a box for the exact value and a slider
 that steps through powers of two; heads are chosen among the divisors of the
 width; knobs that do nothing in the current mode are disabled. Impossible

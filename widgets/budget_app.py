@@ -337,6 +337,7 @@ def main(argv=None) -> int:
         print(f"error: cannot serve on {args.listen}:{args.port}: {exc.strerror}; "
               f"choose another --port.", file=sys.stderr)
         return 2
+    results(B.preset(args.preset))  # the first visitor need not wait for matplotlib to load
     # SIGTERM stops the server as Ctrl-C does; it started nothing else and wrote no file.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     host = "127.0.0.1" if args.listen in ("0.0.0.0", "::") else args.listen
