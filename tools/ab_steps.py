@@ -143,6 +143,7 @@ def whole_step(package: str, model, ids, targets):
 
 def _rounds(args, models, timers) -> int:
     """timers[name]() runs one step of side `name` and returns its seconds."""
+    from engine.trainer.lab.profile import KernelProfiler
     for name in models:                               # compile (or load) and warm up
         for _ in range(3):
             timers[name]()
@@ -150,12 +151,10 @@ def _rounds(args, models, timers) -> int:
     profiles = {name: {} for name in models}
     for r in range(args.rounds):
         for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            model = models[name]
-            model.profile = {}
-            medians[name].append(float(np.median([timers[name]() for _ in range(args.steps)])))
-            for kernel, seconds in model.profile.items():
+            with KernelProfiler(models[name]) as prof:
+                medians[name].append(float(np.median([timers[name]() for _ in range(args.steps)])))
+            for kernel, seconds in prof.seconds.items():
                 profiles[name].setdefault(kernel, []).append(seconds / args.steps)
-            model.profile = None
     ratios = np.array(medians["before"]) / np.array(medians["after"])
     who = "one thread" if args.replicas == 1 else f"{args.replicas} replicas (profile: replica 0)"
     print(f"B={args.B} T={args.T} L={args.L} H={args.H} C={args.C} {args.attention}, {who}, "

@@ -2,11 +2,14 @@
 hand-written numba kernels on preallocated buffers, AdamW, threads/MPI.
 
 It never imports the tape (engine.tensor and friends); the two engines share
-only engine.gpt_config (the model's shape and initial weights), engine.timing
-and engine.numba_config.
+only engine.gpt_config (the model's shape and initial weights), engine.timing,
+engine.numba_config, engine.fast_math, engine.constants and engine.blas
+(SHARED in tests/test_layering.py).
 
     model.py             FusedGPT: buffers, forward, backward, kernel registry
-    kernels/             the fused numba kernels, each backward beside its forward
+    kernels/             the fused numba kernels, each backward beside its forward;
+                         kernels/cpu/ the back end beneath them, with its measurements
+    arena.py             one block of memory for a step's buffers, on huge pages
     optim.py             AdamW over the flat parameter buffer, lr schedule
     parallel.py          one model replica per thread; MPI gradient all-reduce
     compile_ahead.py     a cold cache: the backward's kernels compiled in a helper process
@@ -14,6 +17,7 @@ and engine.numba_config.
     step.py              the one training step (train and bench both run it)
     checkpoint_files.py  save / load / check a checkpoint file
     config.py            TrainConfig and the errors the command line reports
+    preflight.py         checks before step 1: paths, prompt, memory needed against free
     train.py             the training loop
     cli.py               `python -m engine.train`
     child_process.py     how a helper process (compile_ahead, the lab's PyTorch twin) starts

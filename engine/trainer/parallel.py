@@ -178,8 +178,12 @@ class ThreadReplicas:
         self.bucket_of = {name: next(i for i, (a, b) in enumerate(self.buckets) if a <= start < b)
                           for name, (start, _, _) in self.grads.layout.items()}
         self._pool = None
-        self._replicas_zero = False   # every replica's gradient known to be all zeros
-        self._grads_summed = False    # grads hold the sum of a last micro-batch's replicas
+        # Where the gradient of the micro-batches so far is, the one fact zero_grad,
+        # forward_backward and reduce keep: "replicas" (each holds its part), "grads"
+        # (summed during a last micro-batch, each replica cleared as it was summed) or
+        # "nowhere" (zero_grad ran: every replica is zero). One replica's gradient is
+        # grads itself, so with n == 1 it stays "replicas".
+        self._gradient = "replicas"
         # a cold numba cache: the backward's and the optimizer's kernels compile in a
         # helper process while the first forward compiles here (compile_ahead.py)
         start_if_cold(cfg, first.T, threads=numba.get_num_threads(), replicas=n_replicas > 1,
@@ -195,13 +199,12 @@ class ThreadReplicas:
         return self._pool
 
     def zero_grad(self) -> None:
-        """Every replica's gradient to zero: at once where a replica's is not zero
-        already. (A last micro-batch's sum leaves them zero: see _sum_bucket.)"""
-        if not self._replicas_zero:
+        """Every replica's gradient to zero, where one is not zero already (a last
+        micro-batch's sum leaves them zero: see _sum_bucket)."""
+        if self._gradient == "replicas":
             for m in self.replicas:
                 m.zero_grad()
-        self._replicas_zero = self.n > 1
-        self._grads_summed = False
+        self._gradient = "nowhere" if self.n > 1 else "replicas"
 
     def _each(self, fn):
         """fn(replica index) on every replica, replica 0 on the calling thread."""
@@ -223,7 +226,7 @@ class ThreadReplicas:
         if self.n == 1:             # one model: its kernels use the caller's threads
             return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
                                                      grad_ready=grad_ready)
-        self._replicas_zero = self._grads_summed = False
+        self._gradient = "replicas"
         shared = _SharedWork(self, summing=last)
 
         def one(r):
@@ -236,7 +239,7 @@ class ThreadReplicas:
             return loss, forward_s, backward_s
 
         results = self._each(one)
-        self._replicas_zero = self._grads_summed = last   # each bucket cleared as summed
+        self._gradient = "grads" if last else "replicas"
         if last and grad_ready is not None:
             for start, stop in self.buckets:
                 grad_ready(start, stop)
@@ -247,7 +250,7 @@ class ThreadReplicas:
         """grads = sum of the replicas' gradients, in replica order (deterministic).
         After a last micro-batch the sum is in grads already, and the replicas were
         cleared as it was taken (_sum_bucket): summing them again would write zeros."""
-        if not self._grads_summed:
+        if self._gradient != "grads":
             for start, stop in self.buckets:
                 self._sum_bucket(start, stop)
         if grad_ready is not None:

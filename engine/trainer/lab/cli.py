@@ -11,7 +11,8 @@ from .report import format_first_step, format_profile, format_report, format_tab
 from .versus_torch import DEFAULT_SHAPES, SHAPES, parse_shape, run, run_shapes
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every flag of `python -m engine.bench`."""
     p = argparse.ArgumentParser(prog="python -m engine.bench",
                                 description="Tokens/s and ms/step of the fused GPT trainer, "
                                             "next to PyTorch eager when it is installed.")
@@ -48,6 +49,11 @@ def main(argv=None) -> int:
                    help="instead: saved bytes and forward+backward ms of both kernels and "
                         "PyTorch SDPA at T = " + ", ".join(map(str, SWEEP_LENGTHS))
                         + " (B = 2048 // T; median of --steps forward+backward passes)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.block < 1 or (args.alone_steps or 0) < 0:
         p.error("--steps and --block must be >= 1, --warmup and --alone-steps >= 0")

@@ -8,6 +8,7 @@ and the profiler shadows that method on one instance only.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -57,15 +58,18 @@ class KernelProfiler:
     prof.seconds: kernel name -> seconds over all its calls. With again=True,
     prof.again: name -> [seconds as called, seconds run again at once]
     (`_run_again`). The calls run on the model's own thread and on whichever
-    replica runs a task it handed over, as without the profiler."""
+    replica runs a task it handed over, as without the profiler. It wraps the
+    model's `_k`, whatever that calls, so it times any version of the trainer
+    (tools/ab_steps.py profiles an older tree's models with it)."""
 
     def __init__(self, model, again: bool = False):
         self.target = getattr(model, "replicas", [model])[0]
         self.seconds: dict[str, float] = {}
         self.again: dict[str, list[float]] | None = {} if again else None
+        self._call = None             # the model's own kernel call, while profiled
 
     def _timed(self, name: str, *args, **kwargs):
-        fn = fused_model.KERNELS[name]
+        fn = functools.partial(self._call, name)
         t0 = time.perf_counter()
         result = fn(*args, **kwargs)
         t1 = time.perf_counter()
@@ -77,11 +81,13 @@ class KernelProfiler:
         return result
 
     def __enter__(self):
+        self._call = self.target._k
         self.target._k = self._timed          # shadows FusedGPT._k on this instance
         return self
 
     def __exit__(self, *exc):
         del self.target._k
+        self._call = None
 
 
 def _profiled_steps(ours, steps, warmup) -> tuple[int, float]:
