@@ -146,9 +146,11 @@ def test_a_passed_exercise_after_a_damaged_index_keeps_every_other_piece(folder,
         "central_difference_gradient", "other", "third"}
 
 
-def test_piece_for_slot_never_raises_on_an_index_of_the_wrong_shape(folder):
-    (folder / "index.json").write_text('{"spot_check": "spot_check"}')
-    assert pieces.piece_for_slot("spot_check") == (None, "not written yet")
+@pytest.mark.parametrize("index", ['["spot_check"]', '{"spot_check": "spot_check"}'])
+def test_piece_for_slot_never_raises_on_an_index_of_the_wrong_shape(folder, index):
+    (folder / "spot_check.py").write_text("def spot_check(f, x, g):\n    return []\n")
+    (folder / "index.json").write_text(index)
+    assert pieces.piece_for_slot("spot_check") == (None, "not written yet")   # no header
     assert pieces.load_piece("spot_check") is None
 
 

@@ -6,7 +6,7 @@ from contextlib import ExitStack
 
 from ..tensor import TapeObserver
 from .config import BudgetConfig, BudgetError
-from .counts import flops
+from .counts import flops, parameter_count
 from .activations import engine_activations
 from .total import budget
 from .report import human_bytes, human_flops
@@ -14,6 +14,9 @@ from .report import human_bytes, human_flops
 
 MEASURE_MAX_ACTIVATION_BYTES = 1_500_000_000
 MEASURE_MAX_FLOPS = 3e11
+# fp32 weights, all tables together (token and position tables included); gradients take
+# as much again, and initialising a table briefly takes twice its size in float64.
+MEASURE_MAX_WEIGHT_BYTES = 200_000_000
 
 
 def measurable(cfg: BudgetConfig) -> BudgetConfig:
@@ -25,6 +28,14 @@ def measurable(cfg: BudgetConfig) -> BudgetConfig:
             "our engine's GPT has no dropout, a tied head and an MLP of width 4d; turn "
             "dropout off, tie the head and set the MLP width to 0 (4d) to measure.")
     run = cfg.with_(activation_model="engine", precision="fp32", n_params=0)
+    weights = 4 * parameter_count(run)
+    if weights > MEASURE_MAX_WEIGHT_BYTES:
+        raise BudgetError(
+            f"this shape is too large to measure here ({human_bytes(weights)} of fp32 weights, "
+            f"as much again for their gradients; the limit is "
+            f"{human_bytes(MEASURE_MAX_WEIGHT_BYTES)}, every table included: {run.positions:,} "
+            f"positions and {run.vocab_size:,} tokens of width {run.d_model:,}). Reduce the "
+            f"positions, V, L or d, e.g. the 'tiny' preset.")
     acts = engine_activations(run).peak
     work = flops(run)["per_micro_batch"]["forward"] * 3
     if acts > MEASURE_MAX_ACTIVATION_BYTES or work > MEASURE_MAX_FLOPS:

@@ -9,7 +9,11 @@ decisions: no file paths, no prompt, no thread counts (`RESUMED_SETTINGS`
 lists what it does carry). `load_checkpoint` checks every field's type and
 every array's shape and size before reading it (a crafted header cannot make
 it allocate terabytes) and `check_resume` refuses a checkpoint whose model,
-dtype or corpus differ from the run that wants to resume it.
+dtype, attention kernel or corpus differ from the run that wants to resume it.
+A checkpoint written before the attention kernel was recorded resumes with the
+run's --attention (standard unless given), and the run says so: both kernels
+compute the same attention, so training continues, but only the kernel it was
+trained with continues bit for bit.
 """
 from __future__ import annotations
 
@@ -309,6 +313,12 @@ def check_resume(state: dict, config: TrainConfig, tokenizer: CharTokenizer,
     if meta["dtype"] != config.dtype:
         raise ConfigMismatch(f"--dtype is {config.dtype}, the checkpoint holds {meta['dtype']}; "
                              f"use --dtype {meta['dtype']}")
+    kernel = meta["config"].get("attention")
+    if kernel is not None and kernel != config.attention:
+        raise ConfigMismatch(f"--attention is {config.attention}, but checkpoint {path!r} was "
+                             f"trained with {kernel} attention, and the two kernels round "
+                             f"differently; drop --attention (it is read from the checkpoint) "
+                             f"or pass --attention {kernel}")
     if meta["chars"] != tokenizer.chars or meta["corpus"] != fingerprint:
         raise ConfigMismatch(f"the corpus differs from the one checkpoint {path!r} was trained "
                              f"on (vocabulary {len(meta['chars'])} vs {tokenizer.vocab_size} "

@@ -46,7 +46,7 @@ class WriteError(TrainError):
 RESUMED_SETTINGS = ("steps", "batch_size", "block_size", "n_layer", "n_head", "n_embd",
                     "grad_accum", "lr", "min_lr_ratio", "warmup", "weight_decay", "beta1",
                     "beta2", "clip", "val_fraction", "eval_every", "eval_batches", "seed",
-                    "dtype", "checkpointing")
+                    "dtype", "checkpointing", "attention")
 
 
 @dataclass

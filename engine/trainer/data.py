@@ -11,11 +11,14 @@ exactly the batches an uninterrupted run draws from step s on.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 
 import numpy as np
 
 BUILTIN = "pydoc"
+MAX_CORPUS_BYTES = 256 * 2**20      # 550 times the built-in corpus; ids take 8 bytes a character
+READ_CHUNK_BYTES = 16 * 2**20       # a bigger file is read in parts, with a progress line each
 
 
 class CorpusError(ValueError):
@@ -33,8 +36,41 @@ def builtin_text() -> str:
     return "\n\n".join(topics[name] for name in sorted(topics))
 
 
-def load_corpus(path: str | None = None) -> str:
-    """The text of the built-in corpus (path None or "pydoc") or of a UTF-8 file."""
+def _read_corpus_bytes(path: str, progress=None) -> bytes:
+    """The bytes of the regular file `path`, at most MAX_CORPUS_BYTES of them. It is opened
+    without blocking (a named pipe would wait for a writer forever) and checked on the
+    open file (/dev/zero has size 0 and never ends); progress(line) hears about big files."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise CorpusError(f"cannot open corpus file {path!r}: {exc.strerror}; pass a "
+                          f"readable UTF-8 text file") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorpusError(f"corpus path {path!r} is not a regular file (a pipe, a device "
+                              f"or a socket); pass a UTF-8 text file")
+        too_big = CorpusError(f"corpus file {path!r} holds more than {MAX_CORPUS_BYTES:,} "
+                              f"bytes, the most the trainer reads (a character model on a "
+                              f"CPU sees a small part of that in any run); pass a shorter "
+                              f"text file")
+        if info.st_size > MAX_CORPUS_BYTES:
+            raise too_big
+        chunks, done = [], 0
+        while chunk := f.read(READ_CHUNK_BYTES):
+            done += len(chunk)
+            if done > MAX_CORPUS_BYTES:           # the file grew while it was read
+                raise too_big
+            chunks.append(chunk)
+            if progress is not None and info.st_size > READ_CHUNK_BYTES:
+                progress(f"reading {path}: {done / 2**20:,.0f} of "
+                         f"{info.st_size / 2**20:,.0f} MiB")
+    return b"".join(chunks)
+
+
+def load_corpus(path: str | None = None, progress=None) -> str:
+    """The text of the built-in corpus (path None or "pydoc") or of a UTF-8 file of at
+    most MAX_CORPUS_BYTES; progress(line), if given, hears how a big file's read goes."""
     if path is None or path == BUILTIN:
         return builtin_text()
     if not os.path.exists(path):
@@ -42,8 +78,7 @@ def load_corpus(path: str | None = None) -> str:
                           f"file, or leave --data out for the built-in corpus")
     if os.path.isdir(path):
         raise CorpusError(f"corpus path {path!r} is a directory; pass a text file")
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = _read_corpus_bytes(path, progress)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -51,6 +86,11 @@ def load_corpus(path: str | None = None) -> str:
                           f"0x{raw[exc.start]:02x}); convert it, e.g. "
                           f"`iconv -f latin1 -t utf-8 {path} > {path}.utf8`") from None
     return text
+
+
+def _code_points(text: str) -> np.ndarray:
+    """The Unicode code point of each character of `text` (lone surrogates included)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
 
 
 @dataclass(frozen=True)
@@ -67,12 +107,18 @@ class CharTokenizer:
         return len(self.chars)
 
     def encode(self, text: str) -> np.ndarray:
-        index = {c: i for i, c in enumerate(self.chars)}
-        unknown = sorted(set(text) - set(index))
-        if unknown:
+        """int64 ids, looked up from each character's code point in one array operation
+        (a file of 100 million characters takes seconds, not minutes)."""
+        codes, table = _code_points(text), _code_points(self.chars)
+        size = max(int(codes.max(initial=0)), int(table.max(initial=0))) + 1
+        lookup = np.full(size, -1, np.int64)
+        lookup[table] = np.arange(len(table))
+        ids = lookup[codes]
+        if len(ids) and ids.min() < 0:
+            unknown = sorted(set(text) - set(self.chars))
             raise ValueError(f"CharTokenizer.encode: characters {unknown[:5]!r} are not in the "
                              f"vocabulary of {self.vocab_size} characters")
-        return np.fromiter((index[c] for c in text), dtype=np.int64, count=len(text))
+        return ids
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)

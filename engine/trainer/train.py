@@ -44,7 +44,8 @@ from .checkpoint_files import (check_resume, corpus_fingerprint, load_checkpoint
                                remove_stale_temporaries, save_checkpoint)
 from .config import DataError, Diverged, ParallelUnavailable, TrainConfig, TrainError, WriteError
 from .preflight import check_memory, check_paths, check_prompt
-from .data import CharTokenizer, CorpusError, Dataset, batch_at, load_corpus, unigram_entropy
+from .data import READ_CHUNK_BYTES, CharTokenizer, CorpusError, Dataset, batch_at, load_corpus, \
+    unigram_entropy
 from .step import evaluate, train_step
 
 
@@ -130,7 +131,7 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
             comm, lambda: _threads(config, rank, world_size))
         try:
             prepared = agree(comm, lambda: _prepare(config, dataset, rows, n_replicas,
-                                                    saves=rank == 0))
+                                                    saves=rank == 0, say=say))
             return _run(config, callback, say, prepared, comm, rank, world_size, rows,
                         n_threads, n_replicas)
         finally:
@@ -164,20 +165,25 @@ def _threads(config, rank, world_size):
     return config, rows, n_threads, n_replicas, thread_info
 
 
-def _prepare(config, dataset, rows, n_replicas, saves=True):
+def _prepare(config, dataset, rows, n_replicas, saves=True, say=lambda line: None):
     """Everything before step 1 that can fail on the user's input: paths, data,
     prompt, checkpoint, memory; then the model. Returns (dataset, fingerprint,
     unigram entropy, model, optimizer, first step)."""
     check_paths(config)
     if config.save and saves:                   # rank 0 alone writes checkpoints
         remove_stale_temporaries(config.save)
-    dataset, fingerprint, entropy = _load_data(config, dataset)
+    dataset, fingerprint, entropy = _load_data(config, dataset, say)
     tok = dataset.tokenizer
     check_prompt(config, tok)
     state = None
     if config.resume:
         state = load_checkpoint(config.resume)
         check_resume(state, config, tok, fingerprint, config.resume)
+        if "attention" not in state["meta"]["config"]:
+            say(f"checkpoint {config.resume!r} does not record its attention kernel (it was "
+                f"written before checkpoints kept it); resuming with --attention "
+                f"{config.attention}. If it was trained with the other kernel, pass that one "
+                f"to continue bit for bit")
     check_memory(config, tok.vocab_size, rows.stop - rows.start, n_replicas)
     try:
         model, opt = _build_model(config, tok, rows.stop - rows.start, n_replicas)
@@ -292,11 +298,14 @@ def _write_log(log_file, path, record) -> None:
                          f"space or pass another --log") from None
 
 
-def _load_data(config, dataset):
-    """The dataset (read from config.data unless given), its fingerprint and unigram entropy."""
+def _load_data(config, dataset, say=lambda line: None):
+    """The dataset (read from config.data unless given), its fingerprint and unigram
+    entropy; say(line) hears how the reading of a big file goes."""
     try:
-        text = load_corpus(config.data) if dataset is None else None
+        text = load_corpus(config.data, progress=say) if dataset is None else None
         if dataset is None:
+            if len(text) > READ_CHUNK_BYTES:
+                say(f"tokenizing {len(text):,} characters")
             dataset = Dataset.from_text(text, config.val_fraction)
         dataset.check_block(config.block_size)
     except CorpusError as exc:
