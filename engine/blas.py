@@ -9,11 +9,10 @@ Fortran routines `sgemm` and `dgemm` by address. Two libraries provide them:
 
 The environment variable ENGINE_BLAS chooses: "openblas", "mkl", or "auto"
 (the default), which takes MKL when it is installed and the CPU is Intel's,
-and OpenBLAS otherwise. Why it matters: at the tiny GPT's products (1024
-rows, C = 128, one core of an Emerald Rapids Xeon) MKL ran 1.07-1.34x as fast
-as OpenBLAS, 1.21x over one step's products (measured with both libraries
-in one process). MKL is tuned for Intel's CPUs; on another CPU it is used
-only when asked for.
+and OpenBLAS otherwise. Why it matters: on an Intel core MKL ran the tiny
+GPT's products about 1.2x as fast as OpenBLAS (both libraries in one
+process; engine/trainer/kernels/cpu/README.md#mkl). MKL is tuned for Intel's
+CPUs; on another CPU it is used only when asked for.
 
 Threads: MKL runs on the GNU OpenMP layer (libgomp), the runtime numba's
 kernels use, so both draw on one pool of threads instead of two fighting
@@ -27,8 +26,8 @@ every CPU of a fleet runs the same code and gets the same bits). The
 description names the kernels that run ("OpenBLAS 0.3.30, Haswell kernels"),
 and `kernel_bits` says how wide their vectors are: OpenBLAS's Haswell kernels
 use 256 of an AVX-512 CPU's 512 bits, which halves what a product can reach
-(the tiny GPT's linear products, one core of a Zen 5 EPYC: 12.8 ms on the
-Haswell kernels, 6.9 ms on SkylakeX's). engine.trainer.kernels.linear reads
+(engine/trainer/kernels/cpu/README.md#openblas-kernel-width).
+engine.trainer.kernels.linear reads
 it to choose between BLAS and the engine's own register tiles.
 """
 from __future__ import annotations
