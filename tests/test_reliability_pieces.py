@@ -242,3 +242,23 @@ def test_a_timer_of_the_caller_survives_a_guarded_block(folder):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_in_a_notebook_a_looping_piece_ends_the_cell_with_the_fallback(folder):
+    """The deadline works where learners meet it: a cell of a Jupyter kernel."""
+    build_course = _build_course()
+    _save_raw(folder, "central_difference_gradient", "while True:\n    pass\n" + RIGHT)
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import time\n"
+        "from coursework import _piece_guard, pieces\n"
+        "_piece_guard.PIECE_SECONDS = 2.0\n"
+        "start = time.monotonic()\n"
+        "fn, owner = pieces.central_difference()\n"
+        "print(owner)\n"
+        "print('ended within seconds:', time.monotonic() - start < 20)"))
+    nb = build_course.execute(nb, cwd=ROOT, timeout=120)
+    out = nb.cells[0].outputs[0]["text"]
+    assert "the engine's, because yours was skipped: your piece " \
+           "'central_difference_gradient' ran longer than 2 s" in out
+    assert "ended within seconds: True" in out
