@@ -26,6 +26,12 @@
 # Runs: your gradient checker (04.3, `spot_check`), on the one-pass layer-norm backward
 # and on your 10.2 gradient, in float64; the engine's checker runs instead, saying why,
 # when yours is not saved. (The whole map: CONTRIBUTING.md, "Exercise <-> slot".)
+#
+# **Time.** This lesson compiles numba kernels as it goes, yours, the lesson's and the
+# trainer's. The first run on a machine spends part of its time compiling, so a cell that
+# defines or first calls a kernel can sit silent for some seconds; numba keeps the machine
+# code on disk, and later runs load it at once. The cells that time many kernels say so
+# before they start.
 
 # %%
 import os
@@ -625,7 +631,7 @@ for name, a_, b_ in zip(["dx", "dw", "db"],
 # speed-up is the ratio of the times, not of the GB/s: (22 / 3) × (one-pass GB/s / numpy's
 # GB/s). A kernel that moves fewer bytes wins even at a lower bandwidth; to go further,
 # vectorise its reductions without giving up reproducible bits, as the trainer's kernels do
-# (`engine/trainer/kernels/_lanes.py`): sixteen partial sums in one vector register, lane k
+# (`engine/trainer/kernels/cpu/lanes.py`): sixteen partial sums in one vector register, lane k
 # taking elements k, k + 16, k + 32, ..., then combined in one fixed order.
 
 # %% [markdown]
@@ -652,9 +658,11 @@ for name, a_, b_ in zip(["dx", "dw", "db"],
 #
 # $$\frac{\partial\,\overline{L}}{\partial l_{ij}} = \frac{\mathrm{softmax}(l_i)_j - [j = t_i]}{N}.$$
 #
-# Per row: the maximum; then `exp(l - m)` written back into the row and summed; the loss
-# (read `l_target` *before* you overwrite it); then scale the row by `1 / (sum · N)` and
-# subtract `1/N` at the target. Keep the per-row losses in `losses` and return their mean.
+# The kernel above the exercise describes the passes over a row; the order of the details
+# is yours to work out. Two questions decide it: the row is overwritten as you go, so what
+# must you read from it before the first write? And once a row holds `exp(l - m)` and you
+# know its sum, what one factor per row, and what one subtraction, turn it into the formula
+# above? Keep the per-row losses in `losses` and return their mean.
 
 # %%
 @njit(parallel=True)
@@ -806,6 +814,41 @@ for T in (1024, 2048, 4096, 8192, 16384):
 # the row's log-sum-exp. That one number per row is all the backward needs to rebuild any
 # probability: $p_{ij} = e^{s_{ij} - \mathrm{lse}_i}$. No score outlives its tile.
 #
+# The picture: the (T × T) scores cut into tiles. A block of query rows walks its key tiles
+# from the left up to the diagonal, carrying m, l and a along; in the diagonal tile the
+# future keys are masked; the tiles right of the diagonal are never computed at all.
+
+# %%
+from matplotlib.colors import ListedColormap
+from matplotlib.patches import Patch
+
+T_pic, tile_pic = 40, 8
+i_pic, j_pic = np.mgrid[0:T_pic, 0:T_pic]
+same_tile = i_pic // tile_pic == j_pic // tile_pic
+kind = np.where(j_pic <= i_pic, 2, np.where(same_tile, 1, 0))  # 2 used, 1 masked, 0 never made
+colours = ["white", "#c44e52", "#4c72b0"]
+fig, ax = plt.subplots(figsize=(5.5, 6))
+ax.imshow(kind, cmap=ListedColormap(colours), vmin=0, vmax=2, interpolation="nearest")
+for edge in np.arange(0, T_pic + 1, tile_pic) - 0.5:
+    ax.axhline(edge, color="black", lw=0.8)
+    ax.axvline(edge, color="black", lw=0.8)
+row_block = 3                                   # one block of query rows, walked left to right
+y = (row_block + 0.5) * tile_pic - 0.5
+ax.annotate("", xy=((row_block + 1) * tile_pic - 1, y), xytext=(0, y),
+            arrowprops=dict(arrowstyle="->", color="black", lw=2))
+ax.text(0.5, y - 1.2, "m, l, a carried from tile to tile", fontsize=8, color="white")
+ax.set_xticks(np.arange(0, T_pic, tile_pic) - 0.5, [f"{k}" for k in range(0, T_pic, tile_pic)])
+ax.set_yticks(np.arange(0, T_pic, tile_pic) - 0.5, [f"{k}" for k in range(0, T_pic, tile_pic)])
+ax.set_xlabel(f"key j (tiles of {tile_pic})")
+ax.set_ylabel(f"query i (tiles of {tile_pic})")
+ax.set_title(f"Causal attention, T = {T_pic}, in {tile_pic} × {tile_pic} tiles")
+ax.legend(handles=[Patch(color=colours[2], label="scores computed and used (j ≤ i)"),
+                   Patch(color=colours[1], label="diagonal tile: j > i set to −inf"),
+                   Patch(facecolor="white", edgecolor="black", label="tile never computed")],
+          loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=8)
+plt.show()
+
+# %% [markdown]
 # ## Exercise 10.3 · Attention with the online softmax
 #
 # Write `online_softmax_attention(qkv, n_head, tile=16)` in numpy. `qkv` is (B, T, 3C) as the
@@ -930,7 +973,7 @@ print("each doubling of T: the probabilities grow 4x, the row statistics 2x")
 # standard forward writes T × T probabilities per head and its backward reads them back.
 # Measured, kernel against kernel, on one thread (where both kernels work block of query
 # rows by block, each product a register-tile product of
-# `engine/trainer/kernels/register_tiles.py`; see `engine/trainer/kernels/attention.py`):
+# `engine/trainer/kernels/cpu/register_tiles.py`; see `engine/trainer/kernels/attention.py`):
 
 # %%
 # NBVAL_IGNORE_OUTPUT

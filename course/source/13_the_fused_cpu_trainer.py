@@ -111,6 +111,8 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 
 # %%
 if solution_pieces.in_solution_notebook():
+    print("Saving the reference solutions of lessons 00-12 through their checks (the first "
+          "run on a machine also compiles their kernels: up to a minute) ...", flush=True)
     solution_pieces.use_solution_pieces(before_lesson="13")
     print("This is the solution notebook: the pieces below are the reference solutions of "
           "lessons 00-12, saved into a temporary folder through their checks, standing in "
@@ -120,6 +122,8 @@ else:
 
 # %%
 ENGINE_FOR = []   # slots to run on the engine's version instead of yours, e.g. ["adamw_step"]
+print("Checking each piece in its slot, beside the engine's version (the first run on a "
+      "machine compiles the trainer's kernels too) ...", flush=True)
 trainer = lesson13.plug_in_pieces(engine_for=ENGINE_FOR)
 clip, make_optimizer = trainer.clip, trainer.make_optimizer
 print("whose code the trainer runs:")
@@ -179,19 +183,28 @@ print(text_before)
 # ## Exercise 13.1 · One training step, phase by phase
 #
 # Write `train_step(model, optimizer, clip, x, y, lr, max_norm, phase)`. It does one
-# optimizer step on the micro-batch `x, y` and returns `(loss, grad_norm)`. The work falls
-# into phases, each wrapped in `with phase("name"):` so the trainer can time it:
+# optimizer step on the micro-batch `x, y` and returns `(loss, grad_norm)`, the norm before
+# clipping. What you have to work with:
 #
-# 1. before anything: `model.zero_grad()`, because the backward *adds* into the gradient
-#    buffer (lesson 02's accumulation, lesson 08's K micro-batches);
-# 2. `"loss"`: `loss = model.forward(x, y)`. The fused softmax + cross-entropy leaves the
-#    logits' gradient in place, so the loss phase already starts the backward;
-# 3. `"backward"`: `model.backward()`, which adds every parameter's gradient into the flat
-#    buffer;
-# 4. `"optimizer"`: `norm = clip(model.named_grads(), max_norm)` (it scales the gradients in
-#    place and returns the norm before clipping), then `optimizer.step(lr)`.
+# - `model.zero_grad()` clears the flat gradient buffer;
+# - `model.forward(x, y)` returns the mean loss. The fused softmax + cross-entropy leaves the
+#   logits' gradient in place, so it already starts the backward;
+# - `model.backward()` *adds* every parameter's gradient into the flat buffer;
+# - `clip(model.named_grads(), max_norm)` scales the gradients in place and returns the norm
+#   they had before;
+# - `optimizer.step(lr)` moves the weights by the gradients in the buffer.
 #
-# Evaluation is the fourth kind of work; the loop below does it every few steps.
+# Three phases are timed by the trainer: wrap the loss in `with phase("loss"):`, the
+# backward in `with phase("backward"):`, and clipping with the update in
+# `with phase("optimizer"):`.
+#
+# The order is yours to find, and each choice has a reason. Which order lets clipping see
+# this step's gradient, and only this step's? Where must zeroing go, given that the
+# backward adds (lesson 08's K micro-batches rely on it), and where would it wipe out the
+# work? Which norm should the log show, and why not the one after clipping? The check runs
+# your step beside a reference on a small GPT and names what a wrong order does.
+#
+# Evaluation is a fourth kind of work; the loop below does it every few steps.
 
 # %%
 def train_step(model, optimizer, clip, x, y, lr, max_norm, phase):
@@ -320,6 +333,14 @@ print(f"{len(history)} steps in {elapsed:.0f} s; median step {median_step * 1e3:
       f"{lesson13.mfu(flops_per_step, median_step, peak_flops):.0%}")
 print(f"validation loss: {val_before:.3f} before, {val_after:.3f} after "
       f"(unigram entropy {entropy:.3f})")
+
+# %% [markdown]
+# The dashboard as the run left it, as a picture that stays in the saved notebook:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from IPython.display import Image
+Image(dashboard.png)
 
 # %%
 print(f"{len(history)} steps run, as planned: {len(history) == STEPS}")
