@@ -700,14 +700,6 @@ def memory_curve_figure(b: B.Budget, points: int = 24):
     return fig
 
 
-def card_memory(memory: int) -> str:
-    """A device's memory in the decimal units of the readout, with the GiB its data
-    sheet quotes when it is a whole number of them: '85.9 GB (80 GiB)'."""
-    if memory % GiB == 0:
-        return f"{B.human_bytes(memory)} ({memory // GiB} GiB)"
-    return B.human_bytes(memory)
-
-
 def fit_html(b: B.Budget) -> str:
     """The verdict for the chosen device, the largest micro-batch that fits, the step time."""
     d, c = b.device, b.config
@@ -720,7 +712,7 @@ def fit_html(b: B.Budget) -> str:
         colour = "#2a7d2a" if d.fits else "#b00"
         parts.append(f"<b class='budget-fit-verdict' style='color:{colour}'>{verdict}</b> "
                      f"on {html.escape(d.device)}: peak {B.human_bytes(d.peak)} of "
-                     f"{card_memory(d.memory)}.")
+                     f"{B.human_device_memory(d.memory)}.")
         parts.append("Largest micro-batch that fits: "
                      + (f"<b>B={d.largest_micro_batch}</b>." if d.largest_micro_batch
                         else "none (more devices with a ZeRO stage, recompute, or a "

@@ -78,7 +78,8 @@ grouped-query attention), with presets of both families and a reader for
 Hugging Face config.json files (`hf`).
 
 Modules: config (BudgetConfig, presets), counts (parameters, FLOPs, fixed
-memory), activations (the rule, transformer and engine activation models),
+memory), kept (Saved, Activations), activations (the rule, transformer and
+engine activation models),
 real_step (a real PyTorch or transformers step: what it keeps, its peak's
 moment), torch_step (that step measured in PyTorch; optional, imported on
 use), measure (the tape's measured bytes), sharding (ZeRO, collectives), devices (device figures),
@@ -106,10 +107,11 @@ from .devices import Device, DEVICES, THIS_MACHINE, device_figures, sgemm_flops,
 from .sharding import SHARDED, per_device_fixed, communication
 from .fit import DeviceFit, largest_micro_batch
 from .hf import read_hf_config, config_from_hf
-from .measure import (MEASURE_MAX_ACTIVATION_BYTES, MEASURE_MAX_FLOPS, measurable, measure)
+from .measure import (MEASURE_MAX_ACTIVATION_BYTES, MEASURE_MAX_FLOPS, MEASURE_MAX_WEIGHT_BYTES,
+                      measurable, measure)
 from .total import (Budget, budget, crossover_batch, batch_sweep, recompute_tradeoff)
 from .report import (human_bytes, human_flops, describe, describe_breakdown, human_count,
-                     human_seconds)
+                     human_device_memory, human_seconds)
 from .real_step import Moment, RealStep, real_step, real_step_activations
 from .cli import (config_from_args, main)
 
@@ -125,11 +127,12 @@ __all__ = ['PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'REAL_STEP_MODELS', 
            'korthikanti_layer_bytes', 'Activations', 'activations', 'INDEX_BYTES',
            'engine_block_saved', 'engine_outside_saved', 'engine_saved_tensors',
            'engine_activations', 'MEASURE_MAX_ACTIVATION_BYTES', 'MEASURE_MAX_FLOPS',
+           'MEASURE_MAX_WEIGHT_BYTES',
            'measurable', 'measure', 'Budget', 'budget', 'crossover_batch', 'batch_sweep',
            'recompute_tradeoff', 'human_bytes', 'human_flops', 'describe', 'human_count',
            'config_from_args', 'main', 'ARCHITECTURES', 'GRAD_PRECISIONS', 'ZERO_STAGES',
            'llama_layer_ops', 'layer_ops', 'Device', 'DEVICES', 'THIS_MACHINE',
            'device_figures', 'sgemm_flops', 'this_machine', 'SHARDED', 'per_device_fixed',
            'communication', 'DeviceFit', 'largest_micro_batch', 'read_hf_config',
-           'config_from_hf', 'human_seconds', 'describe_breakdown', 'Moment', 'RealStep',
+           'config_from_hf', 'human_seconds', 'describe_breakdown', 'human_device_memory', 'Moment', 'RealStep',
            'real_step', 'real_step_activations']

@@ -2,27 +2,14 @@
 engine, and (in `real_step`) a real PyTorch or Hugging Face training step."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from .config import BudgetConfig, BudgetError, LOGITS_BYTES, MASK_BYTES, RECOMPUTE, STORAGE_BYTES
+from .kept import Activations, Saved
+from .real_step import real_step_activations
 
 
 # ---------------------------------------------------------------- activations
-@dataclass(frozen=True)
-class Saved:
-    """One kind of tensor kept for the backward pass."""
-    op: str             # the op whose VJP reads it
-    tensor: str         # what it is
-    elements: int       # elements per occurrence
-    itemsize: int       # bytes per element
-    count: int = 1      # occurrences (e.g. one per layer)
-    until_end: bool = False  # kept until the very last VJP (the embedding's)
-
-    @property
-    def bytes(self) -> int:
-        return self.elements * self.itemsize * self.count
-
-
 def activation_bytes_per_element(cfg: BudgetConfig) -> int:
     return STORAGE_BYTES[cfg.precision]
 
@@ -181,33 +168,6 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, recompute: str = "no
     raise BudgetError(f"recompute={recompute!r} is unknown; allowed: {', '.join(RECOMPUTE)}.")
 
 
-@dataclass(frozen=True)
-class Activations:
-    """Activation bytes of one micro-batch under one model.
-
-    `saved` is what is alive when the forward pass ends; `peak` the most that
-    is alive at any moment of the step. They differ only with recompute: the
-    backward first frees what lies after the last block (the head, the loss),
-    then rebuilds one block (or one attention core) at a time on top of what
-    the blocks kept, so
-
-        peak = saved - freed_before_blocks + max(freed_before_blocks, rebuilt)
-
-    where `rebuilt` is one block's (or attention core's) saved tensors.
-    """
-    model: str
-    saved: int            # alive at the end of the forward pass
-    peak: int             # most alive at any moment of the forward and backward
-    items: tuple = ()     # the Saved entries behind `saved`
-    step: object = None   # a real framework's step (real_step.RealStep): its
-    #                       moments; `peak` is then the step's peak minus the fixed bytes
-
-    @property
-    def transient(self) -> int:
-        """What recompute adds on top of `saved` at the peak."""
-        return self.peak - self.saved
-
-
 def _with_recompute_peak(model: str, kept: list, outside: list, rebuilt: int) -> Activations:
     """Activations whose peak follows the backward's order (see Activations)."""
     items = tuple(kept + outside)
@@ -258,7 +218,6 @@ def activations(cfg: BudgetConfig) -> Activations:
         return _transformer_activations(cfg)
     if cfg.activation_model == "engine":
         return engine_activations(cfg)
-    from .real_step import real_step_activations  # it builds on this module's Saved
     return real_step_activations(cfg)
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .activations import Activations, Saved
+from .kept import Activations, Saved
 from .config import REAL_STEP_MODELS, BudgetConfig
 from .counts import fixed_bytes
 from .sharding import per_device_fixed

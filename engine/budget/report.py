@@ -4,6 +4,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from .config import MASTER_BYTES
+from .devices import GiB
 from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step
 from .total import Budget
 
@@ -166,8 +167,7 @@ def describe_device(b: Budget) -> list[str]:
     d, c = b.device, b.config
     figures = []
     if d.memory:
-        gib = f"{d.memory / 2**30:g} GiB = " if d.memory % 2**30 == 0 else ""
-        figures.append(gib + human_bytes(d.memory))
+        figures.append(human_device_memory(d.memory))
     if d.flops_per_second:
         figures.append(f"{human_flops(d.flops_per_second)}/s dense {c.precision}")
     lines = [f"device     {d.device}: {', '.join(figures)}"]
@@ -188,6 +188,14 @@ def describe_device(b: Budget) -> list[str]:
                      f"{d.tokens_per_second:,.0f} tokens/s"
                      + (f" over {c.devices} devices" if c.devices > 1 else ""))
     return lines
+
+
+def human_device_memory(memory: int) -> str:
+    """A device's memory in the decimal units of the budget, with the GiB its data
+    sheet quotes when it is a whole number of them: '85.9 GB (80 GiB)'."""
+    if memory % GiB == 0:
+        return f"{human_bytes(memory)} ({memory // GiB} GiB)"
+    return human_bytes(memory)
 
 
 def human_count(n: int) -> str:
