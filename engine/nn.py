@@ -4,7 +4,9 @@ Everything here is ordinary tape code: each layer is a few functional ops,
 so `engine.memory` sees exactly the ops listed below, and the gradients are
 whatever the rules in engine/rules.py say.
 
-What the tape saves (measured by `engine.memory`, held equal by tests)
+What the tape saves (measured by `engine.memory`, held equal by tests;
+the GPT's entries are one table, engine/gpt_saved.py, read by the closed
+forms below and by the budget's "engine" model)
 ======================================================================
 
 Counted in activation bytes; parameters the ops keep a reference to (a
@@ -54,6 +56,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import functional as F
+from . import gpt_saved
 from .gpt_config import GPTConfig
 from .recompute import checkpoint
 from .tensor import Tensor, name_scope
@@ -203,20 +206,19 @@ class Block(Module):
 
 
 def block_saved_bytes(B: int, T: int, C: int, H: int, dtype=np.float32) -> int:
-    """Activation bytes one GPT block saves (module docstring): f (16BTC + 2BT + BHT^2)."""
-    return np.dtype(dtype).itemsize * (16 * B * T * C + 2 * B * T + B * H * T * T)
+    """Activation bytes one GPT block saves (engine/gpt_saved.py's table):
+    f (16BTC + 2BT + BHT^2)."""
+    f = np.dtype(dtype).itemsize
+    return sum(n * size for _, _, n, size in gpt_saved.block_entries(B, T, C, H, f))
 
 
 def gpt_saved_bytes(cfg: GPTConfig, B: int, T: int, dtype=np.float32,
                     with_targets: bool = True) -> int:
-    """Activation bytes the whole GPT saves for one forward (module docstring)."""
+    """Activation bytes the whole GPT saves for one forward (the same table)."""
     f, C, V = np.dtype(dtype).itemsize, cfg.n_embd, cfg.vocab_size
-    total = 8 * B * T                                             # ids
-    total += cfg.n_layer * block_saved_bytes(B, T, C, cfg.n_head, dtype)
-    total += f * (B * T * C + B * T) + f * B * T * C              # lnf, head matmul input
-    if with_targets:
-        total += f * B * T * V + 8 * B * T                        # probs, targets
-    return total
+    outside = gpt_saved.outside_entries(B, T, C, V, f, with_targets)
+    return (cfg.n_layer * block_saved_bytes(B, T, C, cfg.n_head, dtype)
+            + sum(n * size for _, _, n, size in outside))
 
 
 class GPT(Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .config import BudgetConfig, BudgetError, LOGITS_BYTES, MASK_BYTES, RECOMPUTE, STORAGE_BYTES
+from .. import gpt_saved
 from .kept import Activations, Saved
 from .real_step import real_step_activations
 
@@ -222,12 +223,13 @@ def activations(cfg: BudgetConfig) -> Activations:
 
 
 # ----------------------------------------------------- "this engine" model
-INDEX_BYTES = 8  # the engine keeps token ids and targets as int64
+INDEX_BYTES = gpt_saved.INT64_BYTES  # the engine keeps token ids and targets as int64
 
 
 def engine_block_saved(cfg: BudgetConfig) -> list[Saved]:
-    """What one block of `engine.nn.GPT` saves (the list in engine/nn.py's
-    docstring), per block, with f bytes per float element:
+    """What one block of `engine.nn.GPT` saves (engine/gpt_saved.py's table,
+    explained in engine/nn.py's docstring), per block, with f bytes per float
+    element:
 
         ln1 layer_norm        xhat (B,T,C), rstd (B,T)
         attn qkv matmul       its input ln1(x) (B,T,C)
@@ -241,39 +243,23 @@ def engine_block_saved(cfg: BudgetConfig) -> list[Saved]:
     = f * (16*B*T*C + 2*B*T + B*H*T*T). The weights the matmuls keep for dx
     are parameters, not activations; bias and residual adds save nothing.
     """
-    B_, T, C, H = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.n_head
-    f = activation_bytes_per_element(cfg)
-    btc, bt = B_ * T * C, B_ * T
-    return [
-        Saved("ln1 layer_norm", "xhat", btc, f), Saved("ln1 layer_norm", "rstd", bt, f),
-        Saved("attn qkv matmul", "input ln1(x)", btc, f),
-        Saved("attn causal_attention", "q, k, v (one buffer)", 3 * btc, f),
-        Saved("attn causal_attention", "att", B_ * H * T * T, f),
-        Saved("attn proj matmul", "merged heads", btc, f),
-        Saved("ln2 layer_norm", "xhat", btc, f), Saved("ln2 layer_norm", "rstd", bt, f),
-        Saved("mlp fc matmul", "input ln2(x)", btc, f),
-        Saved("mlp gelu", "input", 4 * btc, f),
-        Saved("mlp fcproj matmul", "gelu output", 4 * btc, f),
-    ]
+    entries = gpt_saved.block_entries(cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.n_head,
+                                      activation_bytes_per_element(cfg))
+    return [Saved(op, tensor, n, size) for op, tensor, n, size in entries]
 
 
 def engine_outside_saved(cfg: BudgetConfig) -> list[Saved]:
     """What `engine.nn.GPT` saves outside its blocks: the token ids, the final
     layer norm, the tied head's input, the loss's probabilities and targets."""
-    B_, T, C, V = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size
-    f = activation_bytes_per_element(cfg)
-    return [
-        Saved("embed embedding", "ids", B_ * T, INDEX_BYTES, until_end=True),
-        Saved("lnf layer_norm", "xhat", B_ * T * C, f),
-        Saved("lnf layer_norm", "rstd", B_ * T, f),
-        Saved("head matmul", "input lnf(x)", B_ * T * C, f),
-        Saved("loss cross_entropy", "probs", B_ * T * V, f),
-        Saved("loss cross_entropy", "targets", B_ * T, INDEX_BYTES),
-    ]
+    entries = gpt_saved.outside_entries(cfg.micro_batch, cfg.seq_len, cfg.d_model,
+                                        cfg.vocab_size, activation_bytes_per_element(cfg))
+    # the ids stay until the very last VJP, the embedding's
+    return [Saved(op, tensor, n, size, until_end=tensor == "ids")
+            for op, tensor, n, size in entries]
 
 
 def _is_engine_attention_core(item: Saved) -> bool:
-    return item.tensor == "att"      # what selective recompute rebuilds
+    return item.tensor == gpt_saved.ATTENTION_PROBABILITIES  # rebuilt by selective recompute
 
 
 def engine_saved_tensors(cfg: BudgetConfig) -> list[Saved]:
