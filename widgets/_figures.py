@@ -69,15 +69,17 @@ class FigureOutput(w.Output):
                                   "text/plain": repr(self.fig)}},)
 
 
-class PreviewVBox(w.VBox):
-    """A VBox whose display also carries `preview()` (PNG bytes) as image/png."""
+class _Preview:
+    """A box whose display also carries `preview()` (PNG bytes) as image/png, so a
+    notebook saved without the widgets' state still shows a picture of it."""
 
     def __init__(self, children, preview, **kwargs):
         super().__init__(children, **kwargs)
         self._preview = preview
 
-    def __repr__(self):  # its text form stays that of the VBox it is
-        return "VBox" + super().__repr__()[len(type(self).__name__):]
+    def __repr__(self):  # its text form stays that of the box it is
+        box = type(self).__mro__[2].__name__
+        return box + super().__repr__()[len(type(self).__name__):]
 
     def _repr_mimebundle_(self, **kwargs):
         bundle = super()._repr_mimebundle_(**kwargs)
@@ -85,3 +87,11 @@ class PreviewVBox(w.VBox):
         if bundle is not None and png:
             bundle["image/png"] = base64.b64encode(png).decode("ascii")
         return bundle
+
+
+class PreviewVBox(_Preview, w.VBox):
+    """A VBox with a picture of itself for saved notebooks (see _Preview)."""
+
+
+class PreviewHBox(_Preview, w.HBox):
+    """An HBox with a picture of itself for saved notebooks (see _Preview)."""

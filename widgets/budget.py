@@ -47,6 +47,8 @@ from traitlets import observe
 
 from engine import budget as B
 
+from ._figures import PreviewHBox
+
 CATEGORY_COLORS = {
     "weights": "#4c72b0", "master weights": "#8172b3", "gradients": "#55a868",
     "optimizer state": "#ccb974", "activations": "#c44e52", "recompute transient": "#e8a0a2",
@@ -296,12 +298,32 @@ class BudgetWidget:
                        layout=w.Layout(flex="1 1 420px", min_width="0"))
         right.add_class("budget-results")
         # Side by side where there is room; one column (controls first) where there is not.
-        self.ui = w.HBox([w.HTML(STYLE), left, right],
-                         layout=w.Layout(flex_flow="row wrap", width="100%"))
+        self.ui = PreviewHBox([w.HTML(STYLE), left, right], preview=self.preview_png,
+                              layout=w.Layout(flex_flow="row wrap", width="100%"))
         self.ui.add_class("budget-widget")
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
+
+    def preview_png(self) -> bytes | None:
+        """The peak's readout and the two pictures as one PNG: what a notebook saved
+        without the widget's state shows in its place."""
+        if self.result is None or not self.plots:
+            return None
+        import io
+        import matplotlib.pyplot as plt
+        fig, (bar, curve) = plt.subplots(1, 2, figsize=(8.4, 3.4), dpi=DPI,
+                                         gridspec_kw={"width_ratios": (1, 2.2)})
+        draw_memory_bar(bar, self.result)
+        draw_memory_curve(curve, self.result)
+        fig.suptitle(f"{self.result.config.name}: peak of one device "
+                     f"{B.human_bytes(self.result.peak)} (a picture of the calculator; run "
+                     f"the cell for the live one)", fontsize=9)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png")
+        plt.close(fig)
+        return buffer.getvalue()
 
     def summary(self) -> str:
         """The readout as one line of plain text (or the message, if invalid)."""
