@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="split each micro-batch over the processes of mpiexec")
     a("--threads", type=int, help="threads per process (default: cores / processes)")
     a("--thread-mode", choices=("replicas", "kernels"),
-      help="replicas (default): one model copy per thread, each single-threaded; "
-           "kernels: one model whose kernels use every thread")
+      help="replicas: one model copy per thread, each single-threaded; kernels: one "
+           "model whose kernels use every thread (default: chosen from the cores, the "
+           "batch and the context length; the run's first lines say which and why)")
     a("--log", help="append a JSON-lines log of every step to this file")
     a("--log-every", type=int, help=f"progress line every N steps (default {d.log_every})")
     a("--save", help="write a checkpoint here (atomically) at each evaluation and the end")

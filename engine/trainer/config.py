@@ -79,8 +79,9 @@ class TrainConfig:
     attention: str = "standard"        # "flash": tiled kernel, no T x T probabilities kept
     data_parallel: bool = False        # under mpiexec: split each micro-batch over ranks
     threads: int | None = None         # threads per process (default: cores / processes)
-    thread_mode: str = "replicas"      # "replicas": one model copy per thread; "kernels":
-                                       # one model, multi-threaded kernels
+    thread_mode: str | None = None     # None: thread_plan.py's rule chooses; "replicas":
+                                       # model copies, one per thread; "kernels": one
+                                       # model, multi-threaded kernels
     log: str | None = None             # JSON-lines log file
     save: str | None = None            # checkpoint path, written atomically
     save_every: int | None = None      # default: at every evaluation and at the end
@@ -110,7 +111,7 @@ class TrainConfig:
         if self.n_embd % self.n_head:
             raise TrainError(f"--n-embd {self.n_embd} is not divisible by --n-head "
                              f"{self.n_head}; pick a head count that divides it")
-        if self.thread_mode not in ("replicas", "kernels"):
+        if self.thread_mode not in (None, "replicas", "kernels"):
             raise TrainError(f"--thread-mode must be replicas or kernels, got "
                              f"{self.thread_mode!r}")
         if self.attention not in ("standard", "flash"):

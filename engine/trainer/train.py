@@ -14,9 +14,10 @@ One optimizer step has four phases, timed separately in every record:
     optimizer   (all-reduce wait,) global norm, clipping, fused AdamW
     evaluation  validation loss, every eval_every steps
 
-Threads: by default each core runs its own replica of the model on a slice
-of the micro-batch (engine.trainer.parallel.ThreadReplicas), meeting once per step;
-`--thread-mode kernels` runs one model whose kernels use every core instead.
+Threads: a rule (engine.trainer.thread_plan, THREADS.md) chooses between
+replicas of the model, each on one core with a slice of the micro-batch
+(engine.trainer.parallel.ThreadReplicas), meeting once per step, and one model
+whose kernels use every core; `--thread-mode` forces either.
 The losses agree to rounding; a run and its resumed copy agree bit for bit.
 
 Exit codes of the command line: 0 done; 2 bad arguments; 3 unusable data
@@ -133,7 +134,7 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
             prepared = agree(comm, lambda: _prepare(config, dataset, rows, n_replicas,
                                                     saves=rank == 0, say=say))
             return _run(config, callback, say, prepared, comm, rank, world_size, rows,
-                        n_threads, n_replicas)
+                        n_threads, thread_info["plan"])
         finally:
             restore_threads(thread_info)
 
@@ -160,7 +161,8 @@ def _threads(config, rank, world_size):
         raise TrainError(str(exc)) from None
     local_batch = rows.stop - rows.start
     n_threads = config.threads or max(1, cores() // world_size)
-    mode, n_replicas, thread_info = plan_threads(n_threads, local_batch, config.thread_mode)
+    mode, n_replicas, thread_info = plan_threads(n_threads, local_batch, config.block_size,
+                                                 config.thread_mode)
     config = dataclasses.replace(config, threads=n_threads, thread_mode=mode)
     return config, rows, n_threads, n_replicas, thread_info
 
@@ -245,7 +247,7 @@ def abort_job_on_failure(comm, rank, world_size):
         raise
 
 
-def _run(config, callback, say, prepared, comm, rank, world_size, rows, n_threads, n_replicas):
+def _run(config, callback, say, prepared, comm, rank, world_size, rows, n_threads, thread_plan):
     """train() once everything is checked and built: the loop, the last save, the sample."""
     from .parallel import GradientAllReduce
     dataset, fingerprint, entropy, model, opt, start = prepared
@@ -254,7 +256,7 @@ def _run(config, callback, say, prepared, comm, rank, world_size, rows, n_thread
     stop = min(config.steps, config.stop_at or config.steps)
     lead = rank == 0
     log_file = _open_log(config.log) if (config.log and lead) else None
-    header = _header(config, model, dataset, entropy, start, world_size, n_threads, n_replicas)
+    header = _header(config, model, dataset, entropy, start, world_size, n_threads, thread_plan)
     if log_file:
         _write_log(log_file, config.log, header)
     if lead:
@@ -330,7 +332,7 @@ def _build_model(config, tok, local_batch, n_replicas):
     return model, opt
 
 
-def _header(config, model, dataset, entropy, start, world_size, n_threads, n_replicas) -> dict:
+def _header(config, model, dataset, entropy, start, world_size, n_threads, thread_plan) -> dict:
     """The run's first log record."""
     from .model import kernel_owners
     from ..blas import library as blas_library
@@ -339,8 +341,9 @@ def _header(config, model, dataset, entropy, start, world_size, n_threads, n_rep
             "vocab_size": dataset.tokenizer.vocab_size,
             "train_chars": int(len(dataset.train)), "val_chars": int(len(dataset.val)),
             "unigram_entropy": entropy, "start_step": start, "steps": config.steps,
-            "processes": world_size, "threads": n_threads, "replicas": n_replicas,
-            "thread_mode": config.thread_mode, "blas": blas_library().description,
+            "processes": world_size, "threads": n_threads, "replicas": thread_plan.replicas,
+            "thread_mode": config.thread_mode, "thread_plan": thread_plan.describe(),
+            "blas": blas_library().description,
             "products": product_routes(),
             "tokens_per_step": config.batch_size * config.block_size * config.grad_accum,
             "config": dataclasses.asdict(config),
@@ -357,6 +360,7 @@ def _announce(say, header, model, dataset, config, stop) -> None:
         f"entropy {header['unigram_entropy']:.4f} nats | {header['processes']} process(es) x "
         f"{header['threads']} thread(s) ({config.thread_mode}) | steps "
         f"{header['start_step']}->{stop}")
+    say(header["thread_plan"])
 
 
 def _loop(config, callback, say, dataset, model, opt, allreduce, rows, rank, world_size,

@@ -25,7 +25,7 @@ from engine.trainer.optim import AdamW
 from engine.trainer.parallel import ThreadReplicas
 from engine.trainer.step import train_step
 cfg = GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=32)
-plan_threads(2, 4, "replicas")
+plan_threads(2, 4, 16, "replicas")
 model = ThreadReplicas(cfg, 4, 2, attention="flash")
 out = {"cold": compile_ahead.cache_was_cold(), "helper": compile_ahead.wait_for_helper()}
 if sys.argv[1] == "step":

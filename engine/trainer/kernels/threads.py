@@ -58,22 +58,20 @@ def restore_threads(info: dict) -> None:
     restore_blas_threads(previous.get("blas") or {})
 
 
-def plan_threads(n_threads: int, batch_size: int, mode: str) -> tuple[str, int, dict]:
-    """How a process spends its n threads, and set the pools accordingly.
-
-    "replicas": as many model replicas as divide the batch (at most n), each on
-    one numba thread and one BLAS thread, while what runs between them (the
-    gradient norm, AdamW) uses all n numba threads; a single replica gets every
-    thread for its kernels. "kernels": one model, all n threads in numba and
-    BLAS. Under numba's `workqueue` layer, which cannot run kernels from several
-    threads at once, "replicas" becomes "kernels". Returns (the mode used,
-    replicas, what set_threads returned)."""
-    if mode == "replicas" and not concurrent_kernels_ok():
-        mode = "kernels"
-    if mode == "replicas":
-        replicas = max(d for d in range(1, n_threads + 1) if batch_size % d == 0)
-        return mode, replicas, set_threads(n_threads, blas=1 if replicas > 1 else None)
-    return mode, 1, set_threads(n_threads)
+def plan_threads(n_threads: int, batch_size: int, block_size: int,
+                 mode: str | None = None) -> tuple[str, int, dict]:
+    """Choose how a process spends its n threads (thread_plan.choose_plan: the rule,
+    or `mode` when given) and set the pools accordingly: replicas each on one numba
+    thread and one BLAS thread, while what runs between them (the gradient norm,
+    AdamW) uses all n numba threads; one model (or a single replica) gets every
+    thread in numba and BLAS. Returns (the mode used, replicas, what set_threads
+    returned, with the ThreadPlan under "plan")."""
+    from ..thread_plan import choose_plan
+    plan = choose_plan(n_threads, batch_size, block_size, mode,
+                       concurrent=concurrent_kernels_ok())
+    info = set_threads(n_threads, blas=1 if plan.replicas > 1 else None)
+    info["plan"] = plan
+    return plan.mode, plan.replicas, info
 
 
 def single_threaded() -> bool:

@@ -26,9 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=None,
                    help="default: the built-in corpus's character count")
     p.add_argument("--threads", type=int, default=None, help="default: all cores")
-    p.add_argument("--thread-mode", choices=("replicas", "kernels"), default="replicas",
-                   help="replicas: one model copy per thread (the trainer's default); "
-                        "kernels: one model with multi-threaded kernels")
+    p.add_argument("--thread-mode", choices=("replicas", "kernels"), default=None,
+                   help="replicas: one model copy per thread; kernels: one model with "
+                        "multi-threaded kernels (default: the trainer's rule chooses, "
+                        "engine/trainer/THREADS.md)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument("--torch-attention", choices=("sdpa", "manual"), default="sdpa")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

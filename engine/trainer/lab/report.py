@@ -31,6 +31,8 @@ def format_report(r: dict) -> str:
              f"{c['threads']} thread(s): {mode}; BLAS: {c['blas']}",
              f"matrix products: {c['products']}",
              format_first_step(r), ""]
+    if "thread_plan" in c:
+        lines.insert(2, c["thread_plan"])
     o, t = r["ours"], r["torch"]
     if "activation_bytes" in r:
         lines.insert(2, f"activations kept for the backward: {_kib_or_mib(r['activation_bytes'])}, "

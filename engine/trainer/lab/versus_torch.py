@@ -97,6 +97,7 @@ class _Plan:
         return {**self.cfg.to_dict(), "batch_size": self.batch_size, "dtype": "float32",
                 "threads": self.threads, "thread_mode": self.thread_mode,
                 "replicas": self.replicas, "attention": self.attention,
+                "thread_plan": info["plan"].describe(),
                 "kernel_threads": info["numba"], "blas_threads": info["blas"],
                 "blas": info["blas_library"], "products": info["products"],
                 "block": self.block}
@@ -104,7 +105,7 @@ class _Plan:
 
 def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
         with_torch: bool = True, torch_attention: str = "sdpa", threads: int | None = None,
-        thread_mode: str = "replicas", seed: int = 0, data=None, progress=None,
+        thread_mode: str | None = None, seed: int = 0, data=None, progress=None,
         attention: str = "standard", block: int = 4, alone: int | None = None) -> dict:
     """Benchmark the fused trainer (and PyTorch eager when available); returns a report dict.
 
@@ -124,7 +125,8 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
     elif alone is None:
         alone = max(1, steps // 2)
     n_threads = threads or cores()
-    thread_mode, replicas, thread_info = plan_threads(n_threads, batch_size, thread_mode)
+    thread_mode, replicas, thread_info = plan_threads(n_threads, batch_size, cfg.block_size,
+                                                      thread_mode)
     plan = _Plan(cfg, batch_size, steps, warmup, alone, block, seed, attention,
                  torch_attention, torch_reason, n_threads, thread_mode, replicas, thread_info)
     try:
