@@ -227,3 +227,22 @@ def test_the_table_reads_every_step_against_the_cpus_own_sgemm_too():
     assert len(line) == 1 and "400.0 GFLOP/s" in line[0]          # the best reading
     want = f"{reports[1]['shape']} {reports[1]['ours']['gflops'] / 400.0:.0%}"
     assert want in line[0]
+
+
+def test_a_list_of_thread_counts_prints_one_scaling_table(capsys):
+    assert bench.main(["--no-torch", "--steps", "1", "--warmup", "0", "--n-layer", "1",
+                       "--n-embd", "16", "--n-head", "2", "--block-size", "16",
+                       "--batch-size", "2", "--vocab-size", "12", "--threads", "1", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["shape", "threads", "plan"]
+    rows = [line.split() for line in lines[2:4]]
+    assert [row[1] for row in rows] == ["1", "2"]
+    assert " ".join(rows[0][2:5]) == "1 model x" and "(no torch)" in lines[2]
+    assert any(line.startswith("1 thread(s): thread plan: 1 model x 1-thread kernels")
+               for line in lines)
+
+
+def test_sweep_attention_refuses_several_thread_counts(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--sweep-attention", "--threads", "1", "2"])
+    assert "--sweep-attention runs at one thread count" in capsys.readouterr().err

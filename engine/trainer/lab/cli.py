@@ -7,7 +7,8 @@ import sys
 
 from ...gpt_config import GPTConfig
 from .attention_sweep import SWEEP_LENGTHS, format_sweep, sweep_attention
-from .report import format_first_step, format_profile, format_report, format_table
+from .report import (format_first_step, format_profile, format_report, format_scaling,
+                     format_table)
 from .versus_torch import DEFAULT_SHAPES, SHAPES, parse_shape, run, run_shapes
 
 
@@ -25,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-embd", type=int, default=128)
     p.add_argument("--vocab-size", type=int, default=None,
                    help="default: the built-in corpus's character count")
-    p.add_argument("--threads", type=int, default=None, help="default: all cores")
+    p.add_argument("--threads", type=int, nargs="+", default=None, metavar="N",
+                   help="threads (default: all cores); several, e.g. --threads 1 2 4: "
+                        "one scaling table, each count's plan beside PyTorch's with as "
+                        "many threads")
     p.add_argument("--thread-mode", choices=("replicas", "kernels"), default=None,
                    help="replicas: one model copy per thread; kernels: one model with "
                         "multi-threaded kernels (default: the trainer's rule chooses, "
@@ -58,9 +62,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.block < 1 or (args.alone_steps or 0) < 0:
         p.error("--steps and --block must be >= 1, --warmup and --alone-steps >= 0")
-    for flag, value in (("--batch-size", args.batch_size), ("--threads", args.threads)):
+    for flag, value in [("--batch-size", args.batch_size)] + [("--threads", n) for n
+                                                               in args.threads or ()]:
         if value is not None and value < 1:
             p.error(f"{flag} must be at least 1, got {value}")
+    thread_counts = args.threads or [None]
+    if len(thread_counts) > 1 and args.sweep_attention:
+        p.error(f"--sweep-attention runs at one thread count; got --threads "
+                f"{' '.join(map(str, thread_counts))}: give one")
     from ..data import Dataset, builtin_text
     data = None
     vocab = args.vocab_size
@@ -69,7 +78,7 @@ def main(argv=None) -> int:
         vocab, data = ds.tokenizer.vocab_size, ds.train
     progress = None if args.json else (lambda s: print(s, file=sys.stderr))
     options = dict(steps=args.steps, warmup=args.warmup, with_torch=not args.no_torch,
-                   torch_attention=args.torch_attention, threads=args.threads,
+                   torch_attention=args.torch_attention, threads=thread_counts[0],
                    thread_mode=args.thread_mode, attention=args.attention, block=args.block,
                    alone=args.alone_steps)
     if args.shapes is not None:
@@ -77,6 +86,12 @@ def main(argv=None) -> int:
             shapes = [parse_shape(s) for s in (args.shapes or DEFAULT_SHAPES)]
         except ValueError as exc:
             p.error(str(exc))
+        if len(thread_counts) > 1:
+            reports = [r for n in thread_counts for r in
+                       run_shapes(shapes, vocab, data=data, progress=progress,
+                                  **{**options, "threads": n})]
+            print(json.dumps(reports, indent=2) if args.json else format_scaling(reports))
+            return 0
         reports = run_shapes(shapes, vocab, data=data, progress=progress, **options)
         if args.json:
             print(json.dumps(reports, indent=2))
@@ -91,11 +106,16 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     if args.sweep_attention:
-        sweep = sweep_attention(cfg, repeats=args.steps, threads=args.threads,
+        sweep = sweep_attention(cfg, repeats=args.steps, threads=thread_counts[0],
                                 with_torch=not args.no_torch,
                                 progress=None if args.json else
                                 (lambda s: print(s, file=sys.stderr)))
         print(json.dumps(sweep, indent=2) if args.json else format_sweep(sweep))
+        return 0
+    if len(thread_counts) > 1:
+        reports = [run(cfg, args.batch_size, data=data, progress=progress,
+                       **{**options, "threads": n}) for n in thread_counts]
+        print(json.dumps(reports, indent=2) if args.json else format_scaling(reports))
         return 0
     report = run(cfg, args.batch_size, data=data, progress=progress, **options)
     print(json.dumps(report, indent=2) if args.json else format_report(report))

@@ -195,3 +195,42 @@ def format_table(reports: list[dict]) -> str:
                  "PyTorch's block median / ours; alone: medians of the standalone runs; "
                  "grad rel: largest first-step gradient difference to PyTorch, relative")
     return "\n".join(lines)
+
+
+def _plan_words(c: dict) -> str:
+    if c["thread_mode"] == "replicas" and c["replicas"] > 1:
+        return f"{c['replicas']} replicas x 1"
+    return f"1 model x {c['threads']}"
+
+
+def format_scaling(reports: list[dict]) -> str:
+    """One line per (shape, thread count): the plan the step ran, ours and PyTorch's
+    ms/step at that thread count, tokens/s, the share of the machine's sgemm rate, the
+    replicas' waiting share and the paired ratio; then each plan's reason."""
+    w = max([5] + [len(r.get("shape", "")) for r in reports])
+    head = (f"{'shape':>{w}}{'threads':>8}  {'plan':<18}|{'ours ms/step':>13}{'tok/s':>9}"
+            f"{'sgemm':>6}{'wait':>5} |{'torch ms/step':>14}{'tok/s':>9} |{'paired x':>9}")
+    lines = [head, "-" * len(head)]
+    sgemm = machine_ceiling(reports)
+    for r in reports:
+        c, o, t = r["config"], r["ours"], r["torch"]
+        share = f"{o['gflops'] / sgemm:.0%}" if sgemm else "-"
+        wait = f"{o['wait_ms_per_step'] / o['ms_per_step']:.0%}" if c["replicas"] > 1 else "-"
+        line = (f"{r.get('shape', 'B=' + str(c['batch_size'])):>{w}}{c['threads']:>8}  "
+                f"{_plan_words(c):<18}|{o['ms_per_step']:>13.1f}{o['tokens_per_s']:>9,.0f}"
+                f"{share:>6}{wait:>5} |")
+        if t:
+            line += (f"{t['ms_per_step']:>14.1f}{t['tokens_per_s']:>9,.0f} |"
+                     f"{t['speedup_rounds']['median']:>8.2f}x")
+        else:
+            line += f"{'(no torch)':>14}"
+        lines.append(line)
+    lines.append("ms/step: median of the paired steps; sgemm: the step's GFLOP/s over the "
+                 "machine's best 1024^3 sgemm reading (all cores); wait: replicas waiting and "
+                 "summing gradients, share of the step; torch: PyTorch eager with as many "
+                 "threads; paired x: median over rounds of PyTorch's block median / ours")
+    for r in reports:
+        if "thread_plan" in r["config"]:
+            lines.append(f"{r.get('shape', '')} {r['config']['threads']} thread(s): "
+                         f"{r['config']['thread_plan']}".lstrip())
+    return "\n".join(lines)
