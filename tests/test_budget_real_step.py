@@ -239,3 +239,19 @@ def test_measure_torch_prints_measured_beside_predicted(capsys):
 def test_measure_torch_needs_a_real_step_model(capsys):
     assert cli.main("--preset tiny --measure torch".split()) == 2
     assert "needs --activations pytorch or hf" in capsys.readouterr().err
+
+
+@needs_torch
+def test_with_accumulation_the_gradients_so_far_are_alive_in_later_micro_batches():
+    """Two micro-batches per step: the second's loss backward runs beside the
+    first's gradients, which the model adds to that moment."""
+    from engine.budget.torch_step import measure_step
+    cfg = bm.BudgetConfig(**SMALL, activation_model="pytorch", attention="flash",
+                          accumulation=2).validate()
+    m = measure_step(cfg, device="cpu")
+    acts = real_step_activations(cfg, device="cpu")
+    one = real_step_activations(cfg.with_(accumulation=1), device="cpu")
+    assert acts.step.peak_moment.bytes - one.step.peak_moment.bytes == bm.fixed_bytes(cfg)[
+        "gradients"]
+    assert bm.budget(cfg).fixed_total + acts.peak == pytest.approx(m.peak, rel=0.05)
+    assert acts.saved == pytest.approx(m.activations, rel=0.03)

@@ -44,13 +44,15 @@ def torch_missing(cfg: BudgetConfig) -> str | None:
 
 
 def cpu_shape(cfg: BudgetConfig) -> BudgetConfig:
-    """The scaled-down step a CPU measures: at most CPU_MAX_LAYERS blocks and
-    CPU_MAX_TOKENS tokens, in fp32 (the CPU's autocast casts other ops than
-    CUDA's, so a bf16 run there would not be the step predicted for a GPU)."""
+    """The scaled-down step a CPU measures: at most CPU_MAX_LAYERS blocks,
+    CPU_MAX_TOKENS tokens and two micro-batches, in fp32 (the CPU's autocast
+    casts other ops than CUDA's, so a bf16 run there would not be the step
+    predicted for a GPU), on one device."""
     seq = min(cfg.seq_len, CPU_MAX_TOKENS)
     batch = max(1, min(cfg.micro_batch, CPU_MAX_TOKENS // seq))
     return cfg.with_(n_layer=min(cfg.n_layer, CPU_MAX_LAYERS), micro_batch=batch,
-                     seq_len=seq, precision="fp32", accumulation=1, devices=1, zero=0)
+                     seq_len=seq, precision="fp32", accumulation=min(cfg.accumulation, 2),
+                     devices=1, zero=0)
 
 
 # ------------------------------------------------------------------ models
@@ -174,44 +176,51 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
                 return model(ids, labels=ids).loss, None
             return tuple(reversed(model(ids, ids)))  # (loss, logits): the caller keeps both
 
+    def step(mark):
+        """One optimizer step over `accumulation` micro-batches; the marks frame
+        the first micro-batch's forward (no gradient exists yet)."""
+        for k in range(run.accumulation):
+            if k == 0:
+                mark("before")
+            loss, logits = forward()
+            if k == 0:
+                mark("after forward")
+            (loss / run.accumulation).backward()
+            del loss, logits
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     read = _cuda_steps if device == "cuda" else _cpu_steps
-    activations, peak, first = read(forward, opt, torch)
+    activations, peak, first = read(step, torch)
     return Measured(run, device, weights, activations, weights + peak, weights + first)
 
 
-def _step(forward, opt, mark):
-    mark("before")
-    loss, logits = forward()
-    mark("after forward")
-    loss.backward()
-    del loss, logits
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
-def _cuda_steps(forward, opt, torch):
+def _cuda_steps(step, torch):
     """(activations, peak above the weights in step 2, the same in step 1)."""
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     marks, peaks = {}, []
-    for step in (1, 2):
+    for n in (1, 2):
         torch.cuda.reset_peak_memory_stats()
-        _step(forward, opt, lambda what: marks.__setitem__((step, what),
-                                                          torch.cuda.memory_allocated()))
+        step(lambda what, n=n: marks.__setitem__((n, what), torch.cuda.memory_allocated()))
         peaks.append(torch.cuda.max_memory_allocated() - base)
     return (marks[2, "after forward"] - marks[2, "before"], peaks[1], peaks[0])
 
 
-def _cpu_steps(forward, opt, torch):
+def _cpu_steps(step, torch):
     """The same from the profiler's memory events: their running total starts
     at zero when profiling starts, after the weights exist."""
     from torch.profiler import ProfilerActivity, profile, record_function
-    marks = {}
+
+    def mark(n, what):  # an empty range whose start time says when
+        with record_function(f"mark {n} {what}"):
+            pass
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        for step in (1, 2):
-            with record_function(f"step {step}"):
-                _step(forward, opt, lambda what, s=step: _mark(marks, s, what, record_function))
+        for n in (1, 2):
+            with record_function(f"step {n}"):
+                step(lambda what, n=n: mark(n, what))
     trace = _trace_events(prof)
     events = sorted((e for e in trace if e.get("name") == "[memory]"), key=lambda e: e["ts"])
     # The running total is the allocator's since the process started: count from
@@ -231,11 +240,6 @@ def _cpu_steps(forward, opt, torch):
     activations = (total_at(spans["mark 2 after forward"][0])
                    - total_at(spans["mark 2 before"][0]))
     return activations, peak_in(spans["step 2"]), peak_in(spans["step 1"])
-
-
-def _mark(marks, step, what, record_function):
-    with record_function(f"mark {step} {what}"):
-        pass
 
 
 def _trace_events(prof) -> list:
