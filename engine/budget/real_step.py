@@ -50,10 +50,6 @@ def compute_bytes(cfg: BudgetConfig) -> int:
     return FP32 if cfg.precision == "fp32" else 2
 
 
-def autocast(cfg: BudgetConfig) -> bool:
-    return cfg.precision != "fp32"
-
-
 def mask_bytes(cfg: BudgetConfig, device: str) -> int:
     """A dropout mask element: bool on CUDA, the input's float dtype on the CPU."""
     return 1 if device == "cuda" else compute_bytes(cfg)
@@ -77,7 +73,7 @@ def _attention_core(cfg: BudgetConfig, device: str) -> list[Saved]:
     if cfg.dropout:  # P @ V keeps dropout's output (cast to 16 bits under autocast)
         items += [Saved("attention dropout", "mask", n_scores, mask_bytes(cfg, device)),
                   Saved("P @ V", "P after dropout", n_scores, lo)]
-    elif autocast(cfg):
+    elif cfg.autocast:
         items.append(Saved("P @ V", "P, 16-bit copy", n_scores, lo))
     return items
 
@@ -120,6 +116,7 @@ def gpt2_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     """One GPT-2 block of transformers (`GPT2Block`) or of a plain PyTorch GPT."""
     n, h, f = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.ffn
     lo, mask = compute_bytes(cfg), mask_bytes(cfg, device)
+
     def stats(which: str) -> Saved:
         return Saved(f"layer norm {which}", "mean and 1/std, two per token", 2 * n, FP32)
     items = [Saved("layer norm 1", "input (the residual stream, fp32)", n * h, FP32), stats("1"),
@@ -148,27 +145,28 @@ def gpt2_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
 def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     """One LLaMA block of transformers (`LlamaDecoderLayer`)."""
     n, h, f = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.ffn
-    k, lo = cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
+    k, lo, mask = cfg.kv_heads * cfg.head_dim, compute_bytes(cfg), mask_bytes(cfg, device)
     # RMSNorm keeps x, 1/rms and x/rms (fp32); under autocast each of the
     # matmuls that read its output casts its own 16-bit copy (autocast caches
     # casts of weights only), in fp32 they all read one tensor.
+
     def norm(which: str, readers: int, what: str) -> list[Saved]:
         items = [Saved(f"rms norm {which}", "input (the residual stream, fp32)", n * h, FP32),
                  Saved(f"rms norm {which}", "1/rms, one per token", n, FP32),
                  Saved(f"rms norm {which}", "x / rms (fp32)", n * h, FP32)]
-        copies = readers if autocast(cfg) else 1
+        copies = readers if cfg.autocast else 1
         return items + [Saved(what, "input (the norm's output)" if copies == 1
                               else f"input, one 16-bit copy per matmul", copies * n * h, lo)]
     items = norm("1", 3, "q/k/v matmuls")
     items += _attention(cfg, device, k, qkv_fused=False)
     if cfg.dropout:
-        items.append(Saved("residual dropout (attention)", "mask", n * h, mask_bytes(cfg, device)))
+        items.append(Saved("residual dropout (attention)", "mask", n * h, mask))
     items += norm("2", 2, "gate/up matmuls")
     items += [Saved("SiLU", "input (gate's output)", n * f, lo),
               Saved("SiLU(gate) * up", "SiLU's output and up's output", 2 * n * f, lo),
               Saved("down matmul", "input (the product)", n * f, lo)]
     if cfg.dropout:
-        items.append(Saved("residual dropout (mlp)", "mask", n * h, mask_bytes(cfg, device)))
+        items.append(Saved("residual dropout (mlp)", "mask", n * h, mask))
     return items
 
 
@@ -182,15 +180,17 @@ def block_weights(cfg: BudgetConfig) -> int:
 
 
 def block_biases(cfg: BudgetConfig) -> int:
-    """Elements of one block's matmul biases (cast and cached, never saved)."""
-    return 0 if cfg.architecture == "llama" else 3 * cfg.d_model + cfg.d_model + cfg.ffn + cfg.d_model
+    """Elements of one block's matmul biases (cast and cached, never saved):
+    GPT-2's qkv (3h), projection (h), fc (f) and fc-proj (h); LLaMA has none."""
+    h, f = cfg.d_model, cfg.ffn
+    return 0 if cfg.architecture == "llama" else 3 * h + h + f + h
 
 
 def block_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     """Everything one block keeps for its backward, the weights' 16-bit
     copies included under autocast."""
     items = llama_block(cfg, device) if cfg.architecture == "llama" else gpt2_block(cfg, device)
-    if autocast(cfg):
+    if cfg.autocast:
         items.append(Saved("block matmuls", "weights, 16-bit copies", block_weights(cfg),
                            compute_bytes(cfg)))
     return items
@@ -215,7 +215,7 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
         items += [Saved("final layer norm", "input (fp32)", n * h, FP32),
                   Saved("final layer norm", "mean and 1/std", 2 * n, FP32)]
     items.append(Saved("head matmul", "input (the final norm's output)", n * h, lo))
-    if autocast(cfg):
+    if cfg.autocast:
         items.append(Saved("head matmul", "weight, 16-bit copy", V * h, lo))
     if cfg.activation_model == "pytorch":  # the caller holds the returned logits
         items.append(Saved("head matmul", "logits (returned to the caller)", n * V, lo))
@@ -291,7 +291,7 @@ def real_step(cfg: BudgetConfig, fixed: dict[str, int], largest_parameter: int,
     lo = compute_bytes(cfg)
     vocab = vocab_fp32_bytes(cfg)
     cast_weights = 0
-    if autocast(cfg):
+    if cfg.autocast:
         all_casts = cfg.n_layer * (block_weights(cfg) + block_biases(cfg)) * lo
         kept_casts = 0 if cfg.recompute == "full" else cfg.n_layer * block_weights(cfg) * lo
         cast_weights = all_casts - kept_casts  # cached until the forward ends, not saved
@@ -305,7 +305,7 @@ def real_step(cfg: BudgetConfig, fixed: dict[str, int], largest_parameter: int,
         fwd_end = [*base, ("saved by the forward", saved - vocab)]
         if cfg.activation_model == "hf":
             fwd_end.append(("logits", logits_bytes(cfg)))
-        if autocast(cfg):
+        if cfg.autocast:
             fwd_end.append(("logits, fp32 copy for the loss", vocab))
             if cast_weights:
                 fwd_end.append(("autocast cache: 16-bit weight copies", cast_weights))
