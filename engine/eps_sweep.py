@@ -31,6 +31,12 @@ from typing import Callable
 
 import numpy as np
 
+from .gradcheck import relative_error
+
+#: The relative error's floor in a sweep: far below any gradient of the lesson's
+#: functions, so the curve shows the error itself down to the smallest eps.
+FLOOR = 1e-12
+
 #: The unit roundoff u of each precision: half the gap between 1 and the next
 #: representable number, so a correctly rounded result is within a factor
 #: (1 + u) of the exact one.
@@ -81,18 +87,6 @@ def finite_difference(f: Callable[[np.ndarray], float], x, eps: float, dtype=np.
         else:
             grad[i] = (float(f(xp)) - f0) / eps
     return grad
-
-
-def relative_error(analytic, numeric, floor: float = 1e-12) -> np.ndarray:
-    """|a - n| / max(|a|, |n|, floor), element by element.
-
-    The floor keeps the ratio finite where both gradients are zero; without it
-    0/0 gives NaN, and a tiny gradient gives a huge ratio for a harmless
-    absolute difference.
-    """
-    a = np.asarray(analytic, dtype=np.float64)
-    n = np.asarray(numeric, dtype=np.float64)
-    return np.abs(a - n) / np.maximum(np.maximum(np.abs(a), np.abs(n)), floor)
 
 
 @dataclass(frozen=True)
@@ -152,7 +146,7 @@ def eps_sweep(f: Callable[[np.ndarray], float], x, grad, eps_values=None,
         raise ValueError(f"eps_sweep: the exact gradient has shape {exact.shape} but x has "
                          f"shape {x_rounded.shape}; they must match.")
     errors = np.array([
-        relative_error(exact, finite_difference(f, x_rounded, e, name, method)).max()
+        relative_error(exact, finite_difference(f, x_rounded, e, name, method), FLOOR).max()
         for e in eps_values])
     return SweepResult(eps=eps_values, error=errors, dtype=name, method=method)
 

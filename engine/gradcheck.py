@@ -69,7 +69,11 @@ class GradcheckReport:
 
 
 def relative_error(analytic, numeric, floor: float = 1e-8):
-    """|a - n| / max(|a|, |n|, floor), elementwise."""
+    """|a - n| / max(|a|, |n|, floor), element by element.
+
+    The floor keeps the ratio finite where both gradients are zero; without it
+    0/0 gives NaN, and a tiny gradient gives a huge ratio for a harmless
+    absolute difference."""
     a, n = np.asarray(analytic, dtype=np.float64), np.asarray(numeric, dtype=np.float64)
     return np.abs(a - n) / np.maximum(np.maximum(np.abs(a), np.abs(n)), floor)
 

@@ -129,6 +129,11 @@ def test_relative_error_has_a_floor():
     np.testing.assert_allclose(r, [0.0, 1e-8, 0.5])
 
 
+def test_the_sweep_and_gradcheck_share_one_relative_error():
+    from engine.gradcheck import relative_error as gradchecks
+    assert relative_error is gradchecks
+
+
 def test_eps_sweep_rejects_bad_arguments_with_a_clear_message():
     f, g = SMOOTH_FUNCTIONS[FUNCTIONS[0]]
     with pytest.raises(ValueError, match="float32 or float64"):

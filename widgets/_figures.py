@@ -21,13 +21,6 @@ import numpy as np
 DPI = 100
 
 
-def figure_png(fig) -> bytes:
-    """The figure as PNG bytes at the widgets' fixed resolution."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI)
-    return buf.getvalue()
-
-
 def _canvas_png(canvas) -> bytes:
     from PIL import Image
     buf = io.BytesIO()

@@ -712,16 +712,6 @@ def draw_memory_curve(ax, b: B.Budget, points: int = 24) -> None:
               columnspacing=1)
 
 
-def memory_curve_figure(b: B.Budget, points: int = 24):
-    """The memory curve as a figure of its own."""
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(CURVE_PX[0] / DPI, CURVE_PX[1] / DPI), dpi=DPI)
-    draw_memory_curve(ax, b, points)
-    fig.tight_layout()
-    plt.close(fig)
-    return fig
-
-
 def fit_html(b: B.Budget) -> str:
     """The verdict for the chosen device, the largest micro-batch that fits, the step time."""
     d, c = b.device, b.config
