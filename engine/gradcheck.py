@@ -78,6 +78,32 @@ def relative_error(analytic, numeric, floor: float = 1e-8):
     return np.abs(a - n) / np.maximum(np.maximum(np.abs(a), np.abs(n)), floor)
 
 
+def _checked_arguments(inputs, wrt, dtype) -> tuple[list, list[int]]:
+    """fn's arguments (a fresh Tensor in `dtype` per floating input; integer inputs as
+    given) and the indices of the inputs whose gradients are checked."""
+    args, checked_inputs = [], []
+    for i, x in enumerate(inputs):
+        data = x.data if isinstance(x, Tensor) else np.asarray(x)
+        if not np.issubdtype(data.dtype, np.floating):
+            args.append(x)
+            continue
+        wants = wrt is None or i in wrt
+        name = (x.name if isinstance(x, Tensor) else None) or f"input {i}"
+        if wants and data.size == 0:
+            label = f"'{x.name}'" if isinstance(x, Tensor) and x.name else name
+            raise ValueError(
+                f"gradcheck: {label} has shape {data.shape}, no elements, so there is "
+                f"nothing to check. Pass a non-empty input, or leave this one out of the "
+                f"check with wrt=[...] (the indices of the inputs to check)")
+        args.append(Tensor(data, requires_grad=wants, dtype=dtype, name=name))
+        if wants:
+            checked_inputs.append(i)
+    if not checked_inputs:
+        raise ValueError("gradcheck: no floating-point input to check; pass the inputs as "
+                         "float arrays (integer ids and targets are not differentiable)")
+    return args, checked_inputs
+
+
 def gradcheck(fn, inputs, eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1e-10,
               floor: float = 1e-8, samples: int | None = None, seed: int = 0,
               dtype=np.float64, wrt=None, raise_on_failure: bool = True) -> GradcheckReport:
@@ -97,28 +123,7 @@ def gradcheck(fn, inputs, eps: float = 1e-6, rtol: float = 1e-6, atol: float = 1
         raise ValueError(f"gradcheck: samples={samples!r} must be a whole number, at least 1 "
                          f"(elements checked per input), or None to check every element")
     rng = np.random.default_rng(seed)
-    args, checked_inputs = [], []
-    for i, x in enumerate(inputs):
-        data = x.data if isinstance(x, Tensor) else np.asarray(x)
-        if np.issubdtype(data.dtype, np.floating):
-            wants = wrt is None or i in wrt
-            name = (x.name if isinstance(x, Tensor) else None) or f"input {i}"
-            if wants and data.size == 0:
-                label = f"'{x.name}'" if isinstance(x, Tensor) and x.name else name
-                raise ValueError(
-                    f"gradcheck: {label} has shape {data.shape}, no elements, so there is "
-                    f"nothing to check. Pass a non-empty input, or leave this one out of the "
-                    f"check with wrt=[...] (the indices of the inputs to check)")
-            t = Tensor(data, requires_grad=wants, dtype=dtype, name=name)
-            args.append(t)
-            if wants:
-                checked_inputs.append(i)
-        else:
-            args.append(x)
-    if not checked_inputs:
-        raise ValueError("gradcheck: no floating-point input to check; pass the inputs as "
-                         "float arrays (integer ids and targets are not differentiable)")
-
+    args, checked_inputs = _checked_arguments(inputs, wrt, dtype)
     out = fn(*args)
     if not isinstance(out, Tensor):
         raise TypeError(f"gradcheck: fn must return a Tensor, got {type(out).__name__}")
