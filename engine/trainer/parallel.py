@@ -127,6 +127,26 @@ def shard_rows(batch_size: int, rank: int, size: int) -> slice:
 
 
 # ------------------------------------------------------------------ threads
+MIN_PIECE = 1 << 14      # elements: below this a piece costs more in locking than it saves
+
+
+def sum_pieces(buckets: list[tuple[int, int]], n_replicas: int,
+               min_piece: int | None = None) -> list[list[tuple[int, int]]]:
+    """Each bucket cut into at most n_replicas contiguous pieces of at least min_piece
+    elements (a smaller bucket stays whole), so that idle replicas sum one bucket
+    together: the thread that sums a piece reads n_replicas x size / pieces elements,
+    about one bucket's worth whatever the replica count, where one thread summing
+    the whole bucket reads n_replicas times it. Every element is still added in
+    replica order, so the bits do not depend on the cut."""
+    min_piece = MIN_PIECE if min_piece is None else min_piece
+    cut = []
+    for start, stop in buckets:
+        k = max(1, min(n_replicas, (stop - start) // min_piece))
+        edges = [start + (stop - start) * i // k for i in range(k + 1)]
+        cut.append(list(zip(edges[:-1], edges[1:])))
+    return cut
+
+
 class ThreadReplicas:
     """Data parallelism inside one process: n replicas of the model, one per thread.
 
@@ -177,6 +197,7 @@ class ThreadReplicas:
         self.buckets = gradient_buckets(self.grads, cfg.n_layer)
         self.bucket_of = {name: next(i for i, (a, b) in enumerate(self.buckets) if a <= start < b)
                           for name, (start, _, _) in self.grads.layout.items()}
+        self.pieces = sum_pieces(self.buckets, n_replicas)
         self._pool = None
         # Where the gradient of the micro-batches so far is, the one fact zero_grad,
         # forward_backward and reduce keep: "replicas" (each holds its part), "grads"
@@ -309,8 +330,11 @@ class _SharedWork:
     * Bucket sums (the last micro-batch only): each replica's backward reports
       a bucket (a flat range: the final LayerNorm, blocks L-1 ... 0, the
       embeddings) once it is final, which for block 0 means once its tasks
-      are done too; once every replica has reported it, the bucket is summed
-      into `grads`, in replica order, by whichever thread claims it.
+      are done too; once every replica has reported it, the bucket's pieces
+      (sum_pieces: up to one per replica) are summed into `grads`, each in
+      replica order, by whichever threads claim them. So the idle replicas
+      share the last buckets' sums, and the sum on the critical path reads
+      about one bucket per thread, not one per replica.
 
     An idle replica takes a task first (it shortens the slowest backward),
     else the next bucket in order if it is ready, else waits. So the sum
@@ -328,7 +352,8 @@ class _SharedWork:
         self.held = [[False] * len(buckets) for _ in range(n)]  # reported, tasks pending
         self.tasks = collections.deque()      # (replica, bucket, task) not yet claimed
         self.running = n                      # replicas whose own backward still runs
-        self.claimed = 0                      # buckets handed to a summing thread so far
+        self.claimed = 0                      # buckets whose pieces are all handed out
+        self.piece = 0                        # pieces of bucket `claimed` handed out
         self.failed = False
         self.cond = threading.Condition()
 
@@ -370,8 +395,12 @@ class _SharedWork:
                 if self.claimed == count:
                     return None
                 if self.reported[self.claimed] == n:
-                    self.claimed += 1
-                    return "sum", self.claimed - 1
+                    pieces = self.owner.pieces[self.claimed]
+                    span = pieces[self.piece]
+                    self.piece += 1
+                    if self.piece == len(pieces):
+                        self.claimed, self.piece = self.claimed + 1, 0
+                    return "sum", span
             elif self.running == 0:
                 return None                    # (tasks still running end on their threads)
             self.cond.wait()
@@ -392,7 +421,7 @@ class _SharedWork:
                 return task_s
             kind, what = job
             if kind == "sum":
-                self.owner._sum_bucket(*self.owner.buckets[what], clear=True)
+                self.owner._sum_bucket(*what, clear=True)
                 continue
             r, i, task = what
             t0 = time.perf_counter()

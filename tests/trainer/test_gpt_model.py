@@ -116,6 +116,37 @@ def test_replica_gradients_summed_during_the_backward_equal_a_sum_afterwards():
         reps.close()
 
 
+def test_a_bucket_is_cut_into_up_to_one_piece_per_replica():
+    from engine.trainer.parallel import sum_pieces
+    cut = sum_pieces([(0, 100), (100, 103), (103, 160)], 4, min_piece=10)
+    assert cut == [[(0, 25), (25, 50), (50, 75), (75, 100)], [(100, 103)],
+                   [(103, 117), (117, 131), (131, 145), (145, 160)]]
+    assert sum_pieces([(0, 30)], 8, min_piece=10) == [[(0, 10), (10, 20), (20, 30)]]
+    assert sum_pieces([(0, 30)], 1, min_piece=1) == [[(0, 30)]]
+
+
+def test_pieces_summed_by_any_threads_give_the_bits_of_one_serial_sum(monkeypatch):
+    """Four replicas, buckets cut into small pieces that the idle replicas share:
+    every element is still added in replica order."""
+    from engine.trainer import parallel
+    monkeypatch.setattr(parallel, "MIN_PIECE", 16)
+    x, y = batch(7)
+    reps = ThreadReplicas(CFG, 4, 4, params=init_params(CFG, seed=7, dtype=np.float32))
+    try:
+        assert max(len(p) for p in reps.pieces) == 4
+        reps.zero_grad()
+        reps.forward_backward(x, y, last=False)
+        reps.reduce()
+        serial = reps.grads.flat.copy()
+        for _ in range(3):
+            reps.zero_grad()
+            reps.forward_backward(x, y)
+            assert np.array_equal(reps.grads.flat, serial)
+        assert np.any(serial != 0)
+    finally:
+        reps.close()
+
+
 def test_the_last_sum_leaves_every_replica_zero_and_zero_grad_zeroes_the_rest():
     """The sum of a last micro-batch clears each replica's gradient bucket by bucket,
     so the next zero_grad has nothing to do; after a micro-batch that is not the
