@@ -2,8 +2,9 @@
 
 Two kinds of workers, the same arithmetic:
 
-* threads inside one process (`ThreadReplicas`, the trainer's default: one
-  single-threaded model replica per core, see its docstring for why);
+* threads inside one process (`ThreadReplicas`: single-threaded model
+  replicas, one per core up to eight, when thread_plan.py's rule picks them;
+  see its docstring for why, and THREADS.md);
 * processes under MPI (`GradientAllReduce`): launch with
   `mpiexec -n 2 python -m engine.train --data-parallel ...`.
 
