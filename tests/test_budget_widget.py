@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 from engine import budget as B
 from matplotlib.colors import to_hex
 
-from widgets.budget import BAR_PX, CATEGORY_COLORS, CURVE_PX, BudgetWidget, _share
+from widgets.budget import BudgetWidget
+from widgets.budget_views import BAR_PX, CATEGORY_COLORS, CURVE_PX, _share
 
 
 def png_size(png: bytes) -> tuple[int, int]:

@@ -34,6 +34,8 @@ Sizes (batch, sequence, width) have a box for the exact value and a slider
 that steps through powers of two; heads are chosen among the divisors of the
 width; knobs that do nothing in the current mode are disabled. Impossible
 settings show the message of `engine.budget` and grey out the last numbers.
+The panels and the plots are drawn by `widgets.budget_views`, which the
+stand-alone page (`widgets.budget_app`) shares.
 """
 
 from __future__ import annotations
@@ -48,16 +50,11 @@ from traitlets import observe
 from engine import budget as B
 
 from ._figures import PreviewHBox
+from .budget_views import (BAR_PX, CURVE_PX, DPI, draw_memory_bar, draw_memory_curve,
+                           fit_html, flops_html, measured_html, parallel_html, readout_html,
+                           tradeoff_html)
 
-CATEGORY_COLORS = {
-    "weights": "#4c72b0", "master weights": "#8172b3", "gradients": "#55a868",
-    "optimizer state": "#ccb974", "activations": "#c44e52", "recompute transient": "#e8a0a2",
-    "step transient": "#dd8452",
-}
 _THIS_MACHINE: dict = {}  # "this machine" as a device, once measured
-DPI = 90
-GiB = 2 ** 30  # data sheets quote device memory in these
-BAR_PX, CURVE_PX = (216, 288), (414, 288)  # the two pictures, width x height in pixels
 SETTINGS_CHANGED = ("The settings changed since the measurement; press measure again to "
                     "measure these.")
 # Responsive rules: the pictures shrink with their column and keep their box while a
@@ -125,6 +122,91 @@ class TimeLeft:
             f"about {5 * round(self.shown / 5):.0f} s left"
 
 
+# The four kinds of control; each is as wide as the controls' column, its label 132 px.
+WIDE = {"description_width": "132px"}
+FULL = {"width": "auto", "align_self": "stretch"}  # as wide as the controls' column
+
+
+def slider(description, lo, hi, step=1, tip=None) -> w.IntSlider:
+    return w.IntSlider(min=lo, max=hi, step=step, description=description, tooltip=tip,
+                       style=WIDE, layout=w.Layout(**FULL), continuous_update=False)
+
+
+def number(description, lo=0, hi=10**13, tip=None) -> w.BoundedIntText:
+    return w.BoundedIntText(min=lo, max=hi, description=description, tooltip=tip,
+                            style=WIDE, layout=w.Layout(**FULL))
+
+
+def choice(description, options, tip=None) -> w.Dropdown:
+    return w.Dropdown(options=list(options), description=description, tooltip=tip,
+                      style=WIDE, layout=w.Layout(**FULL))
+
+
+def toggles(description, options, tip=None) -> RedrawnToggleButtons:
+    return RedrawnToggleButtons(options=list(options), description=description, tooltip=tip,
+                                style={"button_width": "auto", **WIDE},
+                                layout=w.Layout(**FULL))
+
+
+def knobs(start: B.BudgetConfig) -> dict:
+    """One control per BudgetConfig field, under the field's name, so loading a preset
+    and reading the screen back are one loop each (heads' choices are set on load)."""
+    controls = {
+        "n_layer": slider("layers L", 1, 128),
+        "d_model": number("width d", 1, 1 << 20),
+        "n_head": choice("heads a", [start.n_head]),
+        "vocab_size": number("vocabulary V", 1, 10**7),
+        "d_ff": number("MLP width", tip="0: the usual rule (4d for GPT-2, about 8d/3 "
+                                        "for LLaMA)"),
+        "block_size": number("positions", tip="learned positions of the model; "
+                                              "0: as many as the sequence N"),
+        "tied_embedding": w.Checkbox(description="output head tied to the embedding",
+                                     indent=False, layout=w.Layout(**FULL)),
+        "n_params": number("parameter count", tip="0: counted from the shape; a number "
+                                                  "here replaces that count"),
+        "micro_batch": number("micro-batch B", 1, 1 << 20),
+        "seq_len": number("sequence N", 1, 1 << 22),
+        "accumulation": slider("accumulation K", 1, 256,
+                               tip="micro-batches summed into one optimizer step"),
+        "precision": toggles("precision", B.PRECISIONS),
+        "optimizer": toggles("optimizer", B.OPTIMIZERS),
+        "activation_model": toggles("activations of", B.ACTIVATION_MODELS,
+                                    tip="rule: k tensors per layer; transformer: op by "
+                                        "op; engine: our GPT; pytorch, hf: a real "
+                                        "PyTorch / Hugging Face step"),
+        "tensors_per_layer": slider("tensors per layer", 1, 64,
+                                    tip="the rule of thumb's k (activations of: rule)"),
+        "dropout": w.Checkbox(description="dropout masks", indent=False,
+                              layout=w.Layout(**FULL)),
+        "recompute": toggles("recompute", B.RECOMPUTE),
+        "attention": toggles("attention", B.ATTENTIONS,
+                             tip="standard keeps the N x N probabilities; flash one "
+                                 "number per row"),
+        "architecture": toggles("architecture", B.ARCHITECTURES),
+        "n_kv_head": choice("key/value heads", [("one per head", 0)]),
+        "d_head": number("head size", 0, 1 << 16, tip="0: width / heads (LLaMA only)"),
+        "grad_precision": toggles("gradients in", B.GRAD_PRECISIONS,
+                                  tip="storage: the weights' precision; fp32: "
+                                      "accumulated in fp32"),
+        "devices": number("data-parallel devices", 1, 1 << 20),
+        "zero": toggles("ZeRO stage", B.ZERO_STAGES,
+                        tip="what the devices shard: 1 optimizer state, 2 and "
+                            "gradients, 3 and weights"),
+        "device": choice("device", ["none", *B.DEVICES, B.THIS_MACHINE]),
+        "device_memory": number("memory (bytes)", 0, 10**15,
+                                tip="0: the chosen device's"),
+        "device_flops": number("FLOP/s", 0, 10**18, tip="0: the chosen device's"),
+        "mfu": w.FloatSlider(min=0.05, max=1.0, step=0.05, description="MFU",
+                             tooltip="model FLOP utilization: the share of the device's "
+                                     "FLOP/s a step achieves",
+                             style=WIDE, layout=w.Layout(**FULL),
+                             continuous_update=False),
+    }
+    for name, control in controls.items():  # stable handles for browser tests
+        control.add_class(f"budget-knob-{name.replace('_', '-')}")
+    return controls
+
+
 class BudgetWidget:
     """Controls for every knob of `engine.budget.BudgetConfig`.
 
@@ -141,84 +223,20 @@ class BudgetWidget:
         self._loading = False
         self._figures: list = []
         start = B.preset(preset, **changes)
-        wide = {"description_width": "132px"}
-        full = {"width": "auto", "align_self": "stretch"}  # as wide as the controls' column
-
-        def slider(description, lo, hi, step=1, tip=None):
-            return w.IntSlider(min=lo, max=hi, step=step, description=description,
-                               tooltip=tip, style=wide, layout=w.Layout(**full),
-                               continuous_update=False)
-
-        def number(description, lo=0, hi=10**13, tip=None):
-            return w.BoundedIntText(min=lo, max=hi, description=description, tooltip=tip,
-                                    style=wide, layout=w.Layout(**full))
-
-        def choice(description, options, tip=None):
-            return w.Dropdown(options=list(options), description=description, tooltip=tip,
-                              style=wide, layout=w.Layout(**full))
-
-        def toggles(description, options, tip=None):
-            return RedrawnToggleButtons(options=list(options), description=description,
-                                        tooltip=tip, style={"button_width": "auto", **wide},
-                                        layout=w.Layout(**full))
-
         self.preset = choice("preset", B.PRESET_NAMES)
         self.preset.value = preset
-        # One control per BudgetConfig field; the names match so loading a
-        # preset and reading the screen back are one loop each.
-        self.controls = {
-            "n_layer": slider("layers L", 1, 128),
-            "d_model": number("width d", 1, 1 << 20),
-            "n_head": choice("heads a", [start.n_head]),
-            "vocab_size": number("vocabulary V", 1, 10**7),
-            "d_ff": number("MLP width", tip="0: the usual rule (4d for GPT-2, about 8d/3 "
-                                            "for LLaMA)"),
-            "block_size": number("positions", tip="learned positions of the model; "
-                                                  "0: as many as the sequence N"),
-            "tied_embedding": w.Checkbox(description="output head tied to the embedding",
-                                         indent=False, layout=w.Layout(**full)),
-            "n_params": number("parameter count", tip="0: counted from the shape; a number "
-                                                      "here replaces that count"),
-            "micro_batch": number("micro-batch B", 1, 1 << 20),
-            "seq_len": number("sequence N", 1, 1 << 22),
-            "accumulation": slider("accumulation K", 1, 256,
-                                   tip="micro-batches summed into one optimizer step"),
-            "precision": toggles("precision", B.PRECISIONS),
-            "optimizer": toggles("optimizer", B.OPTIMIZERS),
-            "activation_model": toggles("activations of", B.ACTIVATION_MODELS,
-                                        tip="rule: k tensors per layer; transformer: op by "
-                                            "op; engine: our GPT; pytorch, hf: a real "
-                                            "PyTorch / Hugging Face step"),
-            "tensors_per_layer": slider("tensors per layer", 1, 64,
-                                        tip="the rule of thumb's k (activations of: rule)"),
-            "dropout": w.Checkbox(description="dropout masks", indent=False,
-                                  layout=w.Layout(**full)),
-            "recompute": toggles("recompute", B.RECOMPUTE),
-            "attention": toggles("attention", B.ATTENTIONS,
-                                 tip="standard keeps the N x N probabilities; flash one "
-                                     "number per row"),
-            "architecture": toggles("architecture", B.ARCHITECTURES),
-            "n_kv_head": choice("key/value heads", [("one per head", 0)]),
-            "d_head": number("head size", 0, 1 << 16, tip="0: width / heads (LLaMA only)"),
-            "grad_precision": toggles("gradients in", B.GRAD_PRECISIONS,
-                                      tip="storage: the weights' precision; fp32: "
-                                          "accumulated in fp32"),
-            "devices": number("data-parallel devices", 1, 1 << 20),
-            "zero": toggles("ZeRO stage", B.ZERO_STAGES,
-                            tip="what the devices shard: 1 optimizer state, 2 and "
-                                "gradients, 3 and weights"),
-            "device": choice("device", ["none", *B.DEVICES, B.THIS_MACHINE]),
-            "device_memory": number("memory (bytes)", 0, 10**15,
-                                    tip="0: the chosen device's"),
-            "device_flops": number("FLOP/s", 0, 10**18, tip="0: the chosen device's"),
-            "mfu": w.FloatSlider(min=0.05, max=1.0, step=0.05, description="MFU",
-                                 tooltip="model FLOP utilization: the share of the device's "
-                                         "FLOP/s a step achieves",
-                                 style=wide, layout=w.Layout(**full),
-                                 continuous_update=False),
-        }
-        for name, control in self.controls.items():  # stable handles for browser tests
-            control.add_class(f"budget-knob-{name.replace('_', '-')}")
+        self.controls = knobs(start)
+        self._make_results()
+        self._load(start)
+        self.preset.observe(self._on_preset, names="value")
+        for control in self.controls.values():
+            control.observe(self._update, names="value")
+        self.measure_button.on_click(self.measure)
+        self._update()
+        self.ui = self._layout()
+
+    def _make_results(self) -> None:
+        """The power-of-two steppers beside the sizes, and every output of the widget."""
         # Power-of-two sliders beside the exact boxes of the sizes.
         self.steppers = {name: w.SelectionSlider(options=[1], description="", readout=False,
                                                  continuous_update=False,
@@ -262,15 +280,10 @@ class BudgetWidget:
         self._results = [self.readout, self.fit, self.flops_table, self.tradeoff,
                          self.parallel, self.bar, self.curve]
 
-        self._load(start)
-        self.preset.observe(self._on_preset, names="value")
-        for control in self.controls.values():
-            control.observe(self._update, names="value")
-        self.measure_button.on_click(self.measure)
-        self._update()
-
+    def _layout(self) -> PreviewHBox:
+        """The controls in three tabs beside the results (one column where narrow)."""
         c = self.controls
-        sized = {n: w.HBox([c[n], self.steppers[n]], layout=w.Layout(**full))
+        sized = {n: w.HBox([c[n], self.steppers[n]], layout=w.Layout(**FULL))
                  for n in self.steppers}
         zeros = w.HTML("<span class='budget-hint'>A 0 in MLP width, positions, parameter "
                        "count or head size means the usual value (hover a label).</span>")
@@ -298,9 +311,10 @@ class BudgetWidget:
                        layout=w.Layout(flex="1 1 420px", min_width="0"))
         right.add_class("budget-results")
         # Side by side where there is room; one column (controls first) where there is not.
-        self.ui = PreviewHBox([w.HTML(STYLE), left, right], preview=self.preview_png,
-                              layout=w.Layout(flex_flow="row wrap", width="100%"))
-        self.ui.add_class("budget-widget")
+        ui = PreviewHBox([w.HTML(STYLE), left, right], preview=self.preview_png,
+                         layout=w.Layout(flex_flow="row wrap", width="100%"))
+        ui.add_class("budget-widget")
+        return ui
 
     def _repr_mimebundle_(self, **kwargs):
         return self.ui._repr_mimebundle_(**kwargs)
@@ -521,231 +535,3 @@ class BudgetWidget:
 
 
 # --------------------------------------------------------------- rendering
-def readout_html(b: B.Budget) -> str:
-    """The peak of one device (exact bytes in span.budget-peak-bytes), its items as a
-    table, when the peak happens and its largest tensor, and the sizes behind them."""
-    c = b.config
-    per_parameter = sum(B.bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
-                                              c.autocast).values())
-    one_device = "one device" if c.devices > 1 else "the device"
-    return (f"<div class='budget-headline'><b>peak of {one_device}: "
-            f"<span class='budget-peak'>{B.human_bytes(b.peak)}</span></b> "
-            f"(<span class='budget-peak-bytes'>{b.peak:,}</span> bytes)</div>"
-            + memory_html(b) + peak_moment_html(b)
-            + f"<div class='budget-hint'>{B.human_count(b.parameters)} parameters, "
-              f"{per_parameter} bytes of fixed memory per parameter; one "
-              f"B x N x d tensor {B.human_bytes(b.one_tensor_bytes)}. "
-              f"1 GB = 10<sup>9</sup> bytes.</div>")
-
-
-def _swatch(name: str) -> str:
-    return (f"<span style='display:inline-block;width:0.8em;height:0.8em;"
-            f"background:{CATEGORY_COLORS[name]};margin-right:0.3em'></span>")
-
-
-def memory_html(b: B.Budget) -> str:
-    """One device's memory at the peak, item by item in its colour: bytes, share of the
-    peak and, over several devices, the whole model's bytes of that item."""
-    sharded = b.config.devices > 1
-    head = ("<tr><th>what</th><th class='num'>bytes</th><th class='num'>share</th>"
-            + ("<th class='num'>whole model</th>" if sharded else "") + "</tr>")
-    rows = []
-    for name, value in b.memory().items():
-        if not value:
-            continue
-        whole = B.human_bytes(b.fixed[name]) if name in b.fixed else "each device its own"
-        rows.append(f"<tr><td>{_swatch(name)}{name}</td>"
-                    f"<td class='num'>{B.human_bytes(value)}</td>"
-                    f"<td class='num'>{_share(value, b.peak)}</td>"
-                    + (f"<td class='num'>{whole}</td>" if sharded else "") + "</tr>")
-    rows.append(f"<tr class='budget-total'><td>peak</td><td class='num'>"
-                f"{B.human_bytes(b.peak)}</td><td class='num'>100%</td>"
-                + ("<td></td>" if sharded else "") + "</tr>")
-    return f"<table class='budget-memory'>{head}{''.join(rows)}</table>"
-
-
-def _share(part: int, whole: int) -> str:
-    """A percentage for a table: '<1%' rather than a misleading '0%'."""
-    share = 100 * part / whole
-    return "<1%" if 0 < share < 0.5 else f"{share:.0f}%"
-
-
-def peak_moment_html(b: B.Budget) -> str:
-    """One line: when the peak happens (a real step's moments) and the largest tensor
-    the forward keeps (engine.budget's breakdown of the activations)."""
-    parts = []
-    step = b.activations.step
-    if step is not None:
-        parts.append(f"peak during {html.escape(step.peak_moment.name)}")
-        if b.peak_first_step != b.peak:
-            parts.append(f"step 1 peaks at {B.human_bytes(b.peak_first_step)}")
-    if b.activations.items:
-        top = max(b.activations.items, key=lambda x: x.bytes)
-        each = f", {B.human_bytes(top.bytes // top.count)} x {top.count}" if top.count > 1 else ""
-        parts.append(f"largest kept tensor: {html.escape(top.op)}, {html.escape(top.tensor)} "
-                     f"{B.human_bytes(top.bytes)}{each}")
-    return f"<div class='budget-peak-moment'>{'; '.join(parts)}</div>" if parts else ""
-
-
-def flops_html(b: B.Budget) -> str:
-    rows = "".join(
-        f"<tr><td>{k}</td>" + "".join(f"<td style='text-align:right'>"
-                                      f"{B.human_flops(b.flops[w][k])}</td>"
-                                      for w in ("per_token", "per_micro_batch", "per_step"))
-        + "</tr>" for k in ("forward", "backward", "recompute", "total"))
-    c = b.config
-    return (f"<table><tr><th>FLOPs</th><th>per token</th><th>per micro-batch "
-            f"({B.tokens_per_micro_batch(c):,} tokens)</th><th>per step "
-            f"({B.tokens_per_step(c):,} tokens)</th></tr>{rows}</table>")
-
-
-def tradeoff_html(b: B.Budget) -> str:
-    c = b.config
-    if c.recompute == "none":
-        return "recompute off: every saved activation is kept until its VJP runs."
-    t = B.recompute_tradeoff(c)
-    saved_pct = 100 * t["bytes_saved"] / t["base_activation_peak"]
-    added_pct = 100 * t["flops_added"] / t["base_flops_per_step"]
-    return (f"recompute {c.recompute}: activation peak {B.human_bytes(t['base_activation_peak'])}"
-            f" &rarr; {B.human_bytes(b.activations.peak)}, <b>saves "
-            f"{B.human_bytes(t['bytes_saved'])}</b> ({saved_pct:.0f}%), <b>adds "
-            f"{B.human_flops(t['flops_added'])}</b> per step ({added_pct:+.0f}% compute)")
-
-
-def measured_html(m: dict) -> str:
-    rows = [("activations saved", m["predicted_saved"], m["measured_saved"]),
-            ("activation peak", m["predicted_peak"], m["measured_peak"])]
-    body = "".join(
-        f"<tr><td>{name}</td><td style='text-align:right'>{p:,}</td>"
-        f"<td style='text-align:right'>{q:,}</td>"
-        f"<td style='text-align:right'>{100 * (q - p) / p:+.2f}%</td></tr>"
-        for name, p, q in rows)
-    return (f"<table><tr><th>{html.escape(m['shape'])}</th><th>predicted bytes</th>"
-            f"<th>measured bytes</th><th>difference</th></tr>{body}</table>")
-
-
-def _unit(largest: float) -> tuple[float, str]:
-    """The decimal byte unit a plot's axis reads in, from its largest value."""
-    for scale, name in ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if largest >= scale:
-            return scale, name
-    return 1.0, "B"
-
-
-def _capacity(ax, b: B.Budget, scale: float) -> None:
-    """The device's memory as a horizontal line, when a device is chosen."""
-    d = b.device
-    if d and d.memory:
-        ax.axhline(d.memory / scale, color="black", ls="-.", lw=1.2,
-                   label=f"{d.device} memory" + (f" ({d.memory // GiB} GiB)"
-                                                 if d.memory % GiB == 0 else ""))
-
-
-def draw_memory_bar(ax, b: B.Budget) -> None:
-    """One stacked bar of one device's memory items, in the order they become
-    resident, each in its colour; the device's capacity as a line."""
-    ax.clear()
-    items = {k: v for k, v in b.memory().items() if v}
-    top = max(b.peak, b.device.memory if b.device and b.device.memory else 0, 1)
-    scale, unit = _unit(top)
-    bottom = 0.0
-    for name, value in items.items():
-        ax.bar([0], [value / scale], bottom=bottom / scale, label=name,
-               color=CATEGORY_COLORS[name], width=0.6)
-        bottom += value
-    ax.set_xlim(-0.5, 0.5)
-    ax.set_xticks([])
-    ax.set_ylim(0, 1.12 * top / scale)
-    ax.set_ylabel(unit)
-    ax.set_title(f"peak {B.human_bytes(b.peak)}", fontsize=10)
-    if b.device and b.device.memory:  # under the bar, so it covers none of it
-        _capacity(ax, b, scale)
-        ax.legend(handles=ax.lines, fontsize=7, loc="upper center",
-                  bbox_to_anchor=(0.5, -0.04), frameon=False, borderaxespad=0)
-
-
-def memory_bar_figure(b: B.Budget):
-    """The stacked bar as a figure of its own."""
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(BAR_PX[0] / DPI, BAR_PX[1] / DPI), dpi=DPI)
-    draw_memory_bar(ax, b)
-    fig.tight_layout()
-    plt.close(fig)
-    return fig
-
-
-def draw_memory_curve(ax, b: B.Budget, points: int = 24) -> None:
-    """One device's memory against B x N (B varied at this N), stacked in the
-    items' colours: the fixed items flat, the activations growing; the
-    crossover batch and the device's capacity marked."""
-    ax.clear()
-    c = b.config
-    cross = B.crossover_batch(c)
-    fit = b.device.largest_micro_batch if b.device else None
-    top_b = max(2 * c.micro_batch, 2 * cross if cross else 0, (fit or 0) + 1, 8)
-    batches = sorted({max(1, round(top_b * i / points)) for i in range(points + 1)})
-    rows = B.batch_sweep(c, batches)
-    largest = max(rows["peak"][-1], b.device.memory if b.device and b.device.memory else 0)
-    scale, unit = _unit(largest)
-    tokens = rows["tokens"]
-    layers = [(name, [v / scale] * len(tokens)) for name, v in b.fixed_per_device.items() if v]
-    layers.append(("activations", [v / scale for v in rows["activations"]]))
-    ax.stackplot(tokens, *[v for _, v in layers], labels=[n for n, _ in layers],
-                 colors=[CATEGORY_COLORS[n] for n, _ in layers], alpha=0.9)
-    ax.axvline(B.tokens_per_micro_batch(c), color="0.3", lw=1, ls="--",
-               label=f"B={c.micro_batch} (set)")
-    if cross:
-        ax.axvline(cross * c.seq_len, color=CATEGORY_COLORS["activations"], ls=":", lw=1.5,
-                   label=f"crossover B={cross}")
-    _capacity(ax, b, scale)
-    from matplotlib.ticker import MaxNLocator
-    ax.xaxis.set_major_locator(MaxNLocator(5))  # tick labels that fit the width
-    ax.set_xlim(tokens[0], tokens[-1])
-    ax.set_ylim(0, 1.12 * largest / scale)
-    ax.set_ylabel(unit)
-    ax.set_title("activations overtake the fixed memory" if cross else
-                 "activations stay below the fixed memory", fontsize=10)
-    ax.set_xlabel(f"tokens per micro-batch B x N (N={c.seq_len})", fontsize=8)
-    # Under the axes, so it covers nothing; the areas' colours are keyed in the table.
-    ax.legend(handles=ax.lines, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
-              frameon=False, ncol=len(ax.lines), handlelength=1.5, borderaxespad=0,
-              columnspacing=1)
-
-
-def fit_html(b: B.Budget) -> str:
-    """The verdict for the chosen device, the largest micro-batch that fits, the step time."""
-    d, c = b.device, b.config
-    if d is None:
-        return ("<span class='budget-fit-verdict'>no device chosen</span>: pick one under "
-                "devices to see whether a step fits and how long it takes.")
-    parts = []
-    if d.fits is not None:
-        verdict = ("fits" if d.fits else "does not fit")
-        colour = "#2a7d2a" if d.fits else "#b00"
-        parts.append(f"<b class='budget-fit-verdict' style='color:{colour}'>{verdict}</b> "
-                     f"on {html.escape(d.device)}: peak {B.human_bytes(d.peak)} of "
-                     f"{B.human_device_memory(d.memory)}.")
-        parts.append("Largest micro-batch that fits: "
-                     + (f"<b>B={d.largest_micro_batch}</b>." if d.largest_micro_batch
-                        else "none (more devices with a ZeRO stage, recompute, or a "
-                             "shorter N)."))
-    if d.step_seconds is not None:
-        parts.append(f"Step {B.human_seconds(d.step_seconds)} at MFU {c.mfu:g}, "
-                     f"{d.tokens_per_second:,.0f} tokens/s"
-                     + (f" over {c.devices} devices." if c.devices > 1 else "."))
-    return " ".join(parts)
-
-
-def parallel_html(b: B.Budget) -> str:
-    """The collectives of one optimizer step under data parallel."""
-    c = b.config
-    if not b.communication:
-        return "one device: no communication."
-    rows = "".join(
-        f"<tr><td>{r['collective']} {r['buffer']}</td>"
-        f"<td style='text-align:right'>{B.human_bytes(r['bytes'])}</td>"
-        f"<td style='text-align:right'>x {r['times_per_step']}</td>"
-        f"<td style='text-align:right'>{B.human_bytes(r['sent_per_device'])}</td></tr>"
-        for r in b.communication)
-    return (f"<table><tr><th>ZeRO stage {c.zero} over {c.devices} devices</th><th>buffer</th>"
-            f"<th>per step</th><th>sent per device</th></tr>{rows}</table>")

@@ -93,7 +93,7 @@ def query_of(cfg: B.BudgetConfig) -> str:
 def results(cfg: B.BudgetConfig) -> dict[str, str]:
     """The page's result panels as HTML, by element id, from engine.budget and the
     widget's renderers (nothing computed here)."""
-    from widgets import budget as W
+    from widgets import budget_views as W
     try:
         b = B.budget(cfg)
     except B.BudgetError as exc:
