@@ -109,10 +109,7 @@ class MemoryRecorder(TapeObserver):
             if isinstance(x, Tensor) and x.name:
                 names[id(x.data)] = x.name
         buffers = []
-        for slot in op.saved_names:
-            value = getattr(op, slot)
-            if not isinstance(value, np.ndarray):
-                continue
+        for slot, value in op.saved_arrays():
             buf = root_buffer(value)
             key = id(buf)
             param_name = self._parameter_name(buf)

@@ -100,6 +100,13 @@ class Op:
             if key not in self.saved_names:
                 self.saved_names.append(key)
 
+    def saved_arrays(self):
+        """(slot name, array) for every saved value that is an ndarray, in saving order."""
+        for key in self.saved_names:
+            value = getattr(self, key)
+            if isinstance(value, np.ndarray):
+                yield key, value
+
     def forward(self, *inputs, **options):
         raise NotImplementedError
 

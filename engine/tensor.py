@@ -468,10 +468,7 @@ def _snapshot_caller_arrays(op, inputs) -> None:
         return
     guarded = {id(root_buffer(x.data)) for x in inputs if isinstance(x, Tensor)}
     copies = {}  # one copy per array, even when two slots saved it
-    for key in op.saved_names:
-        value = getattr(op, key)
-        if not isinstance(value, np.ndarray):
-            continue
+    for key, value in op.saved_arrays():
         memory = id(root_buffer(value))
         if memory in caller and memory not in guarded:
             if id(value) not in copies:
@@ -483,10 +480,7 @@ def _saved_versions(op, inputs, result):
     """For each saved array that is (a view of) an input's or the output's memory:
     (slot name, that tensor's version box, its version now, a label for errors)."""
     links = []
-    for key in op.saved_names:
-        value = getattr(op, key)
-        if not isinstance(value, np.ndarray):
-            continue
+    for key, value in op.saved_arrays():
         memory = root_buffer(value)
         candidates = [(i, x) for i, x in enumerate(inputs) if isinstance(x, Tensor)]
         exact = [(i, x) for i, x in candidates if x.data is value]

@@ -264,3 +264,14 @@ def test_a_tape_observer_sees_every_op_forward_and_backward():
     loss2 = F.exp(x).sum()                         # outside the block: not observed
     loss2.backward()
     assert len(log.events) == 4
+
+
+def test_an_op_lists_its_saved_arrays_and_only_those():
+    """The tape's copies, its version checks and engine.memory all walk the arrays a
+    rule saved through Op.saved_arrays: ndarrays in saving order, other values skipped."""
+    from engine.rules import Op
+    op = Op((True,))
+    x, mask = np.ones(3), np.zeros(2, dtype=bool)
+    op.save(x=x, axis=1, mask=mask)
+    assert [(k, v is {"x": x, "mask": mask}[k]) for k, v in op.saved_arrays()] == \
+        [("x", True), ("mask", True)]
