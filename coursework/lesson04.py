@@ -17,6 +17,7 @@ import numpy as np
 
 from engine.rules import Op
 
+from . import _core
 from ._core import ExerciseError, attempt, passed
 from ._restore import check_restored
 from .pieces import save_piece
@@ -671,3 +672,15 @@ def check_localize(localize) -> None:
                                       f"failing part is {want!r}. {hint}")
     passed(EX_LOCAL, "ops, then layers, then the network: the first failure names the op, "
                      "the layer where only the batch shows a bug, or None.")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"numerical_partial": EX_PARTIAL, "gradient_errors": EX_ERRORS,
+                      "spot_check": EX_SPOT, "best_step": EX_STEP, "away_from_kink": EX_FAIR,
+                      "same_mask": EX_FAIR, "localize": EX_LOCAL}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from . import _core
 from ._core import ExerciseError, attempt, passed
 
 EX_FLOPS = "07.1 (training_flops_per_token)"
@@ -336,3 +337,15 @@ def check_loss_peak(loss_peak) -> None:
     passed(EX_LOSS, f"GPT-2 small, bf16 autocast, B=8 N=1024: three fp32 [8192, 50257] "
                     f"tensors of {bm.human_bytes(8192 * 50257 * 4)} each at the peak, "
                     f"{bm.human_bytes(g.peak)} in all.")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"training_flops_per_token": EX_FLOPS, "fixed_bytes_per_parameter": EX_BYTES,
+                      "find_crossover_batch": EX_CROSS, "step_floor_and_mfu": EX_STEP,
+                      "loss_peak": EX_LOSS}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

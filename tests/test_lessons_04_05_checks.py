@@ -481,6 +481,87 @@ def test_04_6_none_when_nothing_fails():
                words=["every part passes its check here", "return None"])
 
 
+# ---------------------------------------------------------------- the notebook
+import importlib  # noqa: E402
+import re  # noqa: E402
+
+from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
+
+from coursework import _core  # noqa: E402
+from notebook_tools import (ROOT, build_course, cell_errors, cell_stdout,  # noqa: E402
+                            run_judging_unfinished_exercises)
+
+
+def _exercise_functions(stem):
+    """The functions a lesson's exercise cells ask for, and the lesson's check ids."""
+    source = (ROOT / "course" / "source" / f"{stem}.py").read_text()
+    found = set()
+    for kind, cell in build_course.parse_cells(source):
+        for chunk in re.split(r"^(?=def |class )", cell, flags=re.M):
+            name = re.match(r"def (\w+)", chunk)
+            if kind == "code" and name and "### BEGIN SOLUTION" in chunk:
+                found.add(name.group(1))
+    return found, build_course.check_ids(source)
+
+
+@pytest.mark.parametrize("stem, module", [("04_gradient_checking", "lesson04"),
+                                          ("07_training_step_budget", "lesson07")])
+def test_every_exercise_function_is_named_with_its_exercise(stem, module):
+    table = importlib.import_module(f"coursework.{module}").EXERCISE_FUNCTIONS
+    functions, checks = _exercise_functions(stem)
+    assert set(table) == functions
+    for name, exercise in table.items():
+        assert exercise.split()[0] in checks and name in exercise, (name, exercise)
+
+
+@pytest.fixture()
+def shell():
+    shell = InteractiveShell.instance()
+    yield shell
+    shell.set_custom_exc((), None)
+
+
+def test_an_unfinished_exercise_is_named_in_one_line(shell, capsys):
+    lesson04.name_unfinished_exercises()            # outside IPython: nothing happens
+    _core.name_unfinished_exercises(lesson04.EXERCISE_FUNCTIONS, shell=shell)
+    assert not shell.run_cell("rows = spot_check(1)").success
+    never_ran = capsys.readouterr().out
+    shell.run_cell("def localize(parts):\n    raise NotImplementedError()")
+    assert not shell.run_cell("print('verdicts'); localize({})").success
+    stub = capsys.readouterr().out
+    assert not shell.run_cell("some_other_name").success
+    other = capsys.readouterr().out
+    assert never_ran.count("\n") == 1 and "UnfinishedExercise" in never_ran
+    assert "finish exercise 04.3 (spot_check) first" in never_ran and "has not run" in never_ran
+    assert stub.splitlines()[0] == "verdicts" and len(stub.splitlines()) == 2
+    assert "finish exercise 04.6 (localize) first" in stub and "still the stub" in stub
+    assert "NameError" in other and "some_other_name" in other and "finish" not in other
+
+
+def test_a_stub_error_from_elsewhere_is_left_alone(shell):
+    """Only a NotImplementedError raised in the notebook's own exercise function is named."""
+    def localize(parts):
+        raise NotImplementedError()
+    try:
+        localize({})
+    except NotImplementedError as error:
+        assert _core.unfinished_exercise(error, lesson04.EXERCISE_FUNCTIONS, {}) is None
+        named = _core.unfinished_exercise(error, lesson04.EXERCISE_FUNCTIONS,
+                                          localize.__globals__)
+        assert named is not None and named.exercise == "04.6 (localize)"
+
+
+def test_lesson_04_demonstrations_run_without_the_exercises(tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path / "pieces"))
+    cells = run_judging_unfinished_exercises("04_gradient_checking",
+                                             lesson04.EXERCISE_FUNCTIONS)
+    by_text = {key: next(c for c in cells if key in c.source)
+               for key in ("def relu_sum", "fresh_seed = ", "EpsSweep(", "lesson04.check_part")}
+    for key in ("def relu_sum", "fresh_seed = ", "EpsSweep("):
+        assert not cell_errors(by_text[key]), key
+    assert "softplus" in cell_stdout(by_text["lesson04.check_part"])      # the verdicts came first
+
+
 # ================================================================ lesson 05
 import engine  # noqa: E402
 from engine import Tensor  # noqa: E402

@@ -12,6 +12,7 @@ import pytest
 from coursework import lesson06, lesson07, pieces, slots
 from engine import budget as bm
 from check_tools import fails_with
+from notebook_tools import cell_errors, cell_stdout, run_judging_unfinished_exercises
 
 
 @pytest.fixture()
@@ -324,6 +325,31 @@ def test_07_4_stub_says_not_done():
 ])
 def test_07_4_each_slip_gets_its_own_hint(wrong, words):
     fails_with(lesson07.check_step_floor_and_mfu, wrong, words=words)
+
+
+def test_07_4_asks_for_the_reasons_and_gives_no_formula():
+    """The lesson gives the quantities and the contract; the learner works out the
+    arithmetic and says why the floor is a floor and the MFU at most 1."""
+    source = (ROOT / "course" / "source" / "07_training_step_budget.py").read_text()
+    before = source[:source.index("def step_floor_and_mfu")]
+    for formula in ("floor / measured", "FLOPs / (", "step_flops / device_flops",
+                    "/ measured", "over the FLOP/s"):
+        assert formula not in before, formula
+    exercise = before[before.index("## Exercise 07.4"):]
+    for asked in ("fastest this step could possibly run", "in seconds",
+                  "share of the device's rate", "why can no real", "at most"):
+        assert asked in exercise, asked
+    after = source[source.index("# CHECK 07.4"):]
+    assert "That is why the floor is a floor" in after     # the answers come after the check
+
+
+def test_lesson_07_demonstrations_run_without_the_exercises(tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path / "pieces"))
+    cells = run_judging_unfinished_exercises("07_training_step_budget",
+                                             lesson07.EXERCISE_FUNCTIONS)
+    step = next(c for c in cells if "step_floor_and_mfu(step_flops" in c.source)
+    assert "measured step:" in cell_stdout(step)     # the measurement shows before the error
+    assert any("BudgetWidget(" in c.source and not cell_errors(c) for c in cells)
 
 
 # ------------------------------------------------------------------ 07.5

@@ -39,10 +39,11 @@ import engine
 from engine import Tensor
 import engine.functional as F
 from coursework import lesson04
-from engine.eps_sweep import predicted_best_eps, sweep_both
+from engine.eps_sweep import finite_difference, predicted_best_eps, sweep_both
 from widgets.eps_sweep import EpsSweep, plot_sweeps
 
 np.set_printoptions(precision=4, suppress=True)
+lesson04.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
 
 # %% [markdown]
 # ## The central difference, on the running example
@@ -339,6 +340,8 @@ lesson04.check_best_step(best_step)
 # difference straddles the kink and sees the average, 1/2. Neither is wrong; they are
 # different conventions at a point where the classical derivative does not exist.
 # And close to 0, within ε of the kink, the numerical slope is a blend of the two sides.
+# (This section and the next take their central differences from the engine,
+# `finite_difference(f, x, eps)`: your 04.1 for every element at once.)
 
 # %%
 def relu_sum(values):
@@ -348,10 +351,10 @@ def relu_sum(values):
 points = np.array([-0.5, -3e-7, 0.0, 3e-7, 0.5])
 t = Tensor(points.copy(), requires_grad=True)
 F.relu(t).sum().backward()
+num = finite_difference(relu_sum, points, eps=1e-6)
 print(f"{'x':>8} {'engine grad':>12} {'central diff':>13}")
 for i, p in enumerate(points):
-    num = numerical_partial(relu_sum, points, (i,), eps=1e-6)
-    print(f"{p:8.1e} {t.grad[i]:12.3f} {num:13.3f}")
+    print(f"{p:8.1e} {t.grad[i]:12.3f} {num[i]:13.3f}")
 
 # %% [markdown]
 # Away from the kink (|x| = 0.5) both agree. At 0 the check reports a relative error of 1;
@@ -390,8 +393,8 @@ def dropout_loss(values, seed):
 fresh_seed = iter(range(1000, 10_000))          # a new mask per call, as in training
 ht = Tensor(h.copy(), requires_grad=True)
 (F.dropout(ht, p=0.5, seed=7) * Tensor(weights)).sum().backward()
-seeded = numerical_partial(lambda v: dropout_loss(v, seed=7), h, (0, 1))
-unseeded = numerical_partial(lambda v: dropout_loss(v, seed=next(fresh_seed)), h, (0, 1))
+seeded = finite_difference(lambda v: dropout_loss(v, seed=7), h, eps=1e-6)[0, 1]
+unseeded = finite_difference(lambda v: dropout_loss(v, seed=next(fresh_seed)), h, eps=1e-6)[0, 1]
 print(f"engine gradient at (0, 1):              {ht.grad[0, 1]: .6f}")
 print(f"central difference, same seed:          {seeded: .6f}")
 print(f"central difference, a fresh mask twice: {unseeded: .6e}")
@@ -608,15 +611,15 @@ def localize(parts):
 lesson04.check_localize(localize)
 
 # %% [markdown]
-# Your `localize` on the lesson's network, next to the verdict of every part, in the order
-# it walks them:
+# The verdict of every part of the lesson's network, in the order the walk takes them, and
+# what your `localize` names:
 
 # %%
-print("most local failure:", localize(parts))
 for level in lesson04.LEVELS:
     for name, part in parts.items():
         if part.level == level:
             print(f"   {level:8} {name:14} {verdict(lesson04.check_part(part))}")
+print("most local failure, by your localize:", localize(parts))
 
 # %% [markdown]
 # Three checks fail, and only one of them says where to look. The network and the `hidden`

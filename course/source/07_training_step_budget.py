@@ -11,7 +11,7 @@
 # 4. with recompute: how much memory it saves and how many FLOPs it adds; with gradient
 #    accumulation: more tokens per step for no extra memory;
 # 5. and you will compare the prediction with what our engine measures: the bytes, and the
-#    step time, whose floor / measured ratio is the MFU (exercise 07.4);
+#    step time against the fastest this machine allows (exercise 07.4);
 # 6. then with what a real framework's step holds on a GPU: Hugging Face transformers keeps
 #    the loss's [B·N, V] tensors in fp32, autocast's copies, every small op's input, and
 #    peaks inside the backward (exercise 07.5).
@@ -35,6 +35,8 @@ import matplotlib.pyplot as plt
 from engine import budget as bm
 from coursework import lesson07
 from widgets.budget import BudgetWidget
+
+lesson07.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
 
 # %% [markdown]
 # ## FLOPs: the 6N rule
@@ -360,22 +362,28 @@ for changes, m in zip(SHAPES, measured):
 #
 # ## Predicted against measured: the step time
 #
-# The calculator's step time is the step's FLOPs over the FLOP/s the device really delivers:
-# `FLOPs / (mfu × R)`, with R the device's dense FLOP/s and `mfu` (model FLOP utilization)
-# the fraction of it a real run reaches. With `mfu = 1` the prediction is the fastest a step
-# could possibly be, a *floor*: no step of a model beats the machine's own best matmul.
-# Measure a real step and the ratio floor / measured is the MFU that code reached, the
-# number the `mfu` knob stands for.
+# The calculator also predicts how long a step takes, from two numbers: the step's FLOPs
+# (07.1's count, times the tokens of a step) and the device's dense rate in FLOP/s, the
+# rate of its own best large matmul. Real code does not keep a device that busy: small
+# products, memory traffic, one op waiting for the next. The calculator's `mfu` knob (*model
+# FLOP utilization*) stands for how close a run comes to that rate.
 #
 # ## Exercise 07.4 · The floor of a step, and the MFU a measured step reached
 #
-# Write `step_floor_and_mfu(step_flops, device_flops, measured_seconds)`: return the pair
-# (the floor in seconds, the MFU as a fraction). Before you run the cell after the check,
-# predict: our tape engine runs op by op in numpy, with many small products and a Python
-# call per op; will its MFU on this CPU be near 1, near 0.5, or well below? The cell then
-# measures the tiny model's step (B=4) on one thread, against this machine's float32 matmul
-# rate measured the same way (`bm.this_machine()`), so that a busy machine slows both alike,
-# and runs your function on the measurement.
+# Write `step_floor_and_mfu(step_flops, device_flops, measured_seconds)`, given a step's
+# FLOPs, the device's FLOP/s and a step's measured time in seconds. Return the pair:
+#
+# 1. the fastest this step could possibly run on that device, in seconds;
+# 2. the share of the device's rate that the measured step reached, as a fraction (its MFU).
+#
+# The units tell you the arithmetic. Before you write it, answer on paper: why can no real
+# step run faster than the first number, whatever its code does? Why is the second at most
+# 1, and how would you read a measurement that gave more than 1? Then predict, before you
+# run the cell after the check: our tape engine runs op by op in numpy, with many small
+# products and a Python call per op; will its MFU on this CPU be near 1, near 0.5, or well
+# below? That cell measures the tiny model's step (B=4) on one thread, against this
+# machine's float32 matmul rate measured the same way (`bm.this_machine()`), so that a busy
+# machine slows both alike, and runs your function on the measurement.
 
 # %%
 def step_floor_and_mfu(step_flops, device_flops, measured_seconds):
@@ -404,18 +412,27 @@ with fixed_threads(1):
     machine = bm.this_machine()
     measured_step = median_seconds(lambda: model(ids, ids).backward(), 3, warmup=1)
 step_flops = bm.flops(step_cfg)["per_step"]["total"]
+print(f"{step_cfg.name}, B=4: {bm.human_flops(step_flops)} per step; this machine's float32 "
+      f"matmul: {bm.human_flops(machine['device_flops'])}/s; "
+      f"measured step: {bm.human_seconds(measured_step)}")
 floor, tape_mfu = step_floor_and_mfu(step_flops, machine["device_flops"], measured_step)
 # your floor is the calculator's step time at MFU 1 (one piece of arithmetic, two callers)
 assert abs(floor - bm.budget(step_cfg.with_(mfu=1.0, **machine)).device.step_seconds) <= 1e-9 * floor
-print(f"{step_cfg.name}, B=4: {bm.human_flops(step_flops)} per step; this machine's float32 "
-      f"matmul: {bm.human_flops(machine['device_flops'])}/s")
-print(f"floor (MFU 1): {bm.human_seconds(floor)}; measured: {bm.human_seconds(measured_step)}; "
-      f"our tape engine's MFU: {tape_mfu:.2f}")
+print(f"floor: {bm.human_seconds(floor)}; our tape engine's MFU: {tape_mfu:.2f}")
 # the claim: the floor is a floor (with a margin for a machine busy while the matmul rate
 # was measured)
 assert measured_step > 0.5 * floor
 
 # %% [markdown]
+# The answers to the questions on paper. A step has to do all its FLOPs and the device does
+# at most its rate of them per second, so step_flops / device_flops seconds is the least a
+# step can take; everything else code does (waiting, moving memory, Python) only adds to it.
+# That is why the floor is a floor. The MFU is the rate the step reached,
+# step_flops / measured, over the device's rate: the floor over the measured time, at most 1
+# because no step beats the floor. A value above 1 says the premise is wrong, not the code
+# fast: the device's rate was measured low (a busy machine), or the step's FLOPs are counted
+# high (the full attention matrix for a kernel that skips the masked half).
+#
 # On this CPU the tape engine typically lands well below 1: every op is a separate numpy
 # call that reads and writes its arrays, and the small products of a tiny model run far from
 # the rate of one large matmul. Lesson 13 puts its fused trainer on the same comparison. For a large model on a GPU, an
