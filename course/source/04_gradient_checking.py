@@ -297,6 +297,9 @@ for name, s in sweeps.items():
 # Drag ε and read the error it gives in each precision, and which error dominates there.
 # Switch to forward differences and watch the right arm's slope drop from 2 to 1 and the
 # valley rise; change the function, or the range of ε plotted.
+#
+# The widget needs none of your exercises: if *Run All* stopped at a check above, click into
+# the cell below and run it on its own.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

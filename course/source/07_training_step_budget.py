@@ -163,6 +163,9 @@ lesson07.check_fixed_bytes_per_parameter(fixed_bytes_per_parameter)
 # reference GPT at the shape on screen (when it is small enough) and shows the measured
 # bytes beside the prediction. Invalid settings (try N=2048 on GPT-2's 1024 positions) say
 # what is wrong instead of failing.
+#
+# The widget needs none of your exercises: if *Run All* stopped at a check above, click into
+# the cell below and run it on its own.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
