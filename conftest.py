@@ -7,8 +7,9 @@ one. Two things would make honest notebooks fail, so we adjust narrowly:
   timings; every other printed number is compared exactly.
 Passed exercises are saved as pieces; under pytest they go to a temporary
 folder, even when BACKPROP_PIECES_DIR is set, so tests never touch the
-learner's own pieces. OpenMP
-threads wait passively, since the two test workers share the cores.
+learner's own pieces. OpenMP threads wait asleep, not spinning (two test workers
+share the cores), because engine/numba_config.py asks for it wherever the engine is
+imported, and the lessons import it first.
 """
 import os
 import tempfile
@@ -27,9 +28,6 @@ def pytest_configure(config):
     if "PYTEST_XDIST_WORKER" not in os.environ or "BACKPROP_PIECES_DIR" not in os.environ:
         os.environ["BACKPROP_PIECES_DIR"] = tempfile.mkdtemp(prefix="backprop-pieces-")
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    # Two test workers share two cores: OpenMP threads that spin while they
-    # wait would steal the other worker's core (a 0.2 ms kernel took 14 ms).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_collection_modifyitems(session, config, items):

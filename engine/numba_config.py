@@ -27,6 +27,9 @@ engine/trainer/kernels/ of the fused trainer), in one place, set once on import.
 * Stale caches: numba checks a cached kernel against its own file only, so
   `drop_stale_caches` deletes the engine's cached machine code whenever any
   engine source changed (a hash kept beside the caches).
+* Idle threads sleep instead of spinning (`_quiet_idle_threads`) unless the
+  user chose: the one place the project sets OMP_WAIT_POLICY; the tests, the
+  lessons and the trainer's processes get it by importing the engine.
 * Threads: the `omp` threading layer starts a parallel loop in about 2 us
   against about 70 us for numba's own `workqueue`; with dozens of parallel
   loops per training step that difference is visible, so we ask for it when

@@ -34,11 +34,12 @@
 # before they start.
 
 # %%
-import os
-# numba's threads wait for work *passively* (asleep, not spinning). On a machine shared with
-# other programs, spinning threads steal the very cores the other threads need, and a small
+# The engine's numba set-up (engine/numba_config.py) comes first: it makes numba's threads
+# wait for work *passively* (asleep, not spinning) unless you set OMP_WAIT_POLICY yourself,
+# and it has to do so before numba starts its threads. On a machine shared with other
+# programs, spinning threads steal the very cores the other threads need, and a small
 # parallel kernel can take a scheduler time slice (milliseconds) instead of microseconds.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+import engine.numba_config  # noqa: F401
 
 import math
 import time

@@ -25,8 +25,7 @@
 # CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
-import os
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")   # see lesson 10: threads wait asleep
+import engine.numba_config  # noqa: F401  (first: numba's threads wait asleep, see lesson 10)
 
 import re
 

@@ -30,10 +30,10 @@
 # CONTRIBUTING.md, "Exercise <-> slot".)
 
 # %%
-import os
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")   # see lesson 10: threads wait asleep
+import engine.numba_config  # noqa: F401  (first: numba's threads wait asleep, see lesson 10)
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -549,8 +549,7 @@ DEMO_DIR = Path(tempfile.mkdtemp(prefix="dp-demo-"))
 DP_SCRIPT = DEMO_DIR / "dp_demo.py"
 
 # %%
-%%writefile $DP_SCRIPT
-# NBVAL_IGNORE_OUTPUT
+DP_SCRIPT.write_text('''\
 """Data parallelism on MPI, measured on the engine's GPT.
 
 Run: mpiexec -n 2 python dp_demo.py result.json
@@ -681,6 +680,8 @@ if rank == 0:
             "every_vs_last": float(np.abs(every - last).max()) / scale,
             "parallel_vs_single": float(np.abs(last - single.grads.flat).max()) / scale,
         }, f)
+''')
+print(f"wrote {DP_SCRIPT.name}")
 
 # %% [markdown]
 # Without MPI the same two claims can still be checked inside this process: the engine's

@@ -47,3 +47,21 @@ def test_a_child_gets_the_users_environment_without_the_engines_defaults():
         engine_sees, child_gets, other = json.loads(out)
         assert engine_sees == (chosen or "PASSIVE")
         assert child_gets == chosen and other == "kept"
+
+
+def test_one_module_owns_the_idle_threads_setting():
+    """OMP_WAIT_POLICY is set in engine/numba_config.py alone; the lessons that run
+    numba's threads import that module in their first code cell, before numba."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    setting = re.compile(r"""(setdefault\(|environ\[)\s*["']OMP_WAIT_POLICY["']""")
+    sources = [p for folder in ("engine", "coursework", "widgets", "tools", "course/source")
+               for p in (root / folder).rglob("*.py")] + [root / "conftest.py"]
+    setters = sorted(str(p.relative_to(root)) for p in sources if setting.search(p.read_text()))
+    assert setters == [], f"OMP_WAIT_POLICY set outside engine/numba_config.py: {setters}"
+    assert "_set_default(\"OMP_WAIT_POLICY\"" in (root / "engine" / "numba_config.py").read_text()
+    for lesson in sorted((root / "course" / "source").glob("1[0-3]_*.py")):
+        first_cell = lesson.read_text().split("\n# %%\n")[1]
+        imports = [line for line in first_cell.splitlines() if line.startswith("import ")]
+        assert imports[0].startswith("import engine.numba_config"), (lesson.name, imports[:2])
