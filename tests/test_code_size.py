@@ -19,7 +19,6 @@ LONG_FUNCTIONS = {
     "coursework/lesson08.py:check_accumulate": "one exercise's check, to be split",
     "coursework/lesson08.py:check_checkpointed_backward": "one exercise's check, to be split",
     "coursework/lesson11.py:check_embedding_backward": "one exercise's check, to be split",
-    "engine/budget/config.py:validate": "one test per knob, each with its own message",
 }
 
 

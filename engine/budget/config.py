@@ -139,6 +139,22 @@ class BudgetConfig:
 
     def validate(self) -> "BudgetConfig":
         """Return self, or raise BudgetError naming the knob, its value and the fix."""
+        self._validate_numbers()
+        self._validate_shape()
+        self._validate_device()
+        if self.recompute == "selective" and self.activation_model == "rule":
+            raise BudgetError(
+                "recompute='selective' needs to know which tensors belong to the attention "
+                "core, and the rule of thumb ('rule') does not; choose activation_model "
+                "'transformer', or recompute 'none' or 'full'.")
+        if self.activation_model in REAL_STEP_MODELS:
+            self._validate_real_step()
+        if self.activation_model == "engine":
+            self._validate_engine()
+        return self
+
+    def _validate_numbers(self) -> None:
+        """Sizes are whole numbers; every choice is one of its allowed values."""
         positive = ("n_layer", "d_model", "n_head", "vocab_size", "micro_batch",
                     "seq_len", "accumulation", "tensors_per_layer", "devices")
         for knob in positive:
@@ -152,17 +168,6 @@ class BudgetConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise BudgetError(f"{knob}={value!r} is not allowed: it must be a "
                                   f"positive whole number, or 0 for the default.")
-        if self.d_head and self.architecture != "llama":
-            raise BudgetError(
-                f"d_head={self.d_head}: a GPT-2 block splits its width evenly among its "
-                f"heads; a head size of its own is a LLaMA setting (architecture 'llama'), "
-                f"or set d_head to 0.")
-        if self.d_model % self.n_head and not self.d_head:
-            divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
-            raise BudgetError(
-                f"n_head={self.n_head} does not divide d_model={self.d_model}: every head "
-                f"gets an equal share of the width. Allowed head counts for d_model="
-                f"{self.d_model} include {divisors}.")
         for knob, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                               ("activation_model", ACTIVATION_MODELS),
                               ("recompute", RECOMPUTE), ("architecture", ARCHITECTURES),
@@ -174,6 +179,25 @@ class BudgetConfig:
         if isinstance(self.zero, bool):
             raise BudgetError(f"zero={self.zero!r} is not allowed: it must be a ZeRO stage, "
                               f"0, 1, 2 or 3.")
+        if (isinstance(self.mfu, bool) or not isinstance(self.mfu, numbers.Real)
+                or not 0 < self.mfu <= 1):
+            raise BudgetError(f"mfu={self.mfu!r} is not allowed: it is the fraction of the "
+                              f"device's FLOP/s a step achieves, above 0 and at most 1 "
+                              f"(0.4 is typical of large training runs).")
+
+    def _validate_shape(self) -> None:
+        """Heads divide the width, key/value heads the heads, the sequence fits."""
+        if self.d_head and self.architecture != "llama":
+            raise BudgetError(
+                f"d_head={self.d_head}: a GPT-2 block splits its width evenly among its "
+                f"heads; a head size of its own is a LLaMA setting (architecture 'llama'), "
+                f"or set d_head to 0.")
+        if self.d_model % self.n_head and not self.d_head:
+            divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
+            raise BudgetError(
+                f"n_head={self.n_head} does not divide d_model={self.d_model}: every head "
+                f"gets an equal share of the width. Allowed head counts for d_model="
+                f"{self.d_model} include {divisors}.")
         if self.block_size and self.block_size < self.seq_len:
             what = ("number of learned positions" if self.architecture == "gpt2"
                     else "context length the model was trained for")
@@ -192,11 +216,8 @@ class BudgetConfig:
                 f"n_kv_head={self.n_kv_head}: GPT-2 blocks keep one key/value head per "
                 f"head; choose architecture 'llama' for grouped-query attention, or set "
                 f"n_kv_head to 0.")
-        if (isinstance(self.mfu, bool) or not isinstance(self.mfu, numbers.Real)
-                or not 0 < self.mfu <= 1):
-            raise BudgetError(f"mfu={self.mfu!r} is not allowed: it is the fraction of the "
-                              f"device's FLOP/s a step achieves, above 0 and at most 1 "
-                              f"(0.4 is typical of large training runs).")
+
+    def _validate_device(self) -> None:
         if not isinstance(self.device, str):
             raise BudgetError(f"device={self.device!r} must be a device name.")
         if (self.device not in DEVICES and self.device != "none"
@@ -205,36 +226,30 @@ class BudgetConfig:
                 f"device={self.device!r} is not a known device ({', '.join(DEVICES)}); "
                 f"name one of those, or give both device_memory (bytes) and "
                 f"device_flops (FLOP/s) for your own.")
-        if self.recompute == "selective" and self.activation_model == "rule":
+
+    def _validate_engine(self) -> None:
+        """The engine's reference GPT is one model: GPT-2, tied, 4d MLP, no dropout."""
+        if self.attention != "standard":
             raise BudgetError(
-                "recompute='selective' needs to know which tensors belong to the attention "
-                "core, and the rule of thumb ('rule') does not; choose activation_model "
-                "'transformer', or recompute 'none' or 'full'.")
-        if self.activation_model in REAL_STEP_MODELS:
-            self._validate_real_step()
-        if self.activation_model == "engine":
-            if self.attention != "standard":
-                raise BudgetError(
-                    "the engine's reference GPT keeps its attention probabilities "
-                    "(standard attention); with activation_model='engine' set attention "
-                    "'standard'.")
-            if self.architecture != "gpt2":
-                raise BudgetError(
-                    "the engine's reference GPT is a GPT-2 style model; with "
-                    "activation_model='engine' set architecture 'gpt2'.")
-            if self.dropout:
-                raise BudgetError(
-                    "the engine's reference GPT has no dropout; with activation_model="
-                    "'engine' set dropout off.")
-            if self.d_ff and self.d_ff != 4 * self.d_model:
-                raise BudgetError(
-                    f"the engine's reference GPT has an MLP of width 4*d_model="
-                    f"{4 * self.d_model}, not d_ff={self.d_ff}; set d_ff to 0 or "
-                    f"{4 * self.d_model}.")
-            if not self.tied_embedding:
-                raise BudgetError("the engine's reference GPT ties its output head to the "
-                                  "token embedding; set tied_embedding=True.")
-        return self
+                "the engine's reference GPT keeps its attention probabilities "
+                "(standard attention); with activation_model='engine' set attention "
+                "'standard'.")
+        if self.architecture != "gpt2":
+            raise BudgetError(
+                "the engine's reference GPT is a GPT-2 style model; with "
+                "activation_model='engine' set architecture 'gpt2'.")
+        if self.dropout:
+            raise BudgetError(
+                "the engine's reference GPT has no dropout; with activation_model="
+                "'engine' set dropout off.")
+        if self.d_ff and self.d_ff != 4 * self.d_model:
+            raise BudgetError(
+                f"the engine's reference GPT has an MLP of width 4*d_model="
+                f"{4 * self.d_model}, not d_ff={self.d_ff}; set d_ff to 0 or "
+                f"{4 * self.d_model}.")
+        if not self.tied_embedding:
+            raise BudgetError("the engine's reference GPT ties its output head to the "
+                              "token embedding; set tied_embedding=True.")
 
     @property
     def autocast(self) -> bool:
