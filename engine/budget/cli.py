@@ -7,7 +7,8 @@ import re
 import sys
 
 from .config import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BudgetConfig, BudgetError,
-                     GRAD_PRECISIONS, OPTIMIZERS, PRECISIONS, PRESET_NAMES, RECOMPUTE, preset)
+                     GRAD_PRECISIONS, OPTIMIZERS, PRECISIONS, PRESET_NAMES, REAL_STEP_MODELS,
+                     RECOMPUTE, preset)
 from .devices import DEVICES, this_machine
 from .hf import config_from_hf, read_hf_config
 from .total import budget
@@ -153,20 +154,18 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
                 f"{data.get('model_type')!r}; leave out --arch (the file says the "
                 f"architecture).")
         cfg = config_from_hf(data, source=args.hf_config, **changes)
-    elif args.preset is None and set(changes) & _SHAPE_FIELDS:
-        # A shape of your own: the default preset's limits (128 positions, the
-        # engine's own GPT) belong to its tiny model, not to yours.
-        start = {"block_size": 0, "activation_model": "transformer"}
-        cfg = preset("tiny", **{**start, **changes})
     else:
         start = preset(args.preset or "tiny")
-        if changes.get("architecture", start.architecture) != start.architecture:
-            # Another block than the preset's: its position table (a limit of learned
-            # positions) and the engine's own GPT-2 model do not carry over.
+        # The starting model's limits (its learned positions, the engine's own GPT-2
+        # model) belong to it, not to a shape of your own (no preset named) or to
+        # another block than the preset's.
+        own_shape = args.preset is None and set(changes) & _SHAPE_FIELDS
+        other_block = changes.get("architecture", start.architecture) != start.architecture
+        if own_shape or other_block:
             changes = {"block_size": 0, **changes}
             if start.activation_model == "engine":
                 changes = {"activation_model": "transformer", **changes}
-        cfg = preset(args.preset or "tiny", **changes)
+        cfg = start.with_(**changes)
     if args.device == THIS_MACHINE_FLAG:  # measured only once the rest is known to be valid
         measured = this_machine()
         cfg = cfg.with_(**{**measured, **{k: changes[k] for k in
@@ -204,7 +203,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         b = budget(config_from_args(args))
-        if args.measure and b.config.activation_model not in ("pytorch", "hf"):
+        if args.measure and b.config.activation_model not in REAL_STEP_MODELS:
             raise BudgetError(f"--measure torch runs a PyTorch step, so it needs --activations "
                               f"pytorch or hf, not {b.config.activation_model}.")
         comparison = measured_beside_predicted(b.config) if args.measure else None
@@ -228,17 +227,17 @@ def main(argv=None) -> int:
 def measured_beside_predicted(cfg: BudgetConfig) -> dict:
     """Run the step in PyTorch (see engine.budget.torch_step) and predict the
     very step that ran, on the device it ran on."""
+    from .counts import fixed_bytes
     from .real_step import real_step_activations
     from .torch_step import measure_step
     print("measuring: building the model in PyTorch and running two training steps ...",
           file=sys.stderr, flush=True)
     m = measure_step(cfg)
-    predicted = budget(m.config)
+    fixed = fixed_bytes(m.config)      # the step ran on one device: nothing sharded
     acts = real_step_activations(m.config, device=m.device)
-    fixed = predicted.fixed_total
-    rows = {"weights": (predicted.fixed["weights"], m.weights),
+    rows = {"weights": (fixed["weights"], m.weights),
             "activations": (acts.saved, m.activations),
-            "peak": (fixed + acts.peak, m.peak),
+            "peak": (sum(fixed.values()) + acts.peak, m.peak),
             "peak_first_step": (acts.step.first_step_peak_moment.bytes, m.peak_first_step)}
     return {"device": m.device, "config": {"micro_batch": m.config.micro_batch,
                                           "seq_len": m.config.seq_len,
@@ -253,8 +252,9 @@ def describe_comparison(comparison: dict) -> str:
     c = comparison["config"]
     lines = [f"measured with PyTorch on {comparison['device']}: B={c['micro_batch']} "
              f"N={c['seq_len']} L={c['n_layer']} {c['precision']}"
-             + (" (scaled down from the budget's shape to run on the CPU; the prediction "
-                "below is for this shape)" if comparison["scaled_down"] else ""),
+             + (" (not the budget's shape: one device, and on the CPU scaled down; the "
+                "prediction below is for the step that ran)" if comparison["scaled_down"]
+                else ""),
              f"  {'':<18}{'predicted':>12}{'measured':>12}{'ratio':>8}"]
     for what, row in comparison["rows"].items():
         ratio = row["predicted"] / row["measured"] if row["measured"] else float("nan")

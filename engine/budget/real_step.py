@@ -21,7 +21,7 @@ allocator (`engine.budget.torch_step` measures the same step):
 4. The peak is a moment, not a sum. It is the largest of: the loss at the
    end of the forward (logits, their fp32 copy, the autocast cache), the
    loss's backward (two more [B*T, V] tensors), the backward of the first
-   block when blocks are recomputed (every gradient but one block's), and
+   block when blocks are recomputed (the gradients and one rebuilt block), and
    the optimizer step (AdamW's temporaries). AdamW's state exists from the
    first `step()`, so the first step peaks lower than the steady state.
 

@@ -130,13 +130,11 @@ def describe_peak(b: Budget) -> list[str]:
     """A real step's peak: when it happens and the largest things alive then."""
     step = b.activations.step
     m, first = step.peak_moment, step.first_step_peak_moment
-    lines = [f"  {'peak of the step':<22}{human_bytes(m.bytes):>12}   (steady state)",
-             f"  {'peak of step 1':<22}{human_bytes(first.bytes):>12}   "
-             f"(before the optimizer state exists)" if first.name != "the optimizer step"
-             else f"  {'peak of step 1':<22}{human_bytes(first.bytes):>12}   "
-                  f"(in its optimizer step)",
-             f"peak       during {m.name}: {_terms(m.alive)}"]
-    return lines
+    when = ("in its optimizer step" if first.name == "the optimizer step"
+            else "before the optimizer state exists")
+    return [f"  {'peak of the step':<22}{human_bytes(m.bytes):>12}   (steady state)",
+            f"  {'peak of step 1':<22}{human_bytes(first.bytes):>12}   ({when})",
+            f"peak       during {m.name}: {_terms(m.alive)}"]
 
 
 def describe_breakdown(b: Budget) -> str:

@@ -162,7 +162,8 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
         raise BudgetError(missing)
     import torch
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    run = cfg if device == "cuda" else cpu_shape(cfg)
+    # one process measures one device: no data-parallel replicas, nothing sharded
+    run = cfg.with_(devices=1, zero=0) if device == "cuda" else cpu_shape(cfg)
     torch.manual_seed(seed)
     model = _hf_model(run) if run.activation_model == "hf" else _plain_model(run)
     model.to(device).train()
