@@ -153,21 +153,7 @@ def test_no_import_cycle_among_engine_modules():
     edges = {n: {d for d in deps if not (d.startswith(n + ".") and n != "engine")}
              for n, deps in edges.items()}
     edges["engine"] = set()       # the top package re-exports; modules import it lazily
-    state: dict[str, int] = {}
-
-    def visit(node, path):
-        state[node] = 1
-        for dep in sorted(edges.get(node, ())):
-            if state.get(dep) == 1:
-                cycle = path[path.index(dep):] + [dep]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if dep not in state:
-                visit(dep, path + [dep])
-        state[node] = 2
-
-    for name in sorted(edges):
-        if name not in state:
-            visit(name, [name])
+    _assert_acyclic(edges)
 
 
 def test_the_checks_are_outside_the_library():
