@@ -139,6 +139,14 @@ def format_memory(r: dict) -> list[str]:
     return lines
 
 
+def _sgemm_share_and_wait(c: dict, o: dict, sgemm: float) -> tuple[str, str]:
+    """Our step's share of the machine's sgemm rate, and the replicas' waiting
+    share of the step (none with one replica), as a table shows them."""
+    share = f"{o['gflops'] / sgemm:.0%}" if sgemm else "-"
+    wait = f"{o['wait_ms_per_step'] / o['ms_per_step']:.0%}" if c["replicas"] > 1 else "-"
+    return share, wait
+
+
 def format_table(reports: list[dict]) -> str:
     """One line per shape: ours and PyTorch's ms/step (median, quartiles), tokens/s,
     GFLOP/s, the share of the machine's sgemm rate, the ratios (paired rounds and
@@ -153,8 +161,7 @@ def format_table(reports: list[dict]) -> str:
     sgemm = machine_ceiling(reports)
     for r in reports:
         c, o, t = r["config"], r["ours"], r["torch"]
-        share = f"{o['gflops'] / sgemm:.0%}" if sgemm else "-"
-        wait = f"{o['wait_ms_per_step'] / o['ms_per_step']:.0%}" if c["replicas"] > 1 else "-"
+        share, wait = _sgemm_share_and_wait(c, o, sgemm)
         line = (f"{r.get('shape', ''):>{w}}{c['batch_size']:>4}{c['block_size']:>6}"
                 f"{c['n_layer']:>3}{c['n_head']:>3}{c['n_embd']:>5} |{q(o['spread']):>20}"
                 f"{o['tokens_per_s']:>8,.0f}{o['gflops']:>8.1f}{share:>6}{wait:>5} |")
@@ -214,8 +221,7 @@ def format_scaling(reports: list[dict]) -> str:
     sgemm = machine_ceiling(reports)
     for r in reports:
         c, o, t = r["config"], r["ours"], r["torch"]
-        share = f"{o['gflops'] / sgemm:.0%}" if sgemm else "-"
-        wait = f"{o['wait_ms_per_step'] / o['ms_per_step']:.0%}" if c["replicas"] > 1 else "-"
+        share, wait = _sgemm_share_and_wait(c, o, sgemm)
         line = (f"{r.get('shape', 'B=' + str(c['batch_size'])):>{w}}{c['threads']:>8}  "
                 f"{_plan_words(c):<18}|{o['ms_per_step']:>13.1f}{o['tokens_per_s']:>9,.0f}"
                 f"{share:>6}{wait:>5} |")
