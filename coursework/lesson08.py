@@ -42,9 +42,14 @@ def _close(a, b, rtol=1e-9) -> bool:
 
 
 # ------------------------------------------------------------------ 08.1
-def check_accumulate(accumulate) -> None:
-    """accumulate(model, micro_batches) must leave in every p.grad the gradient
-    of the mean loss over all micro-batches, and return that mean loss."""
+#: What an earlier step left in every .grad before the learner's loop runs.
+_STALE = 0.5
+
+
+def _accumulate_case():
+    """The batch of 6 split into K=3 micro-batches, and what a right loop gives: the
+    full batch's mean loss and gradients, the last micro-batch's gradients alone, and the
+    activation peak of one micro-batch's forward + backward."""
     cfg, params = _tiny_gpt()
     rng = np.random.default_rng(1)
     ids = rng.integers(0, cfg.vocab_size, (6, cfg.block_size))
@@ -54,63 +59,65 @@ def check_accumulate(accumulate) -> None:
     want_loss = accumulate_gradients(reference.parameters(), lambda b: reference(*b),
                                      [(ids, targets)])
     want = reference.grads()
-    last = nn.GPT(cfg, params)   # the gradient of the last micro-batch alone
+    last = nn.GPT(cfg, params)
     micro = split_batch(ids, targets, K)
     last(*micro[-1]).backward()
-    last_only = last.grads()
-
-    model = nn.GPT(cfg, params)
-    stale = 0.5
-    for p in model.parameters().values():   # what an earlier step left behind
-        p.grad = np.full(p.shape, stale)
-    one = nn.GPT(cfg, params)   # the activation peak of one micro-batch's forward + backward
+    one = nn.GPT(cfg, params)
     with memory.record() as one_mem:
         (one(*micro[0]) / K).backward()
-    with memory.record() as mem:
-        loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
-    got = model.grads()
+    return cfg, params, micro, K, want_loss, want, last.grads(), one_mem.peak_bytes
 
+
+def _check_accumulated_gradients(got, want, last_only, K) -> None:
+    """Every gradient is the full batch's; if not, name the typical wrong loop by its numbers."""
     missing = [k for k, g in got.items() if g is None]
     if missing:
         raise ExerciseError(EX_ACCUMULATE, f"after your loop {missing[0]} has no gradient "
                             f"(.grad is None). Zero the gradients once, before the loop, then "
                             f"call backward for every micro-batch.")
-    names = list(want)
 
     def all_close(scale=1.0, shift=0.0, ref=want):
-        return all(_close(got[k], scale * ref[k] + shift) for k in names)
+        return all(_close(got[k], scale * ref[k] + shift) for k in want)
 
-    if not all_close():
-        if all_close(K):
-            raise ExerciseError(EX_ACCUMULATE, f"every gradient is exactly {K} times the "
-                                f"full-batch gradient, the missing /K: .grad adds the {K} "
-                                f"micro-batch gradients, so backpropagate loss / K (K = number "
-                                f"of micro-batches) to turn their sum into a mean.")
-        if all_close(1.0, stale) or all_close(K, stale):
-            raise ExerciseError(EX_ACCUMULATE, "the gradients still contain what was in .grad "
-                                "before your loop (stale gradients). Call zero_grad() on every "
-                                "parameter (or on the model) once, before the first micro-batch.")
-        if all_close(1.0 / K):
-            raise ExerciseError(EX_ACCUMULATE, f"every gradient is 1/{K} of the full-batch "
-                                f"gradient: you divided by K twice (each micro-batch loss is "
-                                f"already a mean over its own examples; divide by K once).")
-        if all_close(1.0 / K, ref=last_only) or all_close(1.0, ref=last_only):
-            raise ExerciseError(EX_ACCUMULATE, "the gradients are those of the last micro-batch "
-                                "only: zeroing inside the loop throws away the earlier ones. "
-                                "Zero once, before the loop.")
-        raise ExerciseError(EX_ACCUMULATE, "the gradients differ from the full-batch gradient. "
-                            "Hint: zero once; for each micro-batch run the forward, divide its "
-                            "loss by K and call backward; do not zero or step inside the loop.")
-    if mem.peak_bytes > 1.5 * one_mem.peak_bytes:
+    if all_close():
+        return
+    if all_close(K):
+        raise ExerciseError(EX_ACCUMULATE, f"every gradient is exactly {K} times the "
+                            f"full-batch gradient, the missing /K: .grad adds the {K} "
+                            f"micro-batch gradients, so backpropagate loss / K (K = number "
+                            f"of micro-batches) to turn their sum into a mean.")
+    if all_close(1.0, _STALE) or all_close(K, _STALE):
+        raise ExerciseError(EX_ACCUMULATE, "the gradients still contain what was in .grad "
+                            "before your loop (stale gradients). Call zero_grad() on every "
+                            "parameter (or on the model) once, before the first micro-batch.")
+    if all_close(1.0 / K):
+        raise ExerciseError(EX_ACCUMULATE, f"every gradient is 1/{K} of the full-batch "
+                            f"gradient: you divided by K twice (each micro-batch loss is "
+                            f"already a mean over its own examples; divide by K once).")
+    if all_close(1.0 / K, ref=last_only) or all_close(1.0, ref=last_only):
+        raise ExerciseError(EX_ACCUMULATE, "the gradients are those of the last micro-batch "
+                            "only: zeroing inside the loop throws away the earlier ones. "
+                            "Zero once, before the loop.")
+    raise ExerciseError(EX_ACCUMULATE, "the gradients differ from the full-batch gradient. "
+                        "Hint: zero once; for each micro-batch run the forward, divide its "
+                        "loss by K and call backward; do not zero or step inside the loop.")
+
+
+def _check_accumulation_peak(peak: int, one_peak: int, K: int) -> None:
+    """The loop frees each micro-batch's graph before the next forward."""
+    if peak > 1.5 * one_peak:
         raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but the activation peak "
-                            f"of your loop is {mem.peak_bytes:,} bytes, "
-                            f"{mem.peak_bytes / one_mem.peak_bytes:.1f} times the "
-                            f"{one_mem.peak_bytes:,} bytes of one micro-batch: the graphs of "
+                            f"of your loop is {peak:,} bytes, {peak / one_peak:.1f} times the "
+                            f"{one_peak:,} bytes of one micro-batch: the graphs of "
                             f"all {K} micro-batches were alive at once (a sum of the losses "
                             f"with one backward at the end, or losses kept in a list). That "
                             f"saves no memory over the full batch. Call backward on each "
                             f"micro-batch's loss / K inside the loop, so its graph is freed "
                             f"before the next forward; keep only loss.item().")
+
+
+def _check_mean_loss(loss, want_loss: float, K: int) -> None:
+    """The loop returns the mean of the micro-batch losses, as a number."""
     try:
         loss = float(loss)
     except (TypeError, ValueError):
@@ -123,7 +130,11 @@ def check_accumulate(accumulate) -> None:
         raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but the returned loss "
                             f"{loss:.6g} is not the mean loss {want_loss:.6g}. Add up "
                             f"loss.item() of every micro-batch and divide by K.")
-    try:   # lesson 13 runs the loop on the fused model, through a thin view of it
+
+
+def _check_through_fused_view(accumulate) -> None:
+    """Lesson 13 runs the loop on the fused model, through a thin view of it."""
+    try:
         check_accumulate_through_view(accumulate)
     except SlotError as err:
         if "attribute 'parameters'" in str(err) or "attribute 'grad'" in str(err):
@@ -136,6 +147,21 @@ def check_accumulate(accumulate) -> None:
                             f"13 runs it on the fused model, through a view that offers only "
                             f"what the exercise's contract lists, and there it fails: {err}. "
                             f"Hint: {hint}.") from None
+
+
+def check_accumulate(accumulate) -> None:
+    """accumulate(model, micro_batches) must leave in every p.grad the gradient
+    of the mean loss over all micro-batches, and return that mean loss."""
+    cfg, params, micro, K, want_loss, want, last_only, one_peak = _accumulate_case()
+    model = nn.GPT(cfg, params)
+    for p in model.parameters().values():
+        p.grad = np.full(p.shape, _STALE)
+    with memory.record() as mem:
+        loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
+    _check_accumulated_gradients(model.grads(), want, last_only, K)
+    _check_accumulation_peak(mem.peak_bytes, one_peak, K)
+    _check_mean_loss(loss, want_loss, K)
+    _check_through_fused_view(accumulate)
     save_piece("accumulate", accumulate, EX_ACCUMULATE)
     passed(EX_ACCUMULATE, f"K={K} micro-batches of 2 give the gradient of the batch of 6.")
 
@@ -154,6 +180,85 @@ def _segment_case():
     return segment, (w, v), saved, g
 
 
+def _unrecorded_hint(recording: list, returned: list) -> str:
+    """Why backward found nothing to walk, from whether recording was on while the
+    segment ran and whether its outputs require grad."""
+    if recording and all(recording) and all(o.requires_grad for o in returned):
+        return ("you ran fn with recording on (good), and its output requires grad, "
+                "but what you called backward on does not: it was made from fn's "
+                "output after the `with engine.enable_grad():` block, where recording "
+                "is off again (a .sum(), a product), or cut from it (.detach(), a new "
+                "Tensor of its .data). Backpropagate grad_output, the gradient that "
+                "reached the segment, through fn's output itself: "
+                "out.backward(grad_output).")
+    if recording and all(recording):
+        return ("you ran fn with recording on (good), yet its output does not require "
+                "grad: was the output detached, or its .data wrapped in a new Tensor? "
+                "Call backward on what fn returned, and make the input a Tensor with "
+                "requires_grad=True.")
+    return ("fn ran with recording switched off (the backward pass may run under "
+            "no_grad), so nothing was recorded. Run fn inside "
+            "`with engine.enable_grad():`, on a Tensor made from saved_input with "
+            "requires_grad=True.")
+
+
+def _run_replay(checkpointed_backward, segment, saved, g):
+    """Call the learner's replay as the backward pass does (under no_grad), watching the
+    segment it recomputes; returns what it returned."""
+    recording = []   # was recording on while the learner's code ran the segment?
+    returned = []    # what the segment gave back, to tell a cut graph from an unrecorded op
+
+    def watched_segment(x):
+        recording.append(is_grad_enabled())
+        returned.append(segment(x))
+        return returned[-1]
+
+    try:
+        with no_grad():  # backward does not have to record; your recompute must
+            return attempt(EX_REPLAY, checkpointed_backward, watched_segment, saved, g)
+    except RuntimeError as err:
+        if "does not require grad" in str(err):
+            raise ExerciseError(EX_REPLAY, "the recomputed output does not require grad, so "
+                                "backward has nothing to walk. "
+                                + _unrecorded_hint(recording, returned)) from None
+        raise
+
+
+def _check_input_gradient(got, want_x, ones_x, g) -> None:
+    """The returned input gradient; a backward seeded with ones, or grad_output handed
+    back unchanged, is named."""
+    if got is None:
+        raise ExerciseError(EX_REPLAY, "you returned None: return the gradient of the input, "
+                            "the .grad of the Tensor you made from saved_input (create it with "
+                            "requires_grad=True, or .grad stays None).")
+    got = np.asarray(got)
+    if _close(got, ones_x) and not _close(got, want_x):
+        raise ExerciseError(EX_REPLAY, "you backpropagated a gradient of ones (as .sum() or "
+                            "backward() with no argument does): pass grad_output, the gradient "
+                            "that reached the segment, to out.backward(grad_output).")
+    if _close(got, g) and not _close(got, want_x):
+        raise ExerciseError(EX_REPLAY, "you returned grad_output itself: the segment's input "
+                            "gradient needs the recompute and a backward through it.")
+    if not _close(got, want_x):
+        raise ExerciseError(EX_REPLAY, "the input gradient is wrong. Recompute fn on a Tensor "
+                            "made from saved_input (requires_grad=True), call backward on the "
+                            "output with grad_output, return the input's .grad.")
+
+
+def _check_parameter_gradients(expected) -> None:
+    """Each (parameter, its gradient) pair: filled by one backward through the recompute."""
+    for p, want in expected:
+        if p.grad is None:
+            raise ExerciseError(EX_REPLAY, f"the parameter {p.name} got no gradient: the "
+                                f"backward through the recomputed segment is what fills it.")
+        if _close(p.grad, 2 * want):
+            raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is twice what it should "
+                                f"be: run the recompute and its backward once.")
+        if not _close(p.grad, want):
+            raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is wrong; the one "
+                                f"backward through the recomputed output provides it.")
+
+
 def check_checkpointed_backward(checkpointed_backward) -> None:
     """checkpointed_backward(fn, saved_input, grad_output) -> dL/d(input), with
     the segment's parameters' gradients accumulated as a side effect."""
@@ -167,71 +272,12 @@ def check_checkpointed_backward(checkpointed_backward) -> None:
     w.zero_grad(), v.zero_grad()
 
     probe = saved.copy()
-    recording = []   # was recording on while the learner's code ran the segment?
-
-    returned = []    # what the segment gave back, to tell a cut graph from an unrecorded op
-
-    def watched_segment(x):
-        recording.append(is_grad_enabled())
-        returned.append(segment(x))
-        return returned[-1]
-    try:
-        with no_grad():  # backward does not have to record; your recompute must
-            got = attempt(EX_REPLAY, checkpointed_backward, watched_segment, probe, g)
-    except RuntimeError as err:
-        if "does not require grad" in str(err):
-            if recording and all(recording) and all(o.requires_grad for o in returned):
-                hint = ("you ran fn with recording on (good), and its output requires grad, "
-                        "but what you called backward on does not: it was made from fn's "
-                        "output after the `with engine.enable_grad():` block, where recording "
-                        "is off again (a .sum(), a product), or cut from it (.detach(), a new "
-                        "Tensor of its .data). Backpropagate grad_output, the gradient that "
-                        "reached the segment, through fn's output itself: "
-                        "out.backward(grad_output).")
-            elif recording and all(recording):
-                hint = ("you ran fn with recording on (good), yet its output does not require "
-                        "grad: was the output detached, or its .data wrapped in a new Tensor? "
-                        "Call backward on what fn returned, and make the input a Tensor with "
-                        "requires_grad=True.")
-            else:
-                hint = ("fn ran with recording switched off (the backward pass may run under "
-                        "no_grad), so nothing was recorded. Run fn inside "
-                        "`with engine.enable_grad():`, on a Tensor made from saved_input with "
-                        "requires_grad=True.")
-            raise ExerciseError(EX_REPLAY, "the recomputed output does not require grad, so "
-                                f"backward has nothing to walk. {hint}") from None
-        raise
+    got = _run_replay(checkpointed_backward, segment, probe, g)
     if not np.array_equal(probe, saved):
         raise ExerciseError(EX_REPLAY, "saved_input was changed by your function; the tape "
                             "still owns it. Wrap it in a new Tensor instead of editing it.")
-    if isinstance(got, Tensor):
-        got = got.data
-    if got is None:
-        raise ExerciseError(EX_REPLAY, "you returned None: return the gradient of the input, "
-                            "the .grad of the Tensor you made from saved_input (create it with "
-                            "requires_grad=True, or .grad stays None).")
-    got = np.asarray(got)
-    if _close(got, ones_x.grad) and not _close(got, want_x):
-        raise ExerciseError(EX_REPLAY, "you backpropagated a gradient of ones (as .sum() or "
-                            "backward() with no argument does): pass grad_output, the gradient "
-                            "that reached the segment, to out.backward(grad_output).")
-    if _close(got, g) and not _close(got, want_x):
-        raise ExerciseError(EX_REPLAY, "you returned grad_output itself: the segment's input "
-                            "gradient needs the recompute and a backward through it.")
-    if not _close(got, want_x):
-        raise ExerciseError(EX_REPLAY, "the input gradient is wrong. Recompute fn on a Tensor "
-                            "made from saved_input (requires_grad=True), call backward on the "
-                            "output with grad_output, return the input's .grad.")
-    for p, want in ((w, want_w), (v, want_v)):
-        if p.grad is None:
-            raise ExerciseError(EX_REPLAY, f"the parameter {p.name} got no gradient: the "
-                                f"backward through the recomputed segment is what fills it.")
-        if _close(p.grad, 2 * want):
-            raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is twice what it should "
-                                f"be: run the recompute and its backward once.")
-        if not _close(p.grad, want):
-            raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is wrong; the one "
-                                f"backward through the recomputed output provides it.")
+    _check_input_gradient(got.data if isinstance(got, Tensor) else got, want_x, ones_x.grad, g)
+    _check_parameter_gradients(((w, want_w), (v, want_v)))
     # and in the engine: a checkpointed GPT that uses your replay
     name = checkpointed_gpt_mismatch(checkpointed_backward)
     if name is not None:

@@ -69,27 +69,32 @@ def _diagnose(ids, g, vocab_size, got):
     return None
 
 
-def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
-    """Exact sums of repeated ids, zero untouched rows, bit-for-bit reproducible."""
+def _check_table_shape(got, want, g) -> None:
+    """The result has the table's shape; the forward's shape or a transpose is named."""
+    if got.shape == want.shape:
+        return
+    if got.shape == g.shape:
+        raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}, one row per "
+                                        f"token: that is the forward's output. The backward "
+                                        f"returns the table's gradient, shape (vocab_size, C) "
+                                        f"= {want.shape}.")
+    if got.shape == want.T.shape:
+        raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}: transposed. "
+                                        f"The table's gradient has the table's shape, "
+                                        f"(vocab_size, C) = {want.shape}.")
+    raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}, expected "
+                                    f"(vocab_size, C) = {want.shape}.")
+
+
+def _check_exact_sums(embedding_backward, rng) -> None:
+    """A small float64 case: repeated ids summed, untouched rows exactly zero."""
     ids = np.array([3, 1, 3, 3, 0, 5, 1])
-    rng = np.random.default_rng(11)
     g = rng.normal(size=(ids.size, 4))
     V = 9
     got = attempt(EX_SCATTER, embedding_backward, ids, g, V)
     want = scatter_add_reference(ids, g, V)
     got = np.asarray(got)
-    if got.shape != want.shape:
-        if got.shape == g.shape:
-            raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}, one row per "
-                                            f"token: that is the forward's output. The backward "
-                                            f"returns the table's gradient, shape (vocab_size, C) "
-                                            f"= {want.shape}.")
-        if got.shape == want.T.shape:
-            raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}: transposed. "
-                                            f"The table's gradient has the table's shape, "
-                                            f"(vocab_size, C) = {want.shape}.")
-        raise ExerciseError(EX_SCATTER, f"the result has shape {got.shape}, expected "
-                                        f"(vocab_size, C) = {want.shape}.")
+    _check_table_shape(got, want, g)
     untouched = np.setdiff1d(np.arange(V), ids)
     if not np.all(got[untouched] == 0):
         raise ExerciseError(EX_SCATTER, f"rows {untouched.tolist()} belong to tokens that never "
@@ -104,7 +109,11 @@ def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
             hint = (f"row {row} (token {row} appears {int(np.sum(ids == row))} times) is off. "
                     f"Row v must be the sum of g[t] over every t with ids[t] == v.")
         raise ExerciseError(EX_SCATTER, hint)
-    # float32, many repeats, more work than one thread's slice
+
+
+def _check_same_bits(embedding_backward, rng, repeats: int) -> tuple[int, int]:
+    """float32, many repeats, more work than one thread's slice: no lost updates, and the
+    same bits on every run and for 1 thread as for all. Returns (runs, threads)."""
     V2, N2, C2 = 37, 200_000, 16
     ids2 = rng.integers(0, V2, size=N2).astype(np.int32)
     g2 = rng.normal(size=(N2, C2)).astype(np.float32)
@@ -143,6 +152,14 @@ def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
                                             f"keep partial tables, but for a fixed number of "
                                             f"token chunks, not one per thread, and add them "
                                             f"in chunk order.")
+    return len(runs), threads
+
+
+def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
+    """Exact sums of repeated ids, zero untouched rows, bit-for-bit reproducible."""
+    rng = np.random.default_rng(11)
+    _check_exact_sums(embedding_backward, rng)
+    runs, threads = _check_same_bits(embedding_backward, rng, repeats)
     # time it against np.add.at at the tiny trainer's shape: B*T = 2048 tokens, C = 128
     ids3 = rng.integers(0, 100, size=2048)
     g3 = rng.normal(size=(2048, 128)).astype(np.float32)
@@ -150,7 +167,7 @@ def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
     t_yours = median_seconds(lambda: embedding_backward(ids3, g3, 100), repeats)
     t_ref = median_seconds(lambda: scatter_add_reference(ids3, g3, 100), repeats)
     save_piece("embedding_backward", embedding_backward, EX_SCATTER)
-    passed(EX_SCATTER, f"exact sums, zero untouched rows, identical bits over {len(runs)} runs"
+    passed(EX_SCATTER, f"exact sums, zero untouched rows, identical bits over {runs} runs"
                        f"{' and 1 vs ' + str(threads) + ' threads' if threads > 1 else ''}. "
                        f"(2048 tokens, C=128): yours {t_yours * 1e3:.3g} ms, "
                        f"np.add.at {t_ref * 1e3:.3g} ms.")

@@ -318,7 +318,7 @@ def test_04_5_names_unseeded_masks_every_time():
     one time in 64, so a check that read only the first call misnamed it as made once."""
     for _ in range(300):
         with pytest.raises(ExerciseError) as info:
-            lesson04._check_same_mask(same_mask_unseeded)
+            lesson04.fair._check_same_mask(same_mask_unseeded)
         assert "every forward pass draws its own mask" in str(info.value)
 
 
@@ -357,10 +357,10 @@ def test_04_5_the_unfair_checks_fail_a_right_gradient():
     """The lesson's claim: at the kink, and with a mask drawn afresh, a correct gradient
     fails its check; after the fixes it passes."""
     from coursework.slots import engine_spot_check
-    x = lesson04._KINK_X
-    right = lesson04._relu_loss_grad
+    x = lesson04.fair._KINK_X
+    right = lesson04.fair._relu_loss_grad
     for points, passes in ((x, False), (away_right(x), True)):
-        rows = engine_spot_check(lesson04._relu_loss, points, right(points), n_checks=x.size)
+        rows = engine_spot_check(lesson04.fair._relu_loss, points, right(points), n_checks=x.size)
         assert all(r.ok for r in rows) is passes
 
 
@@ -440,13 +440,13 @@ def test_04_6_the_cases_are_what_the_lesson_says():
     """The lesson's network: softplus, hidden and the network fail; the variants: add_bias,
     then a bug only the hidden layer's batch shows, then nothing."""
     failing = []
-    for what, bugs, order in lesson04._LOCAL_CASES:
+    for what, bugs, order in lesson04.localize._LOCAL_CASES:
         parts = lesson04.network_parts(bugs, order)
         failing.append(sorted(n for n, p in parts.items() if not lesson04.check_part(p).ok))
     assert failing == [["hidden", "network", "softplus"], ["add_bias", "hidden", "network"],
                        ["hidden", "network"], []]
     assert [localize_right(lesson04.network_parts(b, o)) for _, b, o in
-            lesson04._LOCAL_CASES] == ["softplus", "add_bias", "hidden", None]
+            lesson04.localize._LOCAL_CASES] == ["softplus", "add_bias", "hidden", None]
     # the lesson's own dict lists the network first
     assert list(lesson04.network_parts())[0] == "network"
 
@@ -468,7 +468,7 @@ def test_04_6_names_the_mistake(answer, words):
 
 def test_04_6_a_layer_named_when_its_op_fails(monkeypatch):
     # parts listed network first, so a layers-first walk is not the dict's order
-    monkeypatch.setattr(lesson04, "_LOCAL_CASES", lesson04._LOCAL_CASES[1:2])
+    monkeypatch.setattr(lesson04.localize, "_LOCAL_CASES", lesson04.localize._LOCAL_CASES[1:2])
     fails_with(lesson04.check_localize, localize_layers_first,
                words=["the layer 'hidden' fails because one of its ops does",
                       "check every op before any layer"])
