@@ -20,7 +20,8 @@ Two engines live here and never import each other (tests/test_layering.py):
   `python -m engine.bench`; lessons 10-13.
 
 They share gpt_config (shape and initial weights), timing, numba_config,
-fast_math, constants. The exercise checks and the learner's pieces live
+fast_math, constants, and fused_buffers (the fused step's buffers, which the
+budget reads). The exercise checks and the learner's pieces live
 outside the library, in the `coursework` package; the library never imports it.
 
 Lesson <-> module:

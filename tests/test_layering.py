@@ -22,7 +22,8 @@ ENGINE = ROOT / "engine"
 
 # Helpers both engines may import.
 SHARED = {"engine", "engine._versions", "engine.gpt_config", "engine.timing",
-          "engine.numba_config", "engine.fast_math", "engine.constants", "engine.blas"}
+          "engine.numba_config", "engine.fast_math", "engine.constants", "engine.blas",
+          "engine.fused_buffers"}
 # Modules of the trainer wing outside engine/trainer/: the command-line entries.
 TRAINER_ENTRIES = {"engine.train", "engine.bench"}
 LAB = "engine.trainer.lab"

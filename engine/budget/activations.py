@@ -2,10 +2,11 @@
 engine, and (in `real_step`) a real PyTorch or Hugging Face training step."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from .config import BudgetConfig, BudgetError, LOGITS_BYTES, MASK_BYTES, RECOMPUTE, STORAGE_BYTES
-from .. import gpt_saved
+from .. import fused_buffers, gpt_saved
 from .kept import Activations, Saved
 from .real_step import real_step_activations
 
@@ -310,7 +311,14 @@ def _engine_selective_activations(cfg: BudgetConfig, items: list) -> Activations
 
 
 # ------------------------------------------- the fused trainer's attention kernels
-FUSED_ATTENTION_KERNELS = ("standard", "flash")
+FUSED_ATTENTION_KERNELS = fused_buffers.ATTENTION_KINDS
+_ATTENTION_ROWS = {"standard": ("attention", "probabilities"),       # (op, tensor) of a Saved
+                   "flash": ("flash attention", "row log-sum-exp")}
+
+
+def _fused_dims(cfg: BudgetConfig) -> fused_buffers.Dims:
+    return fused_buffers.Dims(cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.n_head,
+                              cfg.vocab_size, cfg.n_layer)
 
 
 def fused_attention_saved(cfg: BudgetConfig, attention: str = "standard") -> Saved:
@@ -319,25 +327,20 @@ def fused_attention_saved(cfg: BudgetConfig, attention: str = "standard") -> Sav
     with the standard kernel, or one log-sum-exp per row, (B, H, T), with the
     flash kernel, which rebuilds the probabilities tile by tile. O(T^2)
     against O(T) per head."""
-    B_, T, H = cfg.micro_batch, cfg.seq_len, cfg.n_head
-    f = activation_bytes_per_element(cfg)
-    if attention == "standard":
-        return Saved("attention", "probabilities", B_ * H * T * T, f)
-    if attention == "flash":
-        return Saved("flash attention", "row log-sum-exp", B_ * H * T, f)
-    raise BudgetError(f"attention={attention!r} is not a kernel of the fused trainer; "
-                      f"choose one of {', '.join(FUSED_ATTENTION_KERNELS)}.")
+    if attention not in FUSED_ATTENTION_KERNELS:
+        raise BudgetError(f"attention={attention!r} is not a kernel of the fused trainer; "
+                          f"choose one of {', '.join(FUSED_ATTENTION_KERNELS)}.")
+    kept = fused_buffers.attention_buffer(attention)
+    return Saved(*_ATTENTION_ROWS[attention], math.prod(kept.shape(_fused_dims(cfg))),
+                 activation_bytes_per_element(cfg))
 
 
 def fused_trainer_saved(cfg: BudgetConfig, attention: str = "standard") -> list[Saved]:
     """The buffers engine.trainer's FusedGPT keeps from forward to backward
-    (its StepBuffers.saved_nbytes), N = B*T rows:
-
-        residual stream entering each block and leaving the last  (L+1) N C
-        per block: ln1 out, mean, rstd; qkv (3C); attention's own   11 N C + 4 N
-          (see fused_attention_saved); its output; the residual      + attention
-          after attention; ln2 out, mean, rstd; fc out (4C)
-        final layer norm out, mean, rstd; the logits               N C + 2 N + N V
+    (its StepBuffers.saved_nbytes): the groups "stream", "layer" and "final" of
+    the table engine.fused_buffers, as five rows: the residual stream (one per
+    block boundary), what one block keeps beyond attention's own, attention's
+    own (fused_attention_saved), the final layer norm, and the logits.
 
     GELU's output (4C per row) is not kept, where the tape engine keeps it:
     the fused GELU backward writes it again from the fc output it reads anyway,
@@ -349,14 +352,19 @@ def fused_trainer_saved(cfg: BudgetConfig, attention: str = "standard") -> list[
         raise BudgetError("the fused trainer recomputes whole blocks (recompute 'full') or "
                           "nothing; for attention without the T x T matrix choose "
                           "attention='flash' instead of recompute='selective'.")
-    B_, T, C, V, L = cfg.micro_batch, cfg.seq_len, cfg.d_model, cfg.vocab_size, cfg.n_layer
-    f, N = activation_bytes_per_element(cfg), cfg.micro_batch * cfg.seq_len
-    sets = 1 if cfg.recompute == "full" else L
+    attention_row = fused_attention_saved(cfg, attention)
+    d, f = _fused_dims(cfg), activation_bytes_per_element(cfg)
+    sets = fused_buffers.layer_sets(d.L, cfg.recompute == "full")
+    stream = sum(fused_buffers.elements("stream", d, attention).values())
+    block = fused_buffers.elements("layer", d, attention)
+    del block[fused_buffers.attention_buffer(attention).name]
+    final = fused_buffers.elements("final", d, attention)
+    logits = final.pop("logits")
     return [
-        Saved("residual stream", "block inputs and output", N * C, f, L + 1),
+        Saved("residual stream", "block inputs and output", stream // (d.L + 1), f, d.L + 1),
         Saved("block", "layer norms, qkv, attention output, residual, fc output",
-              11 * N * C + 4 * N, f, sets),
-        replace(fused_attention_saved(cfg, attention), count=sets),
-        Saved("final layer norm", "output, mean, rstd", N * C + 2 * N, f),
-        Saved("head", "logits (become their gradient)", N * V, f),
+              sum(block.values()), f, sets),
+        replace(attention_row, count=sets),
+        Saved("final layer norm", "output, mean, rstd", sum(final.values()), f),
+        Saved("head", "logits (become their gradient)", logits, f),
     ]

@@ -3,8 +3,9 @@ hand-written numba kernels on preallocated buffers, AdamW, threads/MPI.
 
 It never imports the tape (engine.tensor and friends); the two engines share
 only engine.gpt_config (the model's shape and initial weights), engine.timing,
-engine.numba_config, engine.fast_math, engine.constants and engine.blas
-(SHARED in tests/test_layering.py).
+engine.numba_config, engine.fast_math, engine.constants, engine.blas and
+engine.fused_buffers (the step's buffers, which the budget reads too; SHARED in
+tests/test_layering.py).
 
     model.py             FusedGPT: buffers, forward, backward, kernel registry
     kernels/             the fused numba kernels, each backward beside its forward;

@@ -34,6 +34,8 @@ import numpy as np
 
 from . import kernels as fused
 from . import arena
+from ..fused_buffers import (Dims, attention_buffer, buffers, check_attention, layer_sets,
+                             model_dims)
 from ..gpt_config import GPTConfig, init_params, param_shapes
 
 LN_EPS = 1e-5
@@ -233,47 +235,31 @@ def decay_segments(buffer: FlatBuffer):
 
 
 # --------------------------------------------------------------------- activations
-ATTENTION_KINDS = ("standard", "flash")
-
-
-def _check_attention(owner: str, attention: str) -> str:
-    if attention not in ATTENTION_KINDS:
-        raise ValueError(f"{owner}: attention={attention!r} is not a kernel; choose "
-                         f"'standard' (saves the T x T probabilities) or 'flash' (saves one "
-                         f"number per row)")
-    return attention
+def _fill(owner, zeros, group: str, d: Dims, attention: str) -> None:
+    """owner.<name> = zeros(*shape) for each buffer of `group` in engine.fused_buffers."""
+    for b in buffers(group, attention):
+        setattr(owner, b.name, zeros(*b.shape(d)))
 
 
 class LayerBuffers:
-    """What one block's backward needs, for a micro-batch of N = B*T rows.
-
-    Attention keeps its probabilities, (B, H, T, T), with the standard kernel,
-    and one log-sum-exp per row, (B, H, T), with the flash kernel. GELU's
-    output is not kept: the backward writes it again (FusedGPT._gelu_backward)."""
+    """What one block's backward needs, for a micro-batch of N = B*T rows: the
+    "layer" entries of engine.fused_buffers (probs with the standard attention
+    kernel, lse with the flash one)."""
 
     def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, attention: str = "standard",
                  zeros=None):
-        N, C, H = B * T, cfg.n_embd, cfg.n_head
         z = zeros or (lambda *shape: np.zeros(shape, dtype))  # noqa: E731
-        self.ln1, self.ln1_mean, self.ln1_rstd = z(N, C), z(N), z(N)
-        self.qkv = z(B, T, 3 * C)
-        if _check_attention("LayerBuffers", attention) == "flash":
-            self.lse = z(B, H, T)
-        else:
-            self.probs = z(B, H, T, T)
-        self.atty = z(B, T, C)
-        self.res_mid = z(N, C)                      # residual stream after attention
-        self.ln2, self.ln2_mean, self.ln2_rstd = z(N, C), z(N), z(N)
-        self.fc = z(N, 4 * C)                       # fc matmul output, bias not yet added
+        check_attention("LayerBuffers", attention)
+        _fill(self, z, "layer", model_dims(cfg, B, T), attention)
 
     def nbytes(self) -> int:
         return sum(v.nbytes for v in vars(self).values())
 
 
 class StepBuffers:
-    """Every buffer a training step uses, allocated once for (B, T), all of them
-    views of one block of memory on huge pages where the OS gives them (arena.py
-    says why)."""
+    """Every buffer a training step uses (the table engine.fused_buffers), allocated
+    once for (B, T), all of them views of one block of memory on huge pages where
+    the OS gives them (arena.py says why)."""
 
     def __init__(self, cfg: GPTConfig, B: int, T: int, dtype, checkpointing: bool,
                  attention: str = "standard"):
@@ -282,30 +268,22 @@ class StepBuffers:
         arena.carve(allocate, dtype)          # runs allocate twice: to measure, then to carve
 
     def _allocate(self, z, cfg, B, T, dtype, checkpointing, attention):
-        N, C, V, L = B * T, cfg.n_embd, cfg.vocab_size, cfg.n_layer
-        self.B, self.T, self.checkpointing = B, T, checkpointing
-        self.res = z(L + 1, N, C)                    # the residual stream entering each block
-        n_sets = 1 if checkpointing else L
-        self.layer_sets = [LayerBuffers(cfg, B, T, dtype, attention, z) for _ in range(n_sets)]
-        self.lnf, self.lnf_mean, self.lnf_rstd = z(N, C), z(N), z(N)
-        self.logits = z(N, V)                        # becomes dlogits in place
-        self.losses = z(N)
-        # backward scratch, shared by all layers
-        self.proj = z(N, C)                          # a projection's bias-free output
-        self.dres = z(N, C)                          # gradient of the residual stream
-        self.dln = z(N, C)
-        self.datty = z(B, T, C)
-        self.dqkv = z(B, T, 3 * C)
-        self.dgelu = z(N, 4 * C)
-        self.gelu = z(N, 4 * C)                      # GELU's output: forward, then backward
+        d = model_dims(cfg, B, T)
+        self.B, self.T, self.checkpointing, self.attention = B, T, checkpointing, attention
+        _fill(self, z, "stream", d, attention)
+        self.layer_sets = [LayerBuffers(cfg, B, T, dtype, attention, z)
+                           for _ in range(layer_sets(d.L, checkpointing))]
+        _fill(self, z, "final", d, attention)
+        _fill(self, z, "scratch", d, attention)
 
     def layer(self, index: int) -> LayerBuffers:
         return self.layer_sets[0 if self.checkpointing else index]
 
     def saved_nbytes(self) -> int:
         """Bytes kept from forward to backward (the activation memory)."""
-        return (self.res.nbytes + sum(s.nbytes() for s in self.layer_sets) + self.lnf.nbytes
-                + self.lnf_mean.nbytes + self.lnf_rstd.nbytes + self.logits.nbytes)
+        outside = [b for g in ("stream", "final") for b in buffers(g, self.attention)]
+        return (sum(getattr(self, b.name).nbytes for b in outside)
+                + sum(s.nbytes() for s in self.layer_sets))
 
 
 def activation_bytes(models) -> dict:
@@ -315,8 +293,8 @@ def activation_bytes(models) -> dict:
     total = attention = 0
     for m in models:
         total += m.acts.saved_nbytes()
-        for layer in m.acts.layer_sets:
-            attention += getattr(layer, "probs", getattr(layer, "lse", None)).nbytes
+        kept = attention_buffer(m.attention).name
+        attention += sum(getattr(layer, kept).nbytes for layer in m.acts.layer_sets)
     return {"activation_bytes": total, "attention_saved_bytes": attention}
 
 
@@ -335,7 +313,7 @@ class FusedGPT:
                  dtype=np.float32, checkpointing: bool = False, seq_len: int | None = None,
                  shared_params: "FlatBuffer | None" = None, attention: str = "standard"):
         self.cfg = cfg
-        self.attention = _check_attention("FusedGPT", attention)
+        self.attention = check_attention("FusedGPT", attention)
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise TypeError(f"FusedGPT: dtype {self.dtype} is not supported; "

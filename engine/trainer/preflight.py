@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import zipfile
 
+from ..fused_buffers import model_dims, step_elements
 from .config import TrainConfig, TrainError
 from .data import BUILTIN, CharTokenizer
 
@@ -103,17 +104,9 @@ def check_prompt(config: TrainConfig, tokenizer: CharTokenizer) -> None:
 def step_bytes(cfg, batch_size: int, itemsize: int, checkpointing: bool,
                attention: str = "standard") -> int:
     """Bytes of engine.trainer.model.StepBuffers for a micro-batch of batch_size
-    sequences of cfg.block_size tokens (tests compare it with the real buffers)."""
-    B, T, C, V, H, L = (batch_size, cfg.block_size, cfg.n_embd, cfg.vocab_size, cfg.n_head,
-                        cfg.n_layer)
-    N = B * T
-    kept = B * H * T if attention == "flash" else B * H * T * T   # lse rows, or P
-    per_layer = 11 * N * C + 4 * N + kept               # LayerBuffers
-    layer_sets = 1 if checkpointing else L
-    stream = (L + 1) * N * C
-    final = N * C + 2 * N + N * V + N                   # lnf, its mean and rstd, logits, losses
-    scratch = 15 * N * C                        # proj, dres, dln, datty, dqkv, dgelu, gelu
-    return itemsize * (stream + layer_sets * per_layer + final + scratch)
+    sequences of cfg.block_size tokens: the table engine.fused_buffers, summed."""
+    d = model_dims(cfg, batch_size, cfg.block_size)
+    return itemsize * step_elements(d, attention, checkpointing)
 
 
 def training_bytes(config: TrainConfig, vocab_size: int, local_batch: int,

@@ -337,6 +337,8 @@ def test_resuming_with_no_steps_left_is_an_error(checkpoint, corpus, capsys):
 
 
 def test_the_memory_estimate_matches_the_buffers_the_model_allocates():
+    """preflight sums the table engine.fused_buffers; StepBuffers must allocate
+    exactly its arrays (no array outside it, each layer set counted)."""
     from engine.trainer.model import StepBuffers
     cfg = T.TrainConfig(n_layer=2, n_head=2, n_embd=16, block_size=8).model_config(11)
     for attention in ("standard", "flash"):
