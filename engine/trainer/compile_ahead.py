@@ -8,12 +8,13 @@ waits: the forward's compiles, then the backward's, then the optimizer's
 and 25% of the whole (kernels/cpu/README.md#a-cold-first-step).
 
 The backward's kernels and the optimizer's depend on the types of their
-arguments, not on the forward's results. So when the cache is cold, the
-trainer starts one helper process that compiles them while the first
-forward compiles, on the core the waiting replica leaves idle, and writes
-them to numba's on-disk cache. The trainer's process checks that cache at
-each kernel's first call and loads what the helper has finished, so it
-compiles only what the helper has not reached yet.
+arguments, not on the forward's results. So when the cache is cold, one
+helper process compiles them while the first forward compiles, on the core
+the waiting replica leaves idle, and writes them to numba's on-disk cache:
+the trainer and the benchmark call `start_if_cold(model)` once they have
+built their replicas. The trainer's process checks that cache at each
+kernel's first call and loads what the helper has finished, so it compiles
+only what the helper has not reached yet.
 
 The helper's order is chosen against the trainer's: first what the trainer
 needs last (the optimizer), then the longest compile of the backward
@@ -42,6 +43,7 @@ import os
 import subprocess
 import threading
 
+import numba
 import numpy as np
 
 from .child_process import start_python
@@ -57,20 +59,22 @@ def cache_was_cold() -> bool:
     return _compiled.cache_hits == 0
 
 
-def start_if_cold(cfg, seq_len: int, *, threads: int, replicas: bool,
-                  attention: str = "standard", dtype=np.float32, checkpointing: bool = False):
+def start_if_cold(model) -> subprocess.Popen | None:
     """Start the helper (once per process) when the cache is cold; returns it,
-    or None when nothing started. `threads`: the numba threads of the step's
-    optimizer; `replicas`: whether the model's kernels run on one numba thread
-    each (ThreadReplicas with several replicas)."""
+    or None when nothing started. `model`: the ThreadReplicas whose first step
+    comes next, built on the thread plan that step runs on (its optimizer gets
+    this thread's numba threads; several replicas run their kernels on one
+    numba thread each)."""
     global _helper
+    first = model.replicas[0]
     with _lock:
         if (_helper is not None or os.environ.get("ENGINE_COMPILE_AHEAD") == "0"
                 or not cache_was_cold()):
             return None
-        plan = {"config": cfg.to_dict(), "seq_len": int(seq_len), "replicas": bool(replicas),
-                "attention": attention, "dtype": np.dtype(dtype).name,
-                "checkpointing": bool(checkpointing), "threads": int(threads)}
+        plan = {"config": model.cfg.to_dict(), "seq_len": int(first.T),
+                "replicas": model.n > 1, "attention": first.attention,
+                "dtype": np.dtype(first.dtype).name, "checkpointing": bool(first.checkpointing),
+                "threads": int(numba.get_num_threads())}
         _helper = start_python(
             "import sys; from engine.trainer.compile_ahead import compile_later_kernels as c; "
             "c(sys.argv[1])", json.dumps(plan),

@@ -37,7 +37,6 @@ from __future__ import annotations
 import os
 import time
 
-import numba
 import numpy as np
 
 from .kernels.threads import one_numba_thread
@@ -169,10 +168,18 @@ class ThreadReplicas:
     barrier waits for a descheduled thread every time. Replicas meet once
     per step: on a busy machine they ran several times faster
     (kernels/cpu/README.md#replicas-not-threaded-kernels).
+
+    Invariant: `_replicas_zero` is true only while every replica's gradient
+    buffer holds zeros. zero_grad makes it so, and so does a last
+    micro-batch, whose sum clears each replica as it takes it (_sum_bucket);
+    zero_grad then has nothing to write. (With one replica its buffer is
+    `grads` itself.)
+
+    Building the replicas starts nothing; on a cold numba cache the caller
+    starts compile_ahead's helper (`compile_ahead.start_if_cold(replicas)`).
     """
 
     def __init__(self, cfg, batch_size: int, n_replicas: int, **gpt_kwargs):
-        from .compile_ahead import start_if_cold
         from .model import FusedGPT, FlatBuffer, gradient_buckets
         from ..gpt_config import param_shapes
         from .kernels.threads import concurrent_kernels_ok
@@ -200,17 +207,7 @@ class ThreadReplicas:
                           for name, (start, _, _) in self.grads.layout.items()}
         self.pieces = sum_pieces(self.buckets, n_replicas)
         self._pool = None
-        # Where the gradient of the micro-batches so far is, the one fact zero_grad,
-        # forward_backward and reduce keep: "replicas" (each holds its part), "grads"
-        # (summed during a last micro-batch, each replica cleared as it was summed) or
-        # "nowhere" (zero_grad ran: every replica is zero). One replica's gradient is
-        # grads itself, so with n == 1 it stays "replicas".
-        self._gradient = "replicas"
-        # a cold numba cache: the backward's and the optimizer's kernels compile in a
-        # helper process while the first forward compiles here (compile_ahead.py)
-        start_if_cold(cfg, first.T, threads=numba.get_num_threads(), replicas=n_replicas > 1,
-                      attention=first.attention, dtype=first.dtype,
-                      checkpointing=first.checkpointing)
+        self._replicas_zero = False            # the class's invariant: see its docstring
 
     def _workers(self):
         """The n - 1 helper threads (started on first use, again after close())."""
@@ -221,12 +218,12 @@ class ThreadReplicas:
         return self._pool
 
     def zero_grad(self) -> None:
-        """Every replica's gradient to zero, where one is not zero already (a last
+        """Every replica's gradient to zero, unless they are zero already (a last
         micro-batch's sum leaves them zero: see _sum_bucket)."""
-        if self._gradient == "replicas":
+        if not self._replicas_zero:
             for m in self.replicas:
                 m.zero_grad()
-        self._gradient = "nowhere" if self.n > 1 else "replicas"
+            self._replicas_zero = True
 
     def _each(self, fn):
         """fn(replica index) on every replica, replica 0 on the calling thread."""
@@ -245,10 +242,10 @@ class ThreadReplicas:
         while the backward runs (see _SharedWork); then grad_ready, if given, is
         called once per bucket: the MPI all-reduce starts from here."""
         scale = loss_scale / self.n
+        self._replicas_zero = False            # (also when a replica raises)
         if self.n == 1:             # one model: its kernels use the caller's threads
             return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
                                                      grad_ready=grad_ready)
-        self._gradient = "replicas"
         shared = _SharedWork(self, summing=last)
 
         def one(r):
@@ -261,37 +258,25 @@ class ThreadReplicas:
             return loss, forward_s, backward_s
 
         results = self._each(one)
-        self._gradient = "grads" if last else "replicas"
+        self._replicas_zero = last             # the sum cleared each replica it summed
         if last and grad_ready is not None:
             for start, stop in self.buckets:
                 grad_ready(start, stop)
         loss = sum(r[0] for r in results) / self.n
         return loss, results[0][1], results[0][2]
 
-    def reduce(self, grad_ready=None) -> None:
-        """grads = sum of the replicas' gradients, in replica order (deterministic).
-        After a last micro-batch the sum is in grads already, and the replicas were
-        cleared as it was taken (_sum_bucket): summing them again would write zeros."""
-        if self._gradient != "grads":
-            for start, stop in self.buckets:
-                self._sum_bucket(start, stop)
-        if grad_ready is not None:
-            for start, stop in self.buckets:
-                grad_ready(start, stop)
-
-    def _sum_bucket(self, start: int, stop: int, clear: bool = False) -> None:
+    def _sum_bucket(self, start: int, stop: int) -> None:
         """grads[start:stop] = replica 0's + replica 1's + ..., always in that order,
-        so the bits do not depend on which thread sums. With clear, each replica's
-        range is then set to zero, while its lines are still in the caches: the
-        next step's zero_grad has nothing left to do, and the clearing overlaps
-        the slower replica's backward (kernels/cpu/README.md#replicas-not-threaded-kernels)."""
+        so the bits do not depend on which thread sums. Each replica's range is
+        then set to zero, while its lines are still in the caches: the next
+        step's zero_grad has nothing left to do, and the clearing overlaps the
+        slower replica's backward (kernels/cpu/README.md#replicas-not-threaded-kernels)."""
         total = self.grads.flat[start:stop]
         np.copyto(total, self.replicas[0].grads.flat[start:stop])
         for m in self.replicas[1:]:
             total += m.grads.flat[start:stop]
-        if clear:
-            for m in self.replicas:
-                m.grads.flat[start:stop] = 0
+        for m in self.replicas:
+            m.grads.flat[start:stop] = 0
 
     def loss(self, ids, targets) -> float:
         if self.n == 1:
@@ -302,9 +287,6 @@ class ThreadReplicas:
 
     def named_params(self):
         return self.replicas[0].named_params()
-
-    def named_grads(self):
-        return dict(self.grads.views)
 
     def num_params(self) -> int:
         return self.params.flat.size
@@ -422,7 +404,7 @@ class _SharedWork:
                 return task_s
             kind, what = job
             if kind == "sum":
-                self.owner._sum_bucket(*what, clear=True)
+                self.owner._sum_bucket(*what)
                 continue
             r, i, task = what
             t0 = time.perf_counter()

@@ -38,6 +38,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -65,6 +66,43 @@ class TrainResult:
     sample: str | None = None
     rank: int = 0                      # this process's rank under --data-parallel
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _RunContext:
+    """What the steps of one run read, built once everything is checked and the
+    clock starts: the settings, the data, the model and its optimizer, this
+    process's place among the others, and where the run reports."""
+    config: TrainConfig
+    dataset: Dataset
+    model: object                      # parallel.ThreadReplicas
+    optimizer: object                  # optim.AdamW
+    allreduce: object                  # parallel.GradientAllReduce, None in one process
+    rows: slice                        # this process's rows of every micro-batch
+    rank: int
+    world_size: int
+    fingerprint: str                   # the corpus's, written into every checkpoint
+    log_file: object                   # the open --log on rank 0, else None
+    say: Callable[[str], None]         # hears the progress lines
+    callback: Callable[[dict], object] | None
+    t_start: float                     # perf_counter() at the start of the first step
+
+    @property
+    def lead(self) -> bool:
+        """Rank 0 alone logs, saves and samples."""
+        return self.rank == 0
+
+    def save(self, step: int) -> None:
+        save_checkpoint(self.config.save, self.model, self.optimizer, step, self.config,
+                        self.dataset.tokenizer, self.fingerprint)
+
+    def log(self, record: dict, done: bool) -> None:
+        """A step's record to the --log file, and its progress line when one is due."""
+        config = self.config
+        if self.log_file:
+            _write_log(self.log_file, config.log, record)
+        if record["step"] % config.log_every == 0 or "val_loss" in record or done:
+            self.say(progress_line(record, config.steps))
 
 
 # --------------------------------------------------------------------- sampling
@@ -262,18 +300,17 @@ def _run(config, callback, say, prepared, comm, rank, world_size, rows, n_thread
     if lead:
         _announce(say, header, model, dataset, config, stop)
 
-    t_start = time.perf_counter()
-    history, val_loss, step, stopped_early = _loop(
-        config, callback, say, dataset, model, opt, allreduce, rows, rank, world_size,
-        start, stop, fingerprint, log_file, t_start)
+    run = _RunContext(config, dataset, model, opt, allreduce, rows, rank, world_size,
+                      fingerprint, log_file, say, callback, t_start=time.perf_counter())
+    history, val_loss, step, stopped_early = _loop(run, start, stop)
     if config.save and lead and history and "val_loss" not in history[-1]:
-        save_checkpoint(config.save, model, opt, step, config, tok, fingerprint)
+        run.save(step)
 
     text_sample = None
     if config.prompt is not None and lead:
         text_sample = sample(model, tok, config.prompt, config.sample_len, config.temperature,
                              config.seed)
-    elapsed = time.perf_counter() - t_start
+    elapsed = time.perf_counter() - run.t_start
     result = TrainResult(history, model, opt, dataset, config, entropy, val_loss, step,
                          elapsed, stopped_early, text_sample, rank)
     if log_file:
@@ -319,7 +356,10 @@ def _load_data(config, dataset, say=lambda line: None):
 
 
 def _build_model(config, tok, local_batch, n_replicas):
-    """Model replicas and AdamW with fresh weights."""
+    """Model replicas and AdamW with fresh weights; on a cold numba cache, the
+    backward's and the optimizer's kernels start compiling in a helper process,
+    to be ready when the first forward, compiled here, ends (compile_ahead.py)."""
+    from .compile_ahead import start_if_cold
     from .model import decay_segments
     from .optim import AdamW
     from .parallel import ThreadReplicas
@@ -327,6 +367,7 @@ def _build_model(config, tok, local_batch, n_replicas):
     model = ThreadReplicas(cfg, local_batch, n_replicas, seed=config.seed,
                            dtype=np.dtype(config.dtype), checkpointing=config.checkpointing,
                            attention=config.attention)
+    start_if_cold(model)
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=config.lr,
                 betas=(config.beta1, config.beta2), weight_decay=config.weight_decay)
     return model, opt
@@ -363,16 +404,15 @@ def _announce(say, header, model, dataset, config, stop) -> None:
     say(header["thread_plan"])
 
 
-def _loop(config, callback, say, dataset, model, opt, allreduce, rows, rank, world_size,
-          start, stop, fingerprint, log_file, t_start):
+def _loop(run: _RunContext, start: int, stop: int):
     """Steps start..stop: train, evaluate, log, save. Returns (history, last validation
     loss, the step reached, whether it stopped early)."""
     from .optim import lr_at
-    lead = rank == 0
+    config, train_data = run.config, run.dataset.train
     history: list[dict] = []
     K = config.grad_accum
     tokens_per_step = config.batch_size * config.block_size * K
-    loss_scale = 1.0 / (K * world_size)
+    loss_scale = 1.0 / (K * run.world_size)
     recent: list[float] = []
     val_loss = None
     stopped_early = False
@@ -381,10 +421,10 @@ def _loop(config, callback, say, dataset, model, opt, allreduce, rows, rank, wor
         t_step = time.perf_counter()
         lr = lr_at(step, lr=config.lr, warmup=config.warmup, total=config.steps,
                    min_ratio=config.min_lr_ratio)
-        batches = [batch_at(dataset.train, config.seed, step * K + k, config.batch_size,
+        batches = [batch_at(train_data, config.seed, step * K + k, config.batch_size,
                             config.block_size) for k in range(K)]
-        record = train_step(model, opt, batches, rows, lr=lr, clip=config.clip,
-                            loss_scale=loss_scale, allreduce=allreduce)
+        record = train_step(run.model, run.optimizer, batches, run.rows, lr=lr,
+                            clip=config.clip, loss_scale=loss_scale, allreduce=run.allreduce)
         train_time = time.perf_counter() - t_step
         if not (math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])):
             raise Diverged(f"the loss became {record['loss']} (gradient norm "
@@ -392,47 +432,39 @@ def _loop(config, callback, say, dataset, model, opt, allreduce, rows, rank, wor
                            f"{config.lr}) or keep --clip on")
         record["step"] = step + 1
         phases = record["phases"]
-        if world_size > 1:
-            record["rank"] = rank
+        if run.world_size > 1:
+            record["rank"] = run.rank
         done = step + 1 == stop
         over_time = (config.time_limit is not None
-                     and time.perf_counter() - t_start > config.time_limit)
+                     and time.perf_counter() - run.t_start > config.time_limit)
         if (step + 1) % config.eval_every == 0 or done or over_time:
             t0 = time.perf_counter()
-            val_loss = evaluate(model, dataset.val, config, rows, allreduce)
+            val_loss = evaluate(run.model, run.dataset.val, config, run.rows, run.allreduce)
             phases["evaluation"] = time.perf_counter() - t0
             record["val_loss"] = val_loss
         recent = (recent + [train_time])[-20:]
         record.update(step_time=train_time, tokens_per_s=tokens_per_step / train_time,
-                      phases=phases, elapsed=time.perf_counter() - t_start,
+                      phases=phases, elapsed=time.perf_counter() - run.t_start,
                       time_left=float(np.median(recent)) * (stop - step - 1))
         history.append(record)
-        if lead:
-            _log(say, log_file, record, config, done)
+        if run.lead:
+            run.log(record, done)
         save_now = config.save and (done or over_time or "val_loss" in record or (
             config.save_every and (step + 1) % config.save_every == 0))
-        if save_now and lead:
-            save_checkpoint(config.save, model, opt, step + 1, config, dataset.tokenizer,
-                            fingerprint)
-        if callback is not None and callback(record) is False:
+        if save_now and run.lead:
+            run.save(step + 1)
+        if run.callback is not None and run.callback(record) is False:
             stopped_early = True
         if over_time:
             stopped_early = True
-            if lead:
-                say(f"time limit of {config.time_limit:g} s reached after step {step + 1}")
+            if run.lead:
+                run.say(f"time limit of {config.time_limit:g} s reached after step {step + 1}")
         if stopped_early:
             step += 1
             break
     else:
         step = stop
     return history, val_loss, step, stopped_early
-
-
-def _log(say, log_file, record, config, done) -> None:
-    if log_file:
-        _write_log(log_file, config.log, record)
-    if record["step"] % config.log_every == 0 or "val_loss" in record or done:
-        say(progress_line(record, config.steps))
 
 
 def summary(result: TrainResult) -> dict:

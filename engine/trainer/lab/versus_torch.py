@@ -60,7 +60,7 @@ import numpy as np
 
 from ...gpt_config import GPTConfig, init_params
 from ...timing import timed_steps
-from ..compile_ahead import wait_for_helper
+from ..compile_ahead import start_if_cold, wait_for_helper
 from ..model import activation_bytes
 from .first_step import first_step
 from .machine import measure_machine, sgemm_rate
@@ -154,6 +154,7 @@ def _measure(plan: _Plan, data, say) -> dict:
 
     model = ThreadReplicas(cfg, B, plan.replicas, params=params, dtype=dtype,
                            attention=plan.attention)
+    start_if_cold(model)          # a cold cache: the later kernels compile in a helper
     kept = activation_bytes(model.replicas)
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3, weight_decay=0.1)
     phase_s = {"replica 0 forward+backward": 0.0, "all replicas forward+backward": 0.0,
