@@ -1,32 +1,36 @@
 """How a process spends its cores: model replicas, or one model with threaded kernels.
 
-`choose_plan(threads, batch_size, block_size)` is a pure function: it reads no
-machine and sets nothing (kernels/threads.py sets the pools from its answer).
-The rule, in order:
+`choose_plan(threads, batch_size, block_size, block_weights=...)` is a pure
+function: it reads no machine and sets nothing (kernels/threads.py sets the
+pools from its answer). The rule, in order:
 
-1. Replicas, at most MAX_REPLICAS of them: R is the largest divisor of the
-   batch that is at most min(threads, MAX_REPLICAS), and, when R > 2, whose
-   replicas each hold at least MIN_REPLICA_TOKENS tokens (rows x T).
+1. Replicas: R is the largest divisor of the batch, at most the thread count,
+   whose replicas each hold at least MIN_REPLICA_TOKENS tokens (rows x T) when
+   R > 2, and, when R > CROWD, each do at least MIN_CROWD_FLOPS of matrix
+   products a step (6 x the blocks' matrix weights x its tokens).
 2. Replicas run (R replicas x 1 kernel thread, B/R rows each) when they keep
    enough of the cores busy: R >= KERNEL_THREAD_WORTH x threads. Otherwise one
    model runs with all the threads in its kernels (1 x threads, B rows).
 
-What the constants rest on (tiny GPT T=128 L=4 H=4 C=128, a 16-core x86 with
-OpenBLAS, one run each against PyTorch eager; THREADS.md has the table):
+What the constants rest on: `python -m engine.bench` on two 16-core x86
+machines with AVX-512 and OpenBLAS, PyTorch eager in the same run (tiny
+GPT T=128 L=4 H=4 C=128, and wide L=6 H=8 C=256); THREADS.md has the tables.
 
-* 2, 4 and 8 replicas x 1 thread at batch 64 ran 1.27x, 1.13x and 1.23x
-  PyTorch; 8 replicas on 8 cores was the fastest plan up to 8 cores.
-* 16 replicas at batch 64 were slower (122.8 ms/step) than 8 replicas on 8
-  cores (102.0): the gradient sum and the memory traffic grow with the replica
-  count. Hence MAX_REPLICAS = 8.
-* 16 replicas of one 128-token sequence each (batch 16) ran 0.34x PyTorch:
-  each replica's matrix products are too small. Hence MIN_REPLICA_TOKENS =
-  256 (two such sequences) once there are more than two replicas; with two,
-  the sum is a single addition and replicas stay the better plan.
-* One model with 16-thread kernels at batch 64 took 89.2 ms/step, the work of
-  16 x 102.0 / 89.2 / 8 ~ 0.57 of a replica per thread (8 replicas did it in
-  102.0 ms). Hence KERNEL_THREAD_WORTH = 0.57: 8 replicas on 16 cores lose to
-  16 kernel threads, 8 replicas on 8 cores win.
+* Up to 8 threads, one replica per thread was the fastest plan measured
+  (1.18x-1.96x PyTorch at 4 and 8 threads).
+* CROWD = 8 and MIN_CROWD_FLOPS = 6e9: beyond eight, replicas fight over
+  memory and their gradient sum grows. Sixteen replicas of 512 tokens lost to
+  16-thread kernels for tiny (2.4 GFLOP each: 122.8 against 89.2 ms/step) and
+  won for wide (14.5 GFLOP each: 293 against 410 ms/step, 1.39x PyTorch); 6e9
+  is the geometric middle, unmeasured in between.
+* MIN_REPLICA_TOKENS = 256: 16 replicas of one 128-token sequence each (batch
+  16) ran 0.34x PyTorch. With two replicas the sum is a single addition, and
+  replicas stay the better plan.
+* KERNEL_THREAD_WORTH = 0.57: one model with 16-thread kernels did tiny batch
+  64 in 89.2 ms/step and 8 replicas on 8 cores in 102.0, so a kernel thread at
+  16 threads does 8 x 102.0 / 89.2 / 16 ~ 0.57 of a replica's work: 8 replicas
+  on 16 cores lose to 16 kernel threads (measured again: 85.9 against 94.8
+  ms/step at batch 64, 26.2 against 40.5 at batch 16).
 
 On two cores the rule chooses what the trainer always ran there: two
 replicas for an even batch, else one model with both threads.
@@ -35,7 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_REPLICAS = 8
+CROWD = 8
+MIN_CROWD_FLOPS = 6e9
 MIN_REPLICA_TOKENS = 256
 KERNEL_THREAD_WORTH = 0.57
 MODES = ("replicas", "kernels")
@@ -64,20 +69,35 @@ def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
 
-def _replicas_for(threads: int, batch_size: int, block_size: int, cap: int,
-                  min_tokens: int) -> int:
-    """The largest divisor of the batch at most min(threads, cap) whose replicas, when
-    there are more than two, each hold at least min_tokens tokens."""
-    for r in range(min(threads, cap, batch_size), 0, -1):
-        if batch_size % r == 0 and (r <= 2 or batch_size // r * block_size >= min_tokens):
-            return r
+def block_matmul_weights(n_layer: int, n_embd: int) -> int:
+    """Weights in the blocks' matrix products (qkv, proj, fc, fc-proj): 12 L C^2.
+    A replica's matrix products cost 6 x this many FLOPs per token a step."""
+    return 12 * n_layer * n_embd * n_embd
+
+
+def _replicas_for(threads: int, batch_size: int, block_size: int,
+                  weights: int | None, limits: bool = True) -> int:
+    """The largest divisor of the batch, at most `threads`, whose replicas meet the
+    rule's limits (module docstring); without limits, the largest divisor."""
+    for r in range(min(threads, batch_size), 0, -1):
+        if batch_size % r:
+            continue
+        tokens = batch_size // r * block_size
+        if limits and r > 2 and tokens < MIN_REPLICA_TOKENS:
+            continue
+        if limits and r > CROWD and (weights is None
+                                     or 6 * weights * tokens < MIN_CROWD_FLOPS):
+            continue
+        return r
     return 1
 
 
 def choose_plan(threads: int, batch_size: int, block_size: int, mode: str | None = None,
-                concurrent: bool = True) -> ThreadPlan:
+                concurrent: bool = True, block_weights: int | None = None) -> ThreadPlan:
     """The plan for `threads` threads and a micro-batch of batch_size x block_size
-    tokens (the rule: see the module docstring). `mode` forces one: "replicas" runs
+    tokens of a model whose blocks hold `block_weights` matrix weights
+    (`block_matmul_weights(L, C)`; None: unknown, so never more than CROWD replicas). The
+    rule: see the module docstring. `mode` forces one: "replicas" runs
     as many replicas as divide the batch (at most one per thread, no other limit),
     "kernels" one model. Without concurrent kernels (numba's workqueue layer),
     replicas cannot run and the plan is one model."""
@@ -101,16 +121,16 @@ def choose_plan(threads: int, batch_size: int, block_size: int, mode: str | None
     if mode == "kernels":
         return kernels("--thread-mode kernels")
     if mode == "replicas":
-        r = _replicas_for(threads, batch_size, block_size, threads, 0)
+        r = _replicas_for(threads, batch_size, block_size, block_weights, limits=False)
         return replicas(r, "--thread-mode replicas: the largest divisor of the batch "
                            f"at most {threads}")
     if threads == 1:
         return kernels("one thread")
-    r = _replicas_for(threads, batch_size, block_size, MAX_REPLICAS, MIN_REPLICA_TOKENS)
+    r = _replicas_for(threads, batch_size, block_size, block_weights)
     if r > 1 and r >= KERNEL_THREAD_WORTH * threads:
         return replicas(r, f"{r} of {threads} threads busy as replicas, each meeting the "
                            "others once per step")
     return kernels(f"replicas would keep {r} of {threads} threads busy (a divisor of batch "
-                   f"{batch_size}, at most {MAX_REPLICAS}, {MIN_REPLICA_TOKENS}+ tokens each "
-                   f"beyond two), under {KERNEL_THREAD_WORTH} x {threads}: threaded kernels "
-                   "use every core")
+                   f"{batch_size}; {MIN_REPLICA_TOKENS}+ tokens each beyond two, "
+                   f"{MIN_CROWD_FLOPS / 1e9:g}+ GFLOP each beyond {CROWD}), under "
+                   f"{KERNEL_THREAD_WORTH} x {threads}: threaded kernels use every core")

@@ -49,6 +49,7 @@ from .preflight import check_memory, check_paths, check_prompt
 from .data import READ_CHUNK_BYTES, CharTokenizer, CorpusError, Dataset, batch_at, load_corpus, \
     unigram_entropy
 from .step import evaluate, train_step
+from .thread_plan import block_matmul_weights
 
 
 @dataclass
@@ -199,8 +200,9 @@ def _threads(config, rank, world_size):
         raise TrainError(str(exc)) from None
     local_batch = rows.stop - rows.start
     n_threads = config.threads or max(1, cores() // world_size)
-    mode, n_replicas, thread_info = plan_threads(n_threads, local_batch, config.block_size,
-                                                 config.thread_mode)
+    mode, n_replicas, thread_info = plan_threads(
+        n_threads, local_batch, config.block_size, config.thread_mode,
+        block_weights=block_matmul_weights(config.n_layer, config.n_embd))
     config = dataclasses.replace(config, threads=n_threads, thread_mode=mode)
     return config, rows, n_threads, n_replicas, thread_info
 

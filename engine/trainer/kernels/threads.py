@@ -59,7 +59,8 @@ def restore_threads(info: dict) -> None:
 
 
 def plan_threads(n_threads: int, batch_size: int, block_size: int,
-                 mode: str | None = None) -> tuple[str, int, dict]:
+                 mode: str | None = None, block_weights: int | None = None
+                 ) -> tuple[str, int, dict]:
     """Choose how a process spends its n threads (thread_plan.choose_plan: the rule,
     or `mode` when given) and set the pools accordingly: replicas each on one numba
     thread and one BLAS thread, while what runs between them (the gradient norm,
@@ -68,7 +69,7 @@ def plan_threads(n_threads: int, batch_size: int, block_size: int,
     returned, with the ThreadPlan under "plan")."""
     from ..thread_plan import choose_plan
     plan = choose_plan(n_threads, batch_size, block_size, mode,
-                       concurrent=concurrent_kernels_ok())
+                       concurrent=concurrent_kernels_ok(), block_weights=block_weights)
     info = set_threads(n_threads, blas=1 if plan.replicas > 1 else None)
     info["plan"] = plan
     return plan.mode, plan.replicas, info

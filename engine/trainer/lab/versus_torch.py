@@ -118,6 +118,7 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
     paired ratio is the median over rounds of (PyTorch block median / our
     block median); every median comes with its quartiles."""
     from ..kernels.threads import cores, plan_threads, restore_threads
+    from ..thread_plan import block_matmul_weights
     say = progress or (lambda line: None)
     torch_reason = torch_missing() if with_torch else "disabled with --no-torch"
     if torch_reason is not None:
@@ -125,8 +126,9 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
     elif alone is None:
         alone = max(1, steps // 2)
     n_threads = threads or cores()
-    thread_mode, replicas, thread_info = plan_threads(n_threads, batch_size, cfg.block_size,
-                                                      thread_mode)
+    thread_mode, replicas, thread_info = plan_threads(
+        n_threads, batch_size, cfg.block_size, thread_mode,
+        block_weights=block_matmul_weights(cfg.n_layer, cfg.n_embd))
     plan = _Plan(cfg, batch_size, steps, warmup, alone, block, seed, attention,
                  torch_attention, torch_reason, n_threads, thread_mode, replicas, thread_info)
     try:
