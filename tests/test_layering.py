@@ -8,7 +8,8 @@
 * The trainer's lab (engine/trainer/lab/) is measurement, not the trainer:
   nothing outside it imports it but `python -m engine.bench`, and
   `python -m engine.train` never loads it.
-* There is no import cycle among engine modules.
+* There is no import cycle among engine modules, and the trainer wing's rooms
+  import one way: lab -> trainer -> kernels -> kernels/cpu.
 """
 import ast
 import subprocess
@@ -155,6 +156,24 @@ def test_no_import_cycle_among_engine_modules():
              for n, deps in edges.items()}
     edges["engine"] = set()       # the top package re-exports; modules import it lazily
     _assert_acyclic(edges)
+
+
+# The trainer wing's rooms, most specific first; each may import only the rooms after it.
+ROOMS = ("engine.trainer.lab", "engine.trainer", "engine.trainer.kernels",
+         "engine.trainer.kernels.cpu")
+
+
+def room_of(name: str) -> str | None:
+    return next((r for r in reversed(ROOMS) if name == r or name.startswith(r + ".")), None)
+
+
+def test_the_trainer_rooms_import_one_way():
+    """The trainer reads its op kernels, which read the CPU back end; the lab reads
+    them all. No arrow goes back up: no room imports one listed before it."""
+    backwards = sorted(f"{name} -> {dep}" for name, deps in graph().items()
+                       for dep in deps if room_of(name) and room_of(dep)
+                       and ROOMS.index(room_of(dep)) < ROOMS.index(room_of(name)))
+    assert not backwards, "an import against the rooms' order: " + "; ".join(backwards)
 
 
 def test_the_checks_are_outside_the_library():

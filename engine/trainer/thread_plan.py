@@ -1,8 +1,8 @@
 """How a process spends its cores: model replicas, or one model with threaded kernels.
 
 `choose_plan(threads, batch_size, block_size, block_weights=...)` is a pure
-function: it reads no machine and sets nothing (kernels/threads.py sets the
-pools from its answer). The rule, in order:
+function: it reads no machine and sets nothing (`plan_threads` below sets
+numba's and BLAS's pools from its answer). The rule, in order:
 
 1. Replicas: R is the largest divisor of the batch, at most the thread count,
    whose replicas each hold at least MIN_REPLICA_TOKENS tokens (rows x T) when
@@ -134,3 +134,20 @@ def choose_plan(threads: int, batch_size: int, block_size: int, mode: str | None
                    f"{batch_size}; {MIN_REPLICA_TOKENS}+ tokens each beyond two, "
                    f"{MIN_CROWD_FLOPS / 1e9:g}+ GFLOP each beyond {CROWD}), under "
                    f"{KERNEL_THREAD_WORTH} x {threads}: threaded kernels use every core")
+
+
+def plan_threads(n_threads: int, batch_size: int, block_size: int,
+                 mode: str | None = None, block_weights: int | None = None
+                 ) -> tuple[str, int, dict]:
+    """Choose how a process spends its n threads (choose_plan: the rule,
+    or `mode` when given) and set the pools accordingly: replicas each on one numba
+    thread and one BLAS thread, while what runs between them (the gradient norm,
+    AdamW) uses all n numba threads; one model (or a single replica) gets every
+    thread in numba and BLAS. Returns (the mode used, replicas, what set_threads
+    returned, with the ThreadPlan under "plan")."""
+    from .kernels.threads import concurrent_kernels_ok, set_threads
+    plan = choose_plan(n_threads, batch_size, block_size, mode,
+                       concurrent=concurrent_kernels_ok(), block_weights=block_weights)
+    info = set_threads(n_threads, blas=1 if plan.replicas > 1 else None)
+    info["plan"] = plan
+    return plan.mode, plan.replicas, info

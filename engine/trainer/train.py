@@ -191,7 +191,8 @@ def _processes(config):
 
 def _threads(config, rank, world_size):
     """Validate the settings, split the batch over processes and threads, set the pools."""
-    from .kernels.threads import cores, plan_threads
+    from .kernels.threads import cores
+    from .thread_plan import plan_threads
     from .parallel import shard_rows
     config.validate()
     try:

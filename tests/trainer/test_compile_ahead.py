@@ -30,7 +30,7 @@ import numpy as np
 from engine.gpt_config import GPTConfig
 from engine.trainer import compile_ahead
 from engine.trainer.kernels import layernorm, adamw
-from engine.trainer.kernels.threads import plan_threads
+from engine.trainer.thread_plan import plan_threads
 from engine.trainer.model import decay_segments
 from engine.trainer.optim import AdamW
 from engine.trainer.parallel import ThreadReplicas

@@ -58,23 +58,6 @@ def restore_threads(info: dict) -> None:
     restore_blas_threads(previous.get("blas") or {})
 
 
-def plan_threads(n_threads: int, batch_size: int, block_size: int,
-                 mode: str | None = None, block_weights: int | None = None
-                 ) -> tuple[str, int, dict]:
-    """Choose how a process spends its n threads (thread_plan.choose_plan: the rule,
-    or `mode` when given) and set the pools accordingly: replicas each on one numba
-    thread and one BLAS thread, while what runs between them (the gradient norm,
-    AdamW) uses all n numba threads; one model (or a single replica) gets every
-    thread in numba and BLAS. Returns (the mode used, replicas, what set_threads
-    returned, with the ThreadPlan under "plan")."""
-    from ..thread_plan import choose_plan
-    plan = choose_plan(n_threads, batch_size, block_size, mode,
-                       concurrent=concurrent_kernels_ok(), block_weights=block_weights)
-    info = set_threads(n_threads, blas=1 if plan.replicas > 1 else None)
-    info["plan"] = plan
-    return plan.mode, plan.replicas, info
-
-
 def single_threaded() -> bool:
     """Whether the calling thread runs numba kernels on one thread (a model
     replica): the attention kernels then take their BLAS build."""

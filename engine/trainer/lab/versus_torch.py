@@ -117,8 +117,8 @@ def run(cfg: GPTConfig, batch_size: int, *, steps: int = 20, warmup: int = 3,
     so neither side's thread pools and caches are cold at every step). The
     paired ratio is the median over rounds of (PyTorch block median / our
     block median); every median comes with its quartiles."""
-    from ..kernels.threads import cores, plan_threads, restore_threads
-    from ..thread_plan import block_matmul_weights
+    from ..kernels.threads import cores, restore_threads
+    from ..thread_plan import block_matmul_weights, plan_threads
     say = progress or (lambda line: None)
     torch_reason = torch_missing() if with_torch else "disabled with --no-torch"
     if torch_reason is not None:
