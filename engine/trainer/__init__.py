@@ -12,7 +12,9 @@ tests/test_layering.py).
                          kernels/cpu/ the back end beneath them, with its measurements
     arena.py             one block of memory for a step's buffers, on huge pages
     optim.py             AdamW over the flat parameter buffer, lr schedule
-    parallel.py          one model replica per thread; MPI gradient all-reduce
+    parallel.py          model replicas on threads; MPI gradient all-reduce
+    thread_plan.py       replicas or threaded kernels: the rule (THREADS.md), and
+                         setting numba's and BLAS's thread pools from its choice
     compile_ahead.py     a cold cache: the backward's kernels compiled in a helper process
     data.py              character tokenizer, built-in corpus, batches
     step.py              the one training step (train and bench both run it)
