@@ -5,10 +5,12 @@ import argparse
 import json
 import sys
 
+from ..fused_buffers import ATTENTION_KINDS
 from .checkpoint_files import load_checkpoint, resumed_settings
 from .config import TrainConfig, TrainError
 from .parallel import launch_rank
 from .train import summary, train
+from .thread_plan import MODES as THREAD_MODES
 
 
 # --------------------------------------------------------------- command line
@@ -48,13 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dtype", choices=("float32", "float64"), help="float32 trains, float64 checks")
     a("--checkpointing", action="store_true", default=None,
       help="activation checkpointing: recompute each block in the backward")
-    a("--attention", choices=("standard", "flash"),
+    a("--attention", choices=ATTENTION_KINDS,
       help="attention kernel: standard keeps the T x T probabilities for the backward, "
            "flash keeps one number per row and recomputes them (default standard)")
     a("--data-parallel", action="store_true", default=None,
       help="split each micro-batch over the processes of mpiexec")
     a("--threads", type=int, help="threads per process (default: cores / processes)")
-    a("--thread-mode", choices=("replicas", "kernels"),
+    a("--thread-mode", choices=THREAD_MODES,
       help="replicas: one model copy per thread, each single-threaded; kernels: one "
            "model whose kernels use every thread (default: chosen from the cores, the "
            "batch and the context length; the run's first lines say which and why)")

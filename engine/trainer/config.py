@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..fused_buffers import ATTENTION_KINDS
 from ..gpt_config import GPTConfig
+from .thread_plan import MODES as THREAD_MODES
 
 
 class TrainError(Exception):
@@ -111,11 +113,12 @@ class TrainConfig:
         if self.n_embd % self.n_head:
             raise TrainError(f"--n-embd {self.n_embd} is not divisible by --n-head "
                              f"{self.n_head}; pick a head count that divides it")
-        if self.thread_mode not in (None, "replicas", "kernels"):
+        if self.thread_mode is not None and self.thread_mode not in THREAD_MODES:
             raise TrainError(f"--thread-mode must be replicas or kernels, got "
                              f"{self.thread_mode!r}")
-        if self.attention not in ("standard", "flash"):
-            raise TrainError(f"--attention must be standard or flash, got {self.attention!r}")
+        if self.attention not in ATTENTION_KINDS:
+            raise TrainError(f"--attention must be {' or '.join(ATTENTION_KINDS)}, got "
+                             f"{self.attention!r}")
         if self.dtype not in ("float32", "float64"):
             raise TrainError(f"--dtype must be float32 or float64, got {self.dtype!r}")
         if self.lr <= 0 or not math.isfinite(self.lr):

@@ -6,6 +6,7 @@ import json
 import sys
 
 from ...gpt_config import GPTConfig
+from ..thread_plan import MODES as THREAD_MODES
 from .attention_sweep import SWEEP_LENGTHS, format_sweep, sweep_attention
 from .report import (format_first_step, format_profile, format_report, format_scaling,
                      format_table)
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads (default: all cores); several, e.g. --threads 1 2 4: "
                         "one scaling table, each count's plan beside PyTorch's with as "
                         "many threads")
-    p.add_argument("--thread-mode", choices=("replicas", "kernels"), default=None,
+    p.add_argument("--thread-mode", choices=THREAD_MODES, default=None,
                    help="replicas: one model copy per thread; kernels: one model with "
                         "multi-threaded kernels (default: the trainer's rule chooses, "
                         "engine/trainer/THREADS.md)")
