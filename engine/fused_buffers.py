@@ -133,8 +133,7 @@ def elements(group: str, d: Dims, attention: str) -> dict[str, int]:
     return {b.name: math.prod(b.shape(d)) for b in buffers(group, attention)}
 
 
-def step_elements(d: Dims, attention: str, checkpointing: bool, groups=GROUPS) -> int:
-    """Elements of a step's buffers in `groups` (every buffer by default, the
-    activations with groups=KEPT), each layer set counted."""
+def step_elements(d: Dims, attention: str, checkpointing: bool) -> int:
+    """Elements of every buffer of a step, each layer set counted."""
     return sum(sum(elements(g, d, attention).values())
-               * (layer_sets(d.L, checkpointing) if g == "layer" else 1) for g in groups)
+               * (layer_sets(d.L, checkpointing) if g == "layer" else 1) for g in GROUPS)

@@ -34,8 +34,8 @@ import numpy as np
 
 from . import kernels as fused
 from . import arena
-from ..fused_buffers import (Dims, attention_buffer, buffers, check_attention, layer_sets,
-                             model_dims)
+from ..fused_buffers import (KEPT, Dims, attention_buffer, buffers, check_attention,
+                             layer_sets, model_dims)
 from ..gpt_config import GPTConfig, init_params, param_shapes
 
 LN_EPS = 1e-5
@@ -280,8 +280,9 @@ class StepBuffers:
         return self.layer_sets[0 if self.checkpointing else index]
 
     def saved_nbytes(self) -> int:
-        """Bytes kept from forward to backward (the activation memory)."""
-        outside = [b for g in ("stream", "final") for b in buffers(g, self.attention)]
+        """Bytes kept from forward to backward (the activation memory): the
+        KEPT groups of engine.fused_buffers, each layer set counted."""
+        outside = [b for g in KEPT if g != "layer" for b in buffers(g, self.attention)]
         return (sum(getattr(self, b.name).nbytes for b in outside)
                 + sum(s.nbytes() for s in self.layer_sets))
 
