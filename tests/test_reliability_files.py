@@ -90,13 +90,6 @@ def test_the_tokenizer_gives_the_same_ids_as_a_character_by_character_lookup():
 
 # ------------------------------------------ item 6: the attention kernel of a checkpoint
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "notes.txt"
-    path.write_text(load_corpus()[:20_000], encoding="utf-8")
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def flash_run(corpus, tmp_path_factory):
     """A 2-step checkpoint of a 4-step flash-attention run, and that run's step-4 loss."""
     folder = tmp_path_factory.mktemp("flash")

@@ -17,18 +17,10 @@ import pytest
 
 from engine import train as T
 from engine.trainer import checkpoint_files, preflight
-from engine.trainer.data import load_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
         "--batch-size", "4", "--eval-every", "2", "--eval-batches", "1", "--threads", "1"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "notes.txt"
-    path.write_text(load_corpus()[:20_000], encoding="utf-8")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
