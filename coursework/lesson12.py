@@ -10,13 +10,8 @@
      bias correction, eps inside the square root, and decay applied after
      the update.
 12.3 reading a log of per-group gradient norms: the global norm per step,
-     the steps of a spike (against the median of the steps before), the
-     groups whose norm is exactly zero at every step, on the lesson's log and
-     three more that separate the rules. The check recognises a sum of norms,
-     a spike judged against the step before, the mean of the steps before or
-     the median of the whole log, a spike flagged a step late, and a small
-     norm, or one zero step (anywhere, or only the last), taken for a cut
-     graph.
+     the spikes, the frozen groups (coursework/lesson12_norms.py, with the logs
+     that tell the stated rule from its near misses).
 12.4 the schedule of gradient buckets on one link during the backward: each
      bucket is sent once its backward is done and the link is free. The
      check recognises sending only after the whole backward, sends that
@@ -38,12 +33,13 @@ import numpy as np
 
 from engine.timing import median_seconds
 from ._core import ExerciseError, attempt, passed
+from .lesson12_norms import (EX_NORMS, NORM_LOGS, check_summarize_norms,  # noqa: F401
+                             norm_log_example, summarize_norms_reference)
 from .pieces import save_piece
 from .slots import engine_master_weight_step, engine_update_scale
 
 EX_CLIP = "12.1 (clip_global_norm)"
 EX_ADAMW = "12.2 (adamw_step)"
-EX_NORMS = "12.3 (summarize_norms)"
 EX_BUCKETS = "12.4 (bucket_schedule)"
 EX_DIAG = "12.5 (diagnose)"
 
@@ -270,174 +266,6 @@ def mixed_precision_pieces() -> dict:
     from .pieces import piece_or_engine
     return {name: piece_or_engine(name, exercise, engine_version)
             for name, (exercise, engine_version) in PRECISION_PIECES.items()}
-
-
-# --------------------------------------------------------------- 12.3
-def summarize_norms_reference(group_norms, spike_factor=10.0):
-    """(global norm per step, spike steps, groups exactly zero at every step)."""
-    per_group = np.array([np.asarray(v, dtype=np.float64) for v in group_norms.values()])
-    total = np.sqrt(np.sum(per_group ** 2, axis=0))
-    spikes = [t for t in range(1, total.size)
-              if total[t] > spike_factor * float(np.median(total[:t]))]
-    frozen = sorted(k for k, v in group_norms.items() if np.all(np.asarray(v) == 0.0))
-    return total, spikes, frozen
-
-
-def norm_log_example():
-    """A log of per-group norms over 30 steps: a spike at step 12, a quiet step at 20 (a
-    small batch), `adapter` cut from the graph, `head` converged to tiny norms, `gain`
-    zero on one step only."""
-    steps = np.arange(30)
-    base = 0.97 ** steps
-    quiet = np.where(steps == 20, 0.01, 1.0)
-    spike = np.where(steps == 12, 50.0, 1.0)
-    return {"embed": list(1.0 * base * quiet * spike), "block": list(2.0 * base * quiet * spike),
-            "head": list(1e-7 * base), "adapter": [0.0] * 30,
-            "gain": [0.0 if t == 5 else 0.003 for t in steps]}
-
-
-def second_spike_log():
-    """20 steps with a spike of 50x at step 8 and a second one of 15x at step 10: the
-    first spike lifts the mean of the earlier steps above the second, not their median."""
-    steps = np.arange(20)
-    spike = np.select([steps == 8, steps == 10], [50.0, 15.0], 1.0)
-    return {"embed": list(1.0 * 0.99 ** steps * spike), "block": list(2.0 * 0.99 ** steps * spike)}
-
-
-def warm_up_log():
-    """30 steps whose norms grow 5% a step (a warm-up), with a spike of 15x at step 4: the
-    median of the whole log, later steps included, is twice the early norms and hides it."""
-    steps = np.arange(30)
-    spike = np.where(steps == 4, 15.0, 1.0)
-    return {"embed": list(1.0 * 1.05 ** steps * spike), "block": list(2.0 * 1.05 ** steps * spike)}
-
-
-def late_zero_log():
-    """30 steps: `adapter` cut from the graph, `late` zero at its last step only, `early`
-    zero at its first step only."""
-    steps = np.arange(30)
-    return {"embed": list(0.97 ** steps), "adapter": [0.0] * 30,
-            "late": [0.0 if t == 29 else 0.002 for t in steps],
-            "early": [0.0 if t == 0 else 0.002 for t in steps]}
-
-
-NORM_LOGS = (("the example log", norm_log_example),
-             ("a log with a second spike two steps after the first", second_spike_log),
-             ("a log whose norms grow 5% a step (a warm-up)", warm_up_log),
-             ("a log with groups zero only at their first or last step", late_zero_log))
-
-
-def _spike_rules(total, factor):
-    """The spike rules learners often write in place of the median of the earlier steps,
-    each with what is wrong with it."""
-    steps = range(1, total.size)
-    return (
-        ([t for t in steps if total[t] > factor * total[t - 1]],
-         "that compares each step with the step before it: an ordinary step after a quiet one "
-         "(step 21 of the example log follows the small batch of step 20) looks like a spike. "
-         "Compare each step with the median of all the steps before it, which one odd step "
-         "does not move."),
-        ([t for t in steps if total[t] > factor * float(np.mean(total[:t]))],
-         "that is the mean of the earlier steps, not their median: one spike lifts the mean, "
-         "and a second spike soon after no longer clears it. The median of the earlier steps "
-         "stays put when one of them is odd."),
-        ([t for t in steps if total[t] > factor * float(np.median(total))],
-         "that compares with the median of the whole log, later steps included. A monitor "
-         "reads the log while the run trains and cannot see the future: at step t use only "
-         "steps 0 to t-1 (here the later, larger norms hide an early spike)."),
-        ([t for t in steps if total[t] > factor * float(np.median(total[:t + 1]))],
-         "that median includes step t itself; compare with the median of the steps before "
-         "it only."),
-    )
-
-
-def _spike_hint(spikes, want, total, factor):
-    for rule, hint in _spike_rules(total, factor):
-        if spikes == rule != want:
-            return hint
-    if spikes in ([t - 1 for t in want], [t + 1 for t in want]):
-        return "name the step whose own norm jumped (its index in the log)."
-    if 0 in spikes:
-        return "step 0 has no earlier steps to compare with: start at step 1."
-    missed = [t for t in want if t not in spikes]
-    if missed:
-        t = missed[0]
-        return (f"step {t}'s global norm is {total[t] / np.median(total[:t]):.1f} times the "
-                f"median of the steps before it.")
-    return ("a spike is a step whose global norm exceeds spike_factor times the median of the "
-            "global norms of all earlier steps.")
-
-
-def _frozen_hint(frozen, want, log):
-    for name in frozen:
-        if name in want or name not in log:
-            continue
-        norms = np.asarray(log[name], dtype=np.float64)
-        zeros = [int(t) for t in np.flatnonzero(norms == 0.0)]
-        if not zeros:
-            return (f"'{name}' has tiny norms ({norms.max():.0e}), not zero ones: a converged "
-                    f"or slow group. A cut graph gives exactly 0.0; compare with == 0, not "
-                    f"with a tolerance.")
-        where = "its last step" if zeros == [norms.size - 1] else (
-            "its first step" if zeros == [0] else f"step {zeros[0]}")
-        return (f"'{name}' is zero at {where} only (that step its gradient happened to "
-                f"vanish); a frozen group is zero at every step, so test every entry.")
-    missing = [name for name in want if name not in frozen]
-    if missing:
-        return f"'{missing[0]}' is 0.0 at every step: its gradient never arrives."
-    return "give each frozen group once, by the name it has in the log."
-
-
-def _check_norm_log(summarize_norms, what, log):
-    got = attempt(EX_NORMS, summarize_norms, {k: list(v) for k, v in log.items()}, 10.0)
-    if not (isinstance(got, tuple) and len(got) == 3):
-        raise ExerciseError(EX_NORMS, f"return three things (global norms per step, spike "
-                                      f"steps, frozen groups), got {type(got).__name__}.")
-    total, spikes, frozen = got
-    want_total, want_spikes, want_frozen = summarize_norms_reference(log, 10.0)
-    total = np.asarray(total, dtype=np.float64).reshape(-1)
-    if total.shape != want_total.shape:
-        raise ExerciseError(EX_NORMS, f"one global norm per step: {want_total.size} steps in "
-                                      f"{what}, got {total.size} numbers.")
-    if not np.allclose(total, want_total, rtol=1e-9):
-        groups = np.array([v for v in log.values()])
-        if np.allclose(total, groups.sum(axis=0), rtol=1e-9):
-            hint = ("that is the sum of the groups' norms. The global norm is the norm of all "
-                    "gradients together: sqrt(sum over groups of norm**2).")
-        elif np.allclose(total, (groups ** 2).sum(axis=0), rtol=1e-9):
-            hint = "that is the squared norm: take the square root of the sum of squares."
-        else:
-            hint = "the global norm of step t is sqrt(sum over groups of norm[t]**2)."
-        raise ExerciseError(EX_NORMS, f"in {what}, the global norm at step 0 is "
-                                      f"{total[0]:.6g}, expected {want_total[0]:.6g}; {hint}")
-    try:
-        spikes = sorted(int(t) for t in spikes)
-    except (TypeError, ValueError):
-        raise ExerciseError(EX_NORMS, f"give the spikes as a list of step numbers, got "
-                                      f"{spikes!r}") from None
-    if spikes != want_spikes:
-        hint = _spike_hint(spikes, want_spikes, want_total, 10.0)
-        raise ExerciseError(EX_NORMS, f"in {what}, the spike steps are {spikes}, expected "
-                                      f"{want_spikes}; {hint}")
-    try:
-        frozen = sorted(str(k) for k in frozen)
-    except TypeError:
-        raise ExerciseError(EX_NORMS, f"give the frozen groups as a list of names, got "
-                                      f"{frozen!r}") from None
-    if frozen != want_frozen:
-        raise ExerciseError(EX_NORMS, f"in {what}, the frozen groups are {frozen}, expected "
-                                      f"{want_frozen}; {_frozen_hint(frozen, want_frozen, log)}")
-    return want_spikes, want_frozen
-
-
-def check_summarize_norms(summarize_norms) -> None:
-    """The global norm per step, the spikes, the frozen groups: on the lesson's example
-    log, then on one log per rule that the example alone cannot tell apart."""
-    (spikes, frozen), *_ = [_check_norm_log(summarize_norms, what, make())
-                            for what, make in NORM_LOGS]
-    passed(EX_NORMS, f"global norms right; spike at step {spikes[0]}; frozen: "
-                     f"{', '.join(frozen)}; and right on {len(NORM_LOGS) - 1} more logs (a "
-                     f"second spike, a warm-up, a group zero at one end only).")
 
 
 # --------------------------------------------------------------- 12.4

@@ -486,7 +486,7 @@ plt.show()
 #   the log while the run trains);
 # - `frozen`: the names of the groups whose norm is exactly 0.0 at every step.
 #
-# The check reads the log of the plots above and three more, each built so that one
+# The check reads the log of the plots above and five more, each built so that one
 # tempting shortcut gives a different answer.
 
 # %%
