@@ -123,16 +123,28 @@ def test_as_the_real_trainers_callback():
     assert bytes(dash.plot.value).startswith(b"\x89PNG")
 
 
+class FakeClock:
+    """The dashboard's clock, moved by the test: `clock.now += seconds`."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
 def test_progress_bar_time_left_and_smoothed_speed():
-    dash = TrainerDashboard(total_steps=100, redraw_every=1000)
+    clock = FakeClock()
+    dash = TrainerDashboard(total_steps=100, redraw_every=1000, clock=clock)
     dash(record(1, step_time=0.2, tokens_per_s=10_000))
     for step in range(2, 21):
+        clock.now += 0.2 if step < 4 else 0.1
         dash(record(step, step_time=0.1, tokens_per_s=20_000))
     assert dash.progress.value == 20 and dash.progress.max == 100
     line = dash.progress_line()
     assert line.startswith("step 20 of 100 (20%), 80 steps left, about ") and \
         line.endswith(" s left")
-    # 80 steps at a smoothed step time between 0.1 and 0.2 s
+    # 80 steps at the run's pace so far, between 0.1 and 0.2 s a step
     assert 80 * 0.1 <= dash.time_left() <= 80 * 0.2
     smoothed = dash._smooth_speed
     assert 10_000 < smoothed < 20_000 and f"{smoothed:,.0f} tokens/s (smoothed)" in dash.summary()
@@ -190,3 +202,126 @@ def test_the_widgets_change_during_the_run_and_nothing_is_printed(capsys):
     assert "10 steps left" in sent["progress_text"][-1]
     dash.finish()
     assert capsys.readouterr().out == ""
+
+
+# ------------------------------------------------------------ the estimate and the speed
+def _estimates(dash, clock, durations):
+    """Feed one record per duration (the clock moves by it); the time-left estimate after
+    each step."""
+    out = []
+    for step, seconds in enumerate(durations, start=1):
+        clock.now += seconds
+        dash(record(step, step_time=seconds, tokens_per_s=2048 / seconds))
+        out.append(dash.time_left())
+    return out
+
+
+def test_the_time_left_moves_steadily_when_the_step_time_is_noisy():
+    """A busy machine slows a few steps to 3x; an evaluation step takes a second. The
+    estimate may drift, but it never jumps up by more than 5% from one step to the next
+    (a moving average of the last step times jumped by half)."""
+    durations = [0.1] * 200
+    for busy in range(40, 46):
+        durations[busy] = 0.3
+    for evaluation in range(24, 200, 25):
+        durations[evaluation] = 1.0
+    clock = FakeClock()
+    estimates = _estimates(TrainerDashboard(total_steps=200, redraw_every=1000, clock=clock),
+                           clock, durations)
+    rises = [later / earlier - 1 for earlier, later in zip(estimates[9:], estimates[10:-1])]
+    assert max(rises) <= 0.05 + 1e-9, f"the estimate rose by {max(rises):.0%} in one step"
+    # and it is right about the rest of the run, give or take a fifth
+    for step in (50, 100, 150):
+        truth = sum(durations[step:])
+        assert abs(estimates[step - 1] / truth - 1) < 0.2, (step, estimates[step - 1], truth)
+
+
+def test_over_a_minute_the_estimate_is_shown_to_five_seconds():
+    from widgets.trainer import _seconds
+    assert _seconds(42) == "42 s" and _seconds(91) == "1 min 30 s" and _seconds(93) == "1 min 35 s"
+
+
+def test_the_plotted_speed_is_the_smoothed_speed_the_status_names():
+    dash = TrainerDashboard(total_steps=10, redraw_every=1000)
+    for step, speed in enumerate((10_000, 30_000, 10_000, 30_000), start=1):
+        dash(record(step, tokens_per_s=speed))
+    fig = dash.make_figure()
+    ax = next(a for a in fig.axes if "tokens per second" in a.get_title())
+    assert "smoothed" in ax.get_title() and "(smoothed)" in dash.summary()
+    plotted = list(ax.lines[0].get_ydata())
+    assert plotted == dash.series()["smoothed_tokens_per_s"]
+    assert plotted[-1] == dash._smooth_speed and f"{plotted[-1]:,.0f} tokens/s" in dash.summary()
+    assert max(plotted) < 30_000        # not the raw speeds
+
+
+def test_every_phase_bar_is_visible_and_says_its_share():
+    from widgets.trainer import MIN_BAR_PERCENT
+    dash = TrainerDashboard(total_steps=10, redraw_every=1000)
+    dash(record(1, phases={"loss": 0.3, "backward": 0.6, "optimizer": 0.002,
+                           "evaluation": 0.098}))
+    fig = dash.make_figure()
+    ax = next(a for a in fig.axes if a.get_title() == "where the time goes")
+    widths = [bar.get_width() for bar in ax.patches]
+    labels = [t.get_text() for t in ax.texts]
+    assert len(widths) == 4 and min(widths) >= MIN_BAR_PERCENT
+    assert labels == ["30%", "60%", "0.2%", "10%"]
+    assert all(bar.get_width() < ax.get_xlim()[1] for bar in ax.patches)
+
+
+# ------------------------------------------------------------ stopping
+def test_the_stop_button_ends_the_loop_and_says_who_stopped_it():
+    import asyncio
+    dash = TrainerDashboard(total_steps=100, redraw_every=1000)
+
+    async def loop():
+        with dash.running():
+            for step in range(1, 101):
+                if not await dash.keep_going():
+                    break
+                dash(record(step))
+                if step == 7:
+                    dash.stop_button.click()        # what a click in the browser does
+    asyncio.run(loop())
+    assert dash.last_step() == 7 and dash.stop_button.disabled
+    assert dash.progress_line(done=True) == \
+        "stopped early at step 7 of 100: stopped by you at step 7"
+    assert dash.progress.bar_style == "warning"
+
+
+def test_an_interrupt_inside_running_is_caught_into_one_line():
+    dash = TrainerDashboard(total_steps=100, redraw_every=1000)
+    with dash.running():
+        for step in range(1, 101):
+            dash(record(step))
+            if step == 12:
+                raise KeyboardInterrupt
+    assert "stopped by you at step 12" in dash.progress_text.value
+    full = TrainerDashboard(total_steps=3)
+    with full.running():
+        for step in range(1, 4):
+            full(record(step))
+    assert full.progress_line(done=True) == "finished: step 3 of 3"
+    with pytest.raises(ValueError):                  # other errors are not swallowed
+        with TrainerDashboard(total_steps=3).running():
+            raise ValueError("a broken step")
+
+
+def test_the_saved_output_becomes_the_final_picture(monkeypatch):
+    """show() displays the dashboard with a display id; finish() updates that output with
+    the dashboard's bundle, which then carries the PNG (what a saved notebook shows where
+    the widget cannot be drawn, instead of `VBox(children=...`)."""
+    import IPython.display
+    updates = []
+
+    class Handle:
+        def update(self, obj):
+            updates.append(obj._repr_mimebundle_())
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=None: Handle())
+    dash = TrainerDashboard(total_steps=2)
+    dash.show()
+    dash(record(1))
+    dash(record(2))
+    assert not updates
+    dash.finish()
+    data = updates[-1][0] if isinstance(updates[-1], tuple) else updates[-1]
+    assert "image/png" in data

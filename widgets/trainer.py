@@ -28,32 +28,52 @@ measurably.
     display(dash)                         # or dash.ui
     result = train(config, callback=dash)
     dash.finish()                         # or dash.finish(reason="stopped by hand")
+
+A hand-written loop can be stopped by the learner. Its **stop** button is a click the
+kernel only reads between two statements that wait, so the loop awaits
+`dash.keep_going()` once a step (a top-level `await` in a notebook cell lets the
+kernel take the click in); `dash.running()` around the loop ends the run cleanly on
+the button or on Kernel > Interrupt ("stopped by you at step N", no traceback):
+
+    dash.show()                           # keeps the final picture in the saved notebook
+    with dash.running():
+        for step in range(300):
+            if not await dash.keep_going():
+                break
+            ...                           # one step, then dash(record)
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import html
 import io
+import time
 
 PHASES = ("loss", "backward", "optimizer", "evaluation")
 PHASE_COLORS = {"loss": "#4c72b0", "backward": "#c44e52", "optimizer": "#55a868",
                 "evaluation": "#ccb974"}
-SMOOTHING = 0.2   # weight of the newest step in the moving averages of speed and step time
+SMOOTHING = 0.2   # weight of the newest step in the moving average of the speed
+MAX_RISE = 0.05   # the most the time-left estimate may rise from one step to the next
+MIN_BAR_PERCENT = 2.0   # a phase bar is drawn at least this wide, so none is invisible
 FONT = "font-size: 15px; line-height: 1.5"
 FIGURE_FONT_SIZE = 11
 
 
 class TrainerDashboard:
     """Loss (training and validation), gradient norm, tokens/s, MFU and the time per
-    phase, live.
+    phase, live, with a stop button.
 
     total_steps: for the progress text (None if unknown). redraw_every: redraw
     the figure every this many steps. reference_loss: a horizontal line on the
-    loss plot (e.g. the unigram entropy of the corpus), with its label.
+    loss plot (e.g. the unigram entropy of the corpus), with its label. clock: the
+    seconds the time-left estimate reads (time.monotonic; a test hands its own).
     """
 
     def __init__(self, total_steps: int | None = None, redraw_every: int = 10,
                  reference_loss: float | None = None,
-                 reference_label: str = "unigram entropy", title: str = "Training"):
+                 reference_label: str = "unigram entropy", title: str = "Training",
+                 clock=time.monotonic):
         import ipywidgets as w
         if redraw_every < 1:
             raise ValueError(f"TrainerDashboard: redraw_every must be at least 1, got "
@@ -62,20 +82,29 @@ class TrainerDashboard:
         self.redraw_every = int(redraw_every)
         self.reference_loss = reference_loss
         self.reference_label = reference_label
+        self.clock = clock
         from widgets._figures import PreviewVBox
         self.records: list[dict] = []
         self.redraws = 0
         self.png = b""
         self.stopped_early: str | None = None   # why, once finish() found it stopped early
+        self.stop_requested = False             # the stop button was clicked
         self._smooth_speed: float | None = None
-        self._smooth_step_time: float | None = None
+        self._arrivals: list[tuple[int, float]] = []   # (step, clock) of each record
+        self._display = None
+        self._estimate: tuple[int, float] | None = None   # (step, seconds left) after it
         self.title = w.HTML(f"<b style='font-size: 17px'>{html.escape(title)}</b>")
         self.progress = w.FloatProgress(value=0, min=0, max=float(total_steps or 1),
                                         bar_style="info", layout=w.Layout(width="420px"))
         self.progress_text = w.HTML(self._progress_html())
+        self.stop_button = w.Button(description="stop", icon="stop", button_style="danger",
+                                    tooltip="end the run after the step in progress",
+                                    layout=w.Layout(width="90px"))
+        self.stop_button.on_click(lambda _button: self.request_stop())
         self.status = w.HTML(self._status_html(), style={"font_size": "15px"})
         self.plot = w.Image(format="png", layout=w.Layout(min_height="330px"))
-        self.ui = PreviewVBox([self.title, w.HBox([self.progress, self.progress_text]),
+        self.ui = PreviewVBox([self.title,
+                               w.HBox([self.progress, self.stop_button, self.progress_text]),
                                self.status, self.plot], preview=lambda: self.png)
 
     # ------------------------------------------------------------ callback
@@ -90,8 +119,14 @@ class TrainerDashboard:
                 raise KeyError(f"TrainerDashboard: a record needs {key!r}; got keys "
                                f"{sorted(record)}")
         self.records.append(dict(record))
-        self._smooth("_smooth_speed", record.get("tokens_per_s"))
-        self._smooth("_smooth_step_time", record.get("step_time"))
+        self._arrivals.append((int(record["step"]), float(self.clock())))
+        self._update_estimate()
+        speed = record.get("tokens_per_s")
+        if speed:
+            old = self._smooth_speed
+            self._smooth_speed = (float(speed) if old is None else
+                                  SMOOTHING * float(speed) + (1 - SMOOTHING) * old)
+        self.records[-1]["smoothed_tokens_per_s"] = self._smooth_speed
         self.progress.value = float(record["step"]) if self.total_steps else 0.0
         self.progress_text.value = self._progress_html()
         self.status.value = self._status_html()
@@ -99,42 +134,98 @@ class TrainerDashboard:
         if "val_loss" in record or step % self.redraw_every == 0 or step == self.total_steps:
             self.redraw()
 
-    def _smooth(self, attr: str, value) -> None:
-        if value:
-            old = getattr(self, attr)
-            setattr(self, attr, value if old is None else
-                    SMOOTHING * float(value) + (1 - SMOOTHING) * old)
+    # ------------------------------------------------------------ stopping
+    def request_stop(self) -> None:
+        """What the stop button does: the loop's next `keep_going()` says no."""
+        self.stop_requested = True
+        self.stop_button.disabled = True
+        self.stop_button.description = "stopping"
+
+    async def keep_going(self) -> bool:
+        """Await it once a step: the kernel reads the browser's messages meanwhile (a
+        click of stop), then says whether to run another step."""
+        await asyncio.sleep(0.002)
+        return not self.stop_requested
+
+    @contextlib.contextmanager
+    def running(self):
+        """Around the training loop: finish() when it ends, saying "stopped by you at
+        step N" after the stop button or Kernel > Interrupt (which is caught: the cell
+        goes on after the loop, with no traceback). Other errors pass through."""
+        try:
+            yield self
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            # Kernel > Interrupt: a KeyboardInterrupt in a plain cell; in a cell that
+            # awaits (keep_going), the kernel cancels the cell's task instead
+            self.stop_requested = True
+        finally:
+            self.stop_button.disabled = True
+            self.finish(reason=f"stopped by you at step {self.last_step()}"
+                        if self.stop_requested else None)
+
+    def last_step(self) -> int:
+        return int(self.records[-1]["step"]) if self.records else 0
+
+    # ------------------------------------------------------------ display
+    def show(self):
+        """Display the dashboard so that finish() can leave its final picture in the saved
+        notebook in place of the widget's text form. Returns the display handle."""
+        from IPython.display import display
+        self._display = display(self.ui, display_id=True)
+        return self._display
 
     def finish(self, reason: str | None = None) -> None:
         """Draw the final state (call after the run, whatever step it stopped at).
 
         A run that ended before `total_steps` is shown as stopped early, with
         `reason` (say "the 300 s time limit") or, without one, the step it reached."""
-        last = self.records[-1]["step"] if self.records else 0
+        last = self.last_step()
         if self.total_steps and last < self.total_steps:
             self.stopped_early = reason or "the loop ended before its last step"
             self.progress.bar_style = "warning"
         else:
             self.progress.bar_style = "success"
+        self.stop_button.disabled = True
         self.progress_text.value = self._progress_html(done=True)
         self.status.value = self._status_html(done=True)
         self.redraw()
+        if self._display is not None:   # the saved output: the picture of the final state
+            self._display.update(self.ui)
 
+    # ------------------------------------------------------------ progress
     def time_left(self) -> float | None:
-        """Seconds to the last step: the trainer's estimate if the record has one,
-        else the smoothed step time times the steps still to run."""
+        """Seconds to the last step: the trainer's estimate if the record has one, else
+        the dashboard's own (see _update_estimate), which moves little from one step to
+        the next."""
         if not self.records:
             return None
         last = self.records[-1]
         if last.get("time_left") is not None:
             return float(last["time_left"])
-        if self.total_steps and self._smooth_step_time:
-            return max(self.total_steps - int(last["step"]), 0) * self._smooth_step_time
-        return None
+        return self._estimate[1] if self._estimate else None
+
+    def _update_estimate(self) -> None:
+        """After each record: the steps still to run at the run's average pace since its
+        first record (wall time, evaluations included). A rise is let through at most
+        MAX_RISE a step, so one slow step or evaluation does not make the estimate jump."""
+        last = self.records[-1]
+        if not self.total_steps:
+            return
+        steps_left = max(self.total_steps - int(last["step"]), 0)
+        (first_step, first_t), (last_step, last_t) = self._arrivals[0], self._arrivals[-1]
+        if last_step > first_step and last_t > first_t:
+            raw = steps_left * (last_t - first_t) / (last_step - first_step)
+        elif last.get("step_time"):
+            raw = steps_left * float(last["step_time"])
+        else:
+            return
+        if self._estimate and self._estimate[0] < last_step:
+            raw = min(raw, self._estimate[1] * (1 + MAX_RISE))
+        self._estimate = (last_step, raw)
 
     def progress_line(self, done: bool = False) -> str:
         """The line beside the progress bar, as plain text."""
-        step = self.records[-1]["step"] if self.records else 0
+        step = self.last_step()
         of = f" of {self.total_steps}" if self.total_steps else ""
         if done and self.stopped_early:
             return f"stopped early at step {step}{of}: {self.stopped_early}"
@@ -162,6 +253,7 @@ class TrainerDashboard:
             "step": [x["step"] for x in r],
             "loss": [x["loss"] for x in r],
             "tokens_per_s": [x.get("tokens_per_s") for x in r],
+            "smoothed_tokens_per_s": [x.get("smoothed_tokens_per_s") for x in r],
             "grad_norm": [x.get("grad_norm") for x in r],
             "val_step": [s for s, _ in val],
             "val_loss": [v for _, v in val],
@@ -224,20 +316,14 @@ class TrainerDashboard:
         ax_norm.set_xlabel("step")
         ax_norm.set_title("gradient norm (before clipping)")
         ax_norm.grid(True, alpha=0.3)
-        speed = [(st, v) for st, v in zip(s["step"], s["tokens_per_s"]) if v]
+        # the status line's number, drawn: the same moving average, step by step
+        speed = [(st, v) for st, v in zip(s["step"], s["smoothed_tokens_per_s"]) if v]
         if speed:
             ax_speed.plot([a for a, _ in speed], [b for _, b in speed], color="C2", lw=1)
         ax_speed.set_xlabel("step")
-        ax_speed.set_title("tokens per second")
+        ax_speed.set_title("tokens per second (smoothed)")
         ax_speed.grid(True, alpha=0.3)
-        total = sum(s["phases"].values())
-        if total > 0:
-            names = [p for p in PHASES if s["phases"][p] > 0]
-            ax_phase.barh(names, [s["phases"][p] / total * 100 for p in names],
-                          color=[PHASE_COLORS[p] for p in names])
-            ax_phase.invert_yaxis()
-            ax_phase.set_xlabel("% of the run's time")
-        ax_phase.set_title("where the time goes")
+        draw_phase_bars(ax_phase, s["phases"])
         fig.tight_layout()
         return fig
 
@@ -256,7 +342,31 @@ class TrainerDashboard:
         return self.ui._repr_mimebundle_(**kwargs)
 
 
+def draw_phase_bars(ax, phases: dict[str, float], title: str = "where the time goes") -> None:
+    """One horizontal bar per phase with time, its share of the total written beside it.
+    A bar is drawn at least MIN_BAR_PERCENT wide, so a phase of 0.4% is still seen (its
+    label tells the true share)."""
+    total = sum(phases.values())
+    ax.set_title(title)
+    if total <= 0:
+        return
+    names = [p for p in PHASES if phases.get(p, 0) > 0] + \
+        [p for p in phases if p not in PHASES and phases[p] > 0]
+    shares = [100 * phases[p] / total for p in names]
+    ax.barh(names, [max(v, MIN_BAR_PERCENT) for v in shares],
+            color=[PHASE_COLORS.get(p, "gray") for p in names])
+    for y, share in enumerate(shares):
+        ax.text(max(share, MIN_BAR_PERCENT) + 1.5, y, f"{share:.0f}%" if share >= 1 else
+                f"{share:.1f}%", va="center", fontsize=FIGURE_FONT_SIZE - 1)
+    ax.set_xlim(0, max(max(shares), MIN_BAR_PERCENT) * 1.25 + 4)
+    ax.invert_yaxis()
+    ax.set_xlabel("% of the run's time")
+
+
 def _seconds(t: float) -> str:
-    """90 -> '1 min 30 s', 42 -> '42 s'."""
+    """90 -> '1 min 30 s', 42 -> '42 s'; over a minute, to 5 s (the estimate's grain)."""
     t = int(round(t))
-    return f"{t // 60} min {t % 60:02d} s" if t >= 60 else f"{t} s"
+    if t >= 60:
+        t = 5 * int(round(t / 5))
+        return f"{t // 60} min {t % 60:02d} s"
+    return f"{t} s"
