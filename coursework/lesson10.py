@@ -7,7 +7,9 @@
      of GELU, the output array never written), refuses a kernel that runs on
      one thread (no parallel=True, or range in place of prange), then times
      it against the lesson's plain fused loop, the unfused numpy version and
-     the trainer's kernel and says which gap is the learner's to close.
+     the trainer's kernel, refuses one far slower than numpy and the plain
+     loop with the cause it sees, and says which gap is the learner's to
+     close (coursework/lesson10_speed.py).
 10.2 fused softmax + cross-entropy: the mean loss is returned and the
      logits' buffer is overwritten with the gradient of that mean, so the
      probabilities and the gradient never exist as separate (N, V) arrays.
@@ -28,9 +30,9 @@ import math
 import numpy as np
 
 from engine import numba_config  # noqa: F401  (its thread settings go in before numba loads)
-from engine.timing import median_seconds
-from numba import njit, prange
 from ._core import ExerciseError, attempt, passed
+from .lesson10_speed import (bias_gelu_speed_verdict, calls, measure, plain_fused_loop,  # noqa: F401
+                             refusal, slow_causes, speed_report)
 from .pieces import save_piece
 
 EX_GELU = "10.1 (bias_gelu_fused)"
@@ -78,10 +80,6 @@ def softmax_cross_entropy_reference(logits, targets):
 
 def _is_compiled(fn) -> bool:
     return hasattr(fn, "py_func") and hasattr(fn, "signatures")
-
-
-def _fmt_ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
 
 
 # --------------------------------------------------------------- 10.1
@@ -181,9 +179,16 @@ def check_bias_gelu(bias_gelu_fused, repeats: int = 7) -> None:
                                      f"runs this kernel on every MLP of every step, so it "
                                      f"must use every core: loop over the rows with "
                                      f"`for i in prange(rows)` under @njit(parallel=True).")
+    times = measure(bias_gelu_fused, bias_gelu_unfused, rng, max(repeats, 3))
+    if refusal(times, [], 1) is not None:     # measured again before a refusal stands
+        times = measure(bias_gelu_fused, bias_gelu_unfused, rng, max(2 * repeats, 5))
+        why = refusal(times, slow_causes(bias_gelu_fused), max(2 * repeats, 5))
+        if why is not None:
+            raise ExerciseError(EX_GELU, why)
     save_piece("bias_gelu_forward", bias_gelu_fused, EX_GELU)
     passed(EX_GELU, "matches the reference in float64 and float32. Float32 timings:\n  "
-                    + "\n  ".join(_bias_gelu_speed_report(bias_gelu_fused, rng, repeats)))
+                    + "\n  ".join(speed_report(times, calls(bias_gelu_fused, "tanh"),
+                                               32768 * 512 * 4)))
 
 
 def _one_thread_reason(fn) -> str:
@@ -191,109 +196,10 @@ def _one_thread_reason(fn) -> str:
     if not getattr(fn, "targetoptions", {}).get("parallel"):
         return ("it is compiled without parallel=True, so numba runs it on one thread "
                 "(prange is then a plain range).")
-    if _calls(fn, "range") and not _calls(fn, "prange"):
+    if calls(fn, "range") and not calls(fn, "prange"):
         return ("its loops use range, not prange: parallel=True shares only prange loops "
                 "between threads, so this one runs on one thread.")
     return ""
-
-
-@njit(parallel=True, cache=True)
-def plain_fused_loop(x, b, out):
-    """The lesson's answer to 10.1: rows in prange, tanh written with exp. The yardstick of
-    the learner's kernel: the same work, so a gap to it is the learner's to find."""
-    k, a = 0.7978845608028654, 0.044715
-    rows, cols = x.shape
-    for i in prange(rows):
-        for j in range(cols):
-            u = x[i, j] + b[j]
-            t = 1.0 - 2.0 / (np.exp(2.0 * k * (u + a * u * u * u)) + 1.0)
-            out[i, j] = 0.5 * u * (1.0 + t)
-    return out
-
-
-def _bias_gelu_speed_report(bias_gelu_fused, rng, repeats: int) -> list[str]:
-    """Time the learner's kernel beside the lesson's plain fused loop (the same work), the
-    unfused numpy version and the trainer's kernel (fused + a vectorised exp), in cache and
-    out of it, then say what the numbers show (`bias_gelu_speed_verdict`)."""
-    from engine.trainer.kernels import bias_gelu_forward as trainer_kernel
-    lines, times = [], {}
-    for rows, where in ((2048, "the trainer's shape, 4 MB per array, fits in cache"),
-                        (32768, "64 MB per array, out of cache")):
-        xt = rng.normal(size=(rows, 512)).astype(np.float32)
-        bt = rng.normal(size=512).astype(np.float32)
-        outt = np.empty_like(xt)
-        bias_gelu_fused(xt, bt, outt)  # compiled and warm before timing
-        plain_fused_loop(xt, bt, outt)
-        trainer_kernel(xt, bt, out=outt)
-        times = {"yours": median_seconds(lambda: bias_gelu_fused(xt, bt, outt), repeats),
-                 "plain": median_seconds(lambda: plain_fused_loop(xt, bt, outt), repeats),
-                 "numpy": median_seconds(lambda: bias_gelu_unfused(xt, bt), repeats),
-                 "trainer": median_seconds(lambda: trainer_kernel(xt, bt, out=outt), repeats)}
-        lines.append(f"({rows}, 512), {where}: yours {_fmt_ms(times['yours'])}, the lesson's "
-                     f"plain fused loop {_fmt_ms(times['plain'])}, unfused numpy "
-                     f"{_fmt_ms(times['numpy'])} "
-                     f"(speed-up {times['numpy'] / times['yours']:.1f}x); "
-                     f"the trainer's fused kernel with a vectorised exp "
-                     f"{_fmt_ms(times['trainer'])} ({times['numpy'] / times['trainer']:.1f}x)")
-    # the roof: a fused kernel must read x and write out, 8 bytes per element; no kernel
-    # moves those bytes faster than a plain copy of them
-    t_copy = median_seconds(lambda: np.copyto(outt, xt), repeats)
-    roof = 2 * xt.nbytes / t_copy
-    yours = 2 * xt.nbytes / times["yours"]
-    lines.append(f"out of cache your kernel moves {yours / 1e9:.1f} GB/s, {yours / roof:.0%} "
-                 f"of this machine's copy bandwidth ({roof / 1e9:.1f} GB/s), the roof for "
-                 f"8 bytes per element.")
-    return lines + bias_gelu_speed_verdict(times, calls_tanh=_calls(bias_gelu_fused, "tanh"))
-
-
-def bias_gelu_speed_verdict(times, calls_tanh: bool) -> list[str]:
-    """What the out-of-cache times say: a gap between the learner's kernel and the plain
-    fused loop is the learner's own (named where the code shows it); a gap between the plain
-    loop and numpy is the scalar exp, which the lesson's next section removes."""
-    lines = []
-    mine = times["yours"] / times["plain"]
-    if mine > 1.5:
-        cause = ("your kernel calls tanh, a scalar library call dearer than exp: write "
-                 "tanh(z) = 1 - 2 / (exp(2 z) + 1), as the exercise asks" if calls_tanh else
-                 "look for work your loop does that the plain loop does not (a temporary "
-                 "array per row, a float64 constant array in a float32 kernel, a division "
-                 "where a multiply would do)")
-        lines.append(f"yours takes {mine:.1f}x the time of the lesson's plain fused loop (the "
-                     f"same work, rows in prange, tanh written with exp): {cause}.")
-    elif calls_tanh:
-        lines.append("note: your kernel calls tanh. The values are right, but the lesson (and "
-                     "the trainer) write tanh(z) = 1 - 2 / (exp(2 z) + 1), the form the next "
-                     "section turns into a vectorised exp.")
-    versus_numpy = times["yours"] / times["numpy"]
-    if versus_numpy <= 1.0:
-        lines.append(f"out of cache yours beats the unfused numpy version "
-                     f"{1 / versus_numpy:.1f}x: one pass over memory instead of ten.")
-    elif mine > 1.5:
-        lines.append(f"SLOWER THAN NUMPY: out of cache, where fusion should win, yours takes "
-                     f"{versus_numpy:.1f}x the unfused numpy time; fix the cause above first.")
-    else:
-        lines.append(f"SLOWER THAN NUMPY: out of cache yours takes {versus_numpy:.1f}x the "
-                     f"unfused numpy time, and so does the plain fused loop "
-                     f"({times['plain'] / times['numpy']:.1f}x): on this machine its scalar exp, "
-                     f"one C library call per element where numpy's tanh handles 8 or 16 "
-                     f"floats per instruction, is the limit, not memory. The next section's "
-                     f"exp of multiplies and adds vectorises and removes it.")
-    return lines
-
-
-def _calls(fn, name: str) -> bool:
-    """Does the code of `fn` (comments and strings aside) call `name`?"""
-    import inspect
-    import io
-    import tokenize
-    try:
-        source = inspect.getsource(getattr(fn, "py_func", fn))
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
-                  if t.type not in (tokenize.COMMENT, tokenize.STRING)]
-    except (OSError, TypeError, tokenize.TokenError, SyntaxError):
-        return False
-    return any(a.type == tokenize.NAME and a.string == name and b.string == "("
-               for a, b in zip(tokens, tokens[1:]))
 
 
 # --------------------------------------------------------------- 10.2
