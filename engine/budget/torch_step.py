@@ -3,7 +3,8 @@
 `measure_step(cfg)` builds the model `cfg.activation_model` names (a plain
 PyTorch GPT as nanoGPT writes it, or Hugging Face transformers' GPT-2 or
 LLaMA from a config, random weights), runs two training steps (forward,
-backward, `AdamW(foreach=False).step()`, `zero_grad(set_to_none=True)`) and
+backward, `cfg.optimizer`'s `step()` under its implementation: torch's
+for-loop, foreach or fused AdamW or SGD, `zero_grad(set_to_none=True)`) and
 reads what was allocated:
 
 - on CUDA, the caching allocator (`torch.cuda.memory_allocated` and
@@ -27,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 
 from .config import BudgetConfig, BudgetError
+from .optimizer_step import MOMENTUM, TORCH_SWITCHES, optimizer_impl
 
 # A CPU measurement runs the step for real: keep it to seconds.
 CPU_MAX_LAYERS = 4
@@ -143,6 +145,28 @@ def _plain_model(cfg: BudgetConfig):
     return GPT()
 
 
+def _optimizer(model, cfg: BudgetConfig):
+    """`cfg.optimizer` as torch runs it under `cfg`'s implementation (torch's
+    foreach/fused switches): AdamW, or SGD with or without momentum. A Hugging
+    Face model's parameters go in the Trainer's two groups (`Trainer.
+    create_optimizer`: weight decay for all but biases and norms, its default
+    weight_decay 0.0), a plain model's in one, as `AdamW(model.parameters())`."""
+    import torch
+    impl = optimizer_impl(cfg) or "for-loop"
+    params = list(model.parameters())
+    if cfg.activation_model == "hf":
+        from transformers.trainer_pt_utils import get_parameter_names
+        decay = set(get_parameter_names(model, [torch.nn.LayerNorm], [
+            r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
+        named = list(model.named_parameters())
+        params = [{"params": [p for n, p in named if n in decay], "weight_decay": 0.0},
+                  {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, **TORCH_SWITCHES[impl])
+    momentum = MOMENTUM if cfg.optimizer == "momentum" else 0.0
+    return torch.optim.SGD(params, lr=1e-4, momentum=momentum, **TORCH_SWITCHES[impl])
+
+
 # -------------------------------------------------------------- measuring
 @dataclass(frozen=True)
 class Measured:
@@ -168,7 +192,7 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
     model = _hf_model(run) if run.activation_model == "hf" else _plain_model(run)
     model.to(device).train()
     ids = torch.randint(0, run.vocab_size, (run.micro_batch, run.seq_len), device=device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False, fused=False)
+    opt = _optimizer(model, run)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
 
     def forward():

@@ -1,0 +1,265 @@
+"""The optimizer's step and the end of the backward: what torch allocates there
+beyond the weights, the gradients and the optimizer state.
+
+Every term below is read from torch 2.13's own code (torch/optim/adam.py,
+sgd.py, the autograd engine) and confirmed with the CPU allocator's memory
+events (`tests/test_budget_optimizer_step.py`); on the CPU `foreach=True` and
+`fused=True` run the same Python as on CUDA, over per-tensor fallbacks.
+
+The optimizer step, by implementation (torch's names)
+------------------------------------------------------
+  for-loop  (`foreach=False, fused=False`: `_single_tensor_adam`, `_single_tensor_sgd`)
+            one parameter at a time. AdamW computes
+            `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: `sqrt`
+            allocates one tensor of the parameter's size and the division another
+            before the first is freed, so 2 x the largest parameter is alive at once.
+            SGD and momentum update in place (`buf.mul_(momentum).add_(grad)`,
+            `param.add_(grad, alpha=-lr)`): nothing.
+  foreach   (`_multi_tensor_adam`, `_multi_tensor_sgd`) one list op over every
+            tensor of a (device, dtype) bucket of a param group. AdamW's
+            `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)` holds one
+            tensor per parameter of the group at once; the bias corrections and step
+            sizes are Python floats (no tensors) unless `capturable=True`. The lists
+            are locals of one call of `adam()` per param group, so they are freed
+            between groups: the peak is the largest group's. SGD and momentum: in
+            place (`_foreach_mul_`, `_foreach_add_`): nothing.
+  fused     (`torch._fused_adamw_`, `torch._fused_sgd_`): one kernel reads and writes
+            in place; nothing beyond a 4-byte `step` tensor per parameter.
+
+With `weight_decay != 0`, SGD (not AdamW, whose decay is `param.mul_`) adds the
+decay to a copy of the gradient: `grad.add(param, alpha=weight_decay)`, one
+parameter at a time for the for-loop (the largest), `torch._foreach_add(
+device_grads, device_params)` over the whole group for foreach, nothing fused.
+Neither torch's `SGD` nor transformers' Trainer decays by default.
+
+The optimizer's state appears in the first `step()`: AdamW's `exp_avg` and
+`exp_avg_sq` (`torch.zeros_like` in `Adam._init_group`, before any update, so
+step 1's optimizer moment already holds them), momentum's buffer a
+`grad.detach().clone()` (`_single_tensor_sgd`), or `torch.empty_like(g)` (fused).
+The optimizer moment is therefore the same in step 1 and step 2; only the moments
+before the first `step()` run without the state.
+
+The end of the backward
+-----------------------
+The token embedding is the first op of the forward, so its gradient is the last
+of the backward, when every other gradient exists. A tied head (GPT-2, nanoGPT)
+sends the weight two contributions: the head's (the matmul's `mm_mat2_backward`
+returns `grad.t().mm(input).t()`, a transposed view) and the embedding's
+(`embedding_dense_backward`: `zeros` then `index_add_`). Autograd's input buffer
+sums them before `AccumulateGrad` (`InputBuffer::accumulate`): in place only when
+it holds the last reference to the first one's storage, which a view never is,
+so in fp32 it allocates `old_var + var`, a third vocabulary-by-width tensor.
+Under autocast the head's contribution is a fresh fp32 copy
+(`ToCopyBackward0` casts the 16-bit weight's gradient back), so the sum is in place
+and only the two contributions are alive. `AccumulateGrad` then steals the sum as
+`.grad` (first micro-batch) or adds it in place (`variable_grad += new_grad`, later
+micro-batches: no temporary beyond the new gradient itself). An untied
+embedding's gradient is simply stolen: nothing extra in the first micro-batch,
+the new gradient beside the earlier ones' in later micro-batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .counts import bytes_per_parameter
+
+FP32 = 4
+IMPLS = ("for-loop", "foreach", "fused")
+# torch's keyword arguments for each implementation, for torch.optim.AdamW and SGD.
+TORCH_SWITCHES = {"for-loop": dict(foreach=False, fused=False),
+                  "foreach": dict(foreach=True, fused=False),
+                  "fused": dict(foreach=False, fused=True)}
+MOMENTUM = 0.9    # torch.optim.SGD(momentum=0.9): the budget's "momentum"
+
+
+# ------------------------------------------------------- the parameter tensors
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor: its name (as transformers names it), its element
+    count, and whether transformers' Trainer puts it in the weight-decay group
+    (every tensor but biases and norm gains: `Trainer.get_decay_parameter_names`)."""
+    name: str
+    numel: int
+    decays: bool
+
+
+def _gpt2_tensors(cfg) -> list[ParamTensor]:
+    C, f, V = cfg.d_model, cfg.ffn, cfg.vocab_size
+    out = [ParamTensor("wte.weight", V * C, True),
+           ParamTensor("wpe.weight", cfg.positions * C, True)]
+    for i in range(cfg.n_layer):
+        for name, numel, decays in (
+                ("ln_1.weight", C, False), ("ln_1.bias", C, False),
+                ("attn.c_attn.weight", 3 * C * C, True), ("attn.c_attn.bias", 3 * C, False),
+                ("attn.c_proj.weight", C * C, True), ("attn.c_proj.bias", C, False),
+                ("ln_2.weight", C, False), ("ln_2.bias", C, False),
+                ("mlp.c_fc.weight", C * f, True), ("mlp.c_fc.bias", f, False),
+                ("mlp.c_proj.weight", f * C, True), ("mlp.c_proj.bias", C, False)):
+            out.append(ParamTensor(f"h.{i}.{name}", numel, decays))
+    out += [ParamTensor("ln_f.weight", C, False), ParamTensor("ln_f.bias", C, False)]
+    return out
+
+
+def _llama_tensors(cfg) -> list[ParamTensor]:
+    C, f, q = cfg.d_model, cfg.ffn, cfg.q_width
+    kv = cfg.kv_heads * cfg.head_dim
+    out = [ParamTensor("embed_tokens.weight", cfg.vocab_size * C, True)]
+    for i in range(cfg.n_layer):
+        for name, numel, decays in (
+                ("input_layernorm.weight", C, False),
+                ("self_attn.q_proj.weight", q * C, True), ("self_attn.k_proj.weight", kv * C, True),
+                ("self_attn.v_proj.weight", kv * C, True), ("self_attn.o_proj.weight", C * q, True),
+                ("post_attention_layernorm.weight", C, False),
+                ("mlp.gate_proj.weight", f * C, True), ("mlp.up_proj.weight", f * C, True),
+                ("mlp.down_proj.weight", C * f, True)):
+            out.append(ParamTensor(f"layers.{i}.{name}", numel, decays))
+        out += _llama_traits(cfg, f"layers.{i}.self_attn.", q, kv)
+    out.append(ParamTensor("norm.weight", C, False))
+    return out
+
+
+def _llama_traits(cfg, prefix: str, q: int, kv: int) -> list[ParamTensor]:
+    """Qwen2's q/k/v biases and Qwen3's per-head q/k norm gains (no weight decay)."""
+    out = []
+    if getattr(cfg, "qkv_bias", False):
+        out += [ParamTensor(prefix + "q_proj.bias", q, False),
+                ParamTensor(prefix + "k_proj.bias", kv, False),
+                ParamTensor(prefix + "v_proj.bias", kv, False)]
+    if getattr(cfg, "qk_norm", False):
+        out += [ParamTensor(prefix + "q_norm.weight", cfg.head_dim, False),
+                ParamTensor(prefix + "k_norm.weight", cfg.head_dim, False)]
+    return out
+
+
+def parameter_tensors(cfg) -> list[ParamTensor]:
+    """Every parameter tensor of `cfg`'s model in the order the model registers
+    them (a tied head is the embedding itself: not listed again). Their element
+    counts add up to `counts.parameter_count(cfg)`."""
+    tensors = _llama_tensors(cfg) if cfg.architecture == "llama" else _gpt2_tensors(cfg)
+    if not cfg.tied_embedding:
+        tensors.append(ParamTensor("lm_head.weight", cfg.vocab_size * cfg.d_model, True))
+    return tensors
+
+
+def param_groups(cfg, tensors: list[ParamTensor]) -> list[list[int]]:
+    """The element counts of each param group of the optimizer `cfg`'s framework
+    builds: transformers' Trainer two (`Trainer.create_optimizer`: the decay
+    group, then biases and norms with weight_decay 0.0), `torch.optim.AdamW(
+    model.parameters())` one."""
+    if cfg.activation_model == "hf":
+        return [[t.numel for t in tensors if t.decays], [t.numel for t in tensors if not t.decays]]
+    return [[t.numel for t in tensors]]
+
+
+# ------------------------------------------------------ the optimizer's step
+def optimizer_temporaries(optimizer: str, impl: str, groups: list[list[int]],
+                          state_bytes: int = FP32, weight_decay: bool = False) -> list:
+    """(what, bytes) of what `optimizer` ("adamw", "momentum", "sgd") run by
+    `impl` allocates at its peak inside `step()` beyond weights, gradients and
+    state, over param groups of `groups` element counts in tensors of
+    `state_bytes` each (the optimizer's math runs in the parameters' dtype).
+    `weight_decay`: SGD's coupled decay (AdamW's is in place either way)."""
+    if impl not in IMPLS:
+        raise ValueError(f"optimizer implementation {impl!r} is unknown; allowed: "
+                         f"{', '.join(IMPLS)}.")
+    largest_tensor = max((n for g in groups for n in g), default=0)
+    largest_group = max((sum(g) for g in groups), default=0)
+    if impl == "fused":
+        return []
+    if optimizer == "adamw":
+        if impl == "for-loop":
+            return [("AdamW for-loop: exp_avg_sq.sqrt() and its quotient by the bias "
+                     "correction (2 x the largest parameter)", 2 * largest_tensor * state_bytes)]
+        return [("AdamW foreach: torch._foreach_sqrt(exp_avg_sq) over the largest param "
+                 "group", largest_group * state_bytes)]
+    if optimizer not in ("sgd", "momentum"):
+        raise ValueError(f"optimizer {optimizer!r} is unknown; allowed: adamw, momentum, sgd.")
+    if not weight_decay:
+        return []
+    if impl == "for-loop":
+        return [("SGD for-loop: grad.add(param, alpha=weight_decay) for the largest "
+                 "parameter", largest_tensor * state_bytes)]
+    return [("SGD foreach: torch._foreach_add(grads, params) over the largest param group",
+             largest_group * state_bytes)]
+
+
+# ---------------------------------------------------- the end of the backward
+def backward_end_terms(numels: list[int], grad_bytes: int, embedding: int, tied: bool,
+                       later_micro_batch: bool, autocast: bool) -> list:
+    """(what, bytes) of the gradients alive when the backward's last gradient,
+    the token embedding's (`embedding` elements), is accumulated: every other
+    parameter's gradient (or, in a later micro-batch, every gradient of the
+    earlier ones), the embedding's new gradient, and for a tied head the head's
+    contribution and, in fp32, their out-of-place sum (see the module's doc)."""
+    total = sum(numels)
+    if later_micro_batch:
+        terms = [("gradients of earlier micro-batches", total * grad_bytes)]
+    else:
+        terms = [("gradients of every other parameter", (total - embedding) * grad_bytes)]
+    one = embedding * grad_bytes
+    if not tied:
+        what = ("the token embedding's new gradient (added in place next)" if later_micro_batch
+                else "the token embedding's gradient")
+        return terms + [(what, one)]
+    terms += [("tied weight: the head's gradient contribution", one),
+              ("tied weight: the embedding's gradient contribution", one)]
+    if not autocast:  # the head's contribution is a transposed view: no in-place sum
+        terms.append(("tied weight: the two contributions' out-of-place sum", one))
+    return terms
+
+
+# ------------------------------------------- the moments, as the budget's step
+def optimizer_impl(cfg) -> str | None:
+    """The implementation `cfg`'s optimizer runs: the config's resolved choice
+    (--optimizer-impl, else its framework's default; None where no loop is
+    modelled), or today's for-loop for a config without the knob."""
+    if hasattr(cfg, "resolved_optimizer_impl"):
+        return cfg.resolved_optimizer_impl
+    return getattr(cfg, "optimizer_impl", "for-loop")
+
+
+def _outputs_kept(cfg) -> bool:
+    """Whether the loop holds the model's output (the logits) through backward:
+    the config's resolved choice, else the framework's (nanoGPT's loop keeps them)."""
+    kept = getattr(cfg, "resolved_outputs", None)
+    if kept is None:
+        return cfg.activation_model == "pytorch"
+    return kept == "kept"
+
+
+def _resident(fixed: dict, with_state: bool) -> list:
+    terms = [("weights", fixed["weights"] + fixed.get("master weights", 0))]
+    if with_state and fixed.get("optimizer state"):
+        terms.append(("optimizer state", fixed["optimizer state"]))
+    return terms
+
+
+def optimizer_moment(cfg, fixed: dict) -> list:
+    """The optimizer step's moment, the same in step 1 and step 2 (the state is
+    created before the update): weights, gradients, state and the temporaries of
+    `cfg.optimizer` under `optimizer_impl(cfg)`. `fixed`: one device's bytes of
+    weights, master weights, gradients and optimizer state."""
+    terms = _resident(fixed, True) + [("gradients", fixed["gradients"])]
+    impl = optimizer_impl(cfg)
+    if impl is not None:
+        groups = param_groups(cfg, parameter_tensors(cfg))
+        terms += optimizer_temporaries(cfg.optimizer, impl, groups, FP32)
+    return terms
+
+
+def backward_end_moment(cfg, fixed: dict, first_step: bool = False) -> list:
+    """The end of the backward of the step's last micro-batch: weights, the
+    optimizer state (not in step 1: it appears in the first `step()`), the
+    gradients of `backward_end_terms`, and the logits when the loop keeps them."""
+    tensors = parameter_tensors(cfg)
+    numels = [t.numel for t in tensors]
+    grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
+                                     cfg.autocast)["gradients"]
+    terms = _resident(fixed, not first_step)
+    terms += backward_end_terms(numels, grad_bytes, tensors[0].numel, cfg.tied_embedding,
+                                cfg.accumulation > 1, cfg.autocast)
+    if _outputs_kept(cfg):
+        lo = 2 if cfg.autocast else FP32
+        terms.append(("logits, held by the caller", cfg.micro_batch * cfg.seq_len
+                      * cfg.vocab_size * lo))
+    return terms
