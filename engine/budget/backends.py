@@ -1,0 +1,84 @@
+"""Where a real step runs: the facts of a backend that change what the step keeps.
+
+PyTorch runs the same model code on CUDA and on the CPU, but three of its
+choices differ, and each changes the bytes a step holds:
+
+  dropout's mask   CUDA's fused kernel (`native_dropout`) keeps a bool mask, one
+                   byte an element; on the CPU `at::dropout` is not fused: it
+                   draws a noise tensor like its input (`empty_like(input)
+                   .bernoulli_(1 - p)`) and multiplies, so the mask is a float
+                   of the input's dtype (aten/src/ATen/native/Dropout.cpp,
+                   `is_fused_kernel_acceptable` is true only for CUDA-like devices).
+  SDPA's kernel    with dropout, CUDA runs the flash or memory-efficient kernel,
+                   which keeps one logsumexp per query row and the RNG state. The
+                   CPU's flash kernel refuses dropout (`sdp_utils_cpp.cpp`,
+                   `check_for_dropout`), so `_fused_sdp_choice` picks the math
+                   path (`_scaled_dot_product_attention_math`): it upcasts 16-bit
+                   Q, K, V to fp32, repeats K and V to every head, and its ops keep
+                   fp32 copies of Q and K^T (scaled) and of V, the probabilities,
+                   dropout's mask and the probabilities after dropout (T x T each).
+  autocast's lists torch.autocast runs some ops in fp32 whatever their input
+                   (`AT_FORALL_FP32`, `AT_FORALL_FP32_SET_OPT_DTYPE` in
+                   aten/src/ATen/autocast_mode.h). CUDA's list holds layer_norm,
+                   softmax, log_softmax, pow, exp, rsqrt and the losses; the CPU's
+                   holds the losses (nll_loss, cross_entropy) but none of the
+                   others, which run in their input's dtype (bf16 in, bf16 out).
+                   Matmuls and SDPA run in 16 bits on both.
+
+Measured on this CPU (torch 2.13) by running each op under
+`torch.autocast("cpu", torch.bfloat16)` and by walking the autograd graph of
+SDPA with dropout; the CUDA facts are the ten measured H200 steps'.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FP32 = 4
+
+# The ops a step runs whose output dtype autocast decides (torch's own names).
+AUTOCAST_OPS = ("matmul", "scaled_dot_product_attention", "layer_norm", "softmax",
+                "log_softmax", "pow", "exp", "rsqrt", "gelu", "silu", "tanh", "nll_loss",
+                "cross_entropy")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one backend does differently, for the terms that depend on it."""
+    name: str
+    mask_bytes: int              # a dropout mask element; 0: the input's own dtype
+    sdpa_dropout_math: bool      # SDPA with dropout takes the math path
+    math_bytes: int              # the math path's compute dtype (fp32: it upcasts 16-bit)
+    autocast_fp32_ops: frozenset  # ops autocast runs in fp32 whatever their input
+
+    def dropout_mask_bytes(self, input_bytes: int) -> int:
+        """Bytes of one dropout mask element for an input of `input_bytes` per element."""
+        return self.mask_bytes or input_bytes
+
+    def output_bytes(self, op: str, input_bytes: int, autocast: bool) -> int:
+        """Bytes per element of `op`'s output for an input of `input_bytes`:
+        fp32 when autocast lists the op as fp32, else the input's dtype."""
+        if op not in AUTOCAST_OPS:
+            raise ValueError(f"op={op!r} is not one the budget follows; known: "
+                             f"{', '.join(AUTOCAST_OPS)}.")
+        return FP32 if autocast and op in self.autocast_fp32_ops else input_bytes
+
+    def sdpa_math(self, dropout: bool) -> bool:
+        """Whether SDPA runs its math path (keeping T x T tensors) here."""
+        return dropout and self.sdpa_dropout_math
+
+
+BACKENDS = {b.name: b for b in (
+    Backend("cuda", mask_bytes=1, sdpa_dropout_math=False, math_bytes=FP32,
+            autocast_fp32_ops=frozenset({"layer_norm", "softmax", "log_softmax", "pow", "exp",
+                                         "rsqrt", "nll_loss", "cross_entropy"})),
+    Backend("cpu", mask_bytes=0, sdpa_dropout_math=True, math_bytes=FP32,
+            autocast_fp32_ops=frozenset({"nll_loss", "cross_entropy"})),
+)}
+
+
+def backend(name: str) -> Backend:
+    """The record of backend `name` ("cuda" or "cpu")."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend={name!r} is unknown; allowed: {', '.join(BACKENDS)} "
+                         f"(the device a real step runs on).")
+    return BACKENDS[name]
