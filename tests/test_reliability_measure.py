@@ -13,7 +13,7 @@ def _no_allocation(*args, **kwargs):
     raise AssertionError("measure allocated the model's tables for a shape it must refuse")
 
 
-@pytest.mark.parametrize("changes", [{"block_size": 10**8}, {"block_size": 2 * 10**6},
+@pytest.mark.parametrize("changes", [{"block_size": 10**7}, {"block_size": 2 * 10**6},
                                      {"vocab_size": 10**7}])
 def test_measure_refuses_huge_tables_before_allocating_them(changes, monkeypatch):
     monkeypatch.setattr(gpt_config, "init_params", _no_allocation)
@@ -24,10 +24,10 @@ def test_measure_refuses_huge_tables_before_allocating_them(changes, monkeypatch
 
 def test_the_widget_s_measure_says_why_a_huge_position_table_is_not_measured(monkeypatch):
     monkeypatch.setattr(gpt_config, "init_params", _no_allocation)
-    w = BudgetWidget(preset="tiny", plots=False, block_size=10**8)
+    w = BudgetWidget(preset="tiny", plots=False, block_size=10**7)
     w.measure()
     assert "too large to measure" in w.measure_result.value
-    assert "100,000,000 positions" in w.measure_result.value and w.measured is None
+    assert "10,000,000 positions" in w.measure_result.value and w.measured is None
 
 
 def test_a_shape_within_the_bounds_is_still_measured():

@@ -148,6 +148,22 @@ def toggles(description, options, tip=None) -> RedrawnToggleButtons:
                                 layout=w.Layout(**FULL))
 
 
+def control_for(k: B.Knob):
+    """A control made from a knob's row of the table: toggles for choices, a checkbox
+    for a switch, a bounded number for a size."""
+    label = k.field.replace("_", " ")
+    if k.kind is bool:
+        return w.Checkbox(description=label, indent=False, tooltip=k.help,
+                          layout=w.Layout(**FULL))
+    if k.choices:
+        return toggles(label, k.choices, tip=k.help)
+    if k.kind is int:
+        return number(label, 0 if k.zero_means else k.low, k.high, tip=k.help)
+    # a label the model's file sets (its model_type): shown, not edited
+    return w.Text(description=label, tooltip=k.help, disabled=True, style=WIDE,
+                  layout=w.Layout(**FULL))
+
+
 def knobs(start: B.BudgetConfig) -> dict:
     """One control per BudgetConfig field, under the field's name, so loading a preset
     and reading the screen back are one loop each (heads' choices are set on load)."""
@@ -202,6 +218,8 @@ def knobs(start: B.BudgetConfig) -> dict:
                              style=WIDE, layout=w.Layout(**FULL),
                              continuous_update=False),
     }
+    for k in B.KNOBS.values():  # every other knob of the table, made from its row
+        controls.setdefault(k.field, control_for(k))
     for name, control in controls.items():  # stable handles for browser tests
         control.add_class(f"budget-knob-{name.replace('_', '-')}")
     return controls

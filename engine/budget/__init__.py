@@ -88,6 +88,8 @@ Budget and its sweeps), report (units, text), cli (`python -m engine.budget`).
 """
 from __future__ import annotations
 
+from .knobs import (KNOBS, Knob, OPTIMIZER_IMPLS, OUTPUTS, BACKENDS, knob, shown_on)
+from .frameworks import FRAMEWORKS, Framework
 from .config import (PRECISIONS, OPTIMIZERS, ACTIVATION_MODELS, REAL_STEP_MODELS, ATTENTIONS,
                      RECOMPUTE, ARCHITECTURES,
                      GRAD_PRECISIONS, ZERO_STAGES, STORAGE_BYTES,
@@ -115,7 +117,8 @@ from .report import (human_bytes, human_flops, describe, describe_breakdown, hum
 from .real_step import Moment, RealStep, real_step, real_step_activations
 from .cli import (config_from_args, main)
 
-__all__ = ['PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'REAL_STEP_MODELS', 'ATTENTIONS',
+__all__ = ['KNOBS', 'Knob', 'OPTIMIZER_IMPLS', 'OUTPUTS', 'BACKENDS', 'knob', 'shown_on',
+           'FRAMEWORKS', 'Framework', 'PRECISIONS', 'OPTIMIZERS', 'ACTIVATION_MODELS', 'REAL_STEP_MODELS', 'ATTENTIONS',
            'RECOMPUTE', 'STORAGE_BYTES',
            'MASTER_BYTES', 'OPTIMIZER_BUFFERS', 'OPTIMIZER_STATE_BYTES', 'MASK_BYTES',
            'LOGITS_BYTES', 'BudgetError', 'BudgetConfig', 'corpus_vocab_size', 'PRESET_NAMES',

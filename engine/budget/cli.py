@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
+from decimal import Decimal
 
-from .config import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BudgetConfig, BudgetError,
-                     GRAD_PRECISIONS, OPTIMIZERS, PRECISIONS, PRESET_NAMES, REAL_STEP_MODELS,
-                     RECOMPUTE, preset)
+from .config import BudgetConfig, BudgetError, PRESET_NAMES, REAL_STEP_MODELS, preset
 from .devices import DEVICES, this_machine
 from .hf import config_from_hf, read_hf_config
+from .knobs import DEFAULT, KNOBS, SWITCH, Knob, shown_on
 from .total import budget
 from .report import describe, describe_breakdown
 
@@ -18,46 +19,84 @@ THIS_MACHINE_FLAG = "this-machine"
 
 
 # ------------------------------------------------------------ command line
-_KNOBS = {  # flag -> (config field, type, help)
-    "--layers": ("n_layer", int, "number of blocks L"),
-    "--width": ("d_model", int, "model width d (C)"),
-    "--heads": ("n_head", int, "attention heads a; must divide the width"),
-    "--vocab": ("vocab_size", int, "vocabulary size V"),
-    "--mlp-width": ("d_ff", int, "MLP width (0: 4 x width)"),
-    "--positions": ("block_size", int, "learned positions (0: the sequence length)"),
-    "--params": ("n_params", int, "plain parameter count instead of the formula (0: formula)"),
-    "--batch": ("micro_batch", int, "micro-batch B (sequences)"),
-    "--seq": ("seq_len", int, "sequence length N (tokens)"),
-    "--accum": ("accumulation", int, "micro-batches per optimizer step K"),
-    "--tensors-per-layer": ("tensors_per_layer", int, "k of the rule of thumb"),
-    "--kv-heads": ("n_kv_head", int, "key/value heads of grouped-query attention (llama; "
-                   "0: one per head)"),
-    "--head-dim": ("d_head", int, "size of one attention head (llama; 0: width / heads)"),
-    "--devices": ("devices", int, "data-parallel devices N (each runs its own micro-batches)"),
-}
-
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+_RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
+_MAX_DIGITS = 24  # longer than any bound of the knob table: refused before int() reads it
 
 
-def _with_unit(text: str, units: dict, what: str, example: str) -> float:
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", text.lower())
-    if not m or m.group(2) not in units or float(m.group(1)) <= 0:
+def _with_unit(text: str, units: dict, what: str, example: str) -> int:
+    m = re.fullmatch(r"\s*([0-9]{1,24}(?:\.[0-9]{1,24})?(?:e[0-9]{1,3})?)\s*([a-z]*)\s*",
+                     text.lower())
+    if not m or m.group(2) not in units:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not {what}; write a positive number with an optional unit, "
+            f"{text[:40]!r} is not {what}; write a positive number with an optional unit, "
             f"e.g. {example}")
-    return float(m.group(1)) * units[m.group(2)]
+    value = Decimal(m.group(1)) * units[m.group(2)]  # exact: no float overflow or rounding
+    if value > 10 ** 30:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is far larger than any {what}")
+    return int(value)
 
 
 def memory_size(text: str) -> int:
     """'80GB' -> 80e9 bytes, '24GiB' -> 24 * 2^30; a plain number is bytes."""
-    return int(_with_unit(text, _SIZE_UNITS, "a memory size", "80GB, 24GiB, 40e9"))
+    return _with_unit(text, _SIZE_UNITS, "a memory size", "80GB, 24GiB, 40e9")
 
 
 def flop_rate(text: str) -> int:
     """'312T' -> 312e12 FLOP/s; a plain number is FLOP/s."""
-    return int(_with_unit(text, _RATE_UNITS, "a FLOP/s figure", "312T, 1.5e14"))
+    return _with_unit(text, _RATE_UNITS, "a FLOP/s figure", "312T, 1.5e14")
+
+
+def whole_number(text: str) -> int:
+    """A whole number of at most _MAX_DIGITS digits (the knob's own bounds follow)."""
+    digits = text.strip().lstrip("+-")
+    if not digits.isdigit() or len(digits) > _MAX_DIGITS:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a whole number of at most {_MAX_DIGITS} digits")
+    return int(text)
+
+
+def finite_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a finite number")
+    return value
+
+
+# How the command line reads each kind of knob (the knob table says which exist).
+_PARSE = {"device_memory": memory_size, "device_flops": flop_rate}
+_KIND_PARSE = {int: whole_number, float: finite_number}
+
+
+def _add_knob(ap: argparse.ArgumentParser, k: Knob) -> None:
+    """One flag per knob of the table, its help and choices from there."""
+    zero = f"; 0: {k.zero_means}" if k.zero_means else ""
+    if k.field == "tied_embedding":
+        head = ap.add_mutually_exclusive_group()
+        head.add_argument("--untied", dest="tied_embedding", action="store_const",
+                          const=False, help="separate output head")
+        head.add_argument("--tied", dest="tied_embedding", action="store_const", const=True,
+                          help="output head tied to the token embedding (the presets say "
+                               "which they use)")
+    elif k.kind is bool and k.field == "padded_batch":
+        ap.add_argument(k.flag, dest=k.field, action="store_const", const=True,
+                        help=k.help)
+    elif k.kind is bool:
+        ap.add_argument(k.flag, dest=k.field, choices=SWITCH, help=k.help)
+    elif k.field == "device":
+        ap.add_argument(k.flag, dest=k.field, help=f"check against: {', '.join(DEVICES)}, "
+                        f"or {THIS_MACHINE_FLAG} (measured now by an sgemm timing)")
+    elif k.choices:
+        # The choices are checked by BudgetConfig.validate, whose message says them.
+        ap.add_argument(k.flag, dest=k.field, type=_KIND_PARSE.get(k.kind, str),
+                        metavar="{" + ",".join(map(str, k.choices)) + "}", help=k.help)
+    else:
+        ap.add_argument(k.flag, dest=k.field, type=_PARSE.get(k.field, _KIND_PARSE[k.kind]),
+                        help=k.help + zero)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,43 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--hf-config", metavar="FILE",
                     help="read the model shape from a Hugging Face config.json (GPT-2 and "
                          "LLaMA families); batch and policy from the other flags")
-    for flag, (_, typ, text) in _KNOBS.items():
-        ap.add_argument(flag, type=typ, help=text)
-    ap.add_argument("--arch", dest="architecture",
-                    help=f"block architecture: {', '.join(ARCHITECTURES)} (llama: RMSNorm, "
-                         "SwiGLU, no biases, rotary positions)")
-    head = ap.add_mutually_exclusive_group()
-    head.add_argument("--untied", action="store_true", help="separate output head")
-    head.add_argument("--tied", action="store_true", help="output head tied to the token "
-                      "embedding (the presets say which they use)")
-    ap.add_argument("--precision", help=f"one of {', '.join(PRECISIONS)} "
-                    "(16-bit ones keep fp32 master weights)")
-    ap.add_argument("--grad-precision", help=f"one of {', '.join(GRAD_PRECISIONS)}: "
-                    "gradients in the weights' precision, or accumulated in fp32 (mixed-"
-                    "precision AdamW: 16 or 18 bytes/param)")
-    ap.add_argument("--zero", type=int, help="ZeRO stage over --devices: 0 replicate, 1 "
-                    "shard optimizer state, 2 and gradients, 3 and weights")
-    ap.add_argument("--device", help=f"check against: {', '.join(DEVICES)}, or "
-                    f"{THIS_MACHINE_FLAG} (measured now by an sgemm timing)")
-    ap.add_argument("--device-memory", type=memory_size, metavar="SIZE",
-                    help="device memory, e.g. 80GB or 24GiB (overrides --device's)")
-    ap.add_argument("--device-flops", type=flop_rate, metavar="RATE",
-                    help="dense FLOP/s at this precision, e.g. 312T (overrides --device's)")
-    ap.add_argument("--mfu", type=float, help="model FLOP utilization of the step-time "
-                    "estimate (default 0.4)")
-    ap.add_argument("--optimizer", help=f"one of {', '.join(OPTIMIZERS)}")
-    ap.add_argument("--activations", dest="activation_model",
-                    help=f"whose step is modelled: {', '.join(ACTIVATION_MODELS)} (rule: "
-                         "k tensors per layer; transformer: the textbook op list; engine: "
-                         "this engine's GPT; pytorch: a plain PyTorch GPT as nanoGPT writes "
-                         "it; hf: Hugging Face transformers' GPT-2 or LLaMA)")
-    ap.add_argument("--attention", help=f"one of {', '.join(ATTENTIONS)}: standard keeps "
-                    "the T x T probabilities (eager attention), flash one number per row "
-                    "(SDPA's kernels)")
-    ap.add_argument("--dropout", choices=("on", "off"), help="dropout (p=0.1) in the step")
-    ap.add_argument("--recompute", help=f"one of {', '.join(RECOMPUTE)} (under pytorch and "
-                    "hf, full = checkpoint every block, as transformers' "
-                    "gradient_checkpointing_enable() does)")
+    for k in shown_on("cli"):
+        _add_knob(ap, k)
     ap.add_argument("--breakdown", action="store_true", help="list every kept tensor and "
                     "every moment of the step that could be its peak")
     ap.add_argument("--measure", choices=("torch",), help="also run the same step in "
@@ -129,21 +133,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> BudgetConfig:
-    changes = {field_: getattr(args, flag.lstrip("-").replace("-", "_"))
-               for flag, (field_, _, _) in _KNOBS.items()}
-    changes = {k: v for k, v in changes.items() if v is not None}
-    for knob in ("precision", "optimizer", "activation_model", "recompute", "architecture",
-                 "attention", "grad_precision", "zero", "device_memory", "device_flops", "mfu"):
-        if getattr(args, knob) is not None:
-            changes[knob] = getattr(args, knob)
-    if args.untied:
-        changes["tied_embedding"] = False
-    if args.tied:
-        changes["tied_embedding"] = True
-    if args.dropout is not None:
-        changes["dropout"] = args.dropout == "on"
-    if args.device is not None and args.device != THIS_MACHINE_FLAG:
-        changes["device"] = args.device
+    changes = {k.field: getattr(args, k.field) for k in shown_on("cli")}
+    changes = {f: v for f, v in changes.items() if v is not None}
+    for f, v in list(changes.items()):
+        if KNOBS[f].kind is bool and isinstance(v, str):
+            changes[f] = v == "on"
+    if changes.get("device") == THIS_MACHINE_FLAG:
+        del changes["device"]
     if args.hf_config is not None:
         if args.preset is not None:
             raise BudgetError("give --preset or --hf-config, not both: both set the model.")
@@ -177,13 +173,6 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
 _SHAPE_FIELDS = {"n_layer", "d_model", "n_head", "vocab_size", "d_ff", "n_params", "n_kv_head",
                  "d_head", "seq_len", "architecture"}
 
-_FLAG_OF = {**{field_: flag for flag, (field_, _, _) in _KNOBS.items()},
-            "activation_model": "--activations", "precision": "--precision",
-            "optimizer": "--optimizer", "recompute": "--recompute", "dropout": "--dropout",
-            "architecture": "--arch", "grad_precision": "--grad-precision", "zero": "--zero",
-            "attention": "--attention",
-            "device_memory": "--device-memory", "device_flops": "--device-flops",
-            "mfu": "--mfu"}
 # Whole phrases first: the head's switch is a pair of flags, not a value.
 _PHRASES = {"set tied_embedding=True": "leave out --untied (or pass --tied)",
             "set tied_embedding=False": "pass --untied",
@@ -194,8 +183,10 @@ def _with_flags(message: str) -> str:
     """Say `--batch 0` where the library says `micro_batch=0`."""
     for phrase, flags in _PHRASES.items():
         message = message.replace(phrase, flags)
-    for field_, flag in _FLAG_OF.items():
-        message = re.sub(rf"(?<![\w-]){field_}[= ]", f"{flag} ", message)
+    for k in shown_on("cli"):
+        if k.field in ("device", "tied_embedding"):
+            continue
+        message = re.sub(rf"(?<![\w-]){k.field}[= ]", f"{k.flag} ", message)
     return message
 
 

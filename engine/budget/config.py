@@ -4,27 +4,11 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field, replace
 
+from . import frameworks
 from .devices import DEVICES
-
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-OPTIMIZERS = ("sgd", "momentum", "adamw")
-# Whose step the activations model: the textbook rule, the transformer op
-# list, this engine's GPT, a plain PyTorch GPT (nanoGPT's code), Hugging Face
-# transformers (GPT-2, LLaMA). The last two model a real framework's step.
-ACTIVATION_MODELS = ("rule", "transformer", "engine", "pytorch", "hf")
-REAL_STEP_MODELS = ("pytorch", "hf")
-# standard attention keeps the T x T probabilities; flash keeps one number per row.
-ATTENTIONS = ("standard", "flash")
-RECOMPUTE = ("none", "selective", "full")
-# gpt2: learned positions, LayerNorm, GELU MLP, biases. llama: rotary positions
-# (no table), RMSNorm, SwiGLU MLP, no biases, grouped-query attention.
-ARCHITECTURES = ("gpt2", "llama")
-# Gradients in the weights' storage precision, or accumulated in fp32.
-GRAD_PRECISIONS = ("storage", "fp32")
-# ZeRO stages: 0 plain data parallel, 1 shards the optimizer state (with the
-# fp32 master weights), 2 also the gradients, 3 also the weights.
-ZERO_STAGES = (0, 1, 2, 3)
+from .knobs import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BACKENDS, DEFAULT,
+                    GRAD_PRECISIONS, KNOBS, OPTIMIZER_IMPLS, OPTIMIZERS, OUTPUTS, PRECISIONS,
+                    REAL_STEP_MODELS, RECOMPUTE, SWITCH, ZERO_STAGES, default, problems)
 
 # Bytes per element of the activations and of the parameter copy the model
 # computes with. 16-bit policies keep an fp32 master copy for the optimizer.
@@ -74,34 +58,43 @@ class BudgetConfig:
     "none" and no figures: no device); `mfu`, the fraction of those FLOP/s a
     step achieves.
     """
-    n_layer: int = 4
-    d_model: int = 128
-    n_head: int = 4
-    vocab_size: int = 256
-    d_ff: int = 0
-    block_size: int = 0
-    tied_embedding: bool = True
-    n_params: int = 0
-    micro_batch: int = 16
-    seq_len: int = 128
-    accumulation: int = 1
-    precision: str = "fp32"
-    optimizer: str = "adamw"
-    activation_model: str = "transformer"
-    tensors_per_layer: int = 16
-    dropout: bool = False
-    recompute: str = "none"
-    attention: str = "standard"
-    architecture: str = "gpt2"
-    n_kv_head: int = 0
-    d_head: int = 0
-    grad_precision: str = "storage"
-    devices: int = 1
-    zero: int = 0
-    device: str = "none"
-    device_memory: int = 0
-    device_flops: int = 0
-    mfu: float = 0.4
+    n_layer: int = default("n_layer")
+    d_model: int = default("d_model")
+    n_head: int = default("n_head")
+    vocab_size: int = default("vocab_size")
+    d_ff: int = default("d_ff")
+    block_size: int = default("block_size")
+    tied_embedding: bool = default("tied_embedding")
+    n_params: int = default("n_params")
+    micro_batch: int = default("micro_batch")
+    seq_len: int = default("seq_len")
+    accumulation: int = default("accumulation")
+    precision: str = default("precision")
+    optimizer: str = default("optimizer")
+    optimizer_impl: str = default("optimizer_impl")
+    activation_model: str = default("activation_model")
+    tensors_per_layer: int = default("tensors_per_layer")
+    dropout: bool = default("dropout")
+    recompute: str = default("recompute")
+    attention: str = default("attention")
+    architecture: str = default("architecture")
+    n_kv_head: int = default("n_kv_head")
+    d_head: int = default("d_head")
+    qkv_bias: bool = default("qkv_bias")
+    qk_norm: bool = default("qk_norm")
+    sliding_window: int = default("sliding_window")
+    model_type: str = default("model_type")
+    grad_precision: str = default("grad_precision")
+    devices: int = default("devices")
+    zero: int = default("zero")
+    device: str = default("device")
+    device_memory: int = default("device_memory")
+    device_flops: int = default("device_flops")
+    mfu: float = default("mfu")
+    outputs: str = default("outputs")
+    padded_batch: bool = default("padded_batch")
+    use_cache: str = default("use_cache")
+    backend: str = default("backend")
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
@@ -147,6 +140,7 @@ class BudgetConfig:
                 "recompute='selective' needs to know which tensors belong to the attention "
                 "core, and the rule of thumb ('rule') does not; choose activation_model "
                 "'transformer', or recompute 'none' or 'full'.")
+        self._validate_loop()
         if self.activation_model in REAL_STEP_MODELS:
             self._validate_real_step()
         if self.activation_model == "engine":
@@ -154,36 +148,11 @@ class BudgetConfig:
         return self
 
     def _validate_numbers(self) -> None:
-        """Sizes are whole numbers; every choice is one of its allowed values."""
-        positive = ("n_layer", "d_model", "n_head", "vocab_size", "micro_batch",
-                    "seq_len", "accumulation", "tensors_per_layer", "devices")
-        for knob in positive:
-            value = getattr(self, knob)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise BudgetError(f"{knob}={value!r} is not allowed: it must be a "
-                                  f"positive whole number (1, 2, 3, ...).")
-        for knob in ("d_ff", "block_size", "n_params", "n_kv_head", "d_head", "device_memory",
-                     "device_flops"):
-            value = getattr(self, knob)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise BudgetError(f"{knob}={value!r} is not allowed: it must be a "
-                                  f"positive whole number, or 0 for the default.")
-        for knob, allowed in (("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
-                              ("activation_model", ACTIVATION_MODELS),
-                              ("recompute", RECOMPUTE), ("architecture", ARCHITECTURES),
-                              ("attention", ATTENTIONS),
-                              ("grad_precision", GRAD_PRECISIONS), ("zero", ZERO_STAGES)):
-            if getattr(self, knob) not in allowed:
-                raise BudgetError(f"{knob}={getattr(self, knob)!r} is unknown; allowed: "
-                                  f"{', '.join(map(str, allowed))}.")
-        if isinstance(self.zero, bool):
-            raise BudgetError(f"zero={self.zero!r} is not allowed: it must be a ZeRO stage, "
-                              f"0, 1, 2 or 3.")
-        if (isinstance(self.mfu, bool) or not isinstance(self.mfu, numbers.Real)
-                or not 0 < self.mfu <= 1):
-            raise BudgetError(f"mfu={self.mfu!r} is not allowed: it is the fraction of the "
-                              f"device's FLOP/s a step achieves, above 0 and at most 1 "
-                              f"(0.4 is typical of large training runs).")
+        """Every number within its knob's bounds, every choice one of its values
+        (engine.budget.knobs holds both)."""
+        found = problems({name: getattr(self, name) for name in KNOBS})
+        if found:
+            raise BudgetError(found[0])
 
     def _validate_shape(self) -> None:
         """Heads divide the width, key/value heads the heads, the sequence fits."""
@@ -250,6 +219,44 @@ class BudgetConfig:
         if not self.tied_embedding:
             raise BudgetError("the engine's reference GPT ties its output head to the "
                               "token embedding; set tied_embedding=True.")
+
+    def _validate_loop(self) -> None:
+        """The knobs of a practitioner's loop belong to the real-step models: a
+        textbook count has no optimizer code, no caller and no backend."""
+        model = self.activation_model
+        loop = {"optimizer_impl": DEFAULT, "outputs": DEFAULT, "use_cache": DEFAULT,
+                "padded_batch": False, "backend": "cuda"}
+        if model not in REAL_STEP_MODELS:
+            for knob, neutral in loop.items():
+                if getattr(self, knob) != neutral:
+                    raise BudgetError(
+                        f"{knob}={getattr(self, knob)!r} describes a real framework's step; "
+                        f"the {model} model has none. Choose activation_model 'pytorch' or "
+                        f"'hf', or leave {knob} at {neutral!r}.")
+        elif model == "pytorch":
+            for knob, neutral in (("use_cache", DEFAULT), ("padded_batch", False)):
+                if getattr(self, knob) != neutral:
+                    raise BudgetError(
+                        f"{knob}={getattr(self, knob)!r}: the plain PyTorch GPT takes no "
+                        f"attention mask and builds no key/value cache; choose "
+                        f"activation_model 'hf', or leave {knob} at {neutral!r}.")
+        if self.architecture != "llama":
+            for knob in ("qkv_bias", "qk_norm", "sliding_window"):
+                if getattr(self, knob):
+                    raise BudgetError(
+                        f"{knob}={getattr(self, knob)!r} is a trait of LLaMA-shaped blocks "
+                        f"(Qwen2, Qwen3, Mistral); choose architecture 'llama', or turn "
+                        f"{knob} off.")
+
+    @property
+    def resolved_optimizer_impl(self) -> str | None:
+        """The optimizer implementation the step runs (the framework's when "default")."""
+        return frameworks.resolved_optimizer_impl(self)[0]
+
+    @property
+    def resolved_outputs(self) -> str | None:
+        """"kept" or "freed": whether the loop holds the model's output through backward."""
+        return frameworks.resolved_outputs(self)[0]
 
     @property
     def autocast(self) -> bool:

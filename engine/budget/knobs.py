@@ -1,0 +1,221 @@
+"""The budget's knobs: one table, read by every front end and by the validation.
+
+Each `Knob` names a field of `BudgetConfig`, its command-line flag, its type, its
+default, its choices or bounds, one line of help and the front ends that show it.
+The command line builds its parser from this table, the widget and the page their
+controls, and `BudgetConfig.validate` its checks of numbers and choices, so a knob
+added here appears everywhere with its help and its bounds.
+
+Bounds keep every number finite and the arithmetic quick: sizes are whole numbers
+below limits no real model reaches (a hundred thousand layers, a width of a million), so a
+typo such as `--width 10**4000` is refused by name before any work starts.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+# Choices shared by the code that reads them.
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("sgd", "momentum", "adamw")
+# torch's names for how an optimizer's step runs over the parameters: one tensor at a
+# time, multi-tensor (foreach) kernels over whole lists, or one fused kernel.
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+# Whose step the activations model: the textbook rule, the transformer op list, this
+# engine's GPT, a plain PyTorch GPT (nanoGPT's code), Hugging Face transformers.
+ACTIVATION_MODELS = ("rule", "transformer", "engine", "pytorch", "hf")
+REAL_STEP_MODELS = ("pytorch", "hf")
+ATTENTIONS = ("standard", "flash")
+RECOMPUTE = ("none", "selective", "full")
+ARCHITECTURES = ("gpt2", "llama")
+GRAD_PRECISIONS = ("storage", "fp32")
+ZERO_STAGES = (0, 1, 2, 3)
+OUTPUTS = ("kept", "freed")
+SWITCH = ("on", "off")
+BACKENDS = ("cuda", "cpu")
+# "default": the framework's own choice (engine.budget.frameworks), stated in the output.
+DEFAULT = "default"
+
+FRONT_ENDS = frozenset({"cli", "widget", "page"})
+CLI_ONLY = frozenset({"cli"})
+
+# Largest sizes accepted: far beyond any real model, small enough to stay exact.
+MAX_COUNT = 1 << 24          # vocabulary, positions, sequence length
+MAX_WIDTH = 1 << 20          # width, MLP width
+MAX_HEADS = 1 << 16          # heads, key/value heads, head size
+MAX_LAYERS = 100_000
+MAX_PARAMS = 10 ** 15
+MAX_BATCH = 1 << 20          # micro-batch, accumulation, devices
+MAX_DEVICE_MEMORY = 10 ** 16  # 10 PB: no accelerator has more
+MIN_DEVICE_MEMORY = 10 ** 6   # 1 MB: a smaller "memory" is a unit slip (0.5 = half a byte)
+MAX_DEVICE_FLOPS = 10 ** 20
+MIN_DEVICE_FLOPS = 10 ** 6
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting of a budget."""
+    field: str                    # the BudgetConfig field
+    flag: str                     # the command line's flag ("" when it has none)
+    kind: type                    # int, float, str or bool
+    default: object
+    help: str
+    group: str                    # model, batch, policy, step, parallel, device
+    choices: tuple = ()           # the allowed values, when they are a list
+    low: float | None = None      # the smallest allowed int, or the bound a float is above
+    high: float | None = None     # the largest allowed (0 is also allowed when
+    zero_means: str = ""           #   `zero_means` says what 0 stands for)
+    fronts: frozenset = FRONT_ENDS
+
+    def problem(self, value) -> str | None:
+        """None when `value` is allowed, else a sentence naming the knob, the value
+        and what is allowed."""
+        name = f"{self.field}={value!r}"
+        if self.kind is bool:
+            return None if isinstance(value, bool) else f"{name} must be True or False."
+        if self.choices:
+            if value in self.choices and type(value) is type(self.choices[0]):
+                return None
+            return f"{name} is unknown; allowed: {', '.join(map(str, self.choices))}."
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                return f"{name} is not allowed: it must be {self._range()}."
+        elif self.kind is float:
+            if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                    or not math.isfinite(value)):
+                return f"{name} is not allowed: it must be {self._range()}."
+        else:
+            return None if isinstance(value, self.kind) else f"{name} must be a {self.kind.__name__}."
+        if value == 0 and self.zero_means:
+            return None
+        # A float's lower bound is exclusive (mfu is above 0), an int's inclusive.
+        below = self.low is not None and (value <= self.low if self.kind is float
+                                          else value < self.low)
+        if below or (self.high is not None and value > self.high):
+            return f"{name} is not allowed: it must be {self._range()}."
+        return None
+
+    def _range(self) -> str:
+        whole = "a positive whole number" if self.kind is int else "a number"
+        if self.kind is int and self.low == 1 and self.high is not None:
+            text = f"{whole} (1, 2, 3, ...) up to {self.high:,}"
+        elif self.kind is float and self.low is not None:
+            text = f"{whole} above 0 and at most {self.high:g}"
+        else:
+            text = f"{whole} from {self.low:,} to {self.high:,}"
+        return text + (f", or 0 for {self.zero_means}" if self.zero_means else "")
+
+
+def _k(field, flag, kind, default, help, group, **more) -> Knob:
+    return Knob(field, flag, kind, default, help, group, **more)
+
+
+KNOBS = {k.field: k for k in (
+    # the model's shape
+    _k("n_layer", "--layers", int, 4, "number of blocks L", "model", low=1, high=MAX_LAYERS),
+    _k("d_model", "--width", int, 128, "model width d (C)", "model", low=1, high=MAX_WIDTH),
+    _k("n_head", "--heads", int, 4, "attention heads a; must divide the width", "model",
+       low=1, high=MAX_HEADS),
+    _k("vocab_size", "--vocab", int, 256, "vocabulary size V", "model", low=1, high=MAX_COUNT),
+    _k("d_ff", "--mlp-width", int, 0, "MLP width", "model", low=1, high=MAX_WIDTH,
+       zero_means="the architecture's rule (4 x width; LLaMA: 8d/3 to a multiple of 256)"),
+    _k("block_size", "--positions", int, 0, "learned positions (the model's context)",
+       "model", low=1, high=MAX_COUNT, zero_means="the sequence length"),
+    _k("tied_embedding", "--tied/--untied", bool, True,
+       "output head tied to the token embedding, or a separate one", "model"),
+    _k("n_params", "--params", int, 0, "a plain parameter count instead of the formula",
+       "model", low=1, high=MAX_PARAMS, zero_means="the formula", fronts=CLI_ONLY),
+    _k("architecture", "--arch", str, "gpt2", "block architecture (llama: RMSNorm, SwiGLU, "
+       "no biases, rotary positions)", "model", choices=ARCHITECTURES),
+    _k("n_kv_head", "--kv-heads", int, 0, "key/value heads of grouped-query attention",
+       "model", low=1, high=MAX_HEADS, zero_means="one per head"),
+    _k("d_head", "--head-dim", int, 0, "size of one attention head (llama)", "model",
+       low=1, high=MAX_HEADS, zero_means="width / heads"),
+    _k("qkv_bias", "--qkv-bias", bool, False, "biases on the q/k/v projections of a "
+       "LLaMA-shaped block (Qwen2)", "model", fronts=CLI_ONLY),
+    _k("qk_norm", "--qk-norm", bool, False, "RMSNorm over each head of q and k (Qwen3)",
+       "model", fronts=CLI_ONLY),
+    _k("sliding_window", "--sliding-window", int, 0, "attention window of a Mistral-style "
+       "block", "model", low=1, high=MAX_COUNT, zero_means="no window", fronts=CLI_ONLY),
+    _k("model_type", "", str, "", "the config.json's model_type (set by --hf-config)",
+       "model", fronts=frozenset()),
+    # the batch
+    _k("micro_batch", "--batch", int, 16, "micro-batch B (sequences)", "batch", low=1,
+       high=MAX_BATCH),
+    _k("seq_len", "--seq", int, 128, "sequence length N (tokens)", "batch", low=1,
+       high=MAX_COUNT),
+    _k("accumulation", "--accum", int, 1, "micro-batches per optimizer step K", "batch",
+       low=1, high=MAX_BATCH),
+    # the training policy
+    _k("precision", "--precision", str, "fp32", "weights and activations (16-bit ones keep "
+       "fp32 master weights; under pytorch and hf: torch.autocast)", "policy",
+       choices=PRECISIONS),
+    _k("grad_precision", "--grad-precision", str, "storage", "gradients in the weights' "
+       "precision, or accumulated in fp32 (mixed-precision AdamW: 16 or 18 bytes/param)",
+       "policy", choices=GRAD_PRECISIONS),
+    _k("optimizer", "--optimizer", str, "adamw", "the optimizer (momentum: SGD with "
+       "momentum)", "policy", choices=OPTIMIZERS),
+    _k("optimizer_impl", "--optimizer-impl", str, DEFAULT, "how its step runs, in torch's "
+       "names: one parameter at a time, multi-tensor lists, one fused kernel (default: "
+       "what the framework's usual loop runs)", "policy", choices=(DEFAULT, *OPTIMIZER_IMPLS)),
+    _k("activation_model", "--activations", str, "transformer", "whose step is modelled: "
+       "rule (k tensors per layer), transformer (the textbook op list), engine (this "
+       "engine's GPT), pytorch (a plain PyTorch GPT as nanoGPT writes it), hf (Hugging "
+       "Face transformers' GPT-2 or LLaMA)", "policy", choices=ACTIVATION_MODELS),
+    _k("tensors_per_layer", "--tensors-per-layer", int, 16, "k of the rule of thumb",
+       "policy", low=1, high=10_000),
+    _k("dropout", "--dropout", bool, False, "dropout (p > 0) in the step", "policy"),
+    _k("recompute", "--recompute", str, "none", "recompute in the backward (under pytorch "
+       "and hf, full = checkpoint every block)", "policy", choices=RECOMPUTE),
+    _k("attention", "--attention", str, "standard", "standard keeps the T x T "
+       "probabilities (eager attention), flash one number per row (SDPA's kernels)",
+       "policy", choices=ATTENTIONS),
+    # what the practitioner's loop does beyond the model
+    _k("outputs", "--outputs", str, DEFAULT, "whether the loop holds the model's output "
+       "(the logits) through backward (default: the framework's usual loop)", "step",
+       choices=(DEFAULT, *OUTPUTS)),
+    _k("padded_batch", "--padded-batch", bool, False, "an attention mask with padding in "
+       "the batch", "step"),
+    _k("use_cache", "--use-cache", str, DEFAULT, "whether transformers builds its key/value "
+       "cache in the forward (default: the config.json's use_cache, else on)", "step",
+       choices=(DEFAULT, *SWITCH)),
+    _k("backend", "--backend", str, "cuda", "where the step runs: what its kernels keep "
+       "(dropout masks, SDPA's paths, autocast's op lists) differs", "step",
+       choices=BACKENDS),
+    # data parallelism
+    _k("devices", "--devices", int, 1, "data-parallel devices N (each runs its own "
+       "micro-batches)", "parallel", low=1, high=MAX_BATCH),
+    _k("zero", "--zero", int, 0, "ZeRO stage over the devices: 0 replicate, 1 shard the "
+       "optimizer state, 2 and the gradients, 3 and the weights", "parallel",
+       choices=ZERO_STAGES),
+    # the device
+    _k("device", "--device", str, "none", "the accelerator to check against", "device"),
+    _k("device_memory", "--device-memory", int, 0, "device memory in bytes (overrides the "
+       "device's)", "device", low=MIN_DEVICE_MEMORY, high=MAX_DEVICE_MEMORY,
+       zero_means="the named device's"),
+    _k("device_flops", "--device-flops", int, 0, "dense FLOP/s at this precision "
+       "(overrides the device's)", "device", low=MIN_DEVICE_FLOPS, high=MAX_DEVICE_FLOPS,
+       zero_means="the named device's"),
+    _k("mfu", "--mfu", float, 0.4, "model FLOP utilization of the step-time estimate "
+       "(0.4 is typical of large runs)", "device", low=0.0, high=1.0),
+)}
+
+
+def knob(field: str) -> Knob:
+    return KNOBS[field]
+
+
+def default(field: str):
+    """The default of a knob (BudgetConfig's fields read it from here)."""
+    return KNOBS[field].default
+
+
+def problems(values: dict) -> list[str]:
+    """Every knob whose value in `values` is not allowed, as sentences."""
+    return [p for p in (KNOBS[f].problem(v) for f, v in values.items() if f in KNOBS) if p]
+
+
+def shown_on(front: str) -> list[Knob]:
+    """The knobs a front end shows, in the table's order."""
+    return [k for k in KNOBS.values() if front in k.fronts]
