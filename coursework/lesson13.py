@@ -232,12 +232,13 @@ def _variants():
         return loss, norm
 
     return [
-        (no_zero, "the gradients of earlier steps were still in the buffer: backward *adds* "
-                  "into model.grads, so call model.zero_grad() before each step's backward."),
-        (no_clip, "the update was not clipped: in the optimizer phase call "
-                  "clip(model.named_grads(), max_norm) first; it scales the gradients in place."),
-        (clip_after, "the gradients were clipped after optimizer.step(lr) had already used them: "
-                     "clip first, then step."),
+        (no_zero, "the gradients of earlier steps were still in the buffer: the backward *adds* "
+                  "into it, so each step must start from an empty one."),
+        (no_clip, "the update was not clipped: the gradients reached the optimizer at their "
+                  "full size. `clip` scales them in place, and the optimizer reads that same "
+                  "buffer."),
+        (clip_after, "the gradients were clipped after the optimizer's step had already "
+                     "used them, so the clipping changed nothing the update read."),
     ]
 
 
@@ -276,6 +277,38 @@ def _run(step_fn, exercise=None, clip=engine_clip):
     return model, opt, results, logs
 
 
+def _zero_norm_hint(model) -> str:
+    """A norm of 0 has two causes, told apart by the buffer the learner's last step left."""
+    if not np.any(model.grads.flat):
+        return ("the gradient norm is 0 and the buffer is empty after your step: it was zeroed "
+                "after the backward had filled it, so clipping and the optimizer saw no "
+                "gradient. Zeroing belongs where it cannot wipe out this step's work.")
+    return ("the gradient norm is 0, yet the backward did fill the buffer: clipping ran before "
+            "the backward, on an empty buffer, so it measured nothing and scaled nothing, and "
+            "the optimizer then used the unclipped gradient. Clipping needs this step's "
+            "gradient, so it can only come after the backward.")
+
+
+def _unknown_slip_hint(losses, norms, ref_losses, ref_norms) -> str:
+    """Where a wrong step first parts from the reference, for a slip no variant explains."""
+    first = next((i for i, (a, b) in enumerate(zip(losses, ref_losses))
+                  if not math.isclose(a, b, rel_tol=1e-6)), len(losses))
+    # the steps before `first` started from the reference's weights: their norms compare
+    norm_right = all(math.isclose(a, b, rel_tol=1e-5) for a, b in
+                     zip(norms[:first], ref_norms[:first]))
+    where = (f"the losses agree up to step {first} and differ from step {first + 1} on"
+             if first < len(losses) else "the losses of all 3 steps agree")
+    look = ("the gradient norms you returned agree too, so each gradient was right and the "
+            "update made from it differs: look at what the optimizer phase does, and how "
+            "often" if norm_right else
+            "the gradient norm you returned already differs, so the gradient the optimizer "
+            "phase received was not this step's alone: look at what happens to the buffer "
+            "before it")
+    return (f"after 3 steps the weights differ from the reference in a way none of the usual "
+            f"slips explains (no zeroing, zeroing after the backward, clipping before the "
+            f"backward, no clipping, clipping after the update). {where}; {look}.")
+
+
 def check_train_step(train_step) -> None:
     """Three steps on a small GPT equal the reference step's, phase by phase."""
     model, opt, results, logs = _run(train_step, EX_STEP)
@@ -296,9 +329,7 @@ def check_train_step(train_step) -> None:
                                      f"loss on that batch is {ref_losses[0]:.6g}: return what "
                                      f"model.forward(x, y) returned.")
     if norms[0] == 0.0:
-        raise ExerciseError(EX_STEP, "the gradient norm is 0: the buffer was zeroed after the "
-                                     "backward, so the optimizer saw no gradient. Zero it "
-                                     "first (model.zero_grad()), before the loss phase.")
+        raise ExerciseError(EX_STEP, _zero_norm_hint(model))
     if all(math.isclose(n, 0.05, rel_tol=1e-4) for n in norms):
         raise ExerciseError(EX_STEP, "you returned the norm after clipping (it always equals "
                                      "max_norm here); return what clip(...) returned, the norm "
@@ -311,10 +342,7 @@ def check_train_step(train_step) -> None:
                     np.allclose(model.grads.flat, w_model.grads.flat, rtol=1e-6, atol=1e-9):
                 raise ExerciseError(EX_STEP, f"after 3 steps the weights differ from the "
                                              f"reference; {hint}")
-        raise ExerciseError(EX_STEP, "after 3 steps the weights differ from the reference. "
-                                     "Per step: model.zero_grad(); loss = model.forward(x, y); "
-                                     "model.backward(); norm = clip(model.named_grads(), "
-                                     "max_norm); optimizer.step(lr).")
+        raise ExerciseError(EX_STEP, _unknown_slip_hint(losses, norms, ref_losses, ref_norms))
     if not all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(norms, ref_norms)):
         raise ExerciseError(EX_STEP, f"the weights are right but the returned norms "
                                      f"{[round(n, 5) for n in norms]} differ from the norms "
@@ -426,3 +454,14 @@ def export_bf16(to_bf16, params_flat: np.ndarray, folder) -> dict:
     np.save(b16, bf16_bits(to_bf16, params_flat))
     return {"fp32_path": f32, "bf16_path": b16, "fp32_bytes": f32.stat().st_size,
             "bf16_bytes": b16.stat().st_size, "weights": from_bf16_bits(np.load(b16))}
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"train_step": EX_STEP}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

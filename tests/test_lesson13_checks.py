@@ -96,6 +96,30 @@ def step_twice(model, optimizer, clip, x, y, lr, max_norm, phase):
     return loss, norm
 
 
+def step_clip_before_backward(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    norm = clip(model.named_grads(), max_norm)
+    with phase("backward"):
+        model.backward()
+    with phase("optimizer"):
+        optimizer.step(lr)
+    return loss, norm
+
+
+def step_double_lr(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), max_norm)
+        optimizer.step(2 * lr)
+    return loss, norm
+
+
 def step_loss_only(model, optimizer, clip, x, y, lr, max_norm, phase):
     return step_right(model, optimizer, clip, x, y, lr, max_norm, phase)[0]
 
@@ -111,8 +135,8 @@ def test_13_1_stub_says_not_done():
 
 
 @pytest.mark.parametrize("index, phrase", [
-    (0, "call model.zero_grad() before"), (1, "update was not clipped"),
-    (2, "clipped after optimizer.step"),
+    (0, "each step must start from an empty one"), (1, "update was not clipped"),
+    (2, "clipped after the optimizer's step"),
 ])
 def test_13_1_names_the_wrong_order(index, phrase):
     wrong, _ = lesson13._variants()[index]
@@ -121,7 +145,9 @@ def test_13_1_names_the_wrong_order(index, phrase):
 
 @pytest.mark.parametrize("fn, phrase", [
     (step_no_phases, "went through the phases []"),
-    (step_zero_after_backward, "the gradient norm is 0"),
+    (step_zero_after_backward, "zeroed after the backward had filled it"),
+    (step_clip_before_backward, "clipping ran before the backward"),
+    (step_double_lr, "the update made from it differs"),
     (step_backward_first, "comes before the backward phase"),
     (step_norm_after, "the norm after clipping"),
     (step_twice, "ran 6 times"),
@@ -129,6 +155,17 @@ def test_13_1_names_the_wrong_order(index, phrase):
 ])
 def test_13_1_names_the_mistake(fn, phrase):
     fails_with(lesson13.check_train_step, fn, words=("Exercise 13.1", phrase))
+
+
+@pytest.mark.parametrize("fn", [step_zero_after_backward, step_clip_before_backward,
+                                step_double_lr] + [wrong for wrong, _ in lesson13._variants()])
+def test_13_1_hints_never_print_the_step(fn):
+    message = fails_with(lesson13.check_train_step, fn, words=("Exercise 13.1",))
+    for code in ("model.zero_grad()", "model.forward(x, y)", "model.backward()",
+                 "clip(model.named_grads()", "optimizer.step(lr)"):
+        assert code not in message, message
+    if fn is step_clip_before_backward:
+        assert "zeroed after the backward" not in message
 
 
 def test_the_reference_clip_matches_the_exercise():
