@@ -255,8 +255,9 @@ def config_and_sources(data: dict, source: str = "config.json",
     switches, sources = {}, {}
     if model != "engine":  # the engine's own GPT has no dropout to set
         switches["dropout"], sources["dropout"] = _dropout(data, kind, source)
-    if model == "hf" and "use_cache" in fields:  # only transformers' step builds a cache
-        switches["use_cache"], sources["use_cache"] = _use_cache(data, source)
+    file_cache = _use_cache(data, source)  # checked always, used by transformers' step only
+    if model == "hf" and "use_cache" in fields:
+        switches["use_cache"], sources["use_cache"] = file_cache
     for knob, flag in (("dropout", "--dropout"), ("use_cache", "--use-cache")):
         if changes.get(knob, "default") != "default":
             sources[knob] = Source("flag", flag)
