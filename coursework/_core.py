@@ -5,10 +5,11 @@
   student notebooks) can see which exercise is not done, followed by a hint.
   In a notebook it shows only that message, not the checker's traceback.
 * `attempt`: call the learner's function, turning `NotImplementedError` into
-  the exercise's own "not done yet" message.
+  the exercise's own "not done yet" message, and an error numpy raised on one of
+  its lines into one line that names the call (`numpy_error`).
 * `name_unfinished_exercises`: in a notebook, a cell that needs an exercise
-  the learner has not finished says which, in one line, instead of a
-  NameError or NotImplementedError traceback.
+  the learner has not finished (or a value an earlier cell makes with it) says
+  which, in one line, instead of a NameError or NotImplementedError traceback.
 (The pieces a passed check saves are kept by `coursework.pieces`.)
 """
 from __future__ import annotations
@@ -33,7 +34,8 @@ class ExerciseError(AssertionError):
 
 
 def attempt(exercise: str, fn, *args, **kwargs):
-    """Call the learner's `fn`, naming the exercise if it is still a stub."""
+    """Call the learner's `fn`, naming the exercise if it is still a stub, and turning an
+    error numpy raised on a line of `fn` into one line that names it (`numpy_error`)."""
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
@@ -42,17 +44,65 @@ def attempt(exercise: str, fn, *args, **kwargs):
             "not done yet. Replace the lines `# YOUR CODE HERE` and "
             "`raise NotImplementedError()` in the exercise cell with your code, "
             "run that cell, then run this check again.") from None
+    except (TypeError, ValueError, IndexError) as err:
+        line = numpy_error(fn, err)
+        if line is None:
+            raise
+        raise ExerciseError(exercise, line) from None
+
+
+# What a numpy message means on the calls a learner makes, where the message alone misleads.
+_NUMPY_NOTES = {
+    "return arrays must be of ArrayType": "a ufunc such as np.maximum takes two inputs; a "
+                                          "third positional argument is the array it writes "
+                                          "its result into (`out`), not a third input",
+    "output array": "a ufunc such as np.maximum takes two inputs; a third positional "
+                    "argument is the array it writes its result into (`out`)",
+    "could not be broadcast": "the two arrays' shapes do not line up element by element",
+}
+
+
+def numpy_error(fn, err: BaseException) -> str | None:
+    """One line for an error numpy raised inside the learner's `fn` (on a line of `fn` that
+    calls numpy, or in numpy's own code called from it), or None for any other error."""
+    code = getattr(getattr(fn, "py_func", fn), "__code__", None)
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    mine = [k for k, f in enumerate(frames) if f.tb_frame.f_code is code]
+    if code is None or not mine:
+        return None
+    at = frames[mine[-1]]
+    import linecache
+    source = linecache.getline(at.tb_frame.f_code.co_filename, at.tb_lineno).strip()
+    below = frames[mine[-1] + 1:]
+    note = next((f" ({text})" for key, text in _NUMPY_NOTES.items() if key in str(err)), "")
+    from_numpy = (all("numpy" in f.tb_frame.f_code.co_filename for f in below) if below
+                  else ("np." in source or "numpy." in source or (not source and note)))
+    if not from_numpy:
+        return None
+    where = f"`{source}`" if source else f"line {at.tb_lineno}"
+    return (f"numpy stopped your function at {where}: {type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}{note}.")
 
 
 class UnfinishedExercise(Exception):
-    """A lesson's cell needs an exercise's function that is missing or still a stub."""
+    """A lesson's cell needs an exercise's function that is missing or still a stub, or a
+    value that an earlier cell makes with it and did not finish."""
 
-    def __init__(self, exercise: str, name: str, never_ran: bool):
+    def __init__(self, exercise: str, name: str, never_ran: bool, made_earlier: bool = False):
         self.exercise = exercise
-        why = (f"needs `{name}`, whose exercise cell has not run" if never_ran
-               else f"runs your `{name}`, which is still the stub")
+        if made_earlier:
+            why = (f"needs `{name}`, which an earlier cell makes with your exercise and did "
+                   f"not finish")
+            again = "run that cell and this one again"
+        else:
+            why = (f"needs `{name}`, whose exercise cell has not run" if never_ran
+                   else f"runs your `{name}`, which is still the stub")
+            again = "run this cell again"
         super().__init__(f"finish exercise {exercise} first: this cell {why}. Complete it, "
-                         f"run it and its check, then run this cell again.")
+                         f"run it and its check, then {again}.")
 
     def _render_traceback_(self) -> list[str]:
         """One line in a notebook, as ExerciseError shows."""
@@ -60,14 +110,20 @@ class UnfinishedExercise(Exception):
         return [f"{red}{type(self).__name__}{plain}: {self}"]
 
 
-def unfinished_exercise(error: BaseException, functions: dict[str, str], namespace: dict):
+def unfinished_exercise(error: BaseException, functions: dict[str, str], namespace: dict,
+                        made_by: dict[str, str] | None = None):
     """The UnfinishedExercise that `error` stands for, or None when it is some other error.
 
     `functions` maps each exercise function's name to its exercise ("04.3 (spot_check)"). A
     NameError for one of them means its cell never ran; a NotImplementedError raised in one
-    of them, defined in `namespace` (the notebook's), means the stub ran."""
-    if isinstance(error, NameError) and getattr(error, "name", None) in functions:
-        return UnfinishedExercise(functions[error.name], error.name, never_ran=True)
+    of them, defined in `namespace` (the notebook's), means the stub ran. `made_by` maps
+    the values that a cell stopped by an unfinished exercise did not make to that
+    exercise: a NameError for one of them is named too."""
+    name = getattr(error, "name", None) if isinstance(error, NameError) else None
+    if name in functions:
+        return UnfinishedExercise(functions[name], name, never_ran=True)
+    if name in (made_by or {}):
+        return UnfinishedExercise(made_by[name], name, never_ran=True, made_earlier=True)
     if isinstance(error, NotImplementedError):
         tb = error.__traceback__
         while tb is not None and tb.tb_next is not None:
@@ -79,11 +135,38 @@ def unfinished_exercise(error: BaseException, functions: dict[str, str], namespa
     return None
 
 
+def assigned_names(code: str) -> set[str]:
+    """The names a cell's code binds at its top level (assignments, loops, with, def,
+    class), not inside its functions; none when it does not parse."""
+    import ast
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    names, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)            # its body binds the function's names, not ours
+            continue
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        todo.extend(ast.iter_child_nodes(node))
+    return names
+
+
 def name_unfinished_exercises(functions: dict[str, str], shell=None) -> None:
     """In IPython, show a NameError or NotImplementedError that comes from an unfinished
     exercise of `functions` as the one line of `UnfinishedExercise`; every other error shows
     as usual. The cell still fails (so Run All stops there and `pytest --nbval` fails).
-    Outside IPython this does nothing."""
+
+    A cell stopped that way leaves its results half made (a list filled for two sizes of
+    five). The names it had bound for the first time in that run are removed, and a later
+    cell that needs one of them says which exercise to finish instead of failing on half a
+    result; names that existed before the cell ran keep their values. Outside IPython this
+    does nothing."""
     if shell is None:
         try:
             from IPython import get_ipython
@@ -92,14 +175,28 @@ def name_unfinished_exercises(functions: dict[str, str], shell=None) -> None:
         shell = get_ipython()
         if shell is None:
             return
+    made_by: dict[str, str] = {}
+    cell = {"names": set(), "code": ""}
+
+    def before_each_cell(info):
+        cell["names"] = set(shell.user_ns)
+        cell["code"] = shell.transform_cell(info.raw_cell or "")
 
     def show(shell, etype, value, tb, tb_offset=None):
-        unfinished = unfinished_exercise(value, functions, shell.user_ns)
+        unfinished = unfinished_exercise(value, functions, shell.user_ns, made_by)
         if unfinished is None:
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
-        else:
-            shell.showtraceback((UnfinishedExercise, unfinished, tb))
+            return
+        for name in assigned_names(cell["code"]) - cell["names"]:
+            shell.user_ns.pop(name, None)
+            made_by[name] = unfinished.exercise
+        shell.showtraceback((UnfinishedExercise, unfinished, tb))
 
+    previous = getattr(shell, "_before_each_cell_of_exercises", None)
+    if previous is not None:        # the lesson's first cell ran again: one hook, not two
+        shell.events.unregister("pre_run_cell", previous)
+    shell.events.register("pre_run_cell", before_each_cell)
+    shell._before_each_cell_of_exercises = before_each_cell
     shell.set_custom_exc((NameError, NotImplementedError), show)
 
 

@@ -135,12 +135,53 @@ def test_04_2_passes_relative_error_with_floor(capsys):
     assert "Exercise 04.2 (gradient_errors) passed." in capsys.readouterr().out
 
 
+def errors_mean_of_magnitudes(analytic, numeric, floor=1e-10):
+    ab = np.abs(analytic - numeric)
+    return ab / np.maximum((np.abs(analytic) + np.abs(numeric)) / 2, floor), ab
+
+
+def errors_root_of_squares(analytic, numeric, floor=1e-10):
+    ab = np.abs(analytic - numeric)
+    return ab / np.maximum(np.sqrt(analytic ** 2 + numeric ** 2), floor), ab
+
+
+def errors_floor_added(analytic, numeric, floor=1e-10):
+    ab = np.abs(analytic - numeric)
+    return ab / (np.maximum(np.abs(analytic), np.abs(numeric)) + floor), ab
+
+
+def errors_floor_ignored(analytic, numeric, floor=1e-10):
+    ab = np.abs(analytic - numeric)
+    return ab / np.maximum(np.maximum(np.abs(analytic), np.abs(numeric)), 1e-10), ab
+
+
+def errors_maximum_of_three(analytic, numeric, floor=1e-10):
+    ab = np.abs(analytic - numeric)
+    return ab / np.maximum(np.abs(analytic), np.abs(numeric), floor), ab
+
+
+def errors_written_differently(analytic, numeric, floor=1e-10):
+    sizes = np.stack([np.abs(analytic), np.abs(numeric), np.full_like(analytic, floor)])
+    ab = np.abs(numeric - analytic)
+    return ab / sizes.max(axis=0), ab
+
+
+def test_04_2_passes_an_answer_written_differently(capsys):
+    lesson04.check_gradient_errors(errors_written_differently)
+    assert "Exercise 04.2 (gradient_errors) passed." in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("answer, phrase", [
     (stub, "not done yet"),
-    (errors_no_floor, "no floor"),
-    (errors_floor_zero_to_nan_free, "there is no floor"),
-    (errors_sum, "|a| + |n|"),
-    (errors_analytic_only, "one gradient only"),
+    (errors_no_floor, "demand 3 is broken"),
+    (errors_floor_zero_to_nan_free, "demand 3 is broken"),
+    (errors_sum, "demand 2 is broken: gradients 1% apart"),
+    (errors_root_of_squares, "demand 2 is broken: gradients 1% apart"),
+    (errors_mean_of_magnitudes, "demand 2 is broken: a gradient missing entirely"),
+    (errors_analytic_only, "demand 1 is broken"),
+    (errors_floor_added, "demand 3 is broken for the floor you are given"),
+    (errors_floor_ignored, "read the `floor` argument"),
+    (errors_maximum_of_three, "a third positional argument is the array it writes"),
     (errors_signed, "absolute value"),
     (lambda a, n, floor=1e-10: np.abs(a - n), "pair (relative, absolute)"),
 ])
@@ -148,6 +189,7 @@ def test_04_2_names_the_mistake(answer, phrase):
     with pytest.raises(ExerciseError, match="Exercise 04.2") as err:
         lesson04.check_gradient_errors(answer)
     assert phrase in str(err.value)
+    assert "max(|a|, |n|" not in str(err.value) and "np.maximum(np.maximum" not in str(err.value)
 
 
 # ---------------------------------------------------------------- 04.3
