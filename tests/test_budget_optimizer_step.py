@@ -185,6 +185,7 @@ WIDE = dict(n_layer=4, d_model=256, n_head=4, vocab_size=1000, micro_batch=1, se
 BIG_VOCAB = dict(n_layer=2, d_model=128, n_head=4, vocab_size=20000, micro_batch=1,
                  seq_len=16, attention="flash")
 LLAMA = dict(architecture="llama", n_kv_head=2, tied_embedding=False)
+AUTOCAST = dict(precision="bf16", backend="cpu")
 # (framework, optimizer, implementation, shape, the moment that decides steps 2 and 1)
 CPU_CASES = [
     ("pytorch", "adamw", "foreach", WIDE, "the optimizer step", "the optimizer step"),
@@ -202,6 +203,16 @@ CPU_CASES = [
      "the end of the backward"),
     ("pytorch", "adamw", "fused", {**BIG_VOCAB, "accumulation": 2}, "the end of the backward",
      "the end of the backward"),
+    ("hf", "sgd", "foreach", {**BIG_VOCAB, **LLAMA, "accumulation": 2}, "the head's backward",
+     "the head's backward"),
+    ("hf", "momentum", "fused", {**BIG_VOCAB, "tied_embedding": False, "accumulation": 2},
+     "the head's backward", "the optimizer step"),
+    # autocast (bf16 on the CPU backend): the head's contribution is a fresh fp32 copy,
+    # so the tied weight's two contributions are summed in place
+    ("hf", "sgd", "for-loop", {**BIG_VOCAB, **AUTOCAST}, "the end of the backward",
+     "the end of the backward"),
+    ("pytorch", "sgd", "foreach", {**BIG_VOCAB, **AUTOCAST, "accumulation": 2},
+     "the end of the backward", "the end of the backward"),
 ]
 
 
@@ -218,6 +229,8 @@ def _predicted(cfg: BudgetConfig) -> tuple:
         found["the optimizer step"] = sum(b for _, b in opt.optimizer_moment(cfg, fixed))
         found["the end of the backward"] = sum(
             b for _, b in opt.backward_end_moment(cfg, fixed, first_step=first))
+        found["the head's backward"] = sum(
+            b for _, b in opt.head_backward_moment(cfg, fixed, step.saved, first_step=first))
         name = max(found, key=found.get)
         return found[name], name
     return peak(step.moments, False), peak(step.first_step, True)
@@ -232,6 +245,8 @@ def test_each_optimizer_step_matches_pytorch_on_this_cpu(model, optimizer, impl,
     if _missing("torch") or (model == "hf" and _missing("transformers")):
         pytest.skip("torch and transformers are not installed (pip install -e "
                     "'.[transformers]')")
+    if "backend" in shape and "backend" not in {f.name for f in dataclasses.fields(BudgetConfig)}:
+        pytest.skip("the budget has no CPU backend to predict an autocast step on the CPU")
     from engine.budget.torch_step import measure_step
     cfg = _with_impl(BudgetConfig(activation_model=model, optimizer=optimizer,
                                   **shape).validate(), impl)

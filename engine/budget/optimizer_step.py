@@ -263,3 +263,26 @@ def backward_end_moment(cfg, fixed: dict, first_step: bool = False) -> list:
         terms.append(("logits, held by the caller", cfg.micro_batch * cfg.seq_len
                       * cfg.vocab_size * lo))
     return terms
+
+
+def head_backward_moment(cfg, fixed: dict, saved: int, first_step: bool = False) -> list:
+    """The head's matmul backward (`MmBackward0`), the first weight gradient of
+    the backward: weights, state, the gradients of earlier micro-batches, what
+    the forward saved (`saved` bytes, log_softmax's output among them, whose
+    place the gradient of the logits now takes) and the head's new weight
+    gradient, vocabulary by width. Under autocast the matmul makes that gradient
+    in 16 bits and `ToCopyBackward0` casts it to fp32 while the 16-bit one is
+    alive, but by then the node has released the 16-bit copy of the weight it
+    saved, the same bytes: the sum is unchanged. It outgrows the loss's
+    backward when the width exceeds twice the micro-batch's tokens, and the end
+    of the backward under accumulation with an untied head."""
+    head = cfg.vocab_size * cfg.d_model
+    grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
+                                     cfg.autocast)["gradients"]
+    terms = _resident(fixed, not first_step)
+    if cfg.accumulation > 1:
+        terms.append(("gradients of earlier micro-batches", fixed["gradients"]))
+    terms += [("saved by the forward (the log_softmax output's place now the gradient "
+               "of the logits)", saved), ("the head's new weight gradient", head * grad_bytes)]
+    return terms
+
