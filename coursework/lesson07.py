@@ -254,22 +254,46 @@ def check_step_floor_and_mfu(step_floor_and_mfu) -> None:
                 hint = ("the floor is a prediction from the FLOP count alone, the step at the "
                         "device's full rate; the measured time is the other half of the story.")
             else:
-                hint = "the fastest possible step does step_flops at device_flops per second."
+                hint = _scaling_hint(step_floor_and_mfu, (step_flops, device_flops, measured),
+                                     0, "floor", (2.0, 0.5, 1.0))
             raise ExerciseError(EX_STEP, f"{where}, your floor is {floor:.4g} s, expected "
                                          f"{want_floor:.4g} s. Hint: {hint}")
         if not math.isclose(mfu, want_mfu, rel_tol=1e-9):
             if math.isclose(mfu, 1 / want_mfu, rel_tol=1e-9):
-                hint = ("an MFU is at most 1: the share of the device's rate the step reached, "
-                        "floor / measured (a step can be slower than the floor, never faster).")
+                hint = ("yours is the inverse: an MFU is at most 1, the share of the device's "
+                        "rate the step reached (a step can be slower than the floor, never "
+                        "faster).")
             elif math.isclose(mfu, 100 * want_mfu, rel_tol=1e-9):
                 hint = "give the MFU as a fraction between 0 and 1, not a percentage."
             else:
-                hint = ("the FLOP/s the step achieved (step_flops / measured) over the device's "
-                        "FLOP/s; it equals floor / measured.")
+                hint = _scaling_hint(step_floor_and_mfu, (step_flops, device_flops, measured),
+                                     1, "MFU", (2.0, 0.5, 0.5))
             raise ExerciseError(EX_STEP, f"{where}, your MFU is {mfu:.4g}, expected "
                                          f"{want_mfu:.4g}. Hint: {hint}")
     passed(EX_STEP, "a step of 1.2 TFLOP on a 100 GFLOP/s device takes at least 12 s; "
                     "measured at 40 s, it ran at MFU 0.30.")
+
+
+_ARGUMENTS = ("the step's FLOPs", "the device's FLOP/s", "the measured time")
+
+
+def _scaling_hint(fn, args, index: int, name: str, ratios) -> str:
+    """Which argument the learner's `name` (entry `index` of the pair) follows wrongly:
+    doubling each argument alone must scale it by `ratios`; else a constant factor is off."""
+    base = _number(EX_STEP, attempt(EX_STEP, fn, *args)[index], f"the {name}")
+    for k, want in enumerate(ratios):
+        doubled = list(args)
+        doubled[k] *= 2.0
+        value = _number(EX_STEP, attempt(EX_STEP, fn, *doubled)[index], f"the {name}")
+        got = value / base if base else float("nan")
+        if not math.isclose(got, want, rel_tol=1e-6):
+            change = {2.0: "double", 0.5: "halve", 1.0: "stay the same"}[want]
+            return (f"doubling {_ARGUMENTS[k]} changes your {name} by a factor of {got:.4g}, "
+                    f"where it must {change}. Let the units say which quantity divides which.")
+    want = args[0] / args[1] if index == 0 else args[0] / args[1] / args[2]
+    return (f"your {name} follows every argument the right way but is {base / want:.4g} times "
+            f"the right value: a constant factor crept in (a unit, or a count of FLOPs that "
+            f"the step's FLOPs already include).")
 
 
 # ------------------------------------------------------------------ 07.5

@@ -319,12 +319,18 @@ def test_07_4_stub_says_not_done():
     (lambda f, d, m: (m, (f / d) / m), ("prediction from the FLOP count",)),
     (lambda f, d, m: (f / d, m / (f / d)), ("at most 1",)),
     (lambda f, d, m: (f / d, 100 * (f / d) / m), ("not a percentage",)),
-    (lambda f, d, m: (f / d, f / m), ("over the device's",)),
+    (lambda f, d, m: (f / d, f / m), ("doubling the device's FLOP/s changes your MFU by a "
+                                      "factor of 1, where it must halve",)),
+    (lambda f, d, m: (f * d, (f / d) / m), ("doubling the device's FLOP/s changes your floor",)),
+    (lambda f, d, m: (6 * f / d, (f / d) / m), ("6 times the right value", "constant factor")),
+    (lambda f, d, m: (f / d, (f / d) * m / 1e4), ("doubling the measured time",)),
     (lambda f, d, m: f / d, ("return the pair",)),
     (lambda f, d, m: None, ("return the pair",)),
 ])
 def test_07_4_each_slip_gets_its_own_hint(wrong, words):
-    fails_with(lesson07.check_step_floor_and_mfu, wrong, words=words)
+    message = fails_with(lesson07.check_step_floor_and_mfu, wrong, words=words)
+    for formula in ("floor / measured", "step_flops /", "/ measured", "/ device_flops"):
+        assert formula not in message, message
 
 
 def test_07_4_asks_for_the_reasons_and_gives_no_formula():
