@@ -56,6 +56,14 @@ and only the two contributions are alive. `AccumulateGrad` then steals the sum a
 micro-batches: no temporary beyond the new gradient itself). An untied
 embedding's gradient is simply stolen: nothing extra in the first micro-batch,
 the new gradient beside the earlier ones' in later micro-batches.
+
+The head's backward comes first: its matmul makes the head's vocabulary-by-width
+weight gradient while the forward's saved tensors are still alive; beside the
+earlier micro-batches' gradients that moment can outgrow both the loss's
+backward and the end of the backward (an untied head under accumulation).
+
+The moments (`optimizer_moment`, `backward_end_moment`, `head_backward_moment`)
+list (what, bytes) pairs for the budget's step, resident bytes included.
 """
 from __future__ import annotations
 
