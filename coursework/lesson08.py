@@ -188,18 +188,16 @@ def _unrecorded_hint(recording: list, returned: list) -> str:
                 "but what you called backward on does not: it was made from fn's "
                 "output after the `with engine.enable_grad():` block, where recording "
                 "is off again (a .sum(), a product), or cut from it (.detach(), a new "
-                "Tensor of its .data). Backpropagate grad_output, the gradient that "
-                "reached the segment, through fn's output itself: "
-                "out.backward(grad_output).")
+                "Tensor of its .data). The backward has to start at fn's own output, "
+                "carrying the gradient that reached the segment.")
     if recording and all(recording):
         return ("you ran fn with recording on (good), yet its output does not require "
-                "grad: was the output detached, or its .data wrapped in a new Tensor? "
-                "Call backward on what fn returned, and make the input a Tensor with "
-                "requires_grad=True.")
-    return ("fn ran with recording switched off (the backward pass may run under "
-            "no_grad), so nothing was recorded. Run fn inside "
-            "`with engine.enable_grad():`, on a Tensor made from saved_input with "
-            "requires_grad=True.")
+                "grad, so nothing of the recompute was tracked: was the output detached, "
+                "or its .data wrapped in a new Tensor? Or is the input one the tape does "
+                "not track?")
+    return ("fn ran with recording switched off: the backward pass that calls your "
+            "function runs under no_grad, so the recompute recorded nothing. Recording "
+            "must be on while fn runs again (engine.enable_grad() is the switch).")
 
 
 def _run_replay(checkpointed_backward, segment, saved, g):
@@ -228,21 +226,27 @@ def _check_input_gradient(got, want_x, ones_x, g) -> None:
     """The returned input gradient; a backward seeded with ones, or grad_output handed
     back unchanged, is named."""
     if got is None:
-        raise ExerciseError(EX_REPLAY, "you returned None: return the gradient of the input, "
-                            "the .grad of the Tensor you made from saved_input (create it with "
-                            "requires_grad=True, or .grad stays None).")
+        raise ExerciseError(EX_REPLAY, "you returned None: return the input's gradient, an "
+                            "array. If None is an input Tensor's .grad, the backward never "
+                            "filled it: the backward fills .grad only on Tensors it tracks.")
     got = np.asarray(got)
     if _close(got, ones_x) and not _close(got, want_x):
         raise ExerciseError(EX_REPLAY, "you backpropagated a gradient of ones (as .sum() or "
-                            "backward() with no argument does): pass grad_output, the gradient "
-                            "that reached the segment, to out.backward(grad_output).")
+                            "backward() with no argument does), a fresh gradient, not the one "
+                            "that reached the segment.")
     if _close(got, g) and not _close(got, want_x):
         raise ExerciseError(EX_REPLAY, "you returned grad_output itself: the segment's input "
                             "gradient needs the recompute and a backward through it.")
     if not _close(got, want_x):
-        raise ExerciseError(EX_REPLAY, "the input gradient is wrong. Recompute fn on a Tensor "
-                            "made from saved_input (requires_grad=True), call backward on the "
-                            "output with grad_output, return the input's .grad.")
+        if got.shape != want_x.shape:
+            raise ExerciseError(EX_REPLAY, f"you returned an array of shape {got.shape}; the "
+                                f"input's gradient has the input's shape {want_x.shape}.")
+        k = np.unravel_index(int(np.argmax(np.abs(got - want_x))), got.shape)
+        raise ExerciseError(EX_REPLAY, f"the input gradient is wrong (at {tuple(map(int, k))} "
+                            f"yours is {got[k]:.4g}, the segment's {want_x[k]:.4g}), and it is "
+                            f"none of the usual slips (a gradient of ones, grad_output handed "
+                            f"back, a second backward). Check which Tensor's gradient you "
+                            f"return and which gradient you sent into the backward.")
 
 
 def _check_parameter_gradients(expected) -> None:
@@ -345,3 +349,15 @@ def check_checkpoint_peak(checkpoint_peak) -> None:
                                 f"{k} peak at {measured} bytes; your formula says {got:.0f}.")
     save_piece("checkpoint_peak", checkpoint_peak, EX_PEAK)
     passed(EX_PEAK, "Your formula matches the tape's measured peak byte for byte.")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"accumulate": EX_ACCUMULATE, "checkpointed_backward": EX_REPLAY,
+                      "checkpoint_peak": EX_PEAK}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

@@ -6,6 +6,8 @@ names the mistake (asserted by matching a phrase of the hint).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -181,13 +183,38 @@ def replay_sum_outside_enable_grad(fn, saved_input, grad_output):
 
 def test_08_2_a_sum_outside_enable_grad_is_told_to_backpropagate_grad_output():
     message = fails_with(lesson08.check_checkpointed_backward,
-                         replay_sum_outside_enable_grad, "Backpropagate grad_output")
+                         replay_sum_outside_enable_grad, "start at fn's own output")
     assert "after the `with engine.enable_grad():` block" in message
     assert "was the output detached" not in message
 
 
 def replay_passthrough(fn, saved_input, grad_output):
     return grad_output
+
+
+def replay_halved(fn, saved_input, grad_output):
+    return replay_right(fn, saved_input, grad_output / 2)
+
+
+def test_08_2_hints_never_print_the_recipe():
+    for answer in (replay_without_enable_grad, replay_seeded_with_ones, replay_no_input_grad,
+                   replay_sum_outside_enable_grad, replay_detached_under_enable_grad,
+                   replay_halved):
+        message = fails_with(lesson08.check_checkpointed_backward, answer, "Exercise 08.2")
+        for recipe in ("out.backward(grad_output)", "requires_grad=True", "Recompute fn on",
+                       "return the input's .grad"):
+            assert recipe not in message, message
+    assert "none of the usual slips" in fails_with(lesson08.check_checkpointed_backward,
+                                                   replay_halved, "Exercise 08.2")
+
+
+def test_08_2_stub_docstring_states_the_contract_not_the_recipe():
+    source = (Path(__file__).resolve().parents[1] / "course" / "source" /
+              "08_accumulation_and_checkpointing.py").read_text()
+    stub = source[source.index("def checkpointed_backward"):]
+    docstring = stub[:stub.index("### BEGIN SOLUTION")]
+    for recipe in ("Recompute", "recording on", "backpropagate grad_output"):
+        assert recipe not in docstring, docstring
 
 
 def test_08_2_passes_a_replay(capsys):

@@ -314,7 +314,8 @@ print("after the backward, segment ran:", runs)
 
 # %%
 def checkpointed_backward(fn, saved_input, grad_output):
-    """Recompute fn from saved_input with recording on, backpropagate grad_output, return dL/dinput."""
+    """The gradient of the loss with respect to the segment's input (an ndarray shaped like
+    saved_input); the segment's parameters get their gradients on the way."""
     ### BEGIN SOLUTION
     x = Tensor(saved_input, requires_grad=True)
     with engine.enable_grad():
