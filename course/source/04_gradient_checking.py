@@ -108,12 +108,14 @@ lesson04.check_numerical_partial(numerical_partial)
 #
 # 1. neither value is privileged (either may be the wrong one), so swapping `a` and `n` must
 #    not change the error;
-# 2. the error reads as a fraction of the gradient: a value 1% off gives about 0.01, and
-#    a right gradient about 1e-8, whatever its size;
+# 2. the error reads as the fraction of the gradient that is wrong, whatever its size: a
+#    value 1% off gives about 0.01, a right gradient about 1e-8, and a gradient missing
+#    entirely (0 where the other is not) exactly 1, all of it wrong;
 # 3. gradients at or near zero give a finite number. Two exact zeros must not give 0/0 =
 #    NaN, and a true gradient of 1e-14 against a numerical 0 must not give a scary
 #    relative error for a difference no one could measure. A **floor** δ, a smallest
-#    denominator, handles this.
+#    denominator, handles this: the denominator never goes below δ, and above δ the floor
+#    changes nothing.
 #
 # Because of 3, a checker reports the absolute error `|a - n|` next to the relative one,
 # and an element passes when **either** is small: `abs <= atol or rel <= rtol`.
