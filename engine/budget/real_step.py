@@ -55,10 +55,68 @@ def mask_bytes(cfg: BudgetConfig, device: str) -> int:
     return 1 if device == "cuda" else compute_bytes(cfg)
 
 
+def use_cache_on(cfg: BudgetConfig) -> bool:
+    """The use_cache transformers runs with: the flag, else the config.json's,
+    else transformers' own default (on, in every family read here)."""
+    setting = getattr(cfg, "resolved_use_cache", None)
+    if setting is None:
+        setting = getattr(cfg, "use_cache", "default")
+    return setting in (True, "on", "default")
+
+
 def keeps_kv_cache(cfg: BudgetConfig) -> bool:
-    """transformers builds a key/value cache in training unless gradient
-    checkpointing turns it off; the cache's concatenation copies K and V."""
-    return cfg.activation_model == "hf" and cfg.recompute != "full"
+    """Whether the forward builds a DynamicCache: with use_cache on, except
+    under gradient checkpointing in training (`merge_with_config_defaults`
+    turns use_cache off there). Each layer's `DynamicLayer.update` is
+    `torch.cat([empty, K])`: a copy of K and of V that attention then reads."""
+    return cfg.activation_model == "hf" and use_cache_on(cfg) and cfg.recompute != "full"
+
+
+def sliding_window_masks(cfg: BudgetConfig) -> bool:
+    """A sliding window changes the step only from `seq_len >= sliding_window`:
+    below it the window hides nothing and SDPA keeps using is_causal
+    (`masking_utils._ignore_causal_mask_sdpa`)."""
+    window = getattr(cfg, "sliding_window", 0)
+    return bool(window) and cfg.seq_len >= window
+
+
+def sdpa_gets_mask(cfg: BudgetConfig) -> bool:
+    """SDPA is handed a 4-D bool mask (B x 1 x T x T) instead of is_causal: a
+    batch with padding, or a sliding window that hides keys. Eager attention
+    gets its float mask always, so neither changes what eager keeps."""
+    return cfg.attention == "flash" and cfg.activation_model == "hf" and (
+        getattr(cfg, "padded_batch", False) or sliding_window_masks(cfg))
+
+
+def repeats_kv(cfg: BudgetConfig) -> bool:
+    """transformers' `repeat_kv` copies K and V to every query head under
+    grouped-query attention: always in eager attention, and in SDPA when a
+    mask is given (`use_gqa_in_sdpa` asks for no mask before enable_gqa)."""
+    grouped = cfg.kv_heads != cfg.n_head
+    return grouped and (cfg.attention == "standard" or sdpa_gets_mask(cfg))
+
+
+def kv_cache_bytes(cfg: BudgetConfig) -> int:
+    """Every layer's K and V copies in the cache, alive while the caller holds
+    the model's output (its `cache`). LLaMA's K is rotated by fp32 cos/sin,
+    so under autocast its copy is fp32."""
+    if not keeps_kv_cache(cfg):
+        return 0
+    n, k, lo = cfg.micro_batch * cfg.seq_len, cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
+    key = FP32 if cfg.architecture == "llama" else lo
+    return cfg.n_layer * n * k * (key + lo)
+
+
+def kv_cache_unsaved_bytes(cfg: BudgetConfig) -> int:
+    """The part of `kv_cache_bytes` the backward does not keep: the copies
+    attention read through `repeat_kv`, or (K) through autocast's 16-bit cast."""
+    if not keeps_kv_cache(cfg):
+        return 0
+    n, k, lo = cfg.micro_batch * cfg.seq_len, cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
+    key = FP32 if cfg.architecture == "llama" else lo
+    unsaved = 0 if not repeats_kv(cfg) and key == lo else n * k * key
+    unsaved += n * k * lo if repeats_kv(cfg) else 0
+    return cfg.n_layer * unsaved
 
 
 # ------------------------------------------------------------------ blocks
@@ -98,6 +156,14 @@ def _attention(cfg: BudgetConfig, device: str, k: int, qkv_fused: bool) -> list[
                       Saved("scaled_dot_product_attention", "K rotated, compute copy", n * k, lo),
                       Saved("scaled_dot_product_attention",
                             "V (cache copy)" if cache else "V", n * k, lo)]
+            if repeats_kv(cfg):  # the repeated copies replace K and V
+                items[-2:] = [Saved("scaled_dot_product_attention",
+                                    f"{what}, repeated to every head", n * q, lo)
+                              for what in ("K rotated", "V")]
+        if sdpa_gets_mask(cfg):  # each layer's SDPA converts the bool mask to a float copy
+            items.append(Saved("scaled_dot_product_attention",
+                               "attention mask, float copy (B x T x T)",
+                               cfg.micro_batch * cfg.seq_len * cfg.seq_len, lo))
         items += [Saved("scaled_dot_product_attention", "output (also the projection's input)",
                         n * q, lo),
                   Saved("scaled_dot_product_attention", "logsumexp, one per row", rows, FP32)]
@@ -145,7 +211,7 @@ def gpt2_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
 def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     """One LLaMA block of transformers (`LlamaDecoderLayer`)."""
     n, h, f = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.ffn
-    k, lo, mask = cfg.kv_heads * cfg.head_dim, compute_bytes(cfg), mask_bytes(cfg, device)
+    k, lo = cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
     # RMSNorm keeps x, 1/rms and x/rms (fp32); under autocast each of the
     # matmuls that read its output casts its own 16-bit copy (autocast caches
     # casts of weights only), in fp32 they all read one tensor.
@@ -158,15 +224,31 @@ def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
         return items + [Saved(what, "input (the norm's output)" if copies == 1
                               else f"input, one 16-bit copy per matmul", copies * n * h, lo)]
     items = norm("1", 3, "q/k/v matmuls")
+    if getattr(cfg, "qk_norm", False):
+        items += _qk_norms(cfg)
     items += _attention(cfg, device, k, qkv_fused=False)
-    if cfg.dropout:
-        items.append(Saved("residual dropout (attention)", "mask", n * h, mask))
+    # LLaMA's only dropout is attention_dropout (inside _attention): no
+    # residual or embedding dropout exists in LlamaDecoderLayer.
     items += norm("2", 2, "gate/up matmuls")
     items += [Saved("SiLU", "input (gate's output)", n * f, lo),
               Saved("SiLU(gate) * up", "SiLU's output and up's output", 2 * n * f, lo),
               Saved("down matmul", "input (the product)", n * f, lo)]
-    if cfg.dropout:
-        items.append(Saved("residual dropout (mlp)", "mask", n * h, mask))
+    return items
+
+
+def _qk_norms(cfg: BudgetConfig) -> list[Saved]:
+    """Qwen3's q_norm and k_norm: an RMSNorm over each head of q and of k
+    (before rotary). Each keeps its input in fp32 (pow and the product read
+    it; under autocast `.to(float32)` makes that fp32 copy of the 16-bit
+    matmul output), 1/rms per head, and x / rms cast back to the input's
+    dtype (the gain's product reads it)."""
+    n, lo = cfg.micro_batch * cfg.seq_len, compute_bytes(cfg)
+    items = []
+    for which, heads in (("q", cfg.n_head), ("k", cfg.kv_heads)):
+        width = heads * cfg.head_dim
+        items += [Saved(f"{which}_norm", "input (fp32)", n * width, FP32),
+                  Saved(f"{which}_norm", "1/rms, one per head and token", n * heads, FP32),
+                  Saved(f"{which}_norm", "x / rms (the input's dtype)", n * width, lo)]
     return items
 
 
@@ -181,9 +263,13 @@ def block_weights(cfg: BudgetConfig) -> int:
 
 def block_biases(cfg: BudgetConfig) -> int:
     """Elements of one block's matmul biases (cast and cached, never saved):
-    GPT-2's qkv (3h), projection (h), fc (f) and fc-proj (h); LLaMA has none."""
+    GPT-2's qkv (3h), projection (h), fc (f) and fc-proj (h); LLaMA has
+    none, Qwen2 those of q, k and v."""
     h, f = cfg.d_model, cfg.ffn
-    return 0 if cfg.architecture == "llama" else 3 * h + h + f + h
+    if cfg.architecture == "llama":
+        qkv = cfg.q_width + 2 * cfg.kv_heads * cfg.head_dim
+        return qkv if getattr(cfg, "qkv_bias", False) else 0
+    return 3 * h + h + f + h
 
 
 def block_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
@@ -203,7 +289,7 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     n, h, V = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.vocab_size
     lo = compute_bytes(cfg)
     items = []
-    if cfg.dropout:
+    if cfg.dropout and cfg.architecture != "llama":  # GPT-2's embd_pdrop; LLaMA has none
         items.append(Saved("embedding dropout", "mask", n * h, mask_bytes(cfg, device),
                            until_end=True))
     if cfg.architecture == "llama":

@@ -58,16 +58,54 @@ def cpu_shape(cfg: BudgetConfig) -> BudgetConfig:
 
 
 # ------------------------------------------------------------------ models
+# transformers' class prefix of each LLaMA-shaped model_type `hf.py` reads
+LLAMA_FAMILY = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3"}
+
+
+def _use_cache(cfg: BudgetConfig) -> bool:
+    """The use_cache the config gives transformers ("default": transformers' own, on)."""
+    setting = getattr(cfg, "resolved_use_cache", None)
+    return (getattr(cfg, "use_cache", "default") if setting is None else setting) in (
+        True, "on", "default")
+
+
+def _llama_family(cfg: BudgetConfig) -> str:
+    """The file's model_type, else the class that has the traits set by flags."""
+    kind = getattr(cfg, "model_type", "")
+    if kind in LLAMA_FAMILY:
+        return LLAMA_FAMILY[kind]
+    if getattr(cfg, "qk_norm", False):
+        return "Qwen3"
+    if getattr(cfg, "qkv_bias", False):
+        return "Qwen2"
+    return "Mistral" if getattr(cfg, "sliding_window", 0) else "Llama"
+
+
+def _llama_config(cfg: BudgetConfig, common: dict):
+    """The config of `cfg.model_type`'s class, with the traits the budget reads."""
+    import transformers
+    family = _llama_family(cfg)
+    window = getattr(cfg, "sliding_window", 0) or None
+    traits = {"Llama": {}, "Mistral": {"sliding_window": window},
+              "Qwen2": {"use_sliding_window": window is not None,
+                        "sliding_window": window, "max_window_layers": 0},
+              "Qwen3": {"use_sliding_window": window is not None,
+                        "sliding_window": window, "max_window_layers": 0}}[family]
+    config = getattr(transformers, f"{family}Config")(
+        num_hidden_layers=cfg.n_layer, hidden_size=cfg.d_model,
+        num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim, intermediate_size=cfg.ffn,
+        max_position_embeddings=cfg.positions,
+        attention_dropout=0.1 if cfg.dropout else 0.0, **traits, **common)
+    return config, getattr(transformers, f"{family}ForCausalLM")
+
+
 def _hf_model(cfg: BudgetConfig):
     import transformers
-    common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tied_embedding)
+    common = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tied_embedding,
+                  use_cache=_use_cache(cfg))
     if cfg.architecture == "llama":
-        config = transformers.LlamaConfig(
-            num_hidden_layers=cfg.n_layer, hidden_size=cfg.d_model,
-            num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
-            intermediate_size=cfg.ffn, max_position_embeddings=cfg.positions,
-            attention_dropout=0.1 if cfg.dropout else 0.0, **common)
-        cls = transformers.LlamaForCausalLM
+        config, cls = _llama_config(cfg, common)
     else:
         p = 0.1 if cfg.dropout else 0.0
         config = transformers.GPT2Config(
@@ -85,6 +123,17 @@ def _hf_model(cfg: BudgetConfig):
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model
+
+
+def _hf_batch(cfg: BudgetConfig, ids) -> dict:
+    """The model's keyword arguments. A padded batch is what a collator makes:
+    the last quarter of the first row is padding, masked out of the attention
+    and labelled -100 so the loss skips it."""
+    if not getattr(cfg, "padded_batch", False):
+        return {"input_ids": ids, "labels": ids}
+    mask = ids.new_ones(ids.shape)
+    mask[0, cfg.seq_len - cfg.seq_len // 4:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
 def _plain_model(cfg: BudgetConfig):
@@ -192,13 +241,14 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
     model = _hf_model(run) if run.activation_model == "hf" else _plain_model(run)
     model.to(device).train()
     ids = torch.randint(0, run.vocab_size, (run.micro_batch, run.seq_len), device=device)
+    batch = _hf_batch(run, ids) if run.activation_model == "hf" else None
     opt = _optimizer(model, run)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
 
     def forward():
         with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
             if run.activation_model == "hf":
-                return model(ids, labels=ids).loss, None
+                return model(**batch).loss, None
             return tuple(reversed(model(ids, ids)))  # (loss, logits): the caller keeps both
 
     def step(mark):
