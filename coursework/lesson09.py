@@ -131,9 +131,18 @@ def check_update_scale(update_scale) -> None:
         elif finite and good + 1 < interval and float(new_scale) != scale:
             hint = (f"only {good + 1} good steps so far; keep the scale until {interval} "
                     f"good steps in a row.")
+        elif finite and good + 1 < interval and int(new_good) != good + 1:
+            hint = (f"a finite step below growth_interval adds exactly one good step; you "
+                    f"went from {good} to {int(new_good)}.")
+        elif finite and float(new_scale) not in (scale, 2 * scale):
+            hint = (f"the scale grows by a factor of 2 when it grows; yours changed by a "
+                    f"factor of {float(new_scale) / scale:.4g}.")
+        elif not finite and float(new_scale) != scale / 2:
+            hint = (f"an overflow backs the scale off by a factor of 2; yours changed by a "
+                    f"factor of {float(new_scale) / scale:.4g}.")
         else:
-            hint = ("finite: count one more good step, double the scale when the count reaches "
-                    "growth_interval (and reset it); not finite: halve, reset, skip.")
+            hint = (f"on this {'finite' if finite else 'overflowing'} step, compare each of "
+                    f"the three values you return with what the lesson's scaler does.")
         raise ExerciseError(EX_SCALE, f"{call}. Hint: {hint}")
     save_piece("update_scale", update_scale, EX_SCALE)
     passed(EX_SCALE, "Skip and halve on overflow; double after growth_interval good steps.")
@@ -188,3 +197,15 @@ def check_master_weight_step(master_weight_step) -> None:
                             "round_to_bf16(new_master).")
     save_piece("master_weight_step", master_weight_step, EX_MASTER)
     passed(EX_MASTER, "The update lands in fp32; the forward reads its bf16 rounding.")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"to_bf16": EX_BF16, "master_weight_step": EX_MASTER, "update_scale":
+                      EX_SCALE}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

@@ -373,6 +373,29 @@ def scale_no_reset_after_growth(scale, good_steps, finite, growth_interval):
     return scale, good_steps, True
 
 
+def scale_grows_early(scale, good_steps, finite, growth_interval):
+    if not finite:
+        return scale / 2, 0, False
+    if good_steps + 2 >= growth_interval:          # one step before the window is full
+        return scale * 2, 0, True
+    return scale, good_steps + 1, True
+
+
+def scale_counts_nothing(scale, good_steps, finite, growth_interval):
+    new_scale, good, apply = scale_right(scale, good_steps, finite, growth_interval)
+    return new_scale, (good_steps if good else 0), apply
+
+
+def scale_grows_fourfold(scale, good_steps, finite, growth_interval):
+    new_scale, good, apply = scale_right(scale, good_steps, finite, growth_interval)
+    return (4 * scale if new_scale > scale else new_scale), good, apply
+
+
+def scale_backs_off_tenfold(scale, good_steps, finite, growth_interval):
+    new_scale, good, apply = scale_right(scale, good_steps, finite, growth_interval)
+    return (scale / 10 if not finite else new_scale), good, apply
+
+
 def test_09_3_passes_the_scaler_rule(capsys):
     lesson09.check_update_scale(scale_right)
     assert "Exercise 09.3 (update_scale) passed." in capsys.readouterr().out
@@ -388,9 +411,14 @@ def test_09_3_stub_says_not_done():
     (scale_keeps_count, "starts again from 0"),
     (scale_off_by_one, "reaches growth_interval"),
     (scale_no_reset_after_growth, "restart the count"),
+    (scale_grows_early, "only 2 good steps so far"),
+    (scale_counts_nothing, "adds exactly one good step"),
+    (scale_grows_fourfold, "changed by a factor of 4"),
+    (scale_backs_off_tenfold, "changed by a factor of 0.1"),
 ])
 def test_09_3_names_the_typical_mistakes(answer, phrase):
-    fails_with(lesson09.check_update_scale, answer, phrase)
+    message = fails_with(lesson09.check_update_scale, answer, phrase)
+    assert "double the scale when the count reaches" not in message
 
 
 def test_09_3_rule_matches_the_engine_scaler():
