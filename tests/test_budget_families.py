@@ -11,8 +11,8 @@ import pytest
 
 import engine.budget as bm
 from engine.budget.hf import config_and_sources
-from engine.budget.real_step import (block_saved, keeps_kv_cache, kv_cache_unsaved_bytes,
-                                     outside_saved, real_step_activations)
+from engine.budget import real_step_activations
+from engine.budget.real_step import block_saved, keeps_kv_cache, kv_cache_unsaved_bytes, outside_saved
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPT2 = json.loads((FIXTURES / "gpt2_config.json").read_text())
