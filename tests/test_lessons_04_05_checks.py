@@ -220,6 +220,8 @@ def make_spot_check(partial=partial_right, rule="or", draw="rng", errors=errors_
                 ok = ab <= atol or rel <= rtol
             elif rule == "and":
                 ok = ab <= atol and rel <= rtol
+            elif rule == "absolute":
+                ok = ab <= atol
             else:  # relative error alone
                 ok = rel <= rtol
             rows.append(Spot(index, a, n, rel, ab, ok))
@@ -241,6 +243,7 @@ def test_04_3_accepts_plain_tuples():
     (stub, "not done yet"),
     (make_spot_check(rule="relative"), "relative error alone cannot judge"),
     (make_spot_check(rule="and"), "relative error alone cannot judge"),
+    (make_spot_check(rule="absolute"), "judges by the absolute error alone"),
     (make_spot_check(partial=partial_forward), "forward difference"),
     (make_spot_check(draw="first"), "at random from the seed"),
     (make_spot_check(draw="replace"), "without replacement"),

@@ -166,6 +166,26 @@ def _check_near_zero(spot_check) -> None:
                                          f"(rel {rel:.1e}, abs {ab:.1e}).")
 
 
+def _large(x):
+    """The cube scaled by 1e4: gradients near 1e4, where a central difference's rounding
+    noise (about u*|f|/eps ~ 1e-6) exceeds atol while the relative error stays ~1e-10."""
+    return 1e4 * _cube(x)
+
+
+def _check_large_gradient(spot_check) -> None:
+    """Large, correct gradients: absolute error alone would reject them."""
+    x = _cube_x()
+    rows = _spot(spot_check, _large, x, 1e4 * _cube_grad(x), x.size, 3)
+    for index, a, n, rel, ab, ok in rows:
+        if not ok and rel <= _RTOL:
+            raise ExerciseError(EX_SPOT, f"at {index} the gradient is {a:.4g} and right to a "
+                                         f"relative error of {rel:.1e}, within rtol={_RTOL:g}, "
+                                         f"yet ok is False: its absolute error {ab:.1e} is above "
+                                         f"atol={_ATOL:g}, as rounding makes it for any large "
+                                         f"gradient. Your rule judges by the absolute error "
+                                         f"alone (or by both); either small error is enough.")
+
+
 def _check_one_wrong_element(spot_check) -> None:
     """A gradient made wrong at one element is flagged there, and only there."""
     xz = _tiny_x()
@@ -186,6 +206,7 @@ def check_spot_check(spot_check) -> None:
     idx = _check_correct_gradient(spot_check)
     _check_seeded(spot_check, idx)
     _check_near_zero(spot_check)
+    _check_large_gradient(spot_check)
     _check_one_wrong_element(spot_check)
     save_piece("spot_check", spot_check, EX_SPOT)
     passed(EX_SPOT, "seeded distinct indices, central differences, abs OR rel tolerance.")
