@@ -127,3 +127,14 @@ def check_step_seconds(step_seconds) -> None:
                                          f"One forward pass, then a backward pass: per layer, "
                                          f"how many products as big as the forward one?")
     passed(EX_COST, "2P forward passes against 3: the next cells count and time them.")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"central_difference_gradient": EX_FD, "step_seconds": EX_COST}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

@@ -256,3 +256,15 @@ def check_saved_for_backward(saved_for_backward) -> None:
         raise ExerciseError(EX_CACHE, f"{name}: you said {sorted(names)}, but {detail}. "
                                       f"Hint: {WHY[name]}.")
     passed(EX_CACHE, "backward reads x, z1 (its sign), a1, w2, z2 and y; never w1 or L.")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"forward": EX_FORWARD, "loss_backward": EX_LAYER2, "layer2_backward":
+                      EX_LAYER2, "layer1_backward": EX_LAYER1, "saved_for_backward": EX_CACHE}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

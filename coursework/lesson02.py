@@ -454,3 +454,16 @@ def check_gradient_descent(gradient_descent, Node) -> None:
         hint = ("each step: zero w.grad, build L = 0.5 * (w*x - y)^2 from w, run backward(L), "
                 "record L.data, then w.data -= lr * w.grad.")
     raise ExerciseError(ex, f"your first losses are {shown}; expected {want}. Hint: {hint}")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"add_backward": EX_RULES, "mul_backward": EX_RULES, "square_backward":
+                      EX_RULES, "relu_backward": EX_RULES, "topological_order": EX_WALK,
+                      "backward": EX_WALK, "gradient_descent": EX_LOOP}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

@@ -376,3 +376,15 @@ def check_gradient_ratio(predicted_ratio) -> None:
                                 f"{want:.6g}. Hint: {hint}")
     passed(ex, f"your prediction matches the measured ratio: 0.5 over 30 layers gives "
                f"{_measured_ratio(0.5, 30):.3g}, 1.5 gives {_measured_ratio(1.5, 30):.3g}.")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"matmul_vjp": EX_MATMUL, "unbroadcast": EX_UNBROADCAST, "jacobian":
+                      EX_JACOBIAN, "residual_vjp": EX_RESIDUAL, "predicted_ratio": EX_PRODUCT}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

@@ -574,3 +574,15 @@ def check_triage(triage) -> None:
         raise ExerciseError(EX_TRIAGE, f"mystery {case}: step {got} ({STEPS[int(got)][:60]}...) "
                                        f"is not the one. Hint: {hint}.")
     passed(EX_TRIAGE, " ".join(f"{c}->{MYSTERIES[c][1]}" for c in MYSTERIES))
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"in_place_outcomes": EX_IN_PLACE, "find_broken": EX_FIND, "verdicts":
+                      EX_HOW, "triage": EX_TRIAGE}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

@@ -226,3 +226,15 @@ def check_micro_batch_that_fits(micro_batch_that_fits) -> None:
     passed(EX_FIT, f"the 7B example fits {engine_micro_batch_that_fits(*_fit_cases()[0])} "
                    f"sequences of activations in 80 GB; the 24-layer example "
                    f"{engine_micro_batch_that_fits(*_fit_cases()[1])} in 16 GB.")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"mlp_saved_bytes": EX_MLP, "block_saved_elements": EX_BLOCK,
+                      "micro_batch_that_fits": EX_FIT}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

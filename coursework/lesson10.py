@@ -386,3 +386,15 @@ def check_online_softmax(online_softmax_attention) -> None:
                      f"T shorter than a tile and not a multiple of it, one head, head size 1; "
                      f"at T={T} its allocations stayed below a quarter of one (T x T) "
                      f"matrix ({square / 1e6:.1f} MB).")
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"bias_gelu_fused": EX_GELU, "softmax_cross_entropy_fused": EX_XENT,
+                      "online_softmax_attention": EX_FLASH}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

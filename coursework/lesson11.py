@@ -290,3 +290,15 @@ def check_decay_factors(decay_factors) -> None:
             raise ExerciseError(EX_DECAY, f"the {name} factor is {value:.8g}, expected "
                                           f"{want:.8g} {where}; {hint}")
     passed(EX_DECAY)
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"embedding_backward": EX_SCATTER, "gradient_bytes": EX_SPARSE,
+                      "decay_factors": EX_DECAY}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

@@ -412,3 +412,15 @@ def check_diagnose(diagnose) -> None:
     lines = [f"  run {run}: {CAUSES[_ANSWERS[run]]} -> first move: {FIRST_MOVES[_ANSWERS[run]]}"
              for run in sorted(_ANSWERS)]
     passed(EX_DIAG, "all six runs diagnosed.\n" + "\n".join(lines))
+
+
+# ------------------------------------------------------------------ the notebook
+#: Each exercise function of the lesson, and its exercise.
+EXERCISE_FUNCTIONS = {"clip_global_norm": EX_CLIP, "adamw_step": EX_ADAMW, "summarize_norms":
+                      EX_NORMS, "bucket_schedule": EX_BUCKETS, "diagnose": EX_DIAG}
+
+
+def name_unfinished_exercises() -> None:
+    """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
+    from . import _core
+    _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)

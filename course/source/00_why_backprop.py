@@ -27,6 +27,9 @@
 # %%
 import numpy as np
 import matplotlib.pyplot as plt
+from coursework import lesson00
+
+lesson00.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
 
 np.set_printoptions(precision=4, suppress=True)
 

@@ -39,6 +39,9 @@
 
 # %%
 import matplotlib.pyplot as plt
+from coursework import lesson01
+
+lesson01.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
 
 x, w1, w2, y = 2.0, 0.5, 3.0, 1.0
 

@@ -29,6 +29,8 @@ import matplotlib.pyplot as plt
 from coursework import lesson02
 from widgets.graph import GraphView, draw_graph
 
+lesson02.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
+
 # %% [markdown]
 # ## A value that remembers where it came from
 #

@@ -36,6 +36,9 @@ np.set_printoptions(precision=4, suppress=True)
 
 
 from engine.timing import fixed_threads, median_seconds   # fixed thread pools; the median of several calls
+from coursework import lesson03
+
+lesson03.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
 
 # %% [markdown]
 # ## One number per node: your scalar engine against the tape

@@ -38,6 +38,8 @@ import engine.functional as F
 from engine.rules import Op
 from coursework import lesson05
 
+lesson05.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
+
 np.set_printoptions(precision=4, suppress=True)
 
 # %% [markdown]
