@@ -41,6 +41,11 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:          # Windows: one notebook at a time
+    fcntl = None
+
 import numpy as np
 
 from ._core import ExerciseError
@@ -189,6 +194,33 @@ def _checked(name: str, fn, namespace: dict, at_save: bool = False):
     except SlotError as err:
         return str(err)
     return None
+
+
+@contextmanager
+def index_lock(folder: Path):
+    """Hold the pieces folder's lock (an flock on the folder itself, so no file is added):
+    two notebooks saving at once read, change and write the index one after the other,
+    and neither loses the other's entry. Re-entrant within a process."""
+    if fcntl is None or _LOCKS_HELD.get(folder):
+        _LOCKS_HELD[folder] = _LOCKS_HELD.get(folder, 0) + 1
+        try:
+            yield
+        finally:
+            _LOCKS_HELD[folder] -= 1
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        _LOCKS_HELD[folder] = 1
+        try:
+            yield
+        finally:
+            _LOCKS_HELD[folder] = 0
+    finally:
+        os.close(fd)            # closing the descriptor releases the lock
+
+
+_LOCKS_HELD: dict = {}
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -348,9 +380,10 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _write_atomic(path, header + source)
-        index = _read_index(folder)
-        index[name] = {"function": function, "exercise": exercise}
-        _write_atomic(folder / INDEX, json.dumps(index, indent=1, sort_keys=True))
+        with index_lock(folder):
+            index = _read_index(folder)
+            index[name] = {"function": function, "exercise": exercise}
+            _write_atomic(folder / INDEX, json.dumps(index, indent=1, sort_keys=True))
     except OSError as err:
         print(f"(Your answer passed, but it could not be saved as the piece '{name}': "
               f"{err.strerror or err} in {folder}. Later lessons will run the engine's "
