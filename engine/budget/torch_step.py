@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 
 from .config import BudgetConfig, BudgetError
+from .real_step import outputs_kept
 from .optimizer_step import MOMENTUM, TORCH_SWITCHES, optimizer_impl
 
 # A CPU measurement runs the step for real: keep it to seconds.
@@ -47,13 +48,15 @@ def torch_missing(cfg: BudgetConfig) -> str | None:
 
 def cpu_shape(cfg: BudgetConfig) -> BudgetConfig:
     """The scaled-down step a CPU measures: at most CPU_MAX_LAYERS blocks,
-    CPU_MAX_TOKENS tokens and two micro-batches, in fp32 (the CPU's autocast
-    casts other ops than CUDA's, so a bf16 run there would not be the step
-    predicted for a GPU), on one device."""
+    CPU_MAX_TOKENS tokens and two micro-batches, on one device. A step
+    predicted for CUDA runs in fp32 (the CPU's autocast casts other ops than
+    CUDA's, so a bf16 run here would not be that step); a step predicted for
+    backend "cpu" runs its own precision."""
     seq = min(cfg.seq_len, CPU_MAX_TOKENS)
     batch = max(1, min(cfg.micro_batch, CPU_MAX_TOKENS // seq))
+    precision = cfg.precision if getattr(cfg, "backend", "cuda") == "cpu" else "fp32"
     return cfg.with_(n_layer=min(cfg.n_layer, CPU_MAX_LAYERS), micro_batch=batch,
-                     seq_len=seq, precision="fp32", accumulation=min(cfg.accumulation, 2),
+                     seq_len=seq, precision=precision, accumulation=min(cfg.accumulation, 2),
                      devices=1, zero=0)
 
 
@@ -245,11 +248,18 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
     opt = _optimizer(model, run)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
 
+    keep = outputs_kept(run)  # the loop holds the model's output through backward
+
     def forward():
+        """(the loss, what the caller holds: the whole output when the loop keeps it)."""
         with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
             if run.activation_model == "hf":
-                return model(**batch).loss, None
-            return tuple(reversed(model(ids, ids)))  # (loss, logits): the caller keeps both
+                output = model(**batch)
+                return output.loss, (output if keep else None)
+            logits, loss = model(ids, ids)
+            return loss, (logits if keep else None)
+
+    held = [None]  # the loop's `outputs` variable, alive across micro-batches and steps
 
     def step(mark):
         """One optimizer step over `accumulation` micro-batches; the marks frame
@@ -257,11 +267,15 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
         for k in range(run.accumulation):
             if k == 0:
                 mark("before")
-            loss, logits = forward()
+            loss, output = forward()
             if k == 0:
                 mark("after forward")
+            # `outputs = model(**batch)` rebinds only once the new forward has
+            # returned: the previous output lived through it
+            held[0] = output
+            del output
             (loss / run.accumulation).backward()
-            del loss, logits
+            del loss
         opt.step()
         opt.zero_grad(set_to_none=True)
 
