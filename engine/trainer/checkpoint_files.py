@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import zipfile
 
 import numpy as np
@@ -37,6 +38,8 @@ MODEL_FIELDS = ("block_size", "n_layer", "n_head", "n_embd")
 ARRAYS = ("meta", "params", "adam_m", "adam_v", "adam_t")
 META_LIMIT = 1 << 20            # characters of JSON metadata: far more than any real one
 DEFLATE_RATIO = 1100            # zlib never expands data more than about 1032 times
+MAX_CHECKPOINT_BYTES = 16 * 2**30   # on disk and per array unpacked: 1.4 billion float32
+                                    # parameters with their two AdamW moments
 
 
 def corpus_fingerprint(text: str) -> str:
@@ -142,19 +145,45 @@ class _Unusable(ValueError):
     """What is wrong with a checkpoint file, for CheckpointError's message."""
 
 
-def load_checkpoint(path: str) -> dict:
-    """{'meta': dict, 'params', 'adam_m', 'adam_v', 'adam_t'}; CheckpointError if unusable."""
+def _open_checkpoint(path: str):
+    """(the open file, its size) of the regular file `path`, at most MAX_CHECKPOINT_BYTES.
+    It is opened without blocking (a named pipe would wait for a writer forever) and
+    checked on the open file (/dev/zero has size 0 and never ends)."""
+    if not path:
+        raise CheckpointError("the checkpoint path is empty; pass a file written by --save, "
+                              "or leave --resume out for a fresh run")
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist; check the path, or start "
                               f"a fresh run without --resume")
     try:
-        with zipfile.ZipFile(path) as z:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise CheckpointError(f"cannot open checkpoint {path!r}: {exc.strerror}; pass a "
+                              f"readable checkpoint file") from None
+    file = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    problem = (None if stat.S_ISREG(info.st_mode) else
+               "is not a regular file (a pipe, a device or a socket)")
+    if info.st_size > MAX_CHECKPOINT_BYTES:
+        problem = f"holds more than {MAX_CHECKPOINT_BYTES:,} bytes, the most the trainer reads"
+    if problem:
+        file.close()
+        raise CheckpointError(f"checkpoint {path!r} {problem}; pass a checkpoint file "
+                              f"written by --save")
+    return file, info.st_size
+
+
+def load_checkpoint(path: str) -> dict:
+    """{'meta': dict, 'params', 'adam_m', 'adam_v', 'adam_t'}; CheckpointError if unusable.
+    Every read is bounded by the file's size (see _header)."""
+    file, size_on_disk = _open_checkpoint(path)
+    try:
+        with file, zipfile.ZipFile(file) as z:
             members = {name[:-4]: z.getinfo(name) for name in z.namelist()
                        if name.endswith(".npy")}
             missing = [key for key in ARRAYS if key not in members]
             if missing:
                 raise _Unusable(f"it lacks {missing}")
-            size_on_disk = os.path.getsize(path)
             meta = _read_meta(z, members["meta"], size_on_disk)
             n = num_params(GPTConfig(vocab_size=len(meta["chars"]),
                                      **{k: meta["model"][k] for k in MODEL_FIELDS}))
@@ -165,6 +194,9 @@ def load_checkpoint(path: str) -> dict:
                 state[key] = _read_array(z, members[key], size_on_disk, key, shape, kinds)
     except CheckpointError:
         raise
+    except OSError as exc:      # the system refuses to read it (/proc/self/mem, a bad disk)
+        raise CheckpointError(f"cannot read checkpoint {path!r}: {exc.strerror or exc}; pass "
+                              f"a readable checkpoint file") from None
     except Exception as exc:    # noqa: BLE001  (any flaw of a foreign file ends here, named)
         what = str(exc) if isinstance(exc, _Unusable) else f"{type(exc).__name__}: {exc}"
         raise CheckpointError(f"checkpoint {path!r} is corrupt or not a trainer checkpoint "
@@ -182,6 +214,9 @@ def _header(z: zipfile.ZipFile, info: zipfile.ZipInfo, size_on_disk: int, key: s
     that the bytes it claims fit in the member and the member in the file."""
     if info.compress_size > size_on_disk:
         raise _Unusable(f"{key} claims {info.compress_size} bytes, more than the file holds")
+    if info.file_size > MAX_CHECKPOINT_BYTES:
+        raise _Unusable(f"{key} claims to unpack to {info.file_size} bytes, more than the "
+                        f"{MAX_CHECKPOINT_BYTES:,} the trainer reads")
     ratio = 1 if info.compress_type == zipfile.ZIP_STORED else DEFLATE_RATIO
     if info.file_size > ratio * max(info.compress_size, 1):
         raise _Unusable(f"{key} claims to unpack to {info.file_size} bytes from "

@@ -7,7 +7,7 @@ import sys
 
 from ..fused_buffers import ATTENTION_KINDS
 from .checkpoint_files import load_checkpoint, resumed_settings
-from .config import TrainConfig, TrainError
+from .config import MAX_SAMPLE_LEN, TrainConfig, TrainError, check_paths_not_empty
 from .parallel import launch_rank
 from .train import summary, train
 from .thread_plan import MODES as THREAD_MODES
@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "--save says otherwise. Paths, the prompt and threads are never read "
                        "from a checkpoint")
     a("--prompt", help="after training, print a sample continuing this text")
-    a("--sample-len", type=int, help=f"characters to sample (default {d.sample_len})")
+    a("--sample-len", type=int, help=f"characters to sample, at most {MAX_SAMPLE_LEN:,} "
+                                     f"(default {d.sample_len})")
     a("--temperature", type=float, help=f"sampling temperature (default {d.temperature})")
     a("--json", action="store_true", help="machine output: one JSON object per line")
     return p
@@ -82,7 +83,8 @@ def config_from_args(args: argparse.Namespace, say=None) -> TrainConfig:
     resumed from unless --save says otherwise. say(event) is told which settings
     the checkpoint supplied (describe_resume words it for a person)."""
     given = {k: v for k, v in vars(args).items() if v is not None and k != "json"}
-    if not args.resume:
+    check_paths_not_empty(given)
+    if args.resume is None:
         return TrainConfig(**given)
     state = load_checkpoint(args.resume)
     from_file = {k: v for k, v in resumed_settings(state["meta"]).items() if k not in given}

@@ -42,6 +42,22 @@ class WriteError(TrainError):
     exit_code = 8
 
 
+# Sampling runs one batch-1 forward per character (about 3 ms on the tiny model on
+# one core), so this many characters take minutes, not the hours a typo could ask for.
+MAX_SAMPLE_LEN = 100_000
+# The settings a path fills; an empty one is a mistake, never "leave it out".
+PATH_SETTINGS = ("data", "save", "log", "resume")
+
+
+def check_paths_not_empty(settings: dict) -> None:
+    """TrainError for a path setting given as the empty string ('' would otherwise
+    read as "not given": --resume '' would silently train a fresh run)."""
+    for name in PATH_SETTINGS:
+        if settings.get(name) == "":
+            raise TrainError(f"--{name} is an empty path; pass a file name, or leave "
+                             f"--{name} out")
+
+
 # The settings that define a run's mathematics: a checkpoint records these and
 # `--resume` takes them from it. Paths, the prompt, threads and reporting
 # options are never read from a file someone else may have written.
@@ -110,6 +126,10 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise TrainError(f"--{name.replace('_', '-')} must be 0 or more, got "
                                  f"{getattr(self, name)}")
+        if self.sample_len > MAX_SAMPLE_LEN:
+            raise TrainError(f"--sample-len must be at most {MAX_SAMPLE_LEN:,} characters (one "
+                             f"forward each), got {self.sample_len:,}")
+        check_paths_not_empty(vars(self))
         if self.n_embd % self.n_head:
             raise TrainError(f"--n-embd {self.n_embd} is not divisible by --n-head "
                              f"{self.n_head}; pick a head count that divides it")

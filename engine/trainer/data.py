@@ -57,7 +57,7 @@ def _read_corpus_bytes(path: str, progress=None) -> bytes:
         if info.st_size > MAX_CORPUS_BYTES:
             raise too_big
         chunks, done = [], 0
-        while chunk := f.read(READ_CHUNK_BYTES):
+        while chunk := _read_part(f, path):
             done += len(chunk)
             if done > MAX_CORPUS_BYTES:           # the file grew while it was read
                 raise too_big
@@ -68,11 +68,24 @@ def _read_corpus_bytes(path: str, progress=None) -> bytes:
     return b"".join(chunks)
 
 
+def _read_part(f, path: str) -> bytes:
+    """The next READ_CHUNK_BYTES of the open corpus file; a file the system will not
+    read (/proc/self/mem, a failing disk) is a CorpusError that names it."""
+    try:
+        return f.read(READ_CHUNK_BYTES)
+    except OSError as exc:
+        raise CorpusError(f"cannot read corpus file {path!r}: {exc.strerror}; pass a "
+                          f"readable UTF-8 text file") from None
+
+
 def load_corpus(path: str | None = None, progress=None) -> str:
     """The text of the built-in corpus (path None or "pydoc") or of a UTF-8 file of at
     most MAX_CORPUS_BYTES; progress(line), if given, hears how a big file's read goes."""
     if path is None or path == BUILTIN:
         return builtin_text()
+    if not path:
+        raise CorpusError("the corpus path is empty; pass a UTF-8 text file, or leave --data "
+                          "out for the built-in corpus")
     if not os.path.exists(path):
         raise CorpusError(f"corpus file {path!r} does not exist; pass an existing UTF-8 text "
                           f"file, or leave --data out for the built-in corpus")

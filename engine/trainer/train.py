@@ -44,7 +44,7 @@ import numpy as np
 
 from .checkpoint_files import (check_resume, corpus_fingerprint, load_checkpoint,
                                remove_stale_temporaries, save_checkpoint)
-from .config import DataError, Diverged, ParallelUnavailable, TrainConfig, TrainError, WriteError
+from .config import MAX_SAMPLE_LEN, DataError, Diverged, ParallelUnavailable, TrainConfig, TrainError, WriteError
 from .preflight import check_memory, check_paths, check_prompt
 from .data import READ_CHUNK_BYTES, CharTokenizer, CorpusError, Dataset, batch_at, load_corpus, \
     unigram_entropy
@@ -117,6 +117,9 @@ def sample(model, tokenizer: CharTokenizer, prompt: str, length: int = 200,
     from .model import FusedGPT
     if temperature <= 0:
         raise ValueError(f"sample: temperature must be positive, got {temperature}")
+    if not 0 <= length <= MAX_SAMPLE_LEN:
+        raise ValueError(f"sample: length must lie in [0, {MAX_SAMPLE_LEN:,}] characters, got "
+                         f"{length:,}")
     cfg = model.cfg
     gen = FusedGPT(cfg, 1, params=model.named_params(), dtype=model.dtype)
     rng = np.random.default_rng(seed)
