@@ -305,7 +305,6 @@ for name, s in sweeps.items():
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (a widget's text form embeds its plot and its label's rounding noise)
 sweep_widget = EpsSweep(eps=1e-6)
 sweep_widget.ui
 

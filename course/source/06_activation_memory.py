@@ -10,8 +10,9 @@
 # 4. see that activations grow with batch B, sequence N, width d and depth L, while the
 #    weights grow with neither B nor N;
 # 5. watch the live bytes rise through the forward pass and fall through the backward;
-# 6. decide how many sequences fit in a device by the source texts' rule of thumb, and redo
-#    their worked numbers: 134 MB per tensor and 17 GB for a 7B model, 12.9 GB for a
+# 6. decide how many sequences fit in a device by the rule of thumb that write-ups on
+#    training memory use (k saved tensors of B × N × d per layer), and redo its two usual
+#    worked examples: 134 MB per tensor and 17 GB for a 7B model, 12.9 GB for a
 #    24-layer model whose weights are under a gigabyte.
 #
 # Everything measured here comes from `engine.memory`, which watches the tape: it is not an
@@ -34,6 +35,8 @@ from engine.gpt_config import GPTConfig, init_params
 from engine.nn import GPT, MLP, Linear
 from coursework import lesson06
 from widgets.memory_timeline import MemoryTimeline
+
+lesson06.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
 
 
 def show_saved(recorder, scope_prefix=""):
@@ -200,8 +203,9 @@ lesson06.check_block_saved_elements(block_saved_elements)
 
 # %% [markdown]
 # Collect the terms: **16·B·T·C + 2·B·T + B·H·T²** elements per block. Sixteen tensors the
-# size of the block's input, plus attention's T×T matrices. Remember the 16: the source texts'
-# second example uses "16 saved tensors per layer", and for our engine it is exact.
+# size of the block's input, plus attention's T×T matrices. Remember the 16: the usual worked
+# example of a 24-layer model (the `24-layer-example` preset) assumes "16 saved tensors per
+# layer", and for our engine it is exact.
 #
 # ## The whole model: predicted equals measured
 #
@@ -300,7 +304,6 @@ print(f"steps: {sum(p == 'forward' for p, _, _ in run['timeline'])} ops forward,
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (a widget's text form embeds its plot)
 timeline = MemoryTimeline(run["timeline"], predicted_peak=run["predicted_peak"])
 timeline.ui
 
@@ -313,9 +316,10 @@ for step in (0, len(timeline.points) // 4, len(timeline.points) // 2, len(timeli
 # timeline is exactly the total the forward saved. Lesson 08 changes that: checkpointing
 # frees a block's insides during the forward and rebuilds them in the backward.
 #
-# ## The source texts' worked numbers
+# ## The rule of thumb and its worked numbers
 #
-# The source texts estimate activations with a rule of thumb that knows nothing of the ops:
+# Write-ups on training memory estimate activations with a rule of thumb that knows nothing
+# of the ops:
 # every layer keeps *k* tensors the size of its input, a B × N × d activation, at some bytes
 # per element. (For our engine, 06.2 says k = 16, plus the T×T term.)
 #
@@ -348,7 +352,7 @@ lesson06.check_micro_batch_that_fits(micro_batch_that_fits)
 # One sequence costs N·d·k·L·bytes, so the rule of thumb is **B·N·d·k·L·bytes** of
 # activations, and the batch that fits is the memory divided by one sequence's bytes,
 # rounded *down* (one sequence more would not fit). The two worked examples at their own
-# micro-batch, B = 8, beside their weights, in the source texts' terms:
+# micro-batch, B = 8, beside their weights, in the rule of thumb's terms:
 
 # %%
 seven_b = bm.budget(bm.preset("7b-example"))

@@ -42,6 +42,8 @@ from engine.gpt_config import GPTConfig, init_params
 from coursework import lesson08
 from widgets.memory_timeline import plot_timeline, timeline_points
 
+lesson08.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
+
 np.set_printoptions(precision=4, suppress=True)
 
 

@@ -36,6 +36,8 @@ import matplotlib.pyplot as plt
 from engine import precision as P
 from coursework import lesson09
 
+lesson09.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
+
 np.set_printoptions(precision=6, suppress=False)
 
 # %% [markdown]
@@ -84,7 +86,7 @@ for fmt in ("fp32", "fp16", "bf16"):
 # the rule of thumb "updates under 2e-3 vanish at weights of size 1": that holds in both
 # directions, and upward even updates up to 0.0039 vanish. fp16 swallows 1e-4 too. Repeat
 # the update a thousand times and a bf16 weight still reads 1.0: this is the silent stall
-# of the source text ("loss plateaus, weights barely move").
+# that training guides warn of ("loss plateaus, weights barely move").
 #
 # ## Rounding on the bits
 #
@@ -298,7 +300,7 @@ plt.show()
 # pass still ran on bf16 weights: the storage saving is kept, the stall is gone.
 #
 # The price: 4 bytes per parameter for the master copy, next to the 2-byte bf16 weights
-# (this is where the source texts' "16 bytes per parameter" for mixed-precision AdamW comes
+# (this is where the usual "16 bytes per parameter" for mixed-precision AdamW comes
 # from: 2 weights + 2 gradients + 4 master + 4 + 4 for AdamW's two moments). That count
 # keeps the gradient in bf16. A setup that accumulates gradients in fp32, as the section on
 # sums below recommends for any long sum (over micro-batches, over data-parallel ranks),
@@ -460,7 +462,6 @@ print(explorer.label.value)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (a widget's text form embeds its plot)
 explorer.ui
 
 # %% [markdown]
@@ -639,7 +640,7 @@ else:
 # one kernel of one library. Our engine, numpy and numba have no bf16 arithmetic, so for us
 # "bf16" would mean converting to fp32 and back around every operation: the emulation's cost,
 # never its gain. And for a small model the bandwidth argument is weak: its weights and
-# activations largely fit in the caches. That is the honest CPU default of the source texts:
+# activations largely fit in the caches. That is the honest CPU default:
 # **fp32 throughout**, and the rest of this course trains in fp32.
 #
 # ## What you built, what it costs

@@ -33,6 +33,9 @@ import numpy as np
 import matplotlib.pyplot as plt
 import numba
 from numba import njit, prange
+from coursework import lesson11
+
+lesson11.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
 
 np.set_printoptions(precision=4, suppress=True)
 
