@@ -420,15 +420,9 @@ class FusedGPT:
         return mean
 
     # -- backward
-    def _weight_gradient(self, name: str, x, dy, later=None) -> None:
-        """grads[name] += x^T dy: now, or, given later, handed to later(task, name)
-        as a task that whoever runs it runs exactly once (see backward)."""
-        def task():
-            self._k("matmul", x, dy, out=self.grads[name], trans_a=True, accumulate=True)
-        if later is None:
-            task()
-        else:
-            later(task, name)
+    def _weight_gradient(self, name: str, x, dy) -> None:
+        """grads[name] += x^T dy."""
+        self._k("matmul", x, dy, out=self.grads[name], trans_a=True, accumulate=True)
 
     def _gelu_backward(self, fc, fc_b, dfc_b) -> None:
         """dgelu becomes the gradient at the fc output (in place), and a.gelu holds
@@ -448,7 +442,7 @@ class FusedGPT:
             self._k("bias_gelu_forward", fc, fc_b, out=a.gelu)
             self._k("bias_gelu_backward", a.dgelu, fc, fc_b, dh=a.dgelu, dbias=dfc_b)
 
-    def _block_backward(self, i: int, later=None) -> None:
+    def _block_backward(self, i: int) -> None:
         p, g, a, A = self.params, self.grads, self.acts, self.acts.layer(i)
         pre = f"h{i}."
         dres = a.dres
@@ -456,9 +450,8 @@ class FusedGPT:
         self._k("bias_grad", dres, dbias=g[pre + "fcproj_b"])
         self._k("matmul", dres, p[pre + "fcproj_w"], out=a.dgelu, trans_b=True)
         self._gelu_backward(A.fc, p[pre + "fc_b"], g[pre + "fc_b"])    # a.gelu refilled
-        # (dres changes below, so the products that read it run now, never later)
         self._weight_gradient(pre + "fcproj_w", a.gelu, dres)
-        self._weight_gradient(pre + "fc_w", A.ln2, a.dgelu, later)
+        self._weight_gradient(pre + "fc_w", A.ln2, a.dgelu)
         self._k("matmul", a.dgelu, p[pre + "fc_w"], out=a.dln, trans_b=True)
         self._k("layernorm_backward", a.dln, A.res_mid, p[pre + "ln2_w"], A.ln2_mean,
                 A.ln2_rstd, dx=dres, dw=g[pre + "ln2_w"], db=g[pre + "ln2_b"])
@@ -473,25 +466,16 @@ class FusedGPT:
             self._k("attention_backward", a.datty, A.qkv, A.probs, dqkv=a.dqkv)
         dqkv = a.dqkv.reshape(-1, a.dqkv.shape[-1])
         self._k("bias_grad", dqkv, dbias=g[pre + "qkv_b"])
-        self._weight_gradient(pre + "qkv_w", A.ln1, dqkv, later)
+        self._weight_gradient(pre + "qkv_w", A.ln1, dqkv)
         self._k("matmul", dqkv, p[pre + "qkv_w"], out=a.dln, trans_b=True)
         self._k("layernorm_backward", a.dln, a.res[i], p[pre + "ln1_w"], A.ln1_mean,
                 A.ln1_rstd, dx=dres, dw=g[pre + "ln1_w"], db=g[pre + "ln1_b"])
 
-    def backward(self, grad_ready=None, later=None) -> None:
+    def backward(self, grad_ready=None) -> None:
         """Add d(loss_scale * loss)/dparams into self.grads (call zero_grad() between
         optimizer steps). grad_ready(start, stop), if given, is called as soon as a
         flat range of gradients is final: last block first, embeddings last (this
-        is what lets a data-parallel all-reduce overlap the rest of the backward).
-
-        later(task, name), if given, receives two weight gradients of block 0,
-        the last block the backward reaches (qkv_w's and fc_w's products,
-        about a fifth of its multiply-adds), as tasks instead of running them:
-        nothing after them writes what they read, so they can run on another
-        thread while this backward goes on, or after it. The caller runs each
-        task exactly once, and block 0's gradient is final only then (its
-        grad_ready still comes when the backward passes the block: the caller
-        holds it). ThreadReplicas hands the tasks to whichever replica is idle."""
+        is what lets a data-parallel all-reduce overlap the rest of the backward)."""
         if self._ids is None:
             raise RuntimeError("FusedGPT.backward: call forward(ids, targets) first (a forward "
                                "without targets, or loss(), prepares no gradient)")
@@ -508,7 +492,7 @@ class FusedGPT:
         for i in reversed(range(L)):
             if self.checkpointing:
                 self._block_forward(i)             # recompute this block's activations
-            self._block_backward(i, later if i == 0 else None)
+            self._block_backward(i)
             if grad_ready is not None:
                 grad_ready(*next(buckets))         # block i
         self._k("embedding_backward", self._ids, a.dres.reshape(self.B, self.T, -1),
@@ -518,15 +502,15 @@ class FusedGPT:
         self._ids = None
 
     def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, grad_ready=None,
-                         last: bool = True, later=None):
-        """One micro-batch: forward, then backward (grad_ready and later: see
-        backward). Returns (loss, forward seconds, backward seconds). (`last`
-        matters to engine.trainer.parallel.ThreadReplicas, which has the same
-        method; one model has nothing to do at the last micro-batch.)"""
+                         last: bool = True):
+        """One micro-batch: forward, then backward (grad_ready: see backward).
+        Returns (loss, forward seconds, backward seconds). (`last` matters to
+        engine.trainer.parallel.ThreadReplicas, which has the same method; one
+        model has nothing to do at the last micro-batch.)"""
         t0 = time.perf_counter()
         loss = self.forward(ids, targets, loss_scale=loss_scale)
         t1 = time.perf_counter()
-        self.backward(grad_ready, later)
+        self.backward(grad_ready)
         return loss, t1 - t0, time.perf_counter() - t1
 
     # -- conveniences

@@ -34,8 +34,9 @@ after every micro-batch would send K times the bytes for the same sum.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-import time
+import threading
 
 import numpy as np
 
@@ -153,13 +154,10 @@ class ThreadReplicas:
     Replica r takes rows [r * B/n, (r + 1) * B/n) of every micro-batch and runs
     its whole forward and backward on one thread, single-threaded kernels and
     single-threaded BLAS, reading the one shared parameter buffer and adding
-    into its own gradient buffer. A replica whose backward is over does what
-    is left of the others' (`_SharedWork`): two weight-gradient products of
-    each replica's block 0, handed over by its backward, and, in the last
-    micro-batch, the sum of the replicas' gradients into `grads`, bucket by
-    bucket as soon as every replica has finished one. Each product and each
-    sum is the same arithmetic whichever thread does it (sums in replica
-    order), so the bits do not depend on which replica ran ahead.
+    into its own gradient buffer. In the last micro-batch, a replica whose
+    backward is over sums the replicas' gradients into `grads` (`_BucketSum`),
+    bucket by bucket as soon as every replica has finished one, always in
+    replica order, so the bits do not depend on which replica ran ahead.
 
     Why not one model with multi-threaded kernels? Each kernel then ends at a
     barrier where every thread waits for the slowest; a step has about a
@@ -203,8 +201,6 @@ class ThreadReplicas:
                                                                     first.dtype)
         self.rows = [slice(r * per, (r + 1) * per) for r in range(n_replicas)]
         self.buckets = gradient_buckets(self.grads, cfg.n_layer)
-        self.bucket_of = {name: next(i for i, (a, b) in enumerate(self.buckets) if a <= start < b)
-                          for name, (start, _, _) in self.grads.layout.items()}
         self.pieces = sum_pieces(self.buckets, n_replicas)
         self._pool = None
         self._replicas_zero = False            # the class's invariant: see its docstring
@@ -235,27 +231,26 @@ class ThreadReplicas:
     def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, last: bool = True,
                          grad_ready=None):
         """Forward and backward of one micro-batch over all replicas; returns
-        (loss, forward s, backward s) with the timings of replica 0's thread (its
-        backward's seconds include the handed-over products it ran, any
-        replica's: see _SharedWork). When `last`,
-        the replicas' gradients are summed into self.grads, bucket by bucket
-        while the backward runs (see _SharedWork); then grad_ready, if given, is
-        called once per bucket: the MPI all-reduce starts from here."""
+        (loss, forward s, backward s) with the timings of replica 0's thread. When
+        `last`, the replicas' gradients are summed into self.grads, bucket by
+        bucket while the backward runs (_BucketSum); then grad_ready, if given,
+        is called once per bucket: the MPI all-reduce starts from here."""
         scale = loss_scale / self.n
         self._replicas_zero = False            # (also when a replica raises)
         if self.n == 1:             # one model: its kernels use the caller's threads
             return self.replicas[0].forward_backward(ids, targets, loss_scale=scale,
                                                      grad_ready=grad_ready)
-        shared = _SharedWork(self, summing=last)
+        summing = _BucketSum(self) if last else None
 
         def one(r):
-            model = self.replicas[r]
-            with shared.failing():
-                loss, forward_s, backward_s = model.forward_backward(
-                    ids[self.rows[r]], targets[self.rows[r]], loss_scale=scale,
-                    grad_ready=shared.grad_ready(r), later=shared.later(r))
-                backward_s += shared.help()         # the handed-over products it ran
-            return loss, forward_s, backward_s
+            model, rows = self.replicas[r], self.rows[r]
+            if summing is None:
+                return model.forward_backward(ids[rows], targets[rows], loss_scale=scale)
+            with summing.failing():
+                result = model.forward_backward(ids[rows], targets[rows], loss_scale=scale,
+                                                grad_ready=summing.grad_ready(r))
+                summing.help()
+            return result
 
         results = self._each(one)
         self._replicas_zero = last             # the sum cleared each replica it summed
@@ -298,139 +293,72 @@ class ThreadReplicas:
             self._pool = None
 
 
-class _SharedWork:
-    """The end of a backward that any replica can do, done by those already idle.
+class _BucketSum:
+    """The last micro-batch's sum of the replicas' gradients, bucket by bucket, by
+    whichever replicas are idle.
 
-    Two kinds of work, both the same arithmetic whichever thread does it:
+    Each replica's backward reports a bucket (a flat range: the final LayerNorm,
+    blocks L-1 ... 0, the embeddings) as soon as it is final. Once every replica
+    has reported it, the bucket's pieces (sum_pieces: up to one per replica) are
+    summed into `grads`, each in replica order, by the replicas whose backward
+    is over, which claim them one by one. So the sum overlaps the slower
+    replica's backward, and what is left when it ends is its last bucket (the
+    embeddings), summed by all the replicas together, each reading about one
+    bucket's worth."""
 
-    * Tasks: the weight-gradient products a replica's backward hands over
-      (FusedGPT.backward's `later`: two products of block 0). A replica whose
-      backward is over runs any replica's waiting tasks, so when one replica
-      runs behind (the machine slowed its core), the other takes part of its
-      work instead of waiting for it. Each task writes one gradient of the
-      replica it came from, with that replica's operands: the same call, the
-      same bits, on either thread.
-    * Bucket sums (the last micro-batch only): each replica's backward reports
-      a bucket (a flat range: the final LayerNorm, blocks L-1 ... 0, the
-      embeddings) once it is final, which for block 0 means once its tasks
-      are done too; once every replica has reported it, the bucket's pieces
-      (sum_pieces: up to one per replica) are summed into `grads`, each in
-      replica order, by whichever threads claim them. So the idle replicas
-      share the last buckets' sums, and the sum on the critical path reads
-      about one bucket per thread, not one per replica.
-
-    An idle replica takes a task first (it shortens the slowest backward),
-    else the next bucket in order if it is ready, else waits. So the sum
-    overlaps the slower replica's backward, and what is left when the last
-    replica ends is its last bucket (the embeddings)."""
-
-    def __init__(self, owner: ThreadReplicas, summing: bool):
-        import collections
-        import threading
-        self.owner, self.summing = owner, summing
-        n, buckets = owner.n, owner.buckets
-        self.index = {span: i for i, span in enumerate(buckets)}
-        self.reported = [0] * len(buckets)    # replicas whose bucket i is final
-        self.pending = [[0] * len(buckets) for _ in range(n)]   # tasks not yet done
-        self.held = [[False] * len(buckets) for _ in range(n)]  # reported, tasks pending
-        self.tasks = collections.deque()      # (replica, bucket, task) not yet claimed
-        self.running = n                      # replicas whose own backward still runs
+    def __init__(self, owner: "ThreadReplicas"):
+        self.owner = owner
+        self.index = {span: i for i, span in enumerate(owner.buckets)}
+        self.reported = [0] * len(owner.buckets)   # replicas whose bucket i is final
         self.claimed = 0                      # buckets whose pieces are all handed out
         self.piece = 0                        # pieces of bucket `claimed` handed out
         self.failed = False
         self.cond = threading.Condition()
 
-    def later(self, r: int):
-        """FusedGPT.backward's `later` for replica r: queue the task."""
-        def hand_over(task, name):
-            with self.cond:
-                i = self.owner.bucket_of[name]
-                self.pending[r][i] += 1
-                self.tasks.append((r, i, task))
-                self.cond.notify_all()
-        return hand_over
-
     def grad_ready(self, r: int):
-        """FusedGPT.backward's `grad_ready` for replica r: its bucket [start, stop)
-        is final once its tasks are done too."""
+        """FusedGPT.backward's `grad_ready` for replica r."""
         def report(start, stop):
             with self.cond:
                 i = self.index[(start, stop)]
-                if self.pending[r][i]:
-                    self.held[r][i] = True     # the last of its tasks reports it
-                else:
-                    self._report(i)
+                self.reported[i] += 1
+                if self.reported[i] == self.owner.n:
+                    self.cond.notify_all()
         return report
 
-    def _report(self, i: int) -> None:
-        self.reported[i] += 1
-        if self.reported[i] == self.owner.n:
-            self.cond.notify_all()
-
-    def _next(self):
-        """(kind, what) of the next job for an idle replica, or None when there is
-        none left for it; waits while there is none yet. Called holding cond."""
-        n, count = self.owner.n, len(self.reported)
-        while not self.failed:
-            if self.tasks:
-                return "task", self.tasks.popleft()
-            if self.summing:
-                if self.claimed == count:
-                    return None
-                if self.reported[self.claimed] == n:
-                    pieces = self.owner.pieces[self.claimed]
-                    span = pieces[self.piece]
-                    self.piece += 1
-                    if self.piece == len(pieces):
-                        self.claimed, self.piece = self.claimed + 1, 0
-                    return "sum", span
-            elif self.running == 0:
-                return None                    # (tasks still running end on their threads)
+    def _next_piece(self):
+        """The next piece to sum, or None when every piece is claimed; waits while
+        the next bucket is not final on every replica. Called holding cond."""
+        pieces = self.owner.pieces
+        while not self.failed and self.claimed < len(pieces):
+            if self.reported[self.claimed] == self.owner.n:
+                span = pieces[self.claimed][self.piece]
+                self.piece += 1
+                if self.piece == len(pieces[self.claimed]):
+                    self.claimed, self.piece = self.claimed + 1, 0
+                return span
             self.cond.wait()
         return None
 
-    def help(self) -> float:
-        """Called by each replica once its own backward is over, inside failing():
-        run tasks and sum buckets until no work is left. Returns the seconds it spent on tasks
-        (backward work, whichever replica's), not counting sums and waits."""
-        with self.cond:
-            self.running -= 1
-            self.cond.notify_all()
-        task_s = 0.0
+    def help(self) -> None:
+        """Called by each replica once its own backward is over: sum pieces until
+        none is left."""
         while True:
             with self.cond:
-                job = self._next()
-            if job is None:
-                return task_s
-            kind, what = job
-            if kind == "sum":
-                self.owner._sum_bucket(*what)
-                continue
-            r, i, task = what
-            t0 = time.perf_counter()
-            task()                  # raising: the caller's failing() wakes the others
-            task_s += time.perf_counter() - t0
-            with self.cond:
-                self.pending[r][i] -= 1
-                if self.pending[r][i] == 0 and self.held[r][i]:
-                    self.held[r][i] = False
-                    self._report(i)
+                span = self._next_piece()
+            if span is None:
+                return
+            self.owner._sum_bucket(*span)
 
+    @contextlib.contextmanager
     def failing(self):
-        """Context: a replica that raises (in its backward, or in a task it runs)
-        wakes the others (no one waits forever)."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def guard():
-            try:
-                yield
-            except BaseException:
-                with self.cond:
-                    self.failed = True
-                    self.cond.notify_all()
-                raise
-        return guard()
+        """A replica that raises wakes the others (no one waits forever)."""
+        try:
+            yield
+        except BaseException:
+            with self.cond:
+                self.failed = True
+                self.cond.notify_all()
+            raise
 
 
 def numba_layer() -> str:

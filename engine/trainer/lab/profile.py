@@ -57,10 +57,10 @@ class KernelProfiler:
 
     prof.seconds: kernel name -> seconds over all its calls. With again=True,
     prof.again: name -> [seconds as called, seconds run again at once]
-    (`_run_again`). The calls run on the model's own thread and on whichever
-    replica runs a task it handed over, as without the profiler. It wraps the
-    model's `_k`, whatever that calls, so it times any version of the trainer
-    (tools/ab_steps.py profiles an older tree's models with it)."""
+    (`_run_again`). The calls run on the model's own thread, as without the
+    profiler. It wraps the model's `_k`, whatever that calls, so it times any
+    version of the trainer (tools/ab_steps.py profiles an older tree's models
+    with it)."""
 
     def __init__(self, model, again: bool = False):
         self.target = getattr(model, "replicas", [model])[0]
