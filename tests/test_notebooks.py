@@ -111,3 +111,22 @@ def test_stub_replaces_every_solution_block():
 def test_building_twice_gives_identical_bytes():
     source = (ROOT / "course" / "source" / f"{LESSONS[0]}.py").read_text()
     assert build_course.student_notebook_text(source) == build_course.student_notebook_text(source)
+
+
+@pytest.mark.parametrize("stem", LESSONS)
+def test_a_stored_widget_output_carries_its_picture(stem):
+    """Where a saved notebook cannot draw a widget (GitHub, nbconvert, an untrusted
+    notebook), it shows the output's picture, or else its text form, `VBox(children=...`.
+    Every widget output of a committed solution notebook carries a picture."""
+    committed = git_show(f"course/solutions/{stem}.ipynb")
+    assert committed is not None
+    nb = nbformat.reads(committed, as_version=4)
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            text = data.get("text/plain", "")
+            if "application/vnd.jupyter.widget-view+json" in data or \
+                    text.startswith(("VBox(", "HBox(")):
+                assert "image/png" in data, (
+                    f"{stem}: a widget output without a picture: {cell.source[:120]!r}")
+            assert not text.startswith("<DisplayHandle"), f"{stem}: {cell.source[:120]!r}"

@@ -318,7 +318,7 @@ def test_the_saved_output_becomes_the_final_picture(monkeypatch):
             updates.append(obj._repr_mimebundle_())
     monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=None: Handle())
     dash = TrainerDashboard(total_steps=2)
-    dash.show()
+    assert dash.show() is None              # no handle's text under the cell
     dash(record(1))
     dash(record(2))
     assert not updates

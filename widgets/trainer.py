@@ -167,12 +167,12 @@ class TrainerDashboard:
         return int(self.records[-1]["step"]) if self.records else 0
 
     # ------------------------------------------------------------ display
-    def show(self):
+    def show(self) -> None:
         """Display the dashboard so that finish() can leave its final picture in the saved
-        notebook in place of the widget's text form. Returns the display handle."""
+        notebook in place of the widget's text form. (Returns nothing, so a cell ending in
+        `dashboard.show()` shows the dashboard alone.)"""
         from IPython.display import display
         self._display = display(self.ui, display_id=True)
-        return self._display
 
     def finish(self, reason: str | None = None) -> None:
         """Draw the final state (call after the run, whatever step it stopped at).

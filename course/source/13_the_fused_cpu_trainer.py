@@ -46,6 +46,8 @@ from engine.trainer.optim import lr_at
 from engine.train import sample
 from widgets.trainer import TrainerDashboard
 
+lesson13.name_unfinished_exercises()   # a cell that needs an unfinished exercise says which
+
 np.set_printoptions(precision=4, suppress=True)
 
 # %% [markdown]
@@ -76,7 +78,7 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 # %% [markdown]
 # ## Whose pieces run
 #
-# Eight of your exercises fill a *slot* of the trainer. Each was saved as a *piece* in
+# Nine of your exercises fill a *slot* of the trainer. Each was saved as a *piece* in
 # `course/my_pieces/` when its check passed. `lesson13.plug_in_pieces()` loads each one on its
 # own, as a file, runs it in its slot on the buffers the trainer will hand it (float32
 # activations for the kernels; float32 views of one flat buffer for clipping and AdamW, where
@@ -101,7 +103,8 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 # the engine's version at this trainer's shape; a piece more than twice as slow is named.
 # (The model calls every kernel through a registry, `engine.trainer.model.KERNELS`;
 # `use_kernel(name, function, owner=...)` replaces one, after a small adapter from your
-# exercise's signature to the model's calling convention, in `coursework/slots.py`.)
+# exercise's signature to the model's calling convention: the kernels' adapters are in
+# `coursework/slots/lesson10.py` and `coursework/slots/lesson11.py`.)
 #
 # Your pieces live in `course/my_pieces/`. The *solution* notebook of this lesson never
 # reads them: it fills a new temporary folder with the reference solutions of lessons
@@ -231,7 +234,7 @@ lesson13.check_train_step(train_step)
 # targets)` gave a loss Tensor, `(loss / K).backward()` added its share into `.grad`. The
 # fused model has the same division of labour (`zero_grad`, a forward that prepares
 # `loss_scale * loss` for the backward, a backward that *adds*), so your loop drives it
-# unchanged through a thin view of the model (`coursework/slots.py`). One batch of 16
+# unchanged through a thin view of the model (`coursework/slots/lesson08.py`). One batch of 16
 # sequences as 4 micro-batches of 4 must give the gradient of the batch of 16:
 
 # %%
@@ -285,8 +288,14 @@ print(f"sgemm on ({B * T}, {cfg.n_embd}) @ ({cfg.n_embd}, {4 * cfg.n_embd}), bes
 #
 # The run is a fixed 250 steps of 2048 characters, a little more than one pass over the
 # training text, so every run does the same work and ends in the same place, however busy
-# the machine. The dashboard counts the steps done and left and, from the measured step
-# time, the time left. On an idle two-core machine the run takes under a minute.
+# the machine. The dashboard counts the steps done and left and the time left, at the
+# run's average pace so far. On an idle two-core machine the run takes under a minute.
+#
+# To end the run early, click the dashboard's **stop** button (or use Kernel > Interrupt):
+# the step in progress finishes, the dashboard says "stopped by you at step N", and the
+# cells below work on the model as it is then. (The loop awaits `dashboard.keep_going()`
+# once a step: while a cell runs, the kernel reads the button's click only when the cell
+# waits for something.)
 
 # %%
 STEPS, EVAL_EVERY = 250, 25
@@ -296,7 +305,7 @@ dashboard = TrainerDashboard(total_steps=STEPS, redraw_every=10, reference_loss=
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-dashboard
+dashboard.show()
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -304,25 +313,27 @@ history = []
 x_buf = np.empty((B, T), np.int64)
 y_buf = np.empty((B, T), np.int64)
 t_start = time.perf_counter()
-for step in range(STEPS):
-    x, y = batch_at(dataset.train, 0, step, B, T, x_buf, y_buf)
-    phase = lesson13.PhaseLog()
-    t0 = time.perf_counter()
-    loss, norm = train_step(model, optimizer, clip, x, y,
-                            lr_at(step, lr=LR, warmup=WARMUP, total=STEPS), MAX_NORM, phase)
-    step_time = time.perf_counter() - t0
-    record = {"step": step + 1, "loss": float(loss), "grad_norm": float(norm),
-              "step_time": step_time, "tokens_per_s": B * T / step_time,
-              "mfu": lesson13.mfu(flops_per_step, step_time, peak_flops)}
-    if (step + 1) % EVAL_EVERY == 0 or step + 1 == STEPS:
-        with phase("evaluation"):
-            record["val_loss"] = validation_loss(model)
-    record["phases"] = dict(phase.seconds)
-    history.append(record)
-    dashboard(record)
-dashboard.finish()
+with dashboard.running():            # stop or Kernel > Interrupt end the run here, cleanly
+    for step in range(STEPS):
+        if not await dashboard.keep_going():
+            break
+        x, y = batch_at(dataset.train, 0, step, B, T, x_buf, y_buf)
+        phase = lesson13.PhaseLog()
+        t0 = time.perf_counter()
+        loss, norm = train_step(model, optimizer, clip, x, y,
+                                lr_at(step, lr=LR, warmup=WARMUP, total=STEPS), MAX_NORM, phase)
+        step_time = time.perf_counter() - t0
+        record = {"step": step + 1, "loss": float(loss), "grad_norm": float(norm),
+                  "step_time": step_time, "tokens_per_s": B * T / step_time,
+                  "mfu": lesson13.mfu(flops_per_step, step_time, peak_flops)}
+        if (step + 1) % EVAL_EVERY == 0 or step + 1 == STEPS:
+            with phase("evaluation"):
+                record["val_loss"] = validation_loss(model)
+        record["phases"] = dict(phase.seconds)
+        history.append(record)
+        dashboard(record)
 elapsed = time.perf_counter() - t_start
-val_after = history[-1]["val_loss"]
+val_after = validation_loss(model)     # where the run ended, whether it ran to the end or not
 assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in history), \
     "a training step produced a NaN or inf loss or gradient norm"
 step_times = [r["step_time"] for r in history[1:]]
@@ -332,14 +343,6 @@ print(f"{len(history)} steps in {elapsed:.0f} s; median step {median_step * 1e3:
       f"{lesson13.mfu(flops_per_step, median_step, peak_flops):.0%}")
 print(f"validation loss: {val_before:.3f} before, {val_after:.3f} after "
       f"(unigram entropy {entropy:.3f})")
-
-# %% [markdown]
-# The dashboard as the run left it, as a picture that stays in the saved notebook:
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-from IPython.display import Image
-Image(dashboard.png)
 
 # %%
 print(f"{len(history)} steps run, as planned: {len(history) == STEPS}")
@@ -494,21 +497,19 @@ print("validation loss changes by less than 0.02 nats in bf16:", abs(val_bf16 - 
 # NBVAL_IGNORE_OUTPUT
 print(f"validation loss: float32 weights {val_after:.4f}, bf16 weights {val_bf16:.4f} "
       f"({val_bf16 - val_after:+.4f})")
-#
+
+# %% [markdown]
 # ## The division of labour
 #
-# Where did the time go? Each record carries the seconds of its phases:
+# Where did the time go? Each record carries the seconds of its phases; the bars are the
+# dashboard's own, with each phase's share written beside it:
 
 # %%
-phase_totals = {p: sum(r["phases"].get(p, 0.0) for r in history)
-                for p in ("loss", "backward", "optimizer", "evaluation")}
+from widgets.trainer import PHASES, draw_phase_bars
+phase_totals = {p: sum(r["phases"].get(p, 0.0) for r in history) for p in PHASES}
 total = sum(phase_totals.values())
 fig, ax = plt.subplots(figsize=(6, 2.4))
-ax.barh(list(phase_totals), [100 * v / total for v in phase_totals.values()],
-        color=["#4c72b0", "#c44e52", "#55a868", "#ccb974"])
-ax.invert_yaxis()
-ax.set_xlabel("% of the training run")
-ax.set_title("Where the time went")
+draw_phase_bars(ax, phase_totals, title="Where the time went")
 plt.show()
 
 # %%
