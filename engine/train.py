@@ -12,10 +12,10 @@ from .trainer.checkpoint_files import load_checkpoint, save_checkpoint
 from .trainer.cli import build_parser, config_from_args, main
 from .trainer.config import (CheckpointError, ConfigMismatch, DataError, Diverged,
                              ParallelUnavailable, TrainConfig, TrainError)
-from .trainer.step import evaluate, train_step
+from .trainer.step import accumulate_and_step, evaluate
 from .trainer.train import TrainResult, sample, summary, train
 
-__all__ = ["TrainConfig", "TrainResult", "train", "sample", "train_step", "evaluate", "summary",
+__all__ = ["TrainConfig", "TrainResult", "train", "sample", "accumulate_and_step", "evaluate", "summary",
            "save_checkpoint", "load_checkpoint", "main", "build_parser", "config_from_args",
            "TrainError", "DataError", "CheckpointError", "ConfigMismatch",
            "ParallelUnavailable", "Diverged"]

@@ -8,7 +8,7 @@ import sys
 from ..fused_buffers import ATTENTION_KINDS
 from .checkpoint_files import load_checkpoint, resumed_settings
 from .config import MAX_SAMPLE_LEN, TrainConfig, TrainError, check_paths_not_empty
-from .parallel import launch_rank
+from .mpi_job import launch_rank
 from .train import summary, train
 from .thread_plan import MODES as THREAD_MODES
 

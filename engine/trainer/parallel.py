@@ -1,133 +1,25 @@
-"""Data parallelism: every worker a slice of the batch, gradients summed.
+"""Data parallelism inside one process: model replicas on threads.
 
-Two kinds of workers, the same arithmetic:
-
-* threads inside one process (`ThreadReplicas`: single-threaded model
-  replicas, one per core up to eight, when thread_plan.py's rule picks them;
-  see its docstring for why, and THREADS.md);
-* processes under MPI (`GradientAllReduce`): launch with
-  `mpiexec -n 2 python -m engine.train --data-parallel ...`.
-
-MPI in detail:
-
-Every process (rank) holds the whole model and takes rows
-[rank * B/n, (rank + 1) * B/n) of each micro-batch of B sequences. Its loss
-is scaled by 1/n (on top of the 1/K of gradient accumulation), so the SUM of
-the ranks' gradients is the gradient of the mean loss over the global batch:
-one all-reduce with op SUM, no division afterwards. All ranks then hold the
-same gradient, clip it the same way and take the same AdamW step, so their
-weights stay identical without ever being sent.
-
-Overlap: the backward reports each block's gradient range as soon as it is
-final (last block first). `GradientAllReduce.start` hands that bucket to a
-non-blocking `Iallreduce` right away, so the network (here shared memory)
-works while the backward computes the blocks below. `wait()` before the
-optimizer step is the only synchronisation.
-
-(With more than one thread replica per process, the replicas' gradients are
-summed first, bucket by bucket during the backward, and the MPI buckets
-start once all are summed: no overlap with MPI then.)
-
-Accumulation: with K micro-batches per step, only the last backward starts
-all-reduces; the first K-1 add into the local gradient buffer. Reducing
-after every micro-batch would send K times the bytes for the same sum.
+`ThreadReplicas` runs single-threaded model replicas, one per thread, when
+thread_plan.py's rule picks them (see its docstring for why, and
+lab/THREADS.md), each on its slice of the micro-batch, and sums their
+gradients. The same arithmetic across processes is the MPI job (mpi_job.py).
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
-from .kernels.threads import one_numba_thread
+from ..gpt_config import param_shapes
+from .kernels.threads import concurrent_kernels_ok, one_numba_thread
+from .model import FlatBuffer, FusedGPT, gradient_buckets
+# Lesson 12's MPI script imports GradientAllReduce from here; it lives in mpi_job.py.
+from .mpi_job import GradientAllReduce  # noqa: F401
 
-INSTALL_HINT = ("pip install -e '.[mpi]'   (installs mpi4py and MPICH; with conda: "
-                "conda install -c conda-forge mpi4py mpich)")
-
-
-class MPIUnavailable(RuntimeError):
-    """mpi4py is missing: says how to install it."""
-
-
-def import_mpi():
-    """The mpi4py MPI module, or MPIUnavailable with the install command."""
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:
-        raise MPIUnavailable(
-            f"--data-parallel needs mpi4py, which is not installed ({exc}). Install it with "
-            f"{INSTALL_HINT}, then launch: mpiexec -n 2 python -m engine.train "
-            f"--data-parallel ...") from None
-    return MPI
-
-
-class GradientAllReduce:
-    """Sums gradient buckets (ranges of a flat buffer) over all ranks, in place."""
-
-    def __init__(self, comm, flat_grads: np.ndarray):
-        self.MPI = import_mpi()
-        self.comm = comm
-        self.flat = flat_grads
-        self.requests = []
-        self.buckets: list[tuple[int, int]] = []
-
-    @property
-    def rank(self) -> int:
-        return self.comm.Get_rank()
-
-    @property
-    def size(self) -> int:
-        return self.comm.Get_size()
-
-    def start(self, start: int, stop: int) -> None:
-        """Begin summing flat[start:stop] across ranks; returns at once."""
-        bucket = self.flat[start:stop]
-        self.requests.append(self.comm.Iallreduce(self.MPI.IN_PLACE, bucket, op=self.MPI.SUM))
-        self.buckets.append((start, stop))
-        # MPICH advances non-blocking collectives inside MPI calls: poke it.
-        self.MPI.Request.Testall(self.requests)
-
-    def wait(self) -> None:
-        """Block until every started bucket is summed."""
-        if self.requests:
-            self.MPI.Request.Waitall(self.requests)
-        self.requests.clear()
-        self.buckets.clear()
-
-    def mean(self, value: float) -> float:
-        """Average of a Python float over the ranks (losses for the log)."""
-        return self.comm.allreduce(float(value), op=self.MPI.SUM) / self.size
-
-
-def world():
-    """(comm, rank, size) of MPI.COMM_WORLD."""
-    MPI = import_mpi()
-    comm = MPI.COMM_WORLD
-    return comm, comm.Get_rank(), comm.Get_size()
-
-
-def launch_rank() -> int:
-    """This process's rank as the MPI launcher set it in the environment (0 when
-    not launched by mpiexec), known before MPI starts: the command line prints
-    an error every process hit alike only on rank 0."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-def shard_rows(batch_size: int, rank: int, size: int) -> slice:
-    """The rows of a micro-batch this rank processes."""
-    if batch_size % size:
-        raise ValueError(f"--data-parallel: the micro-batch of {batch_size} sequences does not "
-                         f"split over {size} processes; use a batch size divisible by {size}")
-    per = batch_size // size
-    return slice(rank * per, (rank + 1) * per)
-
-
-# ------------------------------------------------------------------ threads
 MIN_PIECE = 1 << 14      # elements: below this a piece costs more in locking than it saves
 
 
@@ -178,9 +70,6 @@ class ThreadReplicas:
     """
 
     def __init__(self, cfg, batch_size: int, n_replicas: int, **gpt_kwargs):
-        from .model import FusedGPT, FlatBuffer, gradient_buckets
-        from ..gpt_config import param_shapes
-        from .kernels.threads import concurrent_kernels_ok
         if n_replicas < 1 or batch_size % n_replicas:
             raise ValueError(f"ThreadReplicas: batch_size {batch_size} does not split into "
                              f"{n_replicas} replicas; use a divisor of the batch size")
@@ -208,7 +97,6 @@ class ThreadReplicas:
     def _workers(self):
         """The n - 1 helper threads (started on first use, again after close())."""
         if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self.n - 1, initializer=_one_thread_per_replica,
                                             thread_name_prefix="gpt-replica")
         return self._pool
@@ -362,10 +250,8 @@ class _BucketSum:
 
 
 def numba_layer() -> str:
-    import numba
     return numba.config.THREADING_LAYER
 
 
 def _one_thread_per_replica():
-    import numba
     numba.set_num_threads(1)

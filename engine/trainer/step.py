@@ -1,12 +1,25 @@
 """The one training step: loss and backward per micro-batch, then the optimizer.
 
-`train_step` is what `python -m engine.train` runs every step and what
-`python -m engine.bench` times; `evaluate` is the validation loss.
+`accumulate_and_step` is what `python -m engine.train` runs every step and what
+`python -m engine.bench` times; `evaluate` is the validation loss. Both take
+any model that follows `StepModel` (below): the trainer hands them
+`parallel.ThreadReplicas`, and one `model.FusedGPT` fits too.
+
+Exercise 13.1 (`train_step(model, optimizer, clip, x, y, lr, max_norm, phase)`)
+is this step with the parts spelled out, on one micro-batch: zero the
+gradients, forward, backward, clip, update, in that order, each phase timed.
+Here `forward_backward` is the forward and the backward together (the fused
+loss kernel leaves the logits' gradient in place, so the backward starts where
+the loss ends), several micro-batches add into one gradient (lesson 08), the
+clip is engine.trainer.optim's global-norm clip and the optimizer AdamW on the
+flat buffer, and an MPI all-reduce (mpi_job.py) may run between the backward
+and the clip.
 """
 from __future__ import annotations
 
 import math
 import time
+from typing import Protocol
 
 import numpy as np
 
@@ -15,8 +28,26 @@ from .data import eval_batches
 from .optim import clip_scale, global_norm
 
 
-def train_step(model, optimizer, batches, rows: slice = slice(None), *, lr: float,
-               clip: float | None, loss_scale: float = 1.0, allreduce=None) -> dict:
+class StepModel(Protocol):
+    """What a training step needs of a model."""
+    grads: object          # .flat: every parameter's gradient in one array
+
+    def zero_grad(self) -> None:
+        """Every gradient to zero (the backward adds into them)."""
+
+    def forward_backward(self, ids, targets, *, loss_scale: float = 1.0, last: bool = True,
+                         grad_ready=None) -> tuple[float, float, float]:
+        """Add d(loss_scale * mean loss)/dparams into grads; returns (mean loss,
+        forward seconds, backward seconds). `last`: the step's last micro-batch;
+        grad_ready(start, stop): a range of grads.flat is final (the all-reduce)."""
+
+    def loss(self, ids, targets) -> float:
+        """The mean loss, preparing no backward (evaluation)."""
+
+
+def accumulate_and_step(model: StepModel, optimizer, batches, rows: slice = slice(None), *,
+                        lr: float, clip: float | None, loss_scale: float = 1.0,
+                        allreduce=None) -> dict:
     """One optimizer step over the micro-batches `batches` (a list of (x, y)), in the
     phases the trainer times: loss and backward per micro-batch, then the
     optimizer. Returns {loss, grad_norm, clip_scale, lr, phases}.
@@ -48,7 +79,7 @@ def train_step(model, optimizer, batches, rows: slice = slice(None), *, lr: floa
     return {"loss": loss, "grad_norm": norm, "clip_scale": scale, "lr": lr, "phases": phases}
 
 
-def evaluate(model, data: np.ndarray, config: TrainConfig, rows: slice, allreduce=None) -> float:
+def evaluate(model: StepModel, data: np.ndarray, config: TrainConfig, rows: slice, allreduce=None) -> float:
     """Mean validation loss over the fixed evaluation windows."""
     losses = [model.loss(x[rows], y[rows])
               for x, y in eval_batches(data, config.batch_size, config.block_size,

@@ -14,7 +14,18 @@ One optimizer step has four phases, timed separately in every record:
     optimizer   (all-reduce wait,) global norm, clipping, fused AdamW
     evaluation  validation loss, every eval_every steps
 
-Threads: a rule (engine.trainer.thread_plan, THREADS.md) chooses between
+Reading order, from the command to the first kernel: `train` below places the
+process (`_place`: the MPI job of mpi_job.py, the thread plan), prepares the
+run (`_prepare`: checks, data, model) and loops (`_loop`); each step is
+step.accumulate_and_step, which calls the model's forward_backward
+(parallel.ThreadReplicas, one FusedGPT per replica, model.py), whose forward
+runs each kernel by name through kernel_registry.py, starting with
+kernels/embedding.py's embedding_forward.
+
+A run is three frozen records: where it runs (`Placement`), what it starts
+from (`Start`) and where it reports (`Reports`).
+
+Threads: a rule (engine.trainer.thread_plan, lab/THREADS.md) chooses between
 replicas of the model, each on one core with a slice of the micro-batch
 (engine.trainer.parallel.ThreadReplicas), meeting once per step, and one model
 whose kernels use every core; `--thread-mode` forces either.
@@ -31,25 +42,31 @@ never a path to write, a prompt or a thread count.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from ..blas import library as blas_library
 from .checkpoint_files import (check_resume, corpus_fingerprint, load_checkpoint,
                                remove_stale_temporaries, save_checkpoint)
-from .config import MAX_SAMPLE_LEN, DataError, Diverged, ParallelUnavailable, TrainConfig, TrainError, WriteError
+from .compile_ahead import start_if_cold
+from .config import MAX_SAMPLE_LEN, DataError, Diverged, TrainConfig, TrainError, WriteError
+from .data import (READ_CHUNK_BYTES, CharTokenizer, CorpusError, Dataset, batch_at,
+                   load_corpus, unigram_entropy)
+from .kernels.linear import product_routes
+from .kernels.threads import cores, restore_threads
+from .model import FusedGPT, decay_segments, kernel_owners
+from .mpi_job import GradientAllReduce, abort_job_on_failure, agree, join, shard_rows
+from .optim import AdamW, lr_at
+from .parallel import ThreadReplicas
 from .preflight import check_memory, check_paths, check_prompt
-from .data import READ_CHUNK_BYTES, CharTokenizer, CorpusError, Dataset, batch_at, load_corpus, \
-    unigram_entropy
-from .step import evaluate, train_step
-from .thread_plan import block_matmul_weights
+from .step import accumulate_and_step, evaluate
+from .thread_plan import ThreadPlan, block_matmul_weights, plan_threads
 
 
 @dataclass
@@ -69,41 +86,56 @@ class TrainResult:
     extra: dict = field(default_factory=dict)
 
 
+# ------------------------------------------------------- what a run is made of
 @dataclass(frozen=True)
-class _RunContext:
-    """What the steps of one run read, built once everything is checked and the
-    clock starts: the settings, the data, the model and its optimizer, this
-    process's place among the others, and where the run reports."""
-    config: TrainConfig
-    dataset: Dataset
-    model: object                      # parallel.ThreadReplicas
-    optimizer: object                  # optim.AdamW
-    allreduce: object                  # parallel.GradientAllReduce, None in one process
-    rows: slice                        # this process's rows of every micro-batch
+class Placement:
+    """Where the run runs: this process's place in the MPI job (one process
+    without --data-parallel) and how it spends its threads."""
+    comm: object                       # the MPI communicator; None in a one-process job
     rank: int
     world_size: int
-    fingerprint: str                   # the corpus's, written into every checkpoint
-    log_file: object                   # the open --log on rank 0, else None
-    say: Callable[[str], None]         # hears the progress lines
-    callback: Callable[[dict], object] | None
-    t_start: float                     # perf_counter() at the start of the first step
+    rows: slice                        # this process's rows of every micro-batch
+    threads: int
+    plan: ThreadPlan                   # replicas or threaded kernels, and why
+    thread_pools: dict                 # what set_threads changed, for restore_threads
 
     @property
     def lead(self) -> bool:
         """Rank 0 alone logs, saves and samples."""
         return self.rank == 0
 
-    def save(self, step: int) -> None:
-        save_checkpoint(self.config.save, self.model, self.optimizer, step, self.config,
-                        self.dataset.tokenizer, self.fingerprint)
+    @property
+    def local_batch(self) -> int:
+        return self.rows.stop - self.rows.start
 
-    def log(self, record: dict, done: bool) -> None:
+
+@dataclass(frozen=True)
+class Start:
+    """What the run starts from, every check passed: the data, the model (thread
+    replicas) with its optimizer, and the step to start at (0, or a checkpoint's)."""
+    dataset: Dataset
+    fingerprint: str                   # the corpus's, written into every checkpoint
+    entropy: float                     # the unigram entropy: the loss to beat
+    model: ThreadReplicas
+    optimizer: AdamW
+    step: int
+
+
+@dataclass(frozen=True)
+class Reports:
+    """Where the run reports: progress lines, a callback per step, the --log file
+    (opened on rank 0 once the loop is about to start)."""
+    say: Callable[[str], None]
+    callback: Callable[[dict], object] | None
+    log_file: object = None
+    log_path: str | None = None
+
+    def log(self, record: dict, steps: int, every: int, done: bool) -> None:
         """A step's record to the --log file, and its progress line when one is due."""
-        config = self.config
         if self.log_file:
-            _write_log(self.log_file, config.log, record)
-        if record["step"] % config.log_every == 0 or "val_loss" in record or done:
-            self.say(progress_line(record, config.steps))
+            _write_log(self.log_file, self.log_path, record)
+        if record["step"] % every == 0 or "val_loss" in record or done:
+            self.say(progress_line(record, steps))
 
 
 # --------------------------------------------------------------------- sampling
@@ -114,7 +146,6 @@ def sample(model, tokenizer: CharTokenizer, prompt: str, length: int = 200,
     Runs a batch-1 copy of the model on a window of the last T characters,
     padded on the right: attention is causal, so the padding cannot change the
     logits at the last real position, and one buffer layout serves every length."""
-    from .model import FusedGPT
     if temperature <= 0:
         raise ValueError(f"sample: temperature must be positive, got {temperature}")
     if not 0 <= length <= MAX_SAMPLE_LEN:
@@ -161,68 +192,48 @@ def train(config: TrainConfig | None = None, *, callback=None, progress=None,
 
     Every check (settings, paths, data, checkpoint, memory) runs before step 1,
     on every process under --data-parallel; a problem on any one of them stops
-    them all with the same TrainError. A failure after step 1 on one process
-    aborts the whole MPI job (the others would wait for it forever)."""
-    from .kernels.threads import restore_threads
-
+    them all with the same TrainError (mpi_job.agree). A failure after step 1 on
+    one process aborts the whole MPI job (the others would wait for it forever)."""
     config = dataclasses.replace(config or TrainConfig(), **overrides)
-    say = progress or (lambda line: None)
-    comm, rank, world_size = _processes(config)
-    comm = comm if world_size > 1 else None
+    reports = Reports(say=progress or (lambda line: None), callback=callback)
+    comm, rank, world_size = join(config.data_parallel)
     with abort_job_on_failure(comm, rank, world_size):
-        config, rows, n_threads, n_replicas, thread_info = agree(
-            comm, lambda: _threads(config, rank, world_size))
+        config, where = agree(comm, lambda: _place(config, comm, rank, world_size))
         try:
-            prepared = agree(comm, lambda: _prepare(config, dataset, rows, n_replicas,
-                                                    saves=rank == 0, say=say))
-            return _run(config, callback, say, prepared, comm, rank, world_size, rows,
-                        n_threads, thread_info["plan"])
+            start = agree(comm, lambda: _prepare(config, dataset, where, reports.say))
+            return _run(config, where, start, reports)
         finally:
-            restore_threads(thread_info)
+            restore_threads(where.thread_pools)
 
 
-def _processes(config):
-    """(comm, rank, world size): MPI's under --data-parallel, else (None, 0, 1)."""
-    if not config.data_parallel:
-        return None, 0, 1
-    from .parallel import MPIUnavailable, world
-    try:
-        return world()
-    except MPIUnavailable as exc:
-        raise ParallelUnavailable(str(exc)) from None
-
-
-def _threads(config, rank, world_size):
-    """Validate the settings, split the batch over processes and threads, set the pools."""
-    from .kernels.threads import cores
-    from .thread_plan import plan_threads
-    from .parallel import shard_rows
+def _place(config: TrainConfig, comm, rank: int, world_size: int):
+    """Validate the settings, split the batch over processes and threads, set the
+    thread pools. Returns (the config with its thread count and mode, Placement)."""
     config.validate()
     try:
         rows = shard_rows(config.batch_size, rank, world_size)
     except ValueError as exc:
         raise TrainError(str(exc)) from None
-    local_batch = rows.stop - rows.start
     n_threads = config.threads or max(1, cores() // world_size)
-    mode, n_replicas, thread_info = plan_threads(
-        n_threads, local_batch, config.block_size, config.thread_mode,
-        block_weights=block_matmul_weights(config.n_layer, config.n_embd))
+    mode, _, pools = plan_threads(n_threads, rows.stop - rows.start, config.block_size,
+                                  config.thread_mode,
+                                  block_weights=block_matmul_weights(config.n_layer,
+                                                                     config.n_embd))
     config = dataclasses.replace(config, threads=n_threads, thread_mode=mode)
-    return config, rows, n_threads, n_replicas, thread_info
+    return config, Placement(comm, rank, world_size, rows, n_threads, pools["plan"], pools)
 
 
-def _prepare(config, dataset, rows, n_replicas, saves=True, say=lambda line: None):
+def _prepare(config: TrainConfig, dataset, where: Placement, say) -> Start:
     """Everything before step 1 that can fail on the user's input: paths, data,
-    prompt, checkpoint, memory; then the model. Returns (dataset, fingerprint,
-    unigram entropy, model, optimizer, first step)."""
+    prompt, checkpoint, memory; then the model, from the checkpoint if resumed."""
     check_paths(config)
-    if config.save and saves:                   # rank 0 alone writes checkpoints
+    if config.save and where.lead:             # rank 0 alone writes checkpoints
         remove_stale_temporaries(config.save)
     dataset, fingerprint, entropy = _load_data(config, dataset, say)
     tok = dataset.tokenizer
     check_prompt(config, tok)
     state = None
-    if config.resume:
+    if config.resume is not None:
         state = load_checkpoint(config.resume)
         check_resume(state, config, tok, fingerprint, config.resume)
         if "attention" not in state["meta"]["config"]:
@@ -230,100 +241,56 @@ def _prepare(config, dataset, rows, n_replicas, saves=True, say=lambda line: Non
                 f"written before checkpoints kept it); resuming with --attention "
                 f"{config.attention}. If it was trained with the other kernel, pass that one "
                 f"to continue bit for bit")
-    check_memory(config, tok.vocab_size, rows.stop - rows.start, n_replicas)
+    check_memory(config, tok.vocab_size, where.local_batch, where.plan.replicas)
     try:
-        model, opt = _build_model(config, tok, rows.stop - rows.start, n_replicas)
+        model, opt = _build_model(config, tok, where)
     except MemoryError:
         raise TrainError(f"out of memory building the model for --batch-size "
                          f"{config.batch_size} and --block-size {config.block_size}; lower "
                          f"them or add --checkpointing") from None
-    start = 0
+    step = 0
     if state is not None:
         model.params.flat[...] = state["params"]
         opt.load_state_dict({"m": state["adam_m"], "v": state["adam_v"],
                              "t": int(state["adam_t"])})
-        start = int(state["meta"]["step"])
-    return dataset, fingerprint, entropy, model, opt, start
+        step = int(state["meta"]["step"])
+    return Start(dataset, fingerprint, entropy, model, opt, step)
 
 
-def agree(comm, prepare):
-    """prepare() on every process; if it raised a TrainError on any, raise one on all
-    (the lowest failing rank's), so that no process starts step 1 alone and waits
-    forever for the others. Without MPI (comm None): just prepare()."""
-    if comm is None:
-        return prepare()
-    failure = None
-    try:
-        result = prepare()
-    except TrainError as exc:
-        failure = exc
-    reports = comm.allgather(None if failure is None else
-                             (type(failure).__name__, failure.exit_code, str(failure)))
-    failed = [(r, report) for r, report in enumerate(reports) if report is not None]
-    if not failed:
-        return result
-    r, (_, code, message) = failed[0]
-    error = failure if r == comm.Get_rank() else TrainError(f"process {r}: {message}")
-    error.exit_code = code
-    error.on_every_rank = True          # the command line prints it once, on rank 0
-    raise error
-
-
-@contextlib.contextmanager
-def abort_job_on_failure(comm, rank, world_size):
-    """Under MPI with several processes: an exception on this one (other than a
-    divergence, which every process sees at the same step) prints the error and
-    aborts the whole job with a non-zero exit, instead of leaving the others
-    blocked in the next all-reduce."""
-    try:
-        yield
-    except BaseException as exc:
-        if comm is None or getattr(exc, "on_every_rank", False) or isinstance(exc, Diverged):
-            raise
-        code = getattr(exc, "exit_code", 130 if isinstance(exc, KeyboardInterrupt) else 1)
-        print(f"error on process {rank} of {world_size}: {type(exc).__name__}: {exc}; "
-              f"aborting all {world_size} processes", file=sys.stderr, flush=True)
-        # The launcher forwards each process's output through a pipe, and Abort
-        # kills every process at once: on a loaded machine the message was once
-        # lost before it was forwarded (the job ended with an empty stderr).
-        time.sleep(0.5)
-        comm.Abort(code)
-        raise
-
-
-def _run(config, callback, say, prepared, comm, rank, world_size, rows, n_threads, thread_plan):
+def _run(config: TrainConfig, where: Placement, start: Start, reports: Reports) -> TrainResult:
     """train() once everything is checked and built: the loop, the last save, the sample."""
-    from .parallel import GradientAllReduce
-    dataset, fingerprint, entropy, model, opt, start = prepared
-    tok = dataset.tokenizer
-    allreduce = GradientAllReduce(comm, model.grads.flat) if comm is not None else None
+    allreduce = GradientAllReduce(where.comm, start.model.grads.flat) if where.comm else None
     stop = min(config.steps, config.stop_at or config.steps)
-    lead = rank == 0
-    log_file = _open_log(config.log) if (config.log and lead) else None
-    header = _header(config, model, dataset, entropy, start, world_size, n_threads, thread_plan)
-    if log_file:
-        _write_log(log_file, config.log, header)
-    if lead:
-        _announce(say, header, model, dataset, config, stop)
-
-    run = _RunContext(config, dataset, model, opt, allreduce, rows, rank, world_size,
-                      fingerprint, log_file, say, callback, t_start=time.perf_counter())
-    history, val_loss, step, stopped_early = _loop(run, start, stop)
-    if config.save and lead and history and "val_loss" not in history[-1]:
-        run.save(step)
-
+    if config.log and where.lead:
+        reports = dataclasses.replace(reports, log_file=_open_log(config.log),
+                                      log_path=config.log)
+    header = _header(config, where, start)
+    if reports.log_file:
+        _write_log(reports.log_file, config.log, header)
+    if where.lead:
+        _announce(reports.say, header, config, stop)
+    t_start = time.perf_counter()
+    history, val_loss, step, stopped_early = _loop(config, where, start, reports, allreduce,
+                                                   stop, t_start)
+    if config.save and where.lead and history and "val_loss" not in history[-1]:
+        _save(config, start, step)
     text_sample = None
-    if config.prompt is not None and lead:
-        text_sample = sample(model, tok, config.prompt, config.sample_len, config.temperature,
-                             config.seed)
-    elapsed = time.perf_counter() - run.t_start
-    result = TrainResult(history, model, opt, dataset, config, entropy, val_loss, step,
-                         elapsed, stopped_early, text_sample, rank)
-    if log_file:
-        _write_log(log_file, config.log, summary(result))
-        log_file.close()
-    model.close()          # helper threads stop; they restart if result.model is used again
+    if config.prompt is not None and where.lead:
+        text_sample = sample(start.model, start.dataset.tokenizer, config.prompt,
+                             config.sample_len, config.temperature, config.seed)
+    result = TrainResult(history, start.model, start.optimizer, start.dataset, config,
+                         start.entropy, val_loss, step, time.perf_counter() - t_start,
+                         stopped_early, text_sample, where.rank)
+    if reports.log_file:
+        _write_log(reports.log_file, config.log, summary(result))
+        reports.log_file.close()
+    start.model.close()    # helper threads stop; they restart if result.model is used again
     return result
+
+
+def _save(config: TrainConfig, start: Start, step: int) -> None:
+    save_checkpoint(config.save, start.model, start.optimizer, step, config,
+                    start.dataset.tokenizer, start.fingerprint)
 
 
 def _open_log(path):
@@ -361,16 +328,12 @@ def _load_data(config, dataset, say=lambda line: None):
     return dataset, fingerprint, unigram_entropy(dataset.train, dataset.tokenizer.vocab_size)
 
 
-def _build_model(config, tok, local_batch, n_replicas):
+def _build_model(config: TrainConfig, tok: CharTokenizer, where: Placement):
     """Model replicas and AdamW with fresh weights; on a cold numba cache, the
     backward's and the optimizer's kernels start compiling in a helper process,
     to be ready when the first forward, compiled here, ends (compile_ahead.py)."""
-    from .compile_ahead import start_if_cold
-    from .model import decay_segments
-    from .optim import AdamW
-    from .parallel import ThreadReplicas
-    cfg = config.model_config(tok.vocab_size)
-    model = ThreadReplicas(cfg, local_batch, n_replicas, seed=config.seed,
+    model = ThreadReplicas(config.model_config(tok.vocab_size), where.local_batch,
+                           where.plan.replicas, seed=config.seed,
                            dtype=np.dtype(config.dtype), checkpointing=config.checkpointing,
                            attention=config.attention)
     start_if_cold(model)
@@ -379,92 +342,90 @@ def _build_model(config, tok, local_batch, n_replicas):
     return model, opt
 
 
-def _header(config, model, dataset, entropy, start, world_size, n_threads, thread_plan) -> dict:
+def _header(config: TrainConfig, where: Placement, start: Start) -> dict:
     """The run's first log record."""
-    from .model import kernel_owners
-    from ..blas import library as blas_library
-    from .kernels.linear import product_routes
-    return {"event": "start", "params": model.num_params(),
+    dataset = start.dataset
+    return {"event": "start", "params": start.model.num_params(),
             "vocab_size": dataset.tokenizer.vocab_size,
             "train_chars": int(len(dataset.train)), "val_chars": int(len(dataset.val)),
-            "unigram_entropy": entropy, "start_step": start, "steps": config.steps,
-            "processes": world_size, "threads": n_threads, "replicas": thread_plan.replicas,
-            "thread_mode": config.thread_mode, "thread_plan": thread_plan.describe(),
-            "blas": blas_library().description,
+            "unigram_entropy": start.entropy, "start_step": start.step, "steps": config.steps,
+            "processes": where.world_size, "threads": where.threads,
+            "replicas": where.plan.replicas, "thread_mode": config.thread_mode,
+            "thread_plan": where.plan.describe(), "blas": blas_library().description,
             "products": product_routes(),
             "tokens_per_step": config.batch_size * config.block_size * config.grad_accum,
             "config": dataclasses.asdict(config),
             "kernels_replaced": {k: v for k, v in kernel_owners().items() if v != "engine"}}
 
 
-def _announce(say, header, model, dataset, config, stop) -> None:
+def _announce(say, header: dict, config: TrainConfig, stop: int) -> None:
     replaced = header["kernels_replaced"]
     if replaced:
         say("kernels not the engine's: " + ", ".join(f"{k} ({v})" for k, v in
                                                     sorted(replaced.items())))
-    say(f"model {model.num_params():,} parameters | corpus {len(dataset.train):,} train / "
-        f"{len(dataset.val):,} val characters, vocabulary {header['vocab_size']} | unigram "
+    say(f"model {header['params']:,} parameters | corpus {header['train_chars']:,} train / "
+        f"{header['val_chars']:,} val characters, vocabulary {header['vocab_size']} | unigram "
         f"entropy {header['unigram_entropy']:.4f} nats | {header['processes']} process(es) x "
         f"{header['threads']} thread(s) ({config.thread_mode}) | steps "
         f"{header['start_step']}->{stop}")
     say(header["thread_plan"])
 
 
-def _loop(run: _RunContext, start: int, stop: int):
-    """Steps start..stop: train, evaluate, log, save. Returns (history, last validation
-    loss, the step reached, whether it stopped early)."""
-    from .optim import lr_at
-    config, train_data = run.config, run.dataset.train
+def _loop(config: TrainConfig, where: Placement, start: Start, reports: Reports, allreduce,
+          stop: int, t_start: float):
+    """Steps start.step..stop: train, evaluate, log, save. Returns (history, last
+    validation loss, the step reached, whether it stopped early)."""
     history: list[dict] = []
     K = config.grad_accum
     tokens_per_step = config.batch_size * config.block_size * K
-    loss_scale = 1.0 / (K * run.world_size)
+    loss_scale = 1.0 / (K * where.world_size)
     recent: list[float] = []
     val_loss = None
     stopped_early = False
-    step = start
-    for step in range(start, stop):
+    step = start.step
+    for step in range(start.step, stop):
         t_step = time.perf_counter()
         lr = lr_at(step, lr=config.lr, warmup=config.warmup, total=config.steps,
                    min_ratio=config.min_lr_ratio)
-        batches = [batch_at(train_data, config.seed, step * K + k, config.batch_size,
+        batches = [batch_at(start.dataset.train, config.seed, step * K + k, config.batch_size,
                             config.block_size) for k in range(K)]
-        record = train_step(run.model, run.optimizer, batches, run.rows, lr=lr,
-                            clip=config.clip, loss_scale=loss_scale, allreduce=run.allreduce)
+        record = accumulate_and_step(start.model, start.optimizer, batches, where.rows, lr=lr,
+                                     clip=config.clip, loss_scale=loss_scale,
+                                     allreduce=allreduce)
         train_time = time.perf_counter() - t_step
         if not (math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])):
             raise Diverged(f"the loss became {record['loss']} (gradient norm "
                            f"{record['grad_norm']}) at step {step + 1}; lower --lr (now "
                            f"{config.lr}) or keep --clip on")
         record["step"] = step + 1
-        phases = record["phases"]
-        if run.world_size > 1:
-            record["rank"] = run.rank
+        if where.world_size > 1:
+            record["rank"] = where.rank
         done = step + 1 == stop
         over_time = (config.time_limit is not None
-                     and time.perf_counter() - run.t_start > config.time_limit)
+                     and time.perf_counter() - t_start > config.time_limit)
         if (step + 1) % config.eval_every == 0 or done or over_time:
             t0 = time.perf_counter()
-            val_loss = evaluate(run.model, run.dataset.val, config, run.rows, run.allreduce)
-            phases["evaluation"] = time.perf_counter() - t0
+            val_loss = evaluate(start.model, start.dataset.val, config, where.rows, allreduce)
+            record["phases"]["evaluation"] = time.perf_counter() - t0
             record["val_loss"] = val_loss
         recent = (recent + [train_time])[-20:]
         record.update(step_time=train_time, tokens_per_s=tokens_per_step / train_time,
-                      phases=phases, elapsed=time.perf_counter() - run.t_start,
+                      elapsed=time.perf_counter() - t_start,
                       time_left=float(np.median(recent)) * (stop - step - 1))
         history.append(record)
-        if run.lead:
-            run.log(record, done)
+        if where.lead:
+            reports.log(record, config.steps, config.log_every, done)
         save_now = config.save and (done or over_time or "val_loss" in record or (
             config.save_every and (step + 1) % config.save_every == 0))
-        if save_now and run.lead:
-            run.save(step + 1)
-        if run.callback is not None and run.callback(record) is False:
+        if save_now and where.lead:
+            _save(config, start, step + 1)
+        if reports.callback is not None and reports.callback(record) is False:
             stopped_early = True
         if over_time:
             stopped_early = True
-            if run.lead:
-                run.say(f"time limit of {config.time_limit:g} s reached after step {step + 1}")
+            if where.lead:
+                reports.say(f"time limit of {config.time_limit:g} s reached after step "
+                            f"{step + 1}")
         if stopped_early:
             step += 1
             break

@@ -16,6 +16,7 @@ from engine.trainer import compile_ahead
 from engine.trainer.data import Dataset
 from engine.trainer.lab import versus_torch
 from engine.trainer.parallel import ThreadReplicas
+from engine.trainer import train as train_module
 from engine.trainer.train import TrainConfig, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,7 +35,7 @@ from engine.trainer.thread_plan import plan_threads
 from engine.trainer.model import decay_segments
 from engine.trainer.optim import AdamW
 from engine.trainer.parallel import ThreadReplicas
-from engine.trainer.step import train_step
+from engine.trainer.step import accumulate_and_step
 cfg = GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=32)
 plan_threads(2, 4, 16, "replicas")
 model = ThreadReplicas(cfg, 4, 2, attention="flash")
@@ -43,7 +44,7 @@ out = {"cold": compile_ahead.cache_was_cold(), "helper": compile_ahead.wait_for_
 if sys.argv[1] == "step":
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3)
     x, y = np.random.default_rng(0).integers(0, 11, (2, 4, 16))
-    train_step(model, opt, [(x, y)], lr=1e-3, clip=1.0)
+    accumulate_and_step(model, opt, [(x, y)], lr=1e-3, clip=1.0)
     def compiled(kernel):
         return sum(kernel.stats.cache_misses.values())
     out.update(forward=compiled(layernorm.layernorm_forward_kernel.serial),
@@ -88,7 +89,7 @@ def _stop_at_start(model):
 
 
 def test_the_trainer_starts_the_helper_for_the_replicas_it_built(monkeypatch):
-    monkeypatch.setattr(compile_ahead, "start_if_cold", _stop_at_start)
+    monkeypatch.setattr(train_module, "start_if_cold", _stop_at_start)
     with pytest.raises(_Started) as started:
         train(TrainConfig(steps=1, n_layer=1, n_head=2, n_embd=32, block_size=16,
                           batch_size=4, threads=2, thread_mode="replicas"),

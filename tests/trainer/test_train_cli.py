@@ -141,7 +141,7 @@ def test_data_helpers():
 
 @pytest.mark.parametrize("replicas", [0, 1, 2])
 def test_accumulated_micro_batches_equal_one_big_batch(dataset, replicas):
-    """train_step: K micro-batches of B with loss/K give the gradient of one batch
+    """accumulate_and_step: K micro-batches of B with loss/K give the gradient of one batch
     of K*B, on a bare GPT (0) or on thread replicas (1, 2)."""
     from engine.trainer.model import FusedGPT, decay_segments
     from engine.trainer.optim import AdamW
@@ -152,7 +152,7 @@ def test_accumulated_micro_batches_equal_one_big_batch(dataset, replicas):
     model = (FusedGPT(cfg, 4, dtype=np.float64) if replicas == 0
              else ThreadReplicas(cfg, 4, replicas, dtype=np.float64))
     opt = AdamW(model.params.flat, decay_segments(model.params), lr=0.0)
-    record = T.train_step(model, opt, [(x1, y1), (x2, y2)], lr=0.0, clip=None,
+    record = T.accumulate_and_step(model, opt, [(x1, y1), (x2, y2)], lr=0.0, clip=None,
                           loss_scale=0.5)
     big = FusedGPT(cfg, 8, dtype=np.float64)
     big.zero_grad()

@@ -252,13 +252,13 @@ def _torch_report(twin, torch_attention, timing, tokens, agreement) -> dict:
 
 
 def _our_step(model, opt, batches, phase_s):
-    """Step i of the benchmark: the trainer's own train_step on batch i, its phases
+    """Step i of the benchmark: the trainer's own accumulate_and_step on batch i, its phases
     added into phase_s."""
-    from ..step import train_step
+    from ..step import accumulate_and_step
 
     def ours(i):
         t0 = time.perf_counter()
-        record = train_step(model, opt, [batches[i]], lr=1e-3, clip=1.0)
+        record = accumulate_and_step(model, opt, [batches[i]], lr=1e-3, clip=1.0)
         wall = time.perf_counter() - t0
         p = record["phases"]
         phase_s["replica 0 forward+backward"] += p["loss"] + p["backward"]
