@@ -20,8 +20,8 @@ Two engines live here and never import each other (tests/test_layering.py):
   `python -m engine.bench`; lessons 10-13.
 
 They share gpt_config (shape and initial weights), timing, numba_config,
-fast_math, constants, and fused_buffers (the fused step's buffers, which the
-budget reads). The exercise checks and the learner's pieces live
+fast_math, constants, blas (which BLAS library, and its threads), and
+fused_buffers (the fused step's buffers, which the budget reads). The exercise checks and the learner's pieces live
 outside the library, in the `coursework` package; the library never imports it.
 
 Lesson <-> module:
@@ -35,18 +35,20 @@ Lesson <-> module:
     04      gradient checking, eps, forward mode     tape: gradcheck.py, eps_sweep.py,
                                                            forward_mode.py
     05      NaN/Inf, broken gradients                tape: anomaly.py
-    06      activation memory, measured              tape: memory.py, nn.py (GPT)
+    06      activation memory, measured              tape: memory.py, nn.py (GPT),
+                                                           gpt_saved.py
     07      the training-step budget                 tape: budget/
     08      accumulation, activation recompute       tape: accumulation.py, recompute.py
                                                      trainer: model.py (checkpointing=True)
     09      precision                                tape: precision.py
     10      fused kernels                            tape: kernels/ (numpy oracle + numba)
-                                                     trainer: kernels/, model.py (FusedGPT)
+                                                     trainer: kernels/, model.py (FusedGPT),
+                                                              kernel_registry.py
     11      embeddings, deterministic scatter-add    tape: kernels/ (embedding_table_grad)
                                                      trainer: kernels/embedding.py, data.py
     12      between backward and step                tape: -
                                                      trainer: optim.py, kernels/adamw.py,
-                                                              parallel.py
+                                                              parallel.py, mpi_job.py
     13      the CPU trainer                          tape: -
                                                      trainer: step.py, train.py, cli.py, lab/,
                                                               checkpoint_files.py

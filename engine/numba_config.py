@@ -246,9 +246,6 @@ def parallel_kernel(fn):
 parallel_only_kernel = functools.partial(numba.njit, parallel=True, **_OPTIONS)
 njit = numba.njit
 
-# The tape's kernels (engine/kernels/fast.py) are numba.njit with these options.
-TAPE_OPTIONS = dict(cache=True, fastmath=TAPE_FASTMATH)
-
 # Column reductions (bias gradients, LayerNorm gains) are summed in this many
 # fixed row chunks, then the chunks in order: the result does not depend on
 # how many threads ran, so a run and its resumed copy agree bit for bit.

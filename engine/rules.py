@@ -634,42 +634,40 @@ def _unrows(a2, moved_shape, axis):
     return np.moveaxis(a2.reshape(moved_shape), -1, axis)
 
 
-class Softmax(Op):
-    """y = exp(x) / sum(exp(x)) along `axis`.  VJP: y * (g - sum(g * y)).
-    Saves its output y."""
-    name = "softmax"
+class _AlongAxis(Op):
+    """An op on whole rows along `axis` (softmax, log-softmax): the rows are moved
+    last for the row kernels `kernels.<kernel>_forward` and `_backward`, then back.
+    Saves its output, which is all either backward needs."""
+    kernel = ""
 
     def forward(self, x, axis=-1):
         self.axis = axis = _softmax_axis(self.name, x, axis)
         x2, self.moved = _rows(x, axis)
-        out = _unrows(kernels.softmax_forward(x2), self.moved, axis)
+        out = _unrows(getattr(kernels, f"{self.kernel}_forward")(x2), self.moved, axis)
         self.save(out=out)
         return out
 
     def vjp(self, g):
         g2, _ = _rows(g, self.axis)
         y2, _ = _rows(self.out, self.axis)
-        return (_unrows(kernels.softmax_backward(g2, y2), self.moved, self.axis),)
+        dx = getattr(kernels, f"{self.kernel}_backward")(g2, y2)
+        return (_unrows(dx, self.moved, self.axis),)
+
+
+class Softmax(_AlongAxis):
+    """y = exp(x) / sum(exp(x)) along `axis`.  VJP: y * (g - sum(g * y)).
+    Saves its output y."""
+    name = "softmax"
+    kernel = "softmax"
 
     def jvp(self, t):  # the softmax Jacobian is symmetric, so J t = J^T t
         return self.vjp(t)[0]
 
 
-class LogSoftmax(Op):
+class LogSoftmax(_AlongAxis):
     """y = x - log(sum(exp(x))) along `axis`.  VJP: g - exp(y) * sum(g)."""
     name = "log_softmax"
-
-    def forward(self, x, axis=-1):
-        self.axis = axis = _softmax_axis(self.name, x, axis)
-        x2, self.moved = _rows(x, axis)
-        out = _unrows(kernels.log_softmax_forward(x2), self.moved, axis)
-        self.save(out=out)
-        return out
-
-    def vjp(self, g):
-        g2, _ = _rows(g, self.axis)
-        y2, _ = _rows(self.out, self.axis)
-        return (_unrows(kernels.log_softmax_backward(g2, y2), self.moved, self.axis),)
+    kernel = "log_softmax"
 
     def jvp(self, t):  # J t = t - sum(softmax * t)
         p = np.exp(self.out)

@@ -21,10 +21,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ROOT / "engine"
 
-# Helpers both engines may import.
-SHARED = {"engine", "engine._versions", "engine.gpt_config", "engine.timing",
-          "engine.numba_config", "engine.fast_math", "engine.constants", "engine.blas",
-          "engine.fused_buffers"}
+# The modules both engines share: exactly those the trainer imports from outside
+# its wing (test_the_shared_list_is_what_the_trainer_imports), and every text that
+# names them lists these (test_every_copy_of_the_shared_list_names_the_shared_modules).
+SHARED_MODULES = {"engine.gpt_config", "engine.timing", "engine.numba_config",
+                  "engine.fast_math", "engine.constants", "engine.blas", "engine.fused_buffers"}
+# The package itself and the version check its __init__ runs: every import of engine.* loads them.
+PACKAGE = {"engine", "engine._versions"}
+SHARED = SHARED_MODULES | PACKAGE
 # Modules of the trainer wing outside engine/trainer/: the command-line entries.
 TRAINER_ENTRIES = {"engine.train", "engine.bench"}
 LAB = "engine.trainer.lab"
@@ -90,6 +94,16 @@ def test_the_trainer_and_the_tape_do_not_import_each_other():
             assert is_trainer(name) == is_trainer(dep), (
                 f"{name} ({'trainer' if is_trainer(name) else 'tape'}) imports {dep} "
                 f"({'trainer' if is_trainer(dep) else 'tape'})")
+
+
+def test_the_shared_list_is_what_the_trainer_imports():
+    """SHARED_MODULES names no module the trainer has stopped using, and misses none."""
+    outside = {dep for name, deps in graph().items() if is_trainer(name)
+               for dep in deps if not is_trainer(dep)} - PACKAGE
+    assert outside == SHARED_MODULES, (
+        f"the trainer imports {sorted(outside - SHARED_MODULES)} beyond SHARED_MODULES and "
+        f"no longer imports {sorted(SHARED_MODULES - outside)}; update SHARED_MODULES and "
+        f"the texts that list them")
 
 
 def in_lab(name: str) -> bool:
@@ -220,3 +234,112 @@ def test_the_tape_and_the_budget_load_no_numba(command):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stderr.strip().splitlines()[-1] == "[]", out.stderr
+
+
+# ------------------------------------------------------------- orientation texts
+# Where the list of shared modules is written for a reader: (file, the words that
+# open the passage, the words that close it).
+SHARED_LIST_COPIES = [
+    ("engine/__init__.py", "They share", "The exercise checks"),
+    ("engine/trainer/__init__.py", "the two engines share", "\n\n"),
+    ("CONTRIBUTING.md", "what both engines may import:", "`SHARED_MODULES` in"),
+    ("CONTRIBUTING.md", "Shared by both engines:", "`tests/test_layering.py` checks"),
+]
+
+
+def _passage(relative: str, opening: str, closing: str) -> str:
+    text = (ROOT / relative).read_text()
+    start = text.index(opening)
+    return text[start:text.index(closing, start)]
+
+
+@pytest.mark.parametrize("relative,opening,closing", SHARED_LIST_COPIES,
+                         ids=[f"{c[0]}: {c[1]}" for c in SHARED_LIST_COPIES])
+def test_every_copy_of_the_shared_list_names_the_shared_modules(relative, opening, closing):
+    import re
+    top_level = {p.stem for p in ENGINE.iterdir() if p.suffix == ".py" or
+                 (p / "__init__.py").exists()} - {"__init__", "trainer"}
+    passage = re.sub(r"\([^)]*\)", "", _passage(relative, opening, closing))  # asides
+    named = {w for w in re.findall(r"[a-z_]+", passage) if w in top_level}
+    want = {m.rpartition(".")[2] for m in SHARED_MODULES}
+    assert named == want, (f"{relative} lists {sorted(named)} as shared; the code shares "
+                           f"{sorted(want)} (tests/test_layering.py SHARED_MODULES)")
+
+
+def _files_named(text: str) -> set[str]:
+    """Module and folder names in a cell of a lesson <-> module table."""
+    import re
+    return set(re.findall(r"(?:[a-z_]+/)*[a-z_]+\.py|[a-z_]+/(?![a-z_])", text))
+
+
+def lesson_table_of_the_package() -> dict[str, tuple[set, set]]:
+    """engine/__init__.py's table: lessons -> (tape files, trainer files)."""
+    import re
+    text = (ENGINE / "__init__.py").read_text()
+    text = text.split("Lesson <-> module:")[1].split("Adding an op")[0]
+    rows: dict[str, list[str]] = {}
+    lessons = None
+    for line in text.splitlines():
+        start = re.match(r"\s{4}(\d\d(?:, \d\d)*)\s{2,}", line)
+        if start:
+            lessons = start.group(1)
+            rows[lessons] = []
+        if lessons is not None:
+            rows[lessons].append(line)
+    table = {}
+    for lessons, lines in rows.items():
+        tape, _, trainer = "\n".join(lines).partition("trainer:")
+        table[lessons] = (_files_named(tape.partition("tape:")[2]), _files_named(trainer))
+    return table
+
+
+def lesson_table_of_the_guide() -> dict[str, tuple[set, set]]:
+    """CONTRIBUTING.md's table: lessons -> (tape files, trainer files)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    text = text.split("### Lesson <-> module")[1].strip().split("\n\n")[0]
+    table = {}
+    for line in text.splitlines()[2:]:
+        _, tape, trainer, lessons = [c.strip() for c in line.strip().strip("|").split("|")]
+        table[lessons] = (_files_named(tape), _files_named(trainer))
+    return table
+
+
+def test_the_lesson_module_tables_agree_and_name_files_that_exist():
+    package, guide = lesson_table_of_the_package(), lesson_table_of_the_guide()
+    assert package == guide, (
+        "engine/__init__.py's and CONTRIBUTING.md's lesson <-> module tables differ: "
+        + "; ".join(f"{k}: {package.get(k)} against {guide.get(k)}"
+                    for k in sorted(set(package) | set(guide)) if package.get(k) != guide.get(k)))
+    for lessons, (tape, trainer) in package.items():
+        for folder, names in ((ENGINE, tape), (ENGINE / "trainer", trainer)):
+            for name in names:
+                assert (folder / name).exists(), (
+                    f"lesson {lessons} names {name}, which is not in "
+                    f"{folder.relative_to(ROOT)}/")
+
+
+def test_the_trainers_file_index_lists_every_file():
+    """engine/trainer/__init__.py's index names each module and folder of the trainer."""
+    import re
+    text = (ENGINE / "trainer" / "__init__.py").read_text()
+    listed = set(re.findall(r"^    ([a-z_]+\.py|[a-z_]+/)", text, re.M))
+    present = ({p.name for p in (ENGINE / "trainer").glob("*.py") if p.name != "__init__.py"}
+               | {p.name + "/" for p in (ENGINE / "trainer").iterdir()
+                  if (p / "__init__.py").exists()})
+    assert listed == present, (f"the index lacks {sorted(present - listed)} and names "
+                               f"{sorted(listed - present)}, which do not exist")
+
+
+def test_measurement_tables_are_cited_where_they_are():
+    """A text citing THREADS.md or PERFORMANCE.md by anchor cites a heading that exists,
+    in the lab's files."""
+    import re
+    lab = ENGINE / "trainer" / "lab"
+    anchors = {name: {_anchor(line.lstrip("#")) for line in (lab / name).read_text()
+                      .splitlines() if line.startswith("#")}
+               for name in ("THREADS.md", "PERFORMANCE.md")}
+    assert not (ENGINE / "trainer" / "THREADS.md").exists(), "THREADS.md belongs in lab/"
+    for path in sorted(ENGINE.rglob("*.py")):
+        for name, anchor in re.findall(r"(THREADS\.md|PERFORMANCE\.md)#([a-z0-9-]+)",
+                                       path.read_text()):
+            assert anchor in anchors[name], f"{path.relative_to(ROOT)} cites {name}#{anchor}"

@@ -12,25 +12,17 @@ numba's and BLAS's pools from its answer). The rule, in order:
    enough of the cores busy: R >= KERNEL_THREAD_WORTH x threads. Otherwise one
    model runs with all the threads in its kernels (1 x threads, B rows).
 
-What the constants rest on: `python -m engine.bench` on two 16-core x86
-machines with AVX-512 and OpenBLAS, PyTorch eager in the same run (tiny
-GPT T=128 L=4 H=4 C=128, and wide L=6 H=8 C=256); THREADS.md has the tables.
+Why each constant has its value, with the measurements it rests on (two
+16-core x86 machines, `python -m engine.bench` beside PyTorch eager in the same
+run), is in lab/THREADS.md#what-it-rests-on; in one line each:
 
-* Up to 8 threads, one replica per thread was the fastest plan measured
-  (1.18x-1.96x PyTorch at 4 and 8 threads).
-* CROWD = 8 and MIN_CROWD_FLOPS = 6e9: beyond eight, replicas fight over
-  memory and their gradient sum grows. Sixteen replicas of 512 tokens lost to
-  16-thread kernels for tiny (2.4 GFLOP each: 122.8 against 89.2 ms/step) and
-  won for wide (14.5 GFLOP each: 293 against 410 ms/step, 1.39x PyTorch); 6e9
-  is the geometric middle, unmeasured in between.
-* MIN_REPLICA_TOKENS = 256: 16 replicas of one 128-token sequence each (batch
-  16) ran 0.34x PyTorch. With two replicas the sum is a single addition, and
-  replicas stay the better plan.
-* KERNEL_THREAD_WORTH = 0.57: one model with 16-thread kernels did tiny batch
-  64 in 89.2 ms/step and 8 replicas on 8 cores in 102.0, so a kernel thread at
-  16 threads does 8 x 102.0 / 89.2 / 16 ~ 0.57 of a replica's work: 8 replicas
-  on 16 cores lose to 16 kernel threads (measured again: 85.9 against 94.8
-  ms/step at batch 64, 26.2 against 40.5 at batch 16).
+* CROWD, MIN_CROWD_FLOPS: beyond eight replicas only large ones pay for their
+  memory traffic and gradient sum; 6 GFLOP lies between a size that lost and
+  one that won.
+* MIN_REPLICA_TOKENS: replicas of one short sequence each have products too
+  small to run fast.
+* KERNEL_THREAD_WORTH: a kernel thread at 16 threads did about 0.57 of a
+  replica's work.
 
 On two cores the rule chooses what the trainer always ran there: two
 replicas for an even batch, else one model with both threads.

@@ -1,8 +1,9 @@
 """How many threads the trainer's two thread pools use: numba's and BLAS's.
 
-A step alternates numba kernels (numba's OpenMP threads) and matrix products
-(the threads of the BLAS engine.blas chose: OpenBLAS's own, or MKL's). Both
-pools default to one thread per core. Under data parallelism with several
+A step runs numba kernels (on numba's thread pool) and matrix products, those
+that linear.py routes to BLAS on the threads of the BLAS engine.blas chose
+(OpenBLAS's own, or MKL's); `product_routes()` says which products go where.
+Both pools default to one thread per core. Under data parallelism with several
 processes on one machine, each process must take its share of the cores, or
 the pools of all processes fight over them and every barrier waits for a
 thread that is not running.
@@ -10,8 +11,8 @@ thread that is not running.
 `set_threads(n)` sets both pools (`set_threads(n, blas=1)`: n numba threads,
 single-threaded BLAS, as the trainer's replicas want: each replica runs
 its kernels under `one_numba_thread()`, and what runs between replicas,
-the gradient norm and the AdamW update, uses all n). The BLAS pool is reached through the
-`openblas_set_num_threads` entry point of every OpenBLAS loaded (numpy's and
+the gradient norm and the AdamW update, uses all n). The BLAS pool is reached
+through the `openblas_set_num_threads` entry point of every OpenBLAS loaded (numpy's and
 SciPy's) and MKL's own call when the engine uses MKL (engine.timing); with
 another BLAS (Accelerate) that part is skipped and reported.
 """
@@ -60,7 +61,8 @@ def restore_threads(info: dict) -> None:
 
 def single_threaded() -> bool:
     """Whether the calling thread runs numba kernels on one thread (a model
-    replica): the attention kernels then take their BLAS build."""
+    replica): the attention kernels then take their one-thread build (blocked
+    products in vector registers, cpu/register_tiles.py), not their prange one."""
     return numba.get_num_threads() == 1
 
 

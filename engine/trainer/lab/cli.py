@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thread-mode", choices=THREAD_MODES, default=None,
                    help="replicas: one model copy per thread; kernels: one model with "
                         "multi-threaded kernels (default: the trainer's rule chooses, "
-                        "engine/trainer/THREADS.md)")
+                        "engine/trainer/lab/THREADS.md)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument("--torch-attention", choices=("sdpa", "manual"), default="sdpa")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -271,9 +271,8 @@ def _tile_gemm_pointers(a, b, out, pack, packed, m, n, k, a_rs, a_ks, ldb, ldo, 
 _float32_pointer = types.CPointer(types.float32)
 _compiled = cfunc(types.void(*([_float32_pointer] * 4), *([types.intp] * 9), types.float32,
                              types.float32), cache=True, nopython=True)(_tile_gemm_pointers)
-# The symbol is named after this module, so that a second copy of the engine in the
-# same process (tools/ab_steps.py imports an older commit's as engine_before) links
-# its callers to its own tiles, not to whichever copy registered the name last.
+# LLVM's symbol table is one per process: the name is this module's full name, so
+# that each copy of the engine a process imports links its callers to its own tiles.
 _SYMBOL = __name__.replace(".", "_") + "_f32"
 llvm.add_symbol(_SYMBOL, _compiled.address)
 _tile_gemm_f32 = types.ExternalFunction(
