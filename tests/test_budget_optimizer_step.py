@@ -217,23 +217,12 @@ CPU_CASES = [
 
 
 def _predicted(cfg: BudgetConfig) -> tuple:
-    """((bytes, moment) of step 2's peak, the same of step 1's): the real step's
-    forward and loss moments with this module's optimizer step and end of the
-    backward in place of today's optimizer moment."""
-    from engine.budget.real_step import largest_parameter, real_step
-    fixed = fixed_bytes(cfg)
-    step = real_step(cfg, fixed, largest_parameter(cfg), device="cpu")
-
-    def peak(moments, first):
-        found = {m.name: m.bytes for m in moments if m.name != "the optimizer step"}
-        found["the optimizer step"] = sum(b for _, b in opt.optimizer_moment(cfg, fixed))
-        found["the end of the backward"] = sum(
-            b for _, b in opt.backward_end_moment(cfg, fixed, first_step=first))
-        found["the head's backward"] = sum(
-            b for _, b in opt.head_backward_moment(cfg, fixed, step.saved, first_step=first))
-        name = max(found, key=found.get)
-        return found[name], name
-    return peak(step.moments, False), peak(step.first_step, True)
+    """((bytes, moment) of step 2's peak, the same of step 1's), from the budget's
+    own step (engine.budget.framework_step), whose moments use this module's terms."""
+    from engine.budget.framework_step import framework_step
+    step = framework_step(cfg, fixed_bytes(cfg), device="cpu")
+    return ((step.peak_moment.bytes, step.peak_moment.name),
+            (step.first_step_peak_moment.bytes, step.first_step_peak_moment.name))
 
 
 @pytest.mark.parametrize("model, optimizer, impl, shape, decides, decides_first", CPU_CASES,

@@ -45,7 +45,8 @@ def test_zero_shards_nothing_on_one_device_and_never_the_activations():
     one = bm.budget(replace(ZERO_7_5B, devices=1, zero=3))
     assert one.fixed_per_device == one.fixed and one.communication == ()
     many = bm.budget(replace(ZERO_7_5B, zero=3))
-    assert many.activations == one.activations
+    assert (many.activations.saved, many.activations.peak, many.activations.items) == (
+        one.activations.saved, one.activations.peak, one.activations.items)
     assert many.tokens_per_step_all_devices == 64 * bm.tokens_per_step(many.config)
 
 

@@ -75,7 +75,7 @@ def peak_moment_html(b: B.Budget) -> str:
     the forward keeps (engine.budget's breakdown of the activations)."""
     parts = []
     step = b.activations.step
-    if step is not None:
+    if b.real_step:
         parts.append(f"peak during {html.escape(step.peak_moment.name)}")
         if b.peak_first_step != b.peak:
             parts.append(f"step 1 peaks at {B.human_bytes(b.peak_first_step)}")

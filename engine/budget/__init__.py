@@ -114,7 +114,8 @@ from .measure import (MEASURE_MAX_ACTIVATION_BYTES, MEASURE_MAX_FLOPS, MEASURE_M
 from .total import (Budget, budget, crossover_batch, batch_sweep, recompute_tradeoff)
 from .report import (human_bytes, human_flops, describe, describe_breakdown, human_count,
                      human_device_memory, human_seconds)
-from .real_step import Moment, RealStep, real_step, real_step_activations
+from .moments import STEP_TERMS, Moment, StepMoments, StepTerm, peak
+from .framework_step import framework_step, real_step_activations
 from .cli import (config_from_args, main)
 
 __all__ = ['KNOBS', 'Knob', 'OPTIMIZER_IMPLS', 'OUTPUTS', 'BACKENDS', 'knob', 'shown_on',
@@ -137,5 +138,5 @@ __all__ = ['KNOBS', 'Knob', 'OPTIMIZER_IMPLS', 'OUTPUTS', 'BACKENDS', 'knob', 's
            'llama_layer_ops', 'layer_ops', 'Device', 'DEVICES', 'THIS_MACHINE',
            'device_figures', 'sgemm_flops', 'this_machine', 'SHARDED', 'per_device_fixed',
            'communication', 'DeviceFit', 'largest_micro_batch', 'read_hf_config',
-           'config_from_hf', 'human_seconds', 'describe_breakdown', 'human_device_memory', 'Moment', 'RealStep',
-           'real_step', 'real_step_activations']
+           'config_from_hf', 'human_seconds', 'describe_breakdown', 'human_device_memory', 'Moment', 'StepMoments',
+           'STEP_TERMS', 'StepTerm', 'peak', 'framework_step', 'real_step_activations']

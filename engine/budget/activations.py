@@ -8,7 +8,10 @@ from dataclasses import replace
 from .config import BudgetConfig, BudgetError, LOGITS_BYTES, MASK_BYTES, RECOMPUTE, STORAGE_BYTES
 from .. import fused_buffers, gpt_saved
 from .kept import Activations, Saved
-from .real_step import real_step_activations
+from .counts import fixed_bytes
+from .framework_step import real_step_activations
+from .moments import textbook_moments
+from .sharding import per_device_fixed
 
 
 # ---------------------------------------------------------------- activations
@@ -212,15 +215,19 @@ def _transformer_activations(cfg: BudgetConfig) -> Activations:
 
 
 def activations(cfg: BudgetConfig) -> Activations:
-    """Activation bytes of one micro-batch under `cfg.activation_model`."""
+    """Activation bytes of one micro-batch under `cfg.activation_model`, with the
+    step's moments (`step`), whose largest is the peak."""
     cfg.validate()
+    if cfg.activation_model in ("pytorch", "hf"):
+        return real_step_activations(cfg)
     if cfg.activation_model == "rule":
-        return _rule_activations(cfg)
-    if cfg.activation_model == "transformer":
-        return _transformer_activations(cfg)
-    if cfg.activation_model == "engine":
-        return engine_activations(cfg)
-    return real_step_activations(cfg)
+        acts = _rule_activations(cfg)
+    elif cfg.activation_model == "transformer":
+        acts = _transformer_activations(cfg)
+    else:
+        acts = engine_activations(cfg)
+    fixed = per_device_fixed(cfg, fixed_bytes(cfg))
+    return replace(acts, step=textbook_moments(fixed, acts.saved, acts.peak, acts.items))
 
 
 # ----------------------------------------------------- "this engine" model

@@ -219,7 +219,7 @@ def measured_beside_predicted(cfg: BudgetConfig) -> dict:
     """Run the step in PyTorch (see engine.budget.torch_step) and predict the
     very step that ran, on the device it ran on."""
     from .counts import fixed_bytes
-    from .real_step import real_step_activations
+    from .framework_step import real_step_activations
     from .torch_step import measure_step
     print("measuring: building the model in PyTorch and running two training steps ...",
           file=sys.stderr, flush=True)

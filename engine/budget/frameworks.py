@@ -55,6 +55,10 @@ def resolved_optimizer_impl(cfg) -> tuple[str | None, str]:
     if cfg.optimizer_impl != DEFAULT:
         return cfg.optimizer_impl, "--optimizer-impl"
     fw = framework(cfg)
+    if fw.name == "pytorch" and cfg.backend == "cpu":
+        # _default_to_fused_or_foreach picks foreach only when every tensor sits on a
+        # device of its foreach list (CUDA-like), never on the CPU
+        return "for-loop", "torch.optim.AdamW(params) on the CPU"
     return fw.optimizer_impl, fw.optimizer_why
 
 

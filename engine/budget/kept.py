@@ -40,7 +40,7 @@ class Activations:
     saved: int            # alive at the end of the forward pass
     peak: int             # most alive at any moment of the forward and backward
     items: tuple = ()     # the Saved entries behind `saved`
-    step: object = None   # a real framework's step (real_step.RealStep): its
+    step: object = None   # the step's moments (moments.StepMoments): its
     #                       moments; `peak` is then the step's peak minus the fixed bytes
 
     @property

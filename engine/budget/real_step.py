@@ -32,16 +32,13 @@ dropout kernel keeps a bool mask) and a float of the input's dtype on the CPU.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-from .kept import Activations, Saved
-from .config import REAL_STEP_MODELS, BudgetConfig
-from .counts import fixed_bytes
-from .sharding import per_device_fixed
+from .backends import backend as backend_of
+from .kept import Saved
+from .moments import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, RECOMPUTED
+from .config import BudgetConfig
 
 FP32 = 4
 INDEX = 8         # int64 token ids and labels
-ADAMW_TEMPORARIES = 2  # single-tensor AdamW: sqrt(v) and its quotient, one parameter's size
 
 
 # ------------------------------------------------------------------ dtypes
@@ -50,9 +47,10 @@ def compute_bytes(cfg: BudgetConfig) -> int:
     return FP32 if cfg.precision == "fp32" else 2
 
 
-def mask_bytes(cfg: BudgetConfig, device: str) -> int:
-    """A dropout mask element: bool on CUDA, the input's float dtype on the CPU."""
-    return 1 if device == "cuda" else compute_bytes(cfg)
+def mask_bytes(cfg: BudgetConfig, device: str, input_bytes: int = 0) -> int:
+    """A dropout mask element: bool on CUDA, on the CPU a float of the input's
+    dtype (`input_bytes`; 0: the compute dtype, what most dropouts read)."""
+    return backend_of(device).dropout_mask_bytes(input_bytes or compute_bytes(cfg))
 
 
 def use_cache_on(cfg: BudgetConfig) -> bool:
@@ -127,13 +125,42 @@ def _attention_core(cfg: BudgetConfig, device: str) -> list[Saved]:
     output when dropout is on."""
     n_scores = cfg.n_head * cfg.seq_len * cfg.seq_len * cfg.micro_batch
     lo = compute_bytes(cfg)
-    items = [Saved("softmax", "probabilities P (fp32)", n_scores, FP32)]
+    # transformers' softmax is fp32 everywhere (GPT-2 adds an fp32 mask, LLaMA
+    # asks for fp32); nanoGPT's F.softmax follows autocast's list: fp32 on
+    # CUDA, the scores' 16 bits on the CPU
+    p = FP32 if cfg.activation_model == "hf" else backend_of(device).output_bytes(
+        "softmax", lo, cfg.autocast)
+    items = [Saved("softmax", f"probabilities P ({'fp32' if p == FP32 else '16-bit'})",
+                   n_scores, p)]
     if cfg.dropout:  # P @ V keeps dropout's output (cast to 16 bits under autocast)
-        items += [Saved("attention dropout", "mask", n_scores, mask_bytes(cfg, device)),
+        # dropout reads P cast to V's dtype (GPT-2) or Q's (LLaMA: Q rotated by
+        # fp32 cos/sin is fp32 under autocast); nanoGPT's P as its softmax made it
+        mask_input = p if cfg.activation_model == "pytorch" else (
+            FP32 if cfg.architecture == "llama" else lo)
+        items += [Saved("attention dropout", "mask", n_scores, mask_bytes(cfg, device, mask_input)),
                   Saved("P @ V", "P after dropout", n_scores, lo)]
-    elif cfg.autocast:
+    elif p != lo:
         items.append(Saved("P @ V", "P, 16-bit copy", n_scores, lo))
     return items
+
+
+def _sdpa_math(cfg: BudgetConfig, device: str) -> list[Saved]:
+    """SDPA's math path (`_scaled_dot_product_attention_math`, what the CPU
+    runs with dropout): it upcasts to fp32 and repeats K and V to every head;
+    its matmuls keep copies of Q and K^T (each scaled by sqrt(scale)) and of
+    V, its softmax the probabilities, dropout its mask and P @ V the
+    probabilities after dropout. The output, cast back, is copied for the
+    projection. Q|K|V and the cache's K and V are not kept."""
+    n, q, lo = cfg.micro_batch * cfg.seq_len, cfg.q_width, compute_bytes(cfg)
+    n_scores = cfg.n_head * cfg.seq_len * cfg.seq_len * cfg.micro_batch
+    math = backend_of(device).math_bytes
+    return [Saved("SDPA math: Q @ K^T", "Q scaled (fp32 copy)", n * q, math),
+            Saved("SDPA math: Q @ K^T", "K^T scaled (fp32 copy, every head)", n * q, math),
+            Saved("SDPA math: softmax", "probabilities P (fp32)", n_scores, math),
+            Saved("SDPA math: dropout", "mask", n_scores, mask_bytes(cfg, device, math)),
+            Saved("SDPA math: P @ V", "P after dropout (fp32)", n_scores, math),
+            Saved("SDPA math: P @ V", "V (fp32 copy, every head)", n * q, math),
+            Saved("projection matmul", "SDPA's output (copy)", n * q, lo)]
 
 
 def _attention(cfg: BudgetConfig, device: str, k: int, qkv_fused: bool) -> list[Saved]:
@@ -142,6 +169,8 @@ def _attention(cfg: BudgetConfig, device: str, k: int, qkv_fused: bool) -> list[
     n, q, lo = cfg.micro_batch * cfg.seq_len, cfg.q_width, compute_bytes(cfg)
     rows = cfg.micro_batch * cfg.n_head * cfg.seq_len  # one number per query row
     cache = keeps_kv_cache(cfg)
+    if cfg.attention == "flash" and backend_of(device).sdpa_math(cfg.dropout):
+        return _sdpa_math(cfg, device)
     if cfg.attention == "flash":
         items = []
         if qkv_fused:
@@ -194,10 +223,13 @@ def gpt2_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
               Saved("fc matmul", "input (layer norm 2's output)", n * h, lo)]
     if cfg.activation_model == "hf":
         # GELU as transformers' "gelu_new": 0.5*x*(1+tanh(c*(x+0.044715*x**3))).
-        # pow is on autocast's fp32 list, so x**3 and everything after it is fp32.
-        items += [Saved("GELU: x ** 3", "x (fp32)", n * f, FP32),
-                  Saved("GELU: tanh", "output", n * f, FP32),
-                  Saved("GELU: product", "1 + tanh(...)", n * f, FP32),
+        # pow is on CUDA's autocast fp32 list, so x**3 and everything after it
+        # is fp32 there; the CPU's list leaves pow in the input's 16 bits.
+        g = backend_of(device).output_bytes("pow", lo, cfg.autocast)
+        items += [Saved("GELU: x ** 3", "x (fp32 copy)" if g != lo else "x (fc's output)",
+                        n * f, g),
+                  Saved("GELU: tanh", "output", n * f, g),
+                  Saved("GELU: product", "1 + tanh(...)", n * f, g),
                   Saved("GELU: product", "0.5 * x", n * f, lo),
                   Saved("fc-proj matmul", "input (GELU's output)", n * f, lo)]
     else:  # F.gelu(approximate="tanh"): one op, not on any autocast list
@@ -290,8 +322,8 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     lo = compute_bytes(cfg)
     items = []
     if cfg.dropout and cfg.architecture != "llama":  # GPT-2's embd_pdrop; LLaMA has none
-        items.append(Saved("embedding dropout", "mask", n * h, mask_bytes(cfg, device),
-                           until_end=True))
+        items.append(Saved("embedding dropout", "mask", n * h,  # of the fp32 embeddings' sum
+                           mask_bytes(cfg, device, FP32), until_end=True))
     if cfg.architecture == "llama":
         items += [Saved("final rms norm", "input (fp32)", n * h, FP32),
                   Saved("final rms norm", "1/rms and x / rms", n + n * h, FP32),
@@ -303,8 +335,11 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     items.append(Saved("head matmul", "input (the final norm's output)", n * h, lo))
     if cfg.autocast:
         items.append(Saved("head matmul", "weight, 16-bit copy", V * h, lo))
-    if cfg.activation_model == "pytorch":  # the caller holds the returned logits
-        items.append(Saved("head matmul", "logits (returned to the caller)", n * V, lo))
+    if outputs_kept(cfg):  # the caller holds the returned logits (and the cache)
+        items.append(Saved("the caller's output", "logits", n * V, lo))
+        if kv_cache_kept_unsaved(cfg, device):
+            items.append(Saved("the caller's output", "key/value cache attention did not keep",
+                               kv_cache_kept_unsaved(cfg, device), 1))
     items.append(Saved("cross-entropy", "log_softmax output (fp32)", n * V, FP32))
     if cfg.activation_model == "hf":  # the labels, shifted by one: a new int64 tensor
         items.append(Saved("cross-entropy", "shifted labels (int64)", n, INDEX))
@@ -320,115 +355,51 @@ def vocab_fp32_bytes(cfg: BudgetConfig) -> int:
     return cfg.micro_batch * cfg.seq_len * cfg.vocab_size * FP32
 
 
-# --------------------------------------------------------------- the step
-@dataclass(frozen=True)
-class Moment:
-    """One moment of the step and what is alive then, largest terms first."""
-    name: str
-    alive: tuple  # (what, bytes) pairs
-
-    @property
-    def bytes(self) -> int:
-        return sum(b for _, b in self.alive)
+# ------------------------------------------------------- what the loop keeps
+def outputs_kept(cfg: BudgetConfig) -> bool:
+    """Whether the loop holds the model's output through backward ("default":
+    its framework's loop; nanoGPT's keeps the logits, the Trainer only the loss)."""
+    setting = getattr(cfg, "resolved_outputs", None) or getattr(cfg, "outputs", "default")
+    if setting not in ("kept", "freed"):
+        setting = "kept" if cfg.activation_model == "pytorch" else "freed"
+    return setting == "kept"
 
 
-@dataclass(frozen=True)
-class RealStep:
-    """The saved tensors of one micro-batch and the step's candidate peaks."""
-    items: tuple          # Saved entries alive at the end of the forward
-    moments: tuple        # Moment, steady state (AdamW's state exists)
-    first_step: tuple     # Moment, the first step
-
-    @property
-    def saved(self) -> int:
-        return sum(x.bytes for x in self.items)
-
-    @property
-    def peak_moment(self) -> Moment:
-        return max(self.moments, key=lambda m: m.bytes)
-
-    @property
-    def first_step_peak_moment(self) -> Moment:
-        return max(self.first_step, key=lambda m: m.bytes)
+def kv_cache_kept_unsaved(cfg: BudgetConfig, device: str = "cuda") -> int:
+    """Bytes of the output's key/value cache that attention's backward does not
+    keep. SDPA's math path keeps fp32 copies instead, except of a V it can
+    use as it is (fp32 already, one per head: its bmm reads the cache's V)."""
+    if cfg.attention == "flash" and backend_of(device).sdpa_math(cfg.dropout):
+        n, k, lo = cfg.micro_batch * cfg.seq_len, cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
+        v_read = lo == backend_of(device).math_bytes and cfg.kv_heads == cfg.n_head
+        return kv_cache_bytes(cfg) - (cfg.n_layer * n * k * lo if v_read and keeps_kv_cache(cfg)
+                                      else 0)
+    return kv_cache_unsaved_bytes(cfg)
 
 
-def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int]:
-    """Saved entries (blocks then outside), and the bytes of one block."""
-    L, n, h = cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
-    block = block_saved(cfg, device)
-    one_block = sum(x.bytes for x in block)
-    if cfg.recompute == "full":  # each block keeps only its input
-        blocks = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, L)]
-    else:
-        blocks = [replace(x, count=L) for x in block]
-    return blocks, outside_saved(cfg, device), one_block
+def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",
+                      first_step: bool = False) -> dict[str, list[tuple[str, int]]]:
+    """What the model's output adds to each moment of the step, beyond the
+    forward's saved tensors (`outside_saved` already carries a kept output's
+    logits and unkept cache through the loss's backward).
 
-
-def real_step(cfg: BudgetConfig, fixed: dict[str, int], largest_parameter: int,
-              device: str = "cuda") -> RealStep:
-    """The step of `cfg.activation_model` ("pytorch" or "hf") on one device
-    holding `fixed` (bytes of weights, gradients, optimizer state), whose
-    largest parameter has `largest_parameter` elements."""
-    blocks, outside, one_block = _kept(cfg, device)
-    items = tuple(blocks + outside)
-    saved = sum(x.bytes for x in items)
-    weights = fixed["weights"] + fixed["master weights"]
-    grads, state = fixed["gradients"], fixed["optimizer state"]
-    lo = compute_bytes(cfg)
-    vocab = vocab_fp32_bytes(cfg)
-    cast_weights = 0
-    if cfg.autocast:
-        all_casts = cfg.n_layer * (block_weights(cfg) + block_biases(cfg)) * lo
-        kept_casts = 0 if cfg.recompute == "full" else cfg.n_layer * block_weights(cfg) * lo
-        cast_weights = all_casts - kept_casts  # cached until the forward ends, not saved
-    # With accumulation, micro-batches after the first run beside the gradients so far.
-    earlier_grads = [("gradients of earlier micro-batches", grads)] if cfg.accumulation > 1 else []
-
-    def moments(state_bytes: int) -> tuple:
-        resident = [("weights", weights)] + ([("optimizer state", state_bytes)]
-                                             if state_bytes else [])
-        base = resident + earlier_grads
-        fwd_end = [*base, ("saved by the forward", saved - vocab)]
-        if cfg.activation_model == "hf":
-            fwd_end.append(("logits", logits_bytes(cfg)))
-        if cfg.autocast:
-            fwd_end.append(("logits, fp32 copy for the loss", vocab))
-            if cast_weights:
-                fwd_end.append(("autocast cache: 16-bit weight copies", cast_weights))
-        fwd_end.append(("log_softmax output", vocab))
-        loss_bwd = [*base, ("saved by the forward", saved),
-                    ("gradient of the log_softmax output", vocab),
-                    ("gradient of the logits (fp32)", vocab)]
-        found = [Moment("the loss at the end of the forward", tuple(fwd_end)),
-                 Moment("the loss's backward", tuple(loss_bwd))]
-        if cfg.recompute == "full":  # at least: its own backward adds a few more tensors
-            n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
-            found.append(Moment("the first block's backward (recomputed)", (
-                *resident, ("gradients", grads),
-                ("the first block's recomputed tensors", one_block),
-                ("its checkpointed input", n * h * FP32))))
-        opt = [("weights", weights), ("gradients", grads), ("optimizer state", state)]
-        if cfg.optimizer == "adamw":
-            opt.append(("AdamW temporaries (sqrt(v) and the update, largest parameter)",
-                        ADAMW_TEMPORARIES * largest_parameter * FP32))
-        found.append(Moment("the optimizer step", tuple(opt)))
-        return tuple(Moment(m.name, tuple(sorted(((w, b) for w, b in m.alive if b),
-                                                 key=lambda wb: -wb[1]))) for m in found)
-
-    return RealStep(items=items, moments=moments(state), first_step=moments(0))
-
-
-def largest_parameter(cfg: BudgetConfig) -> int:
-    """Elements of the largest parameter tensor: the token embedding (or an
-    untied head of the same size), else one MLP matrix."""
-    return max(cfg.vocab_size * cfg.d_model, cfg.d_model * cfg.ffn)
-
-
-def real_step_activations(cfg: BudgetConfig, device: str = "cuda") -> Activations:
-    """The Activations of a real step on one device: `saved` alive at the end
-    of the forward, `peak` the steady-state peak above the fixed bytes."""
-    assert cfg.activation_model in REAL_STEP_MODELS, cfg.activation_model
-    fixed = per_device_fixed(cfg, fixed_bytes(cfg))
-    step = real_step(cfg, fixed, largest_parameter(cfg), device)
-    return Activations(cfg.activation_model, step.saved,
-                       step.peak_moment.bytes - sum(fixed.values()), step.items, step=step)
+    Freed (`loss = model(**batch).loss`): the output lives until the forward
+    returns, so its logits and the cache copies attention did not keep are
+    alive while the loss runs, and nowhere after. Kept (`outputs =
+    model(**batch)`, `logits, loss = model(x, y)`): after the backward the
+    output still holds the logits and every layer's K and V in its cache,
+    through the optimizer step; and the loop's variable is rebound only when
+    the next forward returns, so the previous micro-batch's output is alive
+    at the next loss too (from the second micro-batch on)."""
+    logits, cache = logits_bytes(cfg), kv_cache_bytes(cfg)
+    if not outputs_kept(cfg):
+        unsaved = kv_cache_kept_unsaved(cfg, device)
+        return {FORWARD_END: [("logits", logits)] + (
+            [("key/value cache, until the forward returns", unsaved)] if unsaved else [])}
+    output = [("the caller's output: logits", logits)] + (
+        [("the caller's output: key/value cache", cache)] if cache else [])
+    terms = {RECOMPUTED: output, BACKWARD_END: output, OPTIMIZER_STEP: output}
+    if not first_step or cfg.accumulation > 1:
+        terms[FORWARD_END] = [(what.replace("the caller's output", "the previous output"), b)
+                              for what, b in output]
+    return terms

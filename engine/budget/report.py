@@ -73,6 +73,7 @@ def describe(b: Budget) -> str:
         + (f", {c.attention} attention" if c.activation_model != "rule" else "")
         + (f" ({c.tensors_per_layer} tensors per layer)" if c.activation_model == "rule" else "")
         + (", dropout" if c.dropout else "") + f", recompute {c.recompute}",
+        *describe_loop(b),
         "",
         f"{'FLOPs':<12}{'per token':>14}{'per micro-batch':>18}{'per step':>16}",
     ]
@@ -96,9 +97,9 @@ def describe(b: Budget) -> str:
                     else f"({sum(bpp.values())} bytes/param)"))
     lines.append(f"  {'one B x N x d tensor':<22}{human_bytes(b.one_tensor_bytes):>12}")
     lines.append(f"  {'activations (saved)':<22}{human_bytes(b.activations.saved):>12}")
-    if b.activations.transient and b.activations.step is None:
+    if b.activations.transient and not b.real_step:
         lines.append(f"  {'recompute transient':<22}{human_bytes(b.activations.transient):>12}")
-    if b.activations.step is None:
+    if not b.real_step:
         lines.append(f"  {'peak of the step':<22}{human_bytes(b.peak):>12}   "
                      f"(fixed total + activation peak)")
     else:
@@ -120,6 +121,18 @@ def describe(b: Budget) -> str:
 MODEL_NAMES = {"rule": "rule of thumb", "transformer": "transformer op list",
                "engine": "this engine's GPT", "pytorch": "plain PyTorch GPT (nanoGPT)",
                "hf": "Hugging Face transformers"}
+
+
+def describe_loop(b: Budget) -> list[str]:
+    """What a real framework's loop does beyond the model, and where each choice came
+    from (a flag, or the framework's usual loop)."""
+    if not b.real_step:
+        return []
+    loop = b.loop()
+    return [f"loop       {b.config.optimizer} {loop['optimizer_impl']} "
+            f"({loop['optimizer_impl_from']}); outputs {loop['outputs']} "
+            f"({loop['outputs_from']}); {loop['backend']} kernels"
+            + ("; padded batch" if b.config.padded_batch else "")]
 
 
 def _terms(alive, shown: int = 3) -> str:

@@ -34,14 +34,7 @@ One device communicates nothing.
 from __future__ import annotations
 
 from .config import BudgetConfig
-
-# The fixed buffers each ZeRO stage splits among the devices.
-SHARDED = {
-    0: (),
-    1: ("master weights", "optimizer state"),
-    2: ("master weights", "optimizer state", "gradients"),
-    3: ("master weights", "optimizer state", "gradients", "weights"),
-}
+from .moments import SHARDED  # the fixed buffers each ZeRO stage splits (the term table's)
 
 
 def shard(total: int, devices: int) -> int:

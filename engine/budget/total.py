@@ -8,6 +8,8 @@ from .counts import bytes_per_parameter, fixed_bytes, flops, parameter_breakdown
 from .activations import Activations, activations, tensor_bytes
 from .devices import device_figures
 from .fit import DeviceFit, device_fit
+from .frameworks import FRAMEWORKS, resolved_optimizer_impl, resolved_outputs
+from .moments import REBUILT, SAVED_ALL
 from .sharding import communication, per_device_fixed
 
 
@@ -41,8 +43,14 @@ class Budget:
         return sum(self.fixed_per_device.values())
 
     @property
+    def real_step(self) -> bool:
+        """Whether the step follows a real framework's code (its moments, step 1)."""
+        return FRAMEWORKS[self.config.activation_model].real_step
+
+    @property
     def peak(self) -> int:
-        return self.fixed_total + self.activations.peak
+        """The largest moment of the step (moments.peak), one device's."""
+        return self.activations.step.peak_moment.bytes
 
     @property
     def tokens_per_step_all_devices(self) -> int:
@@ -52,21 +60,26 @@ class Budget:
     def peak_first_step(self) -> int:
         """The first step's peak: a real step's optimizer state is created at its
         first `step()`; the other models keep everything resident throughout."""
-        step = self.activations.step
-        return step.first_step_peak_moment.bytes if step else self.peak
+        return self.activations.step.first_step_peak_moment.bytes
 
     def memory(self) -> dict[str, int]:
         """One device's categories of the stacked bar, in the order they are
-        resident; for a real step, what is alive at its peak's moment."""
-        step = self.activations.step
-        if step is None:
-            return {**self.fixed_per_device, "activations": self.activations.saved,
-                    "recompute transient": self.activations.transient}
-        parts = dict.fromkeys(("weights", "master weights", "gradients", "optimizer state",
-                               "activations", "step transient"), 0)
-        for what, size in step.peak_moment.alive:
-            parts[STEP_CATEGORY.get(what, "step transient")] += size
-        return parts
+        resident: what is alive at the peak's moment (moments.STEP_TERMS)."""
+        parts = self.activations.step.peak_moment.by_category()
+        if self.activations.step.peak_moment.name in (SAVED_ALL, REBUILT):
+            return {k: v for k, v in parts.items() if k != "step transient"}
+        return {k: v for k, v in parts.items() if k != "recompute transient"}
+
+    def loop(self) -> dict | None:
+        """A real step's loop: the optimizer's implementation, whether the loop keeps
+        the model's output, and where each choice came from."""
+        if not self.real_step:
+            return None
+        impl, impl_from = resolved_optimizer_impl(self.config)
+        outputs, outputs_from = resolved_outputs(self.config)
+        return {"optimizer_impl": impl, "optimizer_impl_from": impl_from,
+                "outputs": outputs, "outputs_from": outputs_from,
+                "padded_batch": self.config.padded_batch, "backend": self.config.backend}
 
     def as_dict(self) -> dict:
         cfg = asdict(self.config)
@@ -88,6 +101,7 @@ class Budget:
                        "peak_moment": _moment(self.activations.step, "peak_moment"),
                        "peak_first_step_moment": _moment(self.activations.step,
                                                          "first_step_peak_moment")},
+            "loop": self.loop(),
             "model_fixed": self.fixed,
             "data_parallel": {"devices": self.config.devices, "zero": self.config.zero,
                               "tokens_per_step_all_devices":
@@ -99,16 +113,8 @@ class Budget:
         }
 
 
-# Where each term alive at a real step's peak goes in the stacked bar.
-STEP_CATEGORY = {"weights": "weights", "optimizer state": "optimizer state",
-                 "gradients": "gradients", "gradients of earlier micro-batches": "gradients",
-                 "saved by the forward": "activations", "its checkpointed input": "activations"}
-
-
-def _moment(step, which: str) -> dict | None:
-    """A real step's moment as JSON: its name, its bytes, what is alive."""
-    if step is None:
-        return None
+def _moment(step, which: str) -> dict:
+    """A step's moment as JSON: its name, its bytes, what is alive."""
     m = getattr(step, which)
     return {"moment": m.name, "bytes": m.bytes,
             "alive": [{"what": w, "bytes": b} for w, b in m.alive]}

@@ -1,0 +1,153 @@
+"""A real framework's step (PyTorch as nanoGPT writes it, Hugging Face transformers) as
+moments: what each moment holds, from what the model keeps (`real_step`), what the loop
+keeps (the model's output) and what the optimizer's code allocates (`optimizer_step`).
+
+The moments, in the order they happen (names in `moments`):
+  the loss at the end of the forward  the forward's saved tensors, the loss's
+                                      vocabulary-sized tensors, the model's output
+                                      until it returns, autocast's weight cache
+  the loss's backward                 everything saved, plus the gradients of the
+                                      log_softmax output and of the logits
+  the head's backward                 the head's weight gradient, vocabulary by width,
+                                      beside everything saved
+  the first block's backward          with checkpointing: every gradient so far and
+                                      one rebuilt block
+  the end of the backward             every gradient, the token embedding's last, and a
+                                      tied head's two contributions and their sum
+  the optimizer step                  the gradients, the state and the temporaries of
+                                      the optimizer's implementation
+Under accumulation, later micro-batches run beside the earlier ones' gradients. The
+optimizer state appears in the first `step()`, so step 1's earlier moments run
+without it. The peak is the largest moment (`moments.peak`).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import moments as M
+from . import optimizer_step as opt
+from .config import REAL_STEP_MODELS, BudgetConfig
+from .counts import bytes_per_parameter, fixed_bytes
+from .kept import Activations, Saved
+from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
+                        kept_output_terms, outside_saved, vocab_fp32_bytes)
+from .sharding import per_device_fixed
+
+
+def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int]:
+    """Saved entries (blocks then outside), and the bytes of one block."""
+    L, n, h = cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
+    block = block_saved(cfg, device)
+    one_block = sum(x.bytes for x in block)
+    if cfg.recompute == "full":  # each block keeps only its input
+        blocks = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, L)]
+    else:
+        blocks = [replace(x, count=L) for x in block]
+    return blocks, outside_saved(cfg, device), one_block
+
+
+def autocast_cache_bytes(cfg: BudgetConfig) -> int:
+    """16-bit weight copies autocast caches until the forward ends but no op saves:
+    the biases always, the matmul weights too when checkpointing saves none of them."""
+    if not cfg.autocast:
+        return 0
+    lo = compute_bytes(cfg)
+    all_casts = cfg.n_layer * (block_weights(cfg) + block_biases(cfg)) * lo
+    kept_casts = 0 if cfg.recompute == "full" else cfg.n_layer * block_weights(cfg) * lo
+    return all_casts - kept_casts
+
+
+def _tag(pairs, default_term: str) -> list[tuple]:
+    """(term, what, bytes) entries from `optimizer_step`'s (what, bytes) pairs."""
+    out = []
+    for what, size in pairs:
+        if what in M.STEP_TERMS:
+            term = what
+        elif what.startswith("saved by the forward"):
+            term = "saved by the forward"
+        elif what.startswith("gradients of every other"):
+            term = "gradients"
+        else:
+            term = default_term
+        out.append((term, what, size))
+    return out
+
+
+def _output(cfg, device, first_step: bool, at: str) -> list[tuple]:
+    """What the model's output adds at moment `at` (see real_step.kept_output_terms)."""
+    terms = kept_output_terms(cfg, device, first_step).get(at, [])
+    kept = cfg.resolved_outputs == "kept"
+    return [("the loop's output" if kept else "the forward's output", what, size)
+            for what, size in terms]
+
+
+def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device: str,
+             first_step: bool) -> tuple:
+    """Every moment of one step (step 1 when `first_step`)."""
+    weights = fixed["weights"] + fixed["master weights"]
+    state = [] if first_step else [("optimizer state", fixed["optimizer state"])]
+    resident = [("weights", weights), *state]
+    earlier = ([("gradients of earlier micro-batches", fixed["gradients"])]
+               if cfg.accumulation > 1 else [])
+    vocab = vocab_fp32_bytes(cfg)
+    fwd_end = [*resident, *earlier,
+               ("saved by the forward", "saved by the forward (but the loss's)", saved - vocab),
+               ("loss", "log_softmax output (fp32)", vocab),
+               ("autocast cache", "autocast cache: 16-bit weight copies",
+                autocast_cache_bytes(cfg)),
+               *_output(cfg, device, first_step, M.FORWARD_END)]
+    if cfg.autocast:
+        fwd_end.append(("loss", "logits, fp32 copy for the loss", vocab))
+    found = [M.moment(M.FORWARD_END, fwd_end),
+             M.moment(M.LOSS_BACKWARD, [
+                 *resident, *earlier, ("saved by the forward", saved),
+                 ("loss", "gradient of the log_softmax output", vocab),
+                 ("loss", "gradient of the logits (fp32)", vocab)]),
+             M.moment(M.HEAD_BACKWARD, _tag(opt.head_backward_moment(
+                 cfg, fixed, saved, first_step), "backward's last gradients"))]
+    if cfg.recompute == "full":
+        n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
+        found.append(M.moment(M.RECOMPUTED, [
+            *resident, ("gradients", fixed["gradients"]),
+            ("recompute", "the first block's recomputed tensors", one_block),
+            ("saved by the forward", "its checkpointed input", n * h * FP32),
+            *_output(cfg, device, first_step, M.RECOMPUTED)]))
+    tensors = opt.parameter_tensors(cfg)
+    grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
+                                     cfg.autocast)["gradients"]
+    end = opt.backward_end_terms([t.numel for t in tensors], grad_bytes, tensors[0].numel,
+                                 cfg.tied_embedding, cfg.accumulation > 1, cfg.autocast)
+    found.append(M.moment(M.BACKWARD_END, [*resident, *_tag(end, "backward's last gradients"),
+                                           *_output(cfg, device, first_step, M.BACKWARD_END)]))
+    impl = cfg.resolved_optimizer_impl
+    temporaries = opt.optimizer_temporaries(
+        cfg.optimizer, impl, opt.param_groups(cfg, tensors), FP32) if impl else []
+    found.append(M.moment(M.OPTIMIZER_STEP, [
+        ("weights", weights), ("gradients", fixed["gradients"]),
+        ("optimizer state", fixed["optimizer state"]),
+        *_tag(temporaries, "optimizer temporaries"),
+        *_output(cfg, device, first_step, M.OPTIMIZER_STEP)]))
+    return tuple(found)
+
+
+def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
+                   device: str | None = None) -> M.StepMoments:
+    """The step of `cfg.activation_model` ("pytorch" or "hf") on one device holding
+    `fixed` (bytes of weights, master weights, gradients, optimizer state)."""
+    device = device or cfg.backend
+    blocks, outside, one_block = _kept(cfg, device)
+    items = tuple(blocks + outside)
+    saved = sum(x.bytes for x in items)
+    return M.StepMoments(items=items,
+                         moments=_moments(cfg, fixed, saved, one_block, device, False),
+                         first_step=_moments(cfg, fixed, saved, one_block, device, True))
+
+
+def real_step_activations(cfg: BudgetConfig, device: str | None = None) -> Activations:
+    """The Activations of a real step on one device: `saved` alive at the end of the
+    forward, `peak` the steady-state peak above the fixed bytes."""
+    assert cfg.activation_model in REAL_STEP_MODELS, cfg.activation_model
+    fixed = per_device_fixed(cfg, fixed_bytes(cfg))
+    step = framework_step(cfg, fixed, device)
+    return Activations(cfg.activation_model, step.saved,
+                       step.peak_moment.bytes - sum(fixed.values()), step.items, step=step)
