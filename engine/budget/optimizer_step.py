@@ -70,6 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .counts import bytes_per_parameter
+from .real_step import outputs_kept
 
 FP32 = 4
 IMPLS = ("for-loop", "foreach", "fused")
@@ -217,24 +218,6 @@ def backward_end_terms(numels: list[int], grad_bytes: int, embedding: int, tied:
 
 
 # ------------------------------------------- the moments, as the budget's step
-def optimizer_impl(cfg) -> str | None:
-    """The implementation `cfg`'s optimizer runs: the config's resolved choice
-    (--optimizer-impl, else its framework's default; None where no loop is
-    modelled), or today's for-loop for a config without the knob."""
-    if hasattr(cfg, "resolved_optimizer_impl"):
-        return cfg.resolved_optimizer_impl
-    return getattr(cfg, "optimizer_impl", "for-loop")
-
-
-def _outputs_kept(cfg) -> bool:
-    """Whether the loop holds the model's output (the logits) through backward:
-    the config's resolved choice, else the framework's (nanoGPT's loop keeps them)."""
-    kept = getattr(cfg, "resolved_outputs", None)
-    if kept is None:
-        return cfg.activation_model == "pytorch"
-    return kept == "kept"
-
-
 def _resident(fixed: dict, with_state: bool) -> list:
     terms = [("weights", fixed["weights"] + fixed.get("master weights", 0))]
     if with_state and fixed.get("optimizer state"):
@@ -245,10 +228,10 @@ def _resident(fixed: dict, with_state: bool) -> list:
 def optimizer_moment(cfg, fixed: dict) -> list:
     """The optimizer step's moment, the same in step 1 and step 2 (the state is
     created before the update): weights, gradients, state and the temporaries of
-    `cfg.optimizer` under `optimizer_impl(cfg)`. `fixed`: one device's bytes of
+    `cfg.optimizer` under `cfg.resolved_optimizer_impl`. `fixed`: one device's bytes of
     weights, master weights, gradients and optimizer state."""
     terms = _resident(fixed, True) + [("gradients", fixed["gradients"])]
-    impl = optimizer_impl(cfg)
+    impl = cfg.resolved_optimizer_impl
     if impl is not None:
         groups = param_groups(cfg, parameter_tensors(cfg))
         terms += optimizer_temporaries(cfg.optimizer, impl, groups, FP32)
@@ -266,7 +249,7 @@ def backward_end_moment(cfg, fixed: dict, first_step: bool = False) -> list:
     terms = _resident(fixed, not first_step)
     terms += backward_end_terms(numels, grad_bytes, tensors[0].numel, cfg.tied_embedding,
                                 cfg.accumulation > 1, cfg.autocast)
-    if _outputs_kept(cfg):
+    if outputs_kept(cfg):
         lo = 2 if cfg.autocast else FP32
         terms.append(("logits, held by the caller", cfg.micro_batch * cfg.seq_len
                       * cfg.vocab_size * lo))

@@ -359,10 +359,7 @@ def vocab_fp32_bytes(cfg: BudgetConfig) -> int:
 def outputs_kept(cfg: BudgetConfig) -> bool:
     """Whether the loop holds the model's output through backward ("default":
     its framework's loop; nanoGPT's keeps the logits, the Trainer only the loss)."""
-    setting = getattr(cfg, "resolved_outputs", None) or getattr(cfg, "outputs", "default")
-    if setting not in ("kept", "freed"):
-        setting = "kept" if cfg.activation_model == "pytorch" else "freed"
-    return setting == "kept"
+    return cfg.resolved_outputs == "kept"
 
 
 def kv_cache_kept_unsaved(cfg: BudgetConfig, device: str = "cuda") -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .config import BudgetConfig, BudgetError
 from .real_step import outputs_kept
-from .optimizer_step import MOMENTUM, TORCH_SWITCHES, optimizer_impl
+from .optimizer_step import MOMENTUM, TORCH_SWITCHES
 
 # A CPU measurement runs the step for real: keep it to seconds.
 CPU_MAX_LAYERS = 4
@@ -204,7 +204,7 @@ def _optimizer(model, cfg: BudgetConfig):
     create_optimizer`: weight decay for all but biases and norms, its default
     weight_decay 0.0), a plain model's in one, as `AdamW(model.parameters())`."""
     import torch
-    impl = optimizer_impl(cfg) or "for-loop"
+    impl = cfg.resolved_optimizer_impl or "for-loop"
     params = list(model.parameters())
     if cfg.activation_model == "hf":
         from transformers.trainer_pt_utils import get_parameter_names
