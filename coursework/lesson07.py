@@ -189,7 +189,19 @@ def _crossover_cases():
             bm.preset("tiny", micro_batch=1),
             # with full recompute the peak (saved + one block rebuilt) is well above what the
             # forward saves, so a search on `.saved` gives another answer here (30, not 9)
-            bm.preset("tiny", recompute="full")]
+            bm.preset("tiny", recompute="full"),
+            # four sequences' activations equal the fixed memory to the byte: B=4 does not
+            # exceed it, so a search with >= stops one batch early
+            bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=420, seq_len=64,
+                            activation_model="rule", tensors_per_layer=16, name="exact-tie"),
+            # one sequence of 4096 tokens already exceeds a small model's fixed memory: a
+            # search that starts at B=2 misses it
+            bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=4096,
+                            name="long-sequence")]
+
+
+def _fixed_without(b, part: str) -> int:
+    return b.fixed_total - b.fixed[part]
 
 
 def check_crossover_batch(find_crossover_batch) -> None:
@@ -205,15 +217,33 @@ def check_crossover_batch(find_crossover_batch) -> None:
             continue
         b = bm.budget(cfg)
         fixed = b.fixed_total
-        if want is not None and got == want - 1:
+        missing = [part for part, size in b.fixed.items()   # parts of equal size tie
+                   if size and got == _first_exceeding(cfg, _fixed_without(b, part), "peak")]
+        if want == 1 and got is not None and got > 1:
+            hint = (f"here a single sequence already exceeds the fixed memory, so the answer "
+                    f"is B=1; your search never looks at B=1.")
+        elif want is not None and got == want - 1 and got >= 1 and \
+                bm.activations(cfg.with_(micro_batch=got)).peak == fixed:
+            hint = (f"at B={got} the activation peak equals the fixed memory to the byte; "
+                    f"equal is not larger (the question is the first B that *exceeds* it).")
+        elif want is not None and got == want - 1:
             hint = (f"B={got} is the last batch where the activations still fit under the "
                     f"fixed memory; the question is the first one that exceeds it.")
         elif got == _first_exceeding(cfg, b.fixed["weights"], "peak"):
             hint = ("you compared with the weights alone; the fixed memory is weights + "
                     "master weights + gradients + optimizer state (Budget.fixed_total).")
+        elif missing:
+            which = " or the ".join(missing) + (" (the same size here)" if missing[1:] else "")
+            hint = (f"your fixed memory leaves out the {which}; the fixed memory is "
+                    f"everything in Budget.fixed (Budget.fixed_total).")
         elif got == _first_exceeding(cfg, fixed, "saved"):
             hint = ("compare the activation *peak* (saved + what recompute rebuilds for one "
                     "block), not only what is saved.")
+        elif want is not None and got is not None and got > want and got & (got - 1) == 0 \
+                and got // 2 < want:
+            hint = (f"B={got} is the first power of two that is over, but so is B={want}: "
+                    f"after doubling, search between the last B that was not over and the "
+                    f"first that was.")
         else:
             hint = ("for B = 1, 2, 3, ... (or by bisection) compute "
                     "engine.budget.activations(cfg.with_(micro_batch=B)).peak and stop at the "

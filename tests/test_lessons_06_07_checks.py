@@ -283,6 +283,63 @@ def test_07_3_saved_instead_of_peak_is_rejected():
                words=("peak", "not only what is saved"))
 
 
+def crossover_variant(over=lambda peak, fixed: peak > fixed, fixed_of=lambda b: b.fixed_total,
+                      start=1, doubling_only=False, last_under=False):
+    """A find_crossover_batch as a learner might write it, with one slip switched on."""
+    def find(cfg):
+        fixed = fixed_of(bm.budget(cfg))
+
+        def is_over(b):
+            return over(bm.activations(cfg.with_(micro_batch=b)).peak, fixed)
+        b = start
+        while not is_over(b):
+            b = 2 * b if doubling_only else b + 1
+        return b - 1 if last_under else b
+    return find
+
+
+def crossover_by_bisection(cfg):
+    fixed = bm.budget(cfg).fixed_total
+    lo, hi = 0, 1 << 20              # peak(lo) <= fixed < peak(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if bm.activations(cfg.with_(micro_batch=mid)).peak > fixed:
+            hi = mid
+        else:
+            lo = mid
+    return float(hi)                  # a whole float is a batch too
+
+
+def test_07_3_right_answers_written_differently_pass(capsys):
+    lesson07.check_crossover_batch(crossover_variant())
+    lesson07.check_crossover_batch(crossover_by_bisection)
+    assert capsys.readouterr().out.count("07.3 (find_crossover_batch) passed") == 2
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (crossover_variant(over=lambda peak, fixed: peak >= fixed),
+     ("equals the fixed memory to the byte", "equal is not larger")),
+    (crossover_variant(start=2), ("single sequence", "never looks at B=1")),
+    (crossover_variant(last_under=True), ("last batch", "first one that exceeds")),
+    (crossover_variant(fixed_of=lambda b: b.fixed["weights"]), ("weights alone",)),
+    (crossover_variant(fixed_of=lambda b: b.fixed_total - b.fixed["optimizer state"]),
+     ("leaves out the optimizer state",)),
+    (crossover_variant(fixed_of=lambda b: b.fixed_total - b.fixed["gradients"]),
+     ("leaves out the", "gradients")),
+    (crossover_variant(doubling_only=True), ("power of two", "search between")),
+    (_stub, ("07.3", "not done yet")),
+])
+def test_07_3_near_misses_are_named(wrong, words):
+    fails_with(lesson07.check_crossover_batch, wrong, words=words)
+
+
+def test_07_3_cases_hold_an_exact_tie_and_a_crossover_at_one_sequence():
+    cases = {cfg.name: cfg for cfg in lesson07._crossover_cases()}
+    tie = cases["exact-tie"]
+    assert bm.activations(tie.with_(micro_batch=4)).peak == bm.budget(tie).fixed_total
+    assert bm.crossover_batch(tie) == 5 and bm.crossover_batch(cases["long-sequence"]) == 1
+
+
 # ------------------------------------------------------ lesson 06's pictures
 ROOT = Path(__file__).resolve().parents[1]
 
