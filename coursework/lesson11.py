@@ -199,7 +199,8 @@ def _sparse_hint(got, ids, vocab_size, width, value_bytes, id_bytes, which):
             return "that counts values, not bytes: multiply by value_bytes."
         if got == vocab_size * width * value_bytes * 8:
             return "that counts bits; count bytes (value_bytes per value)."
-        return "the dense gradient is the whole table: vocab_size * width * value_bytes."
+        return ("the dense gradient has the table's shape whatever the batch holds; count "
+                "its values, then their bytes.")
     if got == n * (width * value_bytes + id_bytes):
         return (f"that is one row per token ({n} tokens), but only {rows} distinct ids: "
                 f"repeated ids are summed into one row, so count np.unique(ids).size rows.")
@@ -211,8 +212,11 @@ def _sparse_hint(got, ids, vocab_size, width, value_bytes, id_bytes, which):
     if got == n * width * value_bytes:
         return (f"that is one row per token without the ids; store the {rows} distinct "
                 f"rows and one id each.")
-    return (f"a row-sparse gradient stores the {rows} distinct rows the batch touched "
-            f"(width * value_bytes each) and one id per row (id_bytes).")
+    if got == rows * width * value_bytes + n * id_bytes:
+        return ("you store one id per token; the ids only name the stored rows, and "
+                "repeated ids share one row.")
+    return ("count what a row-sparse gradient must store to be read back: the rows the "
+            "batch touched (repeated ids share one row) and which rows they are.")
 
 
 def check_gradient_bytes(gradient_bytes) -> None:
@@ -222,7 +226,17 @@ def check_gradient_bytes(gradient_bytes) -> None:
              (rng.integers(0, 1000, size=(8, 64)), 50_000, 768, 2, 8),
              (rng.integers(0, 40, size=300), 40, 16, 4, 4)]
     for ids, vocab, width, value_bytes, id_bytes in cases:
-        got = attempt(EX_SPARSE, gradient_bytes, ids.copy(), vocab, width, value_bytes, id_bytes)
+        try:
+            got = attempt(EX_SPARSE, gradient_bytes, ids.copy(), vocab, width, value_bytes,
+                          id_bytes)
+        except TypeError as err:
+            if "unhashable" not in str(err):
+                raise
+            raise ExerciseError(EX_SPARSE, f"ids here has shape {ids.shape}, a batch of "
+                                           f"sequences, and your function stopped with "
+                                           f"TypeError: {err}. A set of a 2-D array sees its "
+                                           f"rows, which cannot be hashed; count the distinct "
+                                           f"ids over all of its elements.") from None
         if not (isinstance(got, tuple) and len(got) == 2):
             raise ExerciseError(EX_SPARSE, f"return a pair (dense_bytes, sparse_bytes), got "
                                            f"{got!r}")
@@ -251,6 +265,35 @@ def check_gradient_bytes(gradient_bytes) -> None:
 def decay_factors_reference(steps_seen, n_steps, lr, weight_decay):
     shrink = 1.0 - lr * weight_decay
     return shrink ** n_steps, shrink ** len(set(steps_seen))
+
+
+def _decay_count_hint(value, want, name, count, steps_seen, n_steps, lr_wd) -> str:
+    """Names the slip behind a wrong factor: how many decays it stands for (one too many or
+    too few, the steps the token is *not* seen, every step up to its last appearance), or
+    the float32 rounding of a right rule. Never the rule itself."""
+    shrink = 1.0 - lr_wd
+    if 0.0 < value <= 1.0:
+        decays = math.log(value) / math.log(shrink)
+        m = round(decays)
+        if abs(decays - m) < 1e-6 * max(1, m):
+            if m in (count - 1, count + 1):
+                more = "one decay too many" if m > count else "one decay too few"
+                return (f"your factor stands for {m} decays, {more}: count the steps the "
+                        f"{name} update runs on, no more and no fewer.")
+            if name == "lazy" and m == n_steps - count:
+                return ("your factor counts the steps on which the token is *not* seen; the "
+                        "lazy update decays the row only on the steps it appears.")
+            if name == "lazy" and m in (max(steps_seen), max(steps_seen) + 1):
+                return ("your factor counts every step up to the token's last appearance; the "
+                        "lazy update skips the steps between its appearances.")
+    right_in_float32 = float(np.float32(shrink) ** np.float32(count))
+    if math.isclose(value, right_in_float32, rel_tol=1e-6) or (
+            math.isclose(value, want, rel_tol=1e-4) and value != 0):
+        return ("your factor is close but not exact: a float32 factor (7 digits, and the "
+                "rounding of 1 - lr * weight_decay grows with every step) or an "
+                "approximation. Compute in Python floats (float64).")
+    return (f"the {name} update decays the row once on each step it runs; "
+            f"count those steps in this case.")
 
 
 def check_decay_factors(decay_factors) -> None:
@@ -285,8 +328,8 @@ def check_decay_factors(decay_factors) -> None:
                     not math.isclose(want, math.exp(-lr * wd * count), rel_tol=1e-9):
                 hint = "use the exact product (1 - lr * weight_decay) ** steps, not exp(...)."
             else:
-                hint = (f"the {name} update decays the row on {count} steps, so the factor "
-                        f"is (1 - lr * weight_decay) ** {count}.")
+                hint = _decay_count_hint(value, want, name, count, steps_seen, n_steps,
+                                         lr * wd)
             raise ExerciseError(EX_DECAY, f"the {name} factor is {value:.8g}, expected "
                                           f"{want:.8g} {where}; {hint}")
     passed(EX_DECAY)

@@ -300,18 +300,56 @@ def _schedule_variants(backward_ms, bucket_bytes, link):
     for size in bucket_bytes:
         early.append((free, free + size / link))
         free += size / link
+    begins, free, ready = [], 0.0, 0.0
+    for compute, size in zip(backward_ms, bucket_bytes):
+        start = max(ready, free)            # ready still holds the end of the bucket before
+        free = start + size / link
+        begins.append((start, free))
+        ready += compute
     return [
+        (begins, "each bucket goes when its backward begins; a bucket is ready only when its "
+                 "backward has ended."),
         (after, "every send starts after the whole backward: no overlap. A bucket can go as "
                 "soon as its own backward is done, while the backward of the layers below "
                 "still runs."),
         (overlapping, "two sends overlap in time, but one link carries one bucket at a time: "
                       "a bucket that is ready while the link is busy waits for the previous "
-                      "send to end, start = max(ready, end of the previous send)."),
+                      "send to end."),
         (own, "a bucket is ready when the backward *up to it* is done: the backward runs the "
-              "buckets one after another, so bucket i is ready at sum(backward_ms[:i + 1])."),
-        (early, "a bucket was sent before its backward had produced it: start = max(ready, "
-                "end of the previous send), never earlier than ready."),
+              "buckets one after another, so a bucket's own backward_ms alone is not the "
+              "time it is ready."),
+        (early, "a bucket was sent before its backward had produced it: a send never starts "
+                "before its bucket is ready."),
     ]
+
+
+def _first_wrong_send(got, want, backward_ms) -> str:
+    """The first bucket whose send is off, and what about it: its start against the moment
+    its backward ends and the link frees, or its length. Names the slip, not the rule."""
+    i = next(k for k, (a, b) in enumerate(zip(got, want))
+             if not np.allclose(a, b, rtol=1e-9, atol=1e-9))
+    (start, end), (want_start, want_end) = got[i], want[i]
+    said = f"bucket {i} is sent {start:g}-{end:g} ms, expected {want_start:g}-{want_end:g} ms: "
+    ends = np.cumsum(backward_ms)
+    ready = float(ends[i])
+    previous_end = float(want[i - 1][1]) if i else 0.0
+    if math.isclose(start, want_start, rel_tol=1e-9, abs_tol=1e-9):
+        return said + ("it starts at the right moment but lasts the wrong time; a send's "
+                       "length follows from its bytes and the link's speed (let the units, "
+                       "bytes and bytes per ms, say which divides which).")
+    if i and math.isclose(start, float(ends[i - 1]), rel_tol=1e-9, abs_tol=1e-9)             and start < ready:
+        return said + ("it goes when its backward begins; a bucket is ready only when its "
+                       "backward has ended.")
+    if start < ready:
+        return said + "it starts before its backward has produced it."
+    if start < previous_end:
+        return said + f"it starts while bucket {i - 1} is still on the link."
+    if i + 1 < len(ends) and math.isclose(start, float(ends[i + 1]), rel_tol=1e-9,
+                                          abs_tol=1e-9):
+        return said + (f"it waits for the backward of bucket {i + 1}, the next one; a bucket "
+                       f"can go as soon as its own backward has ended.")
+    return said + ("it waits longer than it has to: once its backward has ended and the link "
+                   "is free, nothing holds it back.")
 
 
 def check_bucket_schedule(bucket_schedule) -> None:
@@ -339,12 +377,7 @@ def check_bucket_schedule(bucket_schedule) -> None:
                 hint = text
                 break
         if hint is None:
-            i = next(k for k, (a, b) in enumerate(zip(got, want))
-                     if not np.allclose(a, b, rtol=1e-9, atol=1e-9))
-            hint = (f"bucket {i} is sent {got[i][0]:g}-{got[i][1]:g} ms, expected "
-                    f"{want[i][0]:g}-{want[i][1]:g} ms. Ready at the end of its backward "
-                    f"(a running sum of backward_ms), sent when ready and the link is free, "
-                    f"for bytes / link_bytes_per_ms.")
+            hint = _first_wrong_send(got, want, backward_ms)
         raise ExerciseError(EX_BUCKETS, f"{where}: {hint}")
     passed(EX_BUCKETS, "each bucket goes when its backward is done and the link is free.")
 

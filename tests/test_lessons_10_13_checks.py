@@ -28,6 +28,7 @@ def expect(check, fn, exercise, phrase, **kwargs):
     message = str(info.value)
     assert message.startswith(f"Exercise {exercise}"), message
     assert phrase in message, message
+    return message
 
 
 # ------------------------------------------------------------------ 10.1
@@ -491,7 +492,7 @@ def test_11_2_stub_says_not_done():
     (bytes_dense_of_batch, "one row per token. The dense gradient has the table's shape"),
     (bytes_values_not_bytes, "counts values, not bytes"),
     (bytes_swapped, "swapped"),
-    (bytes_hardcoded_fp32, "vocab_size * width * value_bytes"),
+    (bytes_hardcoded_fp32, "the table's shape whatever the batch holds"),
 ])
 def test_11_2_names_the_mistake(fn, phrase):
     expect(lesson11.check_gradient_bytes, fn, "11.2", phrase)
@@ -540,10 +541,67 @@ def test_11_3_stub_says_not_done():
     (decay_swapped, "swapped"),
     (decay_no_lr, "the learning rate scales the decay"),
     (decay_linear, "compounds"),
-    (decay_lazy_wrong, "the lazy update decays the row on"),
+    (decay_lazy_wrong, "the steps on which the token is *not* seen"),
 ])
 def test_11_3_names_the_mistake(fn, phrase):
     expect(lesson11.check_decay_factors, fn, "11.3", phrase)
+
+
+def decay_counting(dense_steps, lazy_steps, dtype=float):
+    """A decay_factors that counts the decays its own way (and rounds in `dtype`)."""
+    def decay_factors(steps_seen, n_steps, lr, wd):
+        shrink = dtype(1 - lr * wd)
+        return (float(shrink ** dense_steps(n_steps, steps_seen)),
+                float(shrink ** lazy_steps(n_steps, steps_seen)))
+    return decay_factors
+
+
+def every_step(n, seen):
+    return n
+
+
+def seen_steps(n, seen):
+    return len(seen)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda seen, n, lr, wd: (math.exp(n * math.log1p(-lr * wd)),
+                             math.exp(len(seen) * math.log1p(-lr * wd))),
+    lambda seen, n, lr, wd: (math.prod([1 - lr * wd] * n), math.prod([1 - lr * wd] * len(seen))),
+    lambda seen, n, lr, wd: tuple(np.float64(1 - lr * wd) ** np.array([n, len(set(seen))])),
+])
+def test_11_3_right_answers_written_differently_pass(fn, capsys):
+    lesson11.check_decay_factors(fn)
+    assert "11.3 (decay_factors) passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (decay_counting(lambda n, seen: n - 1, seen_steps), "one decay too few"),
+    (decay_counting(lambda n, seen: n + 1, seen_steps), "one decay too many"),
+    (decay_counting(every_step, lambda n, seen: len(seen) + 1), "one decay too many"),
+    (decay_counting(every_step, lambda n, seen: max(seen) + 1), "up to the token's last"),
+    (decay_counting(every_step, lambda n, seen: max(seen)), "up to the token's last"),
+    (decay_counting(every_step, seen_steps, dtype=np.float32), "float32"),
+])
+def test_11_3_near_misses_are_named_without_the_rule(fn, phrase):
+    message = expect(lesson11.check_decay_factors, fn, "11.3", phrase)
+    assert "**" not in message
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (lambda ids, V, w, vb, ib: (V * w * vb, len(set(ids)) * (w * vb + ib)),
+     "count the distinct ids over all of its elements"),
+    (lambda ids, V, w, vb, ib: (V * w * vb, np.unique(ids).size * w * vb + ids.size * ib),
+     "one id per token"),
+])
+def test_11_2_near_misses_are_named(fn, phrase):
+    expect(lesson11.check_gradient_bytes, fn, "11.2", phrase)
+
+
+def test_11_2_passes_a_count_written_differently(capsys):
+    lesson11.check_gradient_bytes(lambda ids, V, w, vb, ib: (
+        V * w * vb, len(set(np.ravel(ids).tolist())) * (w * vb + ib)))
+    assert "11.2 (gradient_bytes) passed" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------ 12.1
@@ -858,12 +916,50 @@ def test_12_4_stub_says_not_done():
 @pytest.mark.parametrize("fn, phrase", [
     (buckets_after_backward, "no overlap"),
     (buckets_overlapping, "one link carries one bucket at a time"),
-    (buckets_not_cumulative, "sum(backward_ms[:i + 1])"),
+    (buckets_not_cumulative, "the backward *up to it* is done"),
     (buckets_before_ready, "before its backward had produced it"),
-    (buckets_times_link, "bytes / link_bytes_per_ms"),
+    (buckets_times_link, "lasts the wrong time"),
 ])
 def test_12_4_names_the_mistake(fn, phrase):
     expect(lesson12.check_bucket_schedule, fn, "12.4", phrase)
+
+
+def schedule_ready_when(ready_of, seconds_of=lambda size, link: size / link,
+                        out_type=list):
+    """A bucket_schedule whose bucket i is ready at ready_of(ends of the backward, i)."""
+    def bucket_schedule(backward_ms, bucket_bytes, link):
+        ends = np.concatenate([[0.0], np.cumsum(backward_ms)])     # ends[i + 1]: bucket i
+        out, free = [], 0.0
+        for i, size in enumerate(bucket_bytes):
+            begin = max(ready_of(ends, i), free)
+            free = begin + seconds_of(size, link)
+            out.append((begin, free))
+        return out_type(out)
+    return bucket_schedule
+
+
+@pytest.mark.parametrize("fn", [
+    schedule_ready_when(lambda ends, i: ends[i + 1]),
+    schedule_ready_when(lambda ends, i: ends[i + 1], out_type=np.array),
+    schedule_ready_when(lambda ends, i: ends[i + 1],
+                        out_type=lambda pairs: np.array(pairs, dtype=np.float32)),
+])
+def test_12_4_right_answers_written_differently_pass(fn, capsys):
+    lesson12.check_bucket_schedule(fn)
+    assert "12.4 (bucket_schedule) passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, phrase", [
+    (schedule_ready_when(lambda ends, i: ends[i]), "when its backward begins"),
+    (schedule_ready_when(lambda ends, i: ends[min(i + 2, len(ends) - 1)]),
+     "waits for the backward of bucket 1"),
+    (schedule_ready_when(lambda ends, i: ends[i + 1], lambda size, link: size * link),
+     "lasts the wrong time"),
+    (schedule_ready_when(lambda ends, i: ends[i + 1] + 1.0), "waits longer than it has to"),
+])
+def test_12_4_near_misses_are_named_without_the_rule(fn, phrase):
+    message = expect(lesson12.check_bucket_schedule, fn, "12.4", phrase)
+    assert "max(" not in message and "sum(" not in message
 
 
 def test_12_4_wants_pairs():
