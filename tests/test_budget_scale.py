@@ -166,16 +166,68 @@ def test_hf_config_bad_files_get_a_clear_error(tmp_path, content, says):
 
 
 # ------------------------------------------------------------------- devices
+def _step_peak(cfg):
+    b = bm.budget(cfg)
+    return max(b.peak, b.peak_first_step)
+
+
 def test_fit_and_largest_micro_batch_on_a_device():
     cfg = bm.preset("gpt2-small", device="A100-40GB", precision="bf16")
     b = bm.budget(cfg)
     d = b.device
     assert d.memory == 40 * 2**30 and d.flops_per_second == 312e12
-    assert d.fits == (b.peak <= d.memory)
+    assert d.headroom == 2 * 2**30 and d.usable == d.memory - d.headroom
+    assert d.fits == (_step_peak(cfg) + d.headroom <= d.memory)
     big = d.largest_micro_batch
-    assert bm.budget(cfg.with_(micro_batch=big)).peak <= d.memory
-    assert bm.budget(cfg.with_(micro_batch=big + 1)).peak > d.memory
+    assert _step_peak(cfg.with_(micro_batch=big)) <= d.usable
+    assert _step_peak(cfg.with_(micro_batch=big + 1)) > d.usable
     assert bm.budget(cfg.with_(micro_batch=big + 1)).device.fits is False
+
+
+def test_the_headroom_is_taken_from_the_card():
+    cfg = bm.preset("gpt2-small", device="A100-40GB", precision="bf16")
+    none = bm.budget(cfg.with_(headroom=0)).device
+    lots = bm.budget(cfg.with_(headroom=20 * 2**30)).device
+    assert none.usable == none.memory and lots.usable == lots.memory - 20 * 2**30
+    assert lots.largest_micro_batch < none.largest_micro_batch
+    with pytest.raises(bm.BudgetError, match="headroom"):
+        bm.preset("gpt2-small", headroom=-1)
+
+
+def test_longest_sequence_and_fewest_devices_that_fit():
+    short = bm.preset("llama2-7b", n_layer=4, block_size=0, activation_model="hf",
+                      attention="flash", device="A100-40GB")
+    d = bm.budget(short).device
+    longest = d.longest_sequence
+    assert 4096 < longest < 2**24
+    assert _step_peak(short.with_(micro_batch=1, seq_len=longest)) <= d.usable
+    assert _step_peak(short.with_(micro_batch=1, seq_len=longest + 1)) > d.usable
+    cfg = bm.preset("llama2-7b", activation_model="hf", attention="flash",
+                    device="A100-80GB", micro_batch=1)
+    d = bm.budget(cfg).device
+    assert d.longest_sequence is None      # the fixed memory alone does not fit
+    few = d.fewest_devices
+    assert few is not None and d.fits is False
+    fitted = cfg.with_(devices=few["devices"], zero=few["zero"])
+    assert _step_peak(fitted) <= d.usable
+    # one device fewer fits at no ZeRO stage
+    for stage in (0, 1, 2, 3):
+        assert _step_peak(cfg.with_(devices=few["devices"] - 1, zero=stage)) > d.usable
+
+
+def test_devices_by_short_name_in_any_case():
+    assert bm.find_device("h200").name == "H200-141GB"
+    assert bm.find_device("H100-80gb").name == "H100-80GB-SXM"
+    assert bm.find_device("rtx-3090") is bm.find_device("RTX3090") is bm.DEVICES["RTX-3090"]
+    assert bm.find_device("mi300x").name == "MI300X" and bm.find_device("l4").name == "L4"
+    assert bm.find_device("a100") is None          # two cards start so: named in full
+    for name in ("B200-180GB", "L40S", "A10G", "RTX-4090"):
+        assert name in bm.DEVICES
+    run = cli("--preset", "gpt2-small", "--device", "h200", "--json")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["device"]["device"] == "H200-141GB"
+    run = cli("--preset", "gpt2-small", "--device", "a100")
+    assert run.returncode == 2 and "A100-40GB" in run.stderr
 
 
 def test_step_time_at_the_stated_mfu():

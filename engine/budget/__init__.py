@@ -105,7 +105,7 @@ from .activations import (Saved, activation_bytes_per_element, tensor_bytes,
                           korthikanti_layer_bytes, Activations, activations, INDEX_BYTES,
                           engine_block_saved, engine_outside_saved, engine_saved_tensors,
                           engine_activations, llama_layer_ops, layer_ops)
-from .devices import Device, DEVICES, THIS_MACHINE, device_figures, sgemm_flops, this_machine
+from .devices import Device, DEVICES, THIS_MACHINE, device_figures, find_device, sgemm_flops, this_machine
 from .sharding import SHARDED, per_device_fixed, communication
 from .fit import DeviceFit, largest_micro_batch
 from .hf import read_hf_config, config_from_hf
@@ -135,7 +135,7 @@ __all__ = ['KNOBS', 'Knob', 'OPTIMIZER_IMPLS', 'OUTPUTS', 'BACKENDS', 'knob', 's
            'measurable', 'measure', 'Budget', 'budget', 'crossover_batch', 'batch_sweep',
            'recompute_tradeoff', 'human_bytes', 'human_flops', 'describe', 'human_count',
            'config_from_args', 'main', 'ARCHITECTURES', 'GRAD_PRECISIONS', 'ZERO_STAGES',
-           'llama_layer_ops', 'layer_ops', 'Device', 'DEVICES', 'THIS_MACHINE',
+           'llama_layer_ops', 'layer_ops', 'Device', 'DEVICES', 'THIS_MACHINE', 'find_device',
            'device_figures', 'sgemm_flops', 'this_machine', 'SHARDED', 'per_device_fixed',
            'communication', 'DeviceFit', 'largest_micro_batch', 'read_hf_config',
            'config_from_hf', 'human_seconds', 'describe_breakdown', 'human_device_memory', 'Moment', 'StepMoments',

@@ -68,7 +68,7 @@ def finite_number(text: str) -> float:
 
 
 # How the command line reads each kind of knob (the knob table says which exist).
-_PARSE = {"device_memory": memory_size, "device_flops": flop_rate}
+_PARSE = {"device_memory": memory_size, "device_flops": flop_rate, "headroom": memory_size}
 _KIND_PARSE = {int: whole_number, float: finite_number}
 
 

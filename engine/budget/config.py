@@ -5,7 +5,7 @@ import numbers
 from dataclasses import dataclass, field, replace
 
 from . import frameworks
-from .devices import DEVICES
+from .devices import DEVICES, NO_DEVICE, find_device
 from .knobs import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BACKENDS, DEFAULT,
                     GRAD_PRECISIONS, KNOBS, OPTIMIZER_IMPLS, OPTIMIZERS, OUTPUTS, PRECISIONS,
                     REAL_STEP_MODELS, RECOMPUTE, SWITCH, ZERO_STAGES, default, problems)
@@ -55,8 +55,9 @@ class BudgetConfig:
     Device: `device`, a name from `DEVICES` or a label of your own, with
     `device_memory` (bytes) and `device_flops` (dense FLOP/s at this
     precision) overriding the named device's figures (0: the named device's;
-    "none" and no figures: no device); `mfu`, the fraction of those FLOP/s a
-    step achieves.
+    "none" and no figures: no device); `headroom`, the bytes set aside beside
+    the step's peak for the CUDA context and the allocator (engine.budget.fit);
+    `mfu`, the fraction of those FLOP/s a step achieves.
     """
     n_layer: int = default("n_layer")
     d_model: int = default("d_model")
@@ -90,6 +91,7 @@ class BudgetConfig:
     device: str = default("device")
     device_memory: int = default("device_memory")
     device_flops: int = default("device_flops")
+    headroom: int = default("headroom")
     mfu: float = default("mfu")
     outputs: str = default("outputs")
     padded_batch: bool = default("padded_batch")
@@ -189,12 +191,13 @@ class BudgetConfig:
     def _validate_device(self) -> None:
         if not isinstance(self.device, str):
             raise BudgetError(f"device={self.device!r} must be a device name.")
-        if (self.device not in DEVICES and self.device != "none"
+        if (find_device(self.device) is None and self.device != NO_DEVICE
                 and not (self.device_memory and self.device_flops)):
             raise BudgetError(
-                f"device={self.device!r} is not a known device ({', '.join(DEVICES)}); "
-                f"name one of those, or give both device_memory (bytes) and "
-                f"device_flops (FLOP/s) for your own.")
+                f"device={self.device!r} is not a known device ({', '.join(DEVICES)}; "
+                f"any case, or a short name such as h200, mi300x, rtx-3090); name one of "
+                f"those, or give both device_memory (bytes) and device_flops (FLOP/s) for "
+                f"your own.")
 
     def _validate_engine(self) -> None:
         """The engine's reference GPT is one model: GPT-2, tied, 4d MLP, no dropout."""

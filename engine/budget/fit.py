@@ -1,5 +1,12 @@
-"""Does a step fit the device, the largest micro-batch that does, and how
-long a step takes.
+"""Does a step fit the device, the largest micro-batch, the longest sequence and
+the fewest devices that do, and how long a step takes.
+
+Memory: a step fits when the larger of its two peaks (the first step's, when a
+real optimizer creates its state, and every later step's) plus `headroom` is at
+most the device's memory. The headroom is what a process holds beyond the
+allocator's live tensors: the CUDA context and the libraries' workspaces, and
+the caching allocator's blocks that are reserved but not handed out. It is a
+stated allowance (the `headroom` knob), not a measured term.
 
 Time: a step costs F FLOPs per device (forward, backward and recompute of
 its K micro-batches); at a model FLOP utilization `mfu` of the device's
@@ -10,10 +17,12 @@ shown beside the estimate so the reader can judge.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .activations import activations
-from .config import BudgetConfig
+from .config import BudgetConfig, BudgetError
+from .counts import parameter_count
+from .knobs import MAX_BATCH, MAX_COUNT, ZERO_STAGES
 
 
 @dataclass(frozen=True)
@@ -22,45 +31,106 @@ class DeviceFit:
     device: str
     memory: int                  # bytes of the device (0: not given)
     flops_per_second: float      # dense FLOP/s at this precision (0: not given)
-    peak: int                    # bytes one device needs at the peak of the step
+    peak: int                    # bytes one device needs at the larger of its step peaks
+    headroom: int                # bytes set aside beside the peak (context, allocator)
     fits: bool | None            # None when the memory is not given
     largest_micro_batch: int | None   # largest B that fits at this N (None: B=1 does not)
+    longest_sequence: int | None      # longest N that fits at B=1 (None: N=1 does not)
+    fewest_devices: dict | None       # {"devices", "zero"}: the fewest that fit, or None
     step_seconds: float | None
     tokens_per_second: float | None   # all devices together
 
     @property
-    def headroom(self) -> int:
-        return self.memory - self.peak
+    def usable(self) -> int:
+        """The device's memory less the headroom: what the step's tensors may use."""
+        return self.memory - self.headroom
+
+    @property
+    def spare(self) -> int:
+        """Usable bytes left at the peak (negative: by how much it does not fit)."""
+        return self.usable - self.peak
+
+
+def step_peak(cfg: BudgetConfig) -> int:
+    """One device's peak over the first step and every later one."""
+    step = activations(cfg).step
+    return max(step.peak_moment.bytes, step.first_step_peak_moment.bytes)
+
+
+def largest_fitting(fits, low: int, high: int) -> int | None:
+    """The largest n in [low, high] with fits(n), for a fits that is true up to some
+    n and false beyond; None when fits(low) is false."""
+    if not fits(low):
+        return None
+    if fits(high):
+        return high
+    while high - low > 1:   # fits(low), not fits(high)
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def smallest_fitting(fits, low: int, high: int) -> int | None:
+    """The smallest n in [low, high] with fits(n), for a fits that is false below
+    some n and true from there; None when fits(high) is false."""
+    if not fits(high):
+        return None
+    if fits(low):
+        return low
+    while high - low > 1:   # not fits(low), fits(high)
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
 
 
 def largest_micro_batch(cfg: BudgetConfig, fixed_per_device: int, memory: int,
-                        max_batch: int = 1 << 20) -> int | None:
-    """The largest micro-batch B (at this N) whose per-device peak fits in
-    `memory`, or None if B=1 does not. The activation peak grows with B; the
-    fixed bytes do not."""
-    def fits(b: int) -> bool:
-        return fixed_per_device + activations(replace(cfg, micro_batch=b)).peak <= memory
+                        max_batch: int = MAX_BATCH) -> int | None:
+    """The largest micro-batch B (at this N) whose activation peak plus
+    `fixed_per_device` fits in `memory`, or None if B=1 does not. The activation
+    peak grows with B; the fixed bytes do not."""
+    return largest_fitting(
+        lambda b: fixed_per_device + activations(cfg.with_(micro_batch=b)).peak <= memory,
+        1, max_batch)
 
-    if not fits(1):
+
+def _fits(cfg: BudgetConfig, usable: int, **changes) -> bool:
+    try:
+        return step_peak(cfg.with_(**changes)) <= usable
+    except BudgetError:     # a setting the model cannot take (too many devices) never fits
+        return False
+
+
+def fewest_devices(cfg: BudgetConfig, usable: int) -> dict | None:
+    """The fewest data-parallel devices that fit this step (at its micro-batch),
+    with the lowest ZeRO stage that gets there: {"devices": n, "zero": stage}."""
+    most = min(MAX_BATCH, parameter_count(cfg))
+    found = []
+    for stage in ZERO_STAGES:
+        n = smallest_fitting(lambda d: _fits(cfg, usable, devices=d, zero=stage), 1, most)
+        if n is not None:
+            found.append((n, stage))
+    if not found:
         return None
-    if fits(max_batch):
-        return max_batch
-    lo, hi = 1, max_batch  # fits(lo), not fits(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    n, stage = min(found)
+    return {"devices": n, "zero": stage}
 
 
 def device_fit(cfg: BudgetConfig, name: str, memory: int, flops_per_second: float,
-               fixed_per_device: int, peak: int, flops_per_step: int,
-               tokens_per_step_all: int) -> DeviceFit:
+               peak: int, flops_per_step: int, tokens_per_step_all: int) -> DeviceFit:
     seconds = _ratio(flops_per_step, cfg.mfu * flops_per_second) if flops_per_second else None
+    usable = memory - cfg.headroom
+    answers = dict(largest_micro_batch=None, longest_sequence=None, fewest_devices=None)
+    if memory:
+        answers = dict(
+            largest_micro_batch=largest_fitting(
+                lambda b: _fits(cfg, usable, micro_batch=b), 1, MAX_BATCH),
+            longest_sequence=largest_fitting(
+                lambda n: _fits(cfg, usable, micro_batch=1, seq_len=n), 1,
+                cfg.block_size or MAX_COUNT),
+            fewest_devices=fewest_devices(cfg, usable))
     return DeviceFit(
         device=name, memory=memory, flops_per_second=flops_per_second, peak=peak,
-        fits=(peak <= memory) if memory else None,
-        largest_micro_batch=(largest_micro_batch(cfg, fixed_per_device, memory)
-                             if memory else None),
+        headroom=cfg.headroom, fits=(peak <= usable) if memory else None, **answers,
         step_seconds=seconds,
         tokens_per_second=_ratio(tokens_per_step_all, seconds) if seconds else None)
 

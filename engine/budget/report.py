@@ -183,21 +183,36 @@ def describe_device(b: Budget) -> list[str]:
         figures.append(f"{human_flops(d.flops_per_second)}/s dense {c.precision}")
     lines = [f"device     {d.device}: {', '.join(figures)}"]
     if d.fits is not None:
-        if d.fits:
-            lines.append(f"fits       yes: peak {human_bytes(d.peak)} of "
-                         f"{human_bytes(d.memory)} ({human_bytes(d.headroom)} free)")
-        else:
-            lines.append(f"fits       no: peak {human_bytes(d.peak)} is "
-                         f"{human_bytes(-d.headroom)} more than {human_bytes(d.memory)}")
-        lines.append(f"largest    micro-batch that fits at N={c.seq_len}: "
-                     + (f"B={d.largest_micro_batch}" if d.largest_micro_batch else
-                        "none (even B=1 does not fit; shard with --zero, recompute, or "
-                        "use more devices)"))
+        lines += _fit_lines(d, c)
     if d.step_seconds is not None:
         lines.append(f"step time  {human_seconds(d.step_seconds)} at MFU {c.mfu:g} "
                      f"(compute only, communication assumed overlapped): "
                      f"{d.tokens_per_second:,.0f} tokens/s"
                      + (f" over {c.devices} devices" if c.devices > 1 else ""))
+    return lines
+
+
+def _fit_lines(d, c) -> list[str]:
+    """Whether the step fits beside the headroom, and the settings that would."""
+    room = (f"{human_bytes(d.usable)} usable: {human_bytes(d.memory)} less "
+            f"{human_bytes(d.headroom)} headroom for the CUDA context and the allocator")
+    if d.fits:
+        lines = [f"fits       yes: peak {human_bytes(d.peak)} of {room} "
+                 f"({human_bytes(d.spare)} spare)"]
+    else:
+        lines = [f"fits       no: peak {human_bytes(d.peak)} is {human_bytes(-d.spare)} "
+                 f"more than {room}"]
+    lines.append(f"largest    micro-batch that fits at N={c.seq_len}: "
+                 + (f"B={d.largest_micro_batch}" if d.largest_micro_batch else
+                    "none (even B=1 does not fit; shard with --zero, recompute, or "
+                    "use more devices)"))
+    lines.append("longest    sequence that fits at B=1: "
+                 + (f"N={d.longest_sequence:,}" if d.longest_sequence else "none"))
+    few = d.fewest_devices
+    lines.append(f"fewest     devices that fit B={c.micro_batch}, N={c.seq_len}: "
+                 + (f"{few['devices']:,} at ZeRO stage {few['zero']}" if few else
+                    "none (ZeRO shards the fixed memory, not the activations, which do not "
+                    "fit on their own: recompute, flash attention or a shorter sequence)"))
     return lines
 
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, replace
 from .config import BudgetConfig, BudgetError
 from .counts import bytes_per_parameter, fixed_bytes, flops, parameter_breakdown, parameter_count, tokens_per_micro_batch, tokens_per_step
 from .activations import Activations, activations, tensor_bytes
-from .devices import device_figures
+from .devices import device_figures, find_device
 from .fit import DeviceFit, device_fit
 from .frameworks import FRAMEWORKS, resolved_optimizer_impl, resolved_outputs
 from .moments import REBUILT, SAVED_ALL
@@ -142,14 +142,21 @@ def budget(cfg: BudgetConfig) -> Budget:
     fit = None
     if figures:
         memory, rate = figures
-        fit = device_fit(cfg, cfg.device, memory, rate, sum(mine.values()),
-                         sum(mine.values()) + acts.peak, step_flops["per_step"]["total"],
-                         cfg.devices * tokens_per_step(cfg))
+        step = acts.step
+        fit = device_fit(cfg, _device_name(cfg), memory, rate,
+                         max(step.peak_moment.bytes, step.first_step_peak_moment.bytes),
+                         step_flops["per_step"]["total"], cfg.devices * tokens_per_step(cfg))
     return Budget(config=cfg, parameters=parameter_count(cfg),
                   parameter_breakdown=parameter_breakdown(cfg), flops=step_flops,
                   fixed=fixed, activations=acts, one_tensor_bytes=tensor_bytes(cfg),
                   fixed_per_device=mine, communication=tuple(communication(cfg, fixed)),
                   device=fit)
+
+
+def _device_name(cfg: BudgetConfig) -> str:
+    """The device's full name when `cfg.device` selects one ("h200" -> "H200-141GB")."""
+    named = find_device(cfg.device)
+    return named.name if named else cfg.device
 
 
 def crossover_batch(cfg: BudgetConfig, max_batch: int = 1 << 20) -> int | None:
