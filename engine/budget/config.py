@@ -302,6 +302,16 @@ def corpus_vocab_size() -> int:
     return len(set("".join(topics[k] for k in sorted(topics))))
 
 
+def _llama3(name: str, layers: int, width: int, heads: int, mlp: int,
+            tied: bool) -> BudgetConfig:
+    """A Llama 3.1 or 3.2 model: 128,256 tokens, 8 key/value heads, 131,072
+    positions, at micro-batch 1 of 4,096 tokens in bf16."""
+    return BudgetConfig(name=name, architecture="llama", model_type="llama", n_layer=layers,
+                        d_model=width, n_head=heads, n_kv_head=8, d_ff=mlp,
+                        vocab_size=128256, block_size=131072, tied_embedding=tied,
+                        micro_batch=1, seq_len=4096, precision="bf16")
+
+
 def _presets() -> dict[str, BudgetConfig]:
     return {
         # Source text 002: 7B parameters, 32 layers, d=4096, B=8, N=2048, 16-bit,
@@ -347,6 +357,25 @@ def _presets() -> dict[str, BudgetConfig]:
             name="llama2-70b", architecture="llama", n_layer=80, d_model=8192, n_head=64,
             n_kv_head=8, d_ff=28672, vocab_size=32000, block_size=4096,
             tied_embedding=False, micro_batch=1, seq_len=4096, precision="bf16"),
+        # Open models practitioners fine-tune, from their released config.json files
+        # (`tests/test_budget_presets.py` checks each count against the published one).
+        # Llama 3.x: V=128256, 8 K/V heads, 128k positions; 3.2's small ones tie the head.
+        "llama3.2-1b": _llama3("llama3.2-1b", 16, 2048, 32, 8192, tied=True),
+        "llama3.2-3b": _llama3("llama3.2-3b", 28, 3072, 24, 8192, tied=True),
+        "llama3.1-8b": _llama3("llama3.1-8b", 32, 4096, 32, 14336, tied=False),
+        "llama3.1-70b": _llama3("llama3.1-70b", 80, 8192, 64, 28672, tied=False),
+        # Qwen2.5-7B: Qwen2's block (biases on q, k and v), 4 K/V heads, untied.
+        "qwen2.5-7b": BudgetConfig(
+            name="qwen2.5-7b", architecture="llama", model_type="qwen2", n_layer=28,
+            d_model=3584, n_head=28, n_kv_head=4, d_ff=18944, vocab_size=152064,
+            block_size=131072, tied_embedding=False, qkv_bias=True, micro_batch=1,
+            seq_len=4096, precision="bf16"),
+        # Mistral-7B-v0.1: LLaMA's block with a 4096-token sliding window.
+        "mistral-7b": BudgetConfig(
+            name="mistral-7b", architecture="llama", model_type="mistral", n_layer=32,
+            d_model=4096, n_head=32, n_kv_head=8, d_ff=14336, vocab_size=32000,
+            block_size=32768, tied_embedding=False, sliding_window=4096, micro_batch=1,
+            seq_len=4096, precision="bf16"),
         # The trainer's tiny config (engine/gpt_config.py tiny_config), as our engine runs it.
         "tiny": BudgetConfig(
             name="tiny", n_layer=4, d_model=128, n_head=4, vocab_size=corpus_vocab_size(),
@@ -356,7 +385,9 @@ def _presets() -> dict[str, BudgetConfig]:
 
 
 PRESET_NAMES = ("7b-example", "24-layer-example", "gpt2-small", "gpt2-medium", "gpt2-large",
-                "gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b", "7b-class", "tiny")
+                "gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b", "llama3.2-1b",
+                "llama3.2-3b", "llama3.1-8b", "llama3.1-70b", "qwen2.5-7b", "mistral-7b",
+                "7b-class", "tiny")
 
 
 def preset(name: str, **changes) -> BudgetConfig:
