@@ -65,9 +65,12 @@ course: $(STAMP)
 	$(BIN)/python tools/build_course.py $(if $(FORCE),--force) $(LESSONS)
 
 # The budget calculator as a page of its own on http://127.0.0.1:8866 (this machine only;
-# --listen serves elsewhere); e.g. make budget-app APP_ARGS="--preset llama2-7b --no-browser"
+# --listen serves elsewhere); e.g. make budget-app APP_ARGS="--preset llama2-7b --no-browser".
+# Its web stack (Starlette, uvicorn: the optional extra `page`) is installed on first use.
 APP_ARGS ?=
 budget-app: $(STAMP)
+	@$(BIN)/python -c "import starlette, uvicorn" 2>/dev/null \
+	    || $(BIN)/python -m pip install -q -e '.[page]'
 	$(BIN)/python -m widgets.budget_app $(APP_ARGS)
 
 clean-venv:

@@ -1,0 +1,105 @@
+"""What the page shows for a configuration: engine.budget's numbers written by the
+widget's renderers (widgets.budget_views; nothing computed here), kept in a small
+cache keyed by the normalised settings, and computed a few at a time.
+
+A BudgetConfig is frozen and compares by its knobs, so it is the cache's key: two
+links that differ only in how they spell the same settings share one answer.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+import threading
+from collections import OrderedDict
+
+from engine import budget as B
+
+CACHE_SIZE = 256
+MAX_DRAWINGS = 2            # one per core: more would only queue inside matplotlib
+_cache: OrderedDict = OrderedDict()
+_cache_lock = threading.Lock()
+_drawing = threading.Lock()  # matplotlib draws one figure at a time
+_slots = threading.BoundedSemaphore(MAX_DRAWINGS)
+
+
+class Busy(Exception):
+    """Every drawing slot is taken: the visitor is asked to retry (503)."""
+
+
+def cached(cfg: B.BudgetConfig) -> dict | None:
+    with _cache_lock:
+        if cfg in _cache:
+            _cache.move_to_end(cfg)
+            return _cache[cfg]
+    return None
+
+
+def answer(cfg: B.BudgetConfig) -> dict:
+    """The panels for `cfg`, from the cache or computed now; Busy when MAX_DRAWINGS
+    others are being computed (the caller says 503 rather than queueing)."""
+    found = cached(cfg)
+    if found is not None:
+        return found
+    if not _slots.acquire(blocking=False):
+        raise Busy()
+    try:
+        panels = _panels(cfg)
+    finally:
+        _slots.release()
+    with _cache_lock:
+        _cache[cfg] = panels
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return panels
+
+
+def _picture(b: B.Budget) -> str:
+    from widgets import budget_views as W
+    with _drawing:
+        fig = W.memory_bar_figure(b)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=W.DPI)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return (f"<img alt='the memory of one device, item by item' width='{W.BAR_PX[0]}' "
+            f"src='data:image/png;base64,{data}'>")
+
+
+def _panels(cfg: B.BudgetConfig) -> dict:
+    from widgets import budget_views as W
+    b = B.budget(cfg)
+    fit = W.fit_html(b) + fit_answers_html(b)
+    return {"fit": fit, "verdict": plain_text(fit), "readout": W.readout_html(b),
+            "bar": _picture(b), "parallel": W.parallel_html(b),
+            "breakdown": f"<pre>{html.escape(B.describe_breakdown(b))}</pre>",
+            "model": html.escape(cfg.name), "peak": b.peak}
+
+
+def fit_answers_html(b: B.Budget) -> str:
+    """The fit's further answers where the budget gives them: the memory set aside
+    for the CUDA context and the allocator, the longest sequence and the fewest
+    devices that fit."""
+    d = b.device
+    if d is None:
+        return ""
+    lines = []
+    reserve = getattr(b.config, "headroom", None)
+    if reserve:
+        lines.append(f"{B.human_bytes(reserve)} of the card set aside for the CUDA "
+                     f"context and the allocator's reserve (headroom).")
+    longest = getattr(d, "longest_sequence", None)
+    if longest:
+        lines.append(f"Longest sequence that fits at B={b.config.micro_batch}: "
+                     f"<b>N={longest:,}</b>.")
+    fewest = getattr(d, "fewest_devices", None)
+    if fewest:
+        count, stage = fewest if isinstance(fewest, tuple) else (fewest, None)
+        lines.append(f"Fewest devices that fit: <b>{count}</b>"
+                     + (f" with ZeRO stage {stage}." if stage is not None else "."))
+    return "".join(f"<div class='fit-more'>{line}</div>" for line in lines)
+
+
+def plain_text(fragment: str) -> str:
+    """An HTML fragment's words, for the screen reader's announcement."""
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", fragment))).strip()

@@ -1,0 +1,132 @@
+"""The page's web application (Starlette): four routes, the Host allow-list and the
+same security headers on every response, errors included.
+
+    GET /                the page (static: its script builds the controls)
+    GET /static/NAME     its script and style, held in memory (no file is opened
+                         per request, so a flood holds no handle)
+    GET /api/knobs       the controls, from engine.budget's knob table
+    GET /api/budget?...  what engine.budget says for the settings: 200 with the
+                         panels, 400 naming the knob and its fix, 503 when busy
+    GET /assumptions     what the budget assumes (engine.budget's own text)
+"""
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from engine import budget as B
+
+from . import answers, settings
+
+STATIC = Path(__file__).with_name("static")
+_KINDS = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
+SECURITY_HEADERS = [
+    (b"content-security-policy",
+     b"default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+     b"img-src data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+     b"base-uri 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+]
+
+
+class SecurityHeaders:
+    """An ASGI middleware around the whole application (outside Starlette's own error
+    handler), so a 400, 404 or 500 carries the same headers as the page."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in SECURITY_HEADERS}
+                message["headers"] = [(n, v) for n, v in message.get("headers", [])
+                                      if n.lower() not in names] + SECURITY_HEADERS
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _load_static() -> dict[str, tuple[bytes, str]]:
+    return {p.name: (p.read_bytes(), _KINDS[p.suffix]) for p in STATIC.iterdir()
+            if p.suffix in _KINDS}
+
+
+def _cross_site(request: Request) -> bool:
+    """A request another web site's page made (the browser says so): the API
+    answers only the page itself."""
+    return request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none")
+
+
+async def budget_route(request: Request) -> Response:
+    if _cross_site(request):
+        return JSONResponse({"ok": False, "error": "This calculator answers its own page "
+                             "only; open it at its address."}, status_code=403)
+    try:
+        cfg, query = settings.config_from_params(dict(request.query_params))
+        panels = answers.cached(cfg) or await run_in_threadpool(answers.answer, cfg)
+    except B.BudgetError as exc:
+        message = str(exc)
+        return JSONResponse({"ok": False, "error": message,
+                             "knobs": settings.named_knobs(message)}, status_code=400)
+    except answers.Busy:
+        return JSONResponse({"ok": False, "busy": True, "error": "The calculator is busy "
+                             "with other visitors' settings; try again in a moment."},
+                            status_code=503, headers={"Retry-After": "1"})
+    return JSONResponse({"ok": True, "query": query, "values": settings.control_values(cfg),
+                         "panels": panels})
+
+
+def knobs_route(request: Request) -> Response:
+    return JSONResponse({"knobs": settings.describe_knobs(), "presets": B.PRESET_NAMES,
+                         "default_preset": request.app.state.preset,
+                         "hardware": settings.hardware_fields(),
+                         "max_config_chars": settings.MAX_CONFIG_CHARS})
+
+
+def assumptions_route(request: Request) -> Response:
+    return HTMLResponse(
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<title>Assumptions of the training-step budget</title></head><body><main>"
+        "<h1>What the budget assumes</h1><p><a href='./'>back to the calculator</a></p>"
+        f"<pre style='white-space:pre-wrap;max-width:90ch'>{html.escape(B.__doc__ or '')}"
+        "</pre></main></body></html>")
+
+
+def create_app(allowed_hosts, preset: str = settings.DEFAULT_PRESET):
+    """The application answering requests whose Host is one of `allowed_hosts`."""
+    files = _load_static()
+
+    def static_route(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in files:
+            return PlainTextResponse("Not found.", status_code=404)
+        body, kind = files[name]
+        return Response(body, media_type=kind)
+
+    def page_route(request: Request) -> Response:
+        return Response(files["page.html"][0], media_type="text/html")
+
+    app = Starlette(routes=[
+        Route("/", page_route), Route("/static/{name}", static_route),
+        Route("/api/knobs", knobs_route), Route("/api/budget", budget_route),
+        Route("/assumptions", assumptions_route)],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))])
+    app.state.preset = preset
+    return SecurityHeaders(app)

@@ -1,0 +1,194 @@
+"""The page's settings: a URL query <-> a BudgetConfig, through the one knob table.
+
+A query names a model (a preset, or a pasted config.json read by the same code as
+`--hf-config`) and the knobs changed from it; every knob the table shows on the page
+(`engine.budget.knobs.shown_on("page")`) may appear, read by its kind and checked by
+its own bounds (`Knob.problem`, `BudgetConfig.validate`), so a knob added to the table
+is a setting of the page with its help and its limits. A value that is not allowed
+raises BudgetError naming the knob and the fix, before any work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from dataclasses import replace
+from urllib.parse import urlencode
+
+from engine import budget as B
+from engine.budget import devices as D
+from engine.budget.cli import flop_rate, memory_size
+from engine.budget.hf import config_from_hf
+from engine.budget.knobs import KNOBS, Knob, shown_on
+
+DEFAULT_PRESET = "gpt2-small"
+# The knob the budget defaults to when a preset does not choose one.
+_TABLE_ACTIVATIONS = KNOBS["activation_model"].default
+# What the page opens with where a preset leaves the knob table's default: the
+# real-step model (lesson 07 shows the textbook count misses up to half a real
+# step) and a card of today, so the first verdict is about a device.
+DEFAULT_DEVICE = "H200" if "H200" in D.DEVICES else "H100-80GB-SXM"
+PAGE_DEFAULTS = {"activation_model": "hf", "device": DEFAULT_DEVICE}
+# Kept when the model changes: the machine a run is planned for is not the model's.
+HARDWARE_GROUPS = ("parallel", "device")
+MAX_CONFIG_CHARS = 20_000   # a config.json is one or two thousand characters
+MAX_NUMBER_CHARS = 40       # longer than any bound of the knob table
+CUSTOM_DEVICE = "custom"
+PASTED = "the pasted config.json"
+_BY_UNIT = {"device_memory": memory_size, "device_flops": flop_rate, "headroom": memory_size}
+_SWITCH = {"on": True, "off": False, "true": True, "false": False}
+
+
+def page_knobs() -> dict[str, Knob]:
+    return {k.field: k for k in shown_on("page")}
+
+
+def device_choices() -> tuple[str, ...]:
+    return ("none", *D.DEVICES, CUSTOM_DEVICE)
+
+
+def hardware_fields() -> list[str]:
+    return [f for f, k in page_knobs().items() if k.group in HARDWARE_GROUPS]
+
+
+def choice_help(k: Knob) -> dict[str, str]:
+    """One line per choice where the knob's help describes each as `name (what)`."""
+    found = {}
+    for choice in k.choices:
+        m = re.search(rf"(?<![\w-]){re.escape(str(choice))} \(([^()]*)\)", k.help)
+        if m:
+            found[str(choice)] = m.group(1)
+    return found if len(found) == len(k.choices) else {}
+
+
+def describe_knobs() -> list[dict]:
+    """The page's controls, from the knob table: what each is, its help and limits."""
+    out = []
+    for k in page_knobs().values():
+        choices = device_choices() if k.field == "device" else k.choices
+        kind = "bool" if k.kind is bool else ("choice" if choices else k.kind.__name__)
+        out.append({"field": k.field, "label": k.field.replace("_", " "), "help": k.help,
+                    "group": k.group, "kind": kind, "choices": [str(c) for c in choices],
+                    "choice_help": choice_help(k), "low": k.low, "high": k.high,
+                    "zero_means": k.zero_means, "units": k.field in _BY_UNIT})
+    return out
+
+
+# ------------------------------------------------------------------ reading
+def _number(k: Knob, text: str):
+    text = text.strip()
+    if k.field in _BY_UNIT:
+        try:
+            return _BY_UNIT[k.field](text)
+        except argparse.ArgumentTypeError as exc:
+            raise B.BudgetError(f"{k.field}: {exc}.") from None
+    if len(text) > MAX_NUMBER_CHARS:
+        problem = k.problem(10 ** MAX_NUMBER_CHARS)
+        raise B.BudgetError(problem.replace(repr(10 ** MAX_NUMBER_CHARS),
+                                            repr(text[:12] + "...")))
+    try:
+        value = int(text) if k.kind is int else float(text)
+    except ValueError:
+        whole = "a whole number" if k.kind is int else "a number"
+        raise B.BudgetError(f"{k.field}={text[:MAX_NUMBER_CHARS]!r} is not {whole}; "
+                            f"type digits only, e.g. {k.default or 1}.") from None
+    if k.kind is float and not math.isfinite(value):
+        raise B.BudgetError(f"{k.field}={text!r} is not a finite number.")
+    return value
+
+
+def read_value(k: Knob, text: str):
+    """The value of knob `k` that a query's `text` gives (bounds checked later)."""
+    if k.kind is bool:
+        if text.lower() not in _SWITCH:
+            raise B.BudgetError(f"{k.field}={text[:40]!r} is not a switch; "
+                                f"choose on or off.")
+        return _SWITCH[text.lower()]
+    if k.field == "device":
+        if text not in device_choices():
+            raise B.BudgetError(f"device={text[:40]!r} is not a device of this page; "
+                                f"choose one of {', '.join(device_choices())}.")
+        return text
+    if k.choices and isinstance(k.choices[0], str):
+        return text  # Knob.problem names the choices
+    return _number(k, text)
+
+
+def read_pasted_config(text: str) -> dict:
+    """A pasted config.json as the dict `engine.budget.hf` reads; nothing else in it obeyed."""
+    if len(text) > MAX_CONFIG_CHARS:
+        raise B.BudgetError(f"config: the pasted text has {len(text):,} characters, more "
+                            f"than a config.json's {MAX_CONFIG_CHARS:,}; paste the model's "
+                            f"config.json.")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise B.BudgetError(f"config: the pasted text is not JSON ({str(exc)[:80]}); paste "
+                            f"the model's config.json whole.") from None
+    if not isinstance(data, dict):
+        raise B.BudgetError(f"config: the pasted text holds a JSON {type(data).__name__}, "
+                            f"not the object of a config.json; paste the whole file.")
+    return data
+
+
+def _start(params: dict) -> tuple[B.BudgetConfig, dict, dict]:
+    """The model the query names with the page's defaults, its own settings and the
+    model's part of the query."""
+    if "config" in params:
+        data = read_pasted_config(params["config"])
+        model_query = {"config": json.dumps(data, separators=(",", ":"))}
+        return None, data, model_query
+    name = params.get("preset", DEFAULT_PRESET)
+    if name not in B.PRESET_NAMES:
+        raise B.BudgetError(f"preset={name[:40]!r} is not a model of this page; choose one "
+                            f"of {', '.join(B.PRESET_NAMES)}, or paste a config.json.")
+    start = B.preset(name)
+    defaults = dict(PAGE_DEFAULTS)
+    if start.activation_model != _TABLE_ACTIVATIONS:  # the preset chose its own
+        del defaults["activation_model"]
+    return replace(start, **defaults), None, {"preset": name}
+
+
+def config_from_params(params: dict) -> tuple[B.BudgetConfig, str]:
+    """The configuration of a query's parameters (a dict of strings), and the
+    normalised query that reproduces it: the model and the knobs that differ from
+    the model's start."""
+    knobs = page_knobs()
+    unknown = sorted(set(params) - set(knobs) - {"preset", "config"})
+    if unknown:
+        raise B.BudgetError(f"{unknown[0][:40]!r} is not a setting of this page; the "
+                            f"settings are preset, config, {', '.join(knobs)}.")
+    if "preset" in params and "config" in params:
+        raise B.BudgetError("preset and config both name the model; choose a preset or "
+                            "paste a config.json, not both.")
+    changes = {f: read_value(knobs[f], params[f]) for f in knobs if f in params}
+    start, data, model_query = _start(params)
+    if data is not None:
+        cfg = config_from_hf(data, PASTED, **{**PAGE_DEFAULTS, **changes})
+        try:
+            start = config_from_hf(data, PASTED, **PAGE_DEFAULTS)
+        except B.BudgetError:  # the page's defaults do not suit this file: all is said
+            start = B.BudgetConfig()
+    else:
+        cfg = replace(start, **changes).validate()
+    differ = {f: cfg_value(cfg, f) for f in knobs if getattr(cfg, f) != getattr(start, f)}
+    return cfg, urlencode({**model_query, **differ})
+
+
+def cfg_value(cfg: B.BudgetConfig, field: str) -> str:
+    """A knob's value as the page's controls and the URL write it."""
+    value = getattr(cfg, field)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def control_values(cfg: B.BudgetConfig) -> dict[str, str]:
+    return {f: cfg_value(cfg, f) for f in page_knobs()}
+
+
+def named_knobs(message: str) -> list[str]:
+    """The page's settings a message names (its controls are offered beside it)."""
+    fields = [*page_knobs(), "preset", "config"]
+    return [f for f in fields if re.search(rf"(?<![\w-]){f}(?!\w)", message)]

@@ -1,0 +1,231 @@
+// The page's only script: it builds the controls from engine.budget's knob table
+// (api/knobs), sends the settings to api/budget and shows the answer. Never a stale
+// answer: on an error the old numbers are removed and the message offers the
+// controls it names; each change is a step in the browser's history (Back undoes it).
+'use strict';
+const form = document.getElementById('knobs');
+const controls = document.getElementById('controls');
+const answer = document.getElementById('answer');
+const message = document.getElementById('message');
+const PANELS = ['fit', 'readout', 'bar', 'parallel', 'breakdown'];
+const GROUPS = {model: "the model's dimensions", batch: 'the batch', policy: 'training policy',
+                step: 'the training loop', parallel: 'data parallel', device: 'the device'};
+const FOLDED = new Set(['model', 'step']);  // groups shown folded at first
+const CONFIG = '(pasted config.json)';
+let meta = null, asked = 0, shownQuery = '', pasted = '';
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) if (v !== null) node.setAttribute(k, v);
+  node.append(...children);
+  return node;
+}
+
+function helpLine(k) {
+  const zero = k.zero_means ? ' (0: ' + k.zero_means + ')' : '';
+  const units = k.units ? ' Units allowed: 80GB, 24GiB, 312T.' : '';
+  return el('p', {class: 'help', id: 'help-' + k.field}, k.help + zero + '.' + units);
+}
+
+function buttonRow(k) {
+  const choices = k.kind === 'bool' ? ['on', 'off'] : k.choices;
+  const box = el('fieldset', {id: k.field, 'aria-describedby': 'help-' + k.field});
+  const row = el('div', {class: 'row'});
+  for (const c of choices) {
+    const input = el('input', {type: 'radio', name: k.field, value: c});
+    row.append(el('label', {class: 'choice', title: k.choice_help[c] || null},
+                  input, el('span', {}, c)));
+  }
+  box.append(el('legend', {}, k.label), row, helpLine(k));
+  if (Object.keys(k.choice_help).length) {
+    box.append(el('ul', {class: 'choice-help'}, ...choices.map(
+      c => el('li', {'data-choice': c}, c + ': ' + k.choice_help[c]))));
+  }
+  return box;
+}
+
+function control(k) {
+  const wrap = el('div', {class: 'knob', 'data-field': k.field});
+  if (k.kind === 'bool' || (k.kind === 'choice' && k.choices.length <= 5)) {
+    wrap.append(buttonRow(k));
+  } else if (k.kind === 'choice') {
+    const select = el('select', {id: k.field, name: k.field, 'aria-describedby': 'help-' + k.field},
+                      ...k.choices.map(c => el('option', {value: c}, c)));
+    wrap.append(el('label', {for: k.field}, k.label), select, helpLine(k));
+  } else {
+    const input = el('input', {type: 'text', id: k.field, name: k.field, inputmode: 'decimal',
+                               'aria-describedby': 'help-' + k.field, spellcheck: 'false'});
+    input.addEventListener('keydown', e => {
+      if (e.key === 'Enter') { e.preventDefault(); commit(); }
+    });
+    wrap.append(el('label', {for: k.field}, k.label), input, helpLine(k));
+  }
+  return wrap;
+}
+
+function build() {
+  const select = form.elements.preset;
+  select.replaceChildren(...meta.presets.map(p => el('option', {value: p}, p)),
+                         el('option', {value: CONFIG, hidden: ''}, CONFIG));
+  const groups = {};
+  for (const k of meta.knobs) (groups[k.group] ||= []).push(control(k));
+  for (const [group, items] of Object.entries(groups)) {
+    const name = GROUPS[group] || group;
+    const box = FOLDED.has(group)
+      ? el('details', {class: 'group', id: 'group-' + group}, el('summary', {}, name))
+      : el('fieldset', {class: 'group', id: 'group-' + group},
+           el('legend', {class: 'group-name'}, name));
+    box.append(...items);
+    controls.append(box);
+  }
+}
+
+function values() {
+  const params = new URLSearchParams();
+  if (form.elements.preset.value === CONFIG) params.set('config', pasted);
+  else params.set('preset', form.elements.preset.value);
+  for (const k of meta.knobs) {
+    const v = form.elements[k.field] && form.elements[k.field].value;
+    if (v !== undefined && v !== '') params.set(k.field, v);
+  }
+  return params;
+}
+
+function hardware(params) {  // the machine's settings, kept when the model changes
+  const current = values();
+  for (const f of meta.hardware) if (current.has(f)) params.set(f, current.get(f));
+  return params;
+}
+
+function setControls(vals) {
+  for (const [field, value] of Object.entries(vals)) {
+    const item = form.elements[field];
+    if (!item) continue;
+    if (item instanceof RadioNodeList || item.type === 'radio') {
+      form.querySelectorAll(`input[name="${field}"]`).forEach(r => { r.checked = r.value === value; });
+    } else item.value = value;
+    const list = document.querySelector(`[data-field="${field}"] .choice-help`);
+    if (list) list.querySelectorAll('li').forEach(li => li.classList.toggle('chosen', li.dataset.choice === value));
+  }
+}
+
+function setModel(params) {
+  if (params.has('config')) {
+    pasted = params.get('config');
+    form.elements.config.value = pasted;
+    form.elements.preset.value = CONFIG;
+  } else if (params.has('preset')) form.elements.preset.value = params.get('preset');
+}
+
+function withdraw() {  // the old numbers go: never shown beside an error
+  for (const id of PANELS) document.getElementById(id).replaceChildren();
+  answer.hidden = true;
+  document.getElementById('verdict').textContent = '';
+}
+
+function reveal(field) {  // open what hides a control, then move to it
+  const target = document.getElementById(field) || form.elements[field];
+  if (!target) return;
+  const fold = target.closest('details');
+  if (fold) fold.open = true;
+  const focusable = target.matches('fieldset') ? target.querySelector('input:checked, input') : target;
+  focusable.scrollIntoView({block: 'center'});
+  focusable.focus();
+}
+
+function fail(text, query, options) {
+  withdraw();
+  message.replaceChildren(el('p', {}, text));
+  const named = (options.knobs || []).filter(f => document.getElementById(f) || form.elements[f]);
+  if (named.length) {
+    const labels = Object.fromEntries(meta.knobs.map(k => [k.field, k.label]));
+    message.append(el('p', {}, 'Change: ', ...named.map(f => {
+      const b = el('button', {type: 'button', class: 'go', 'data-field': f}, labels[f] || f);
+      b.addEventListener('click', () => reveal(f));
+      return b;
+    })));
+  }
+  if (options.retry) {
+    const again = el('button', {type: 'button', id: 'retry'}, 'Retry');
+    again.addEventListener('click', () => show(query, {push: false}));
+    message.append(el('p', {}, again));
+  }
+  message.hidden = false;
+  document.getElementById('verdict').textContent = text;
+}
+
+async function show(query, {push = true} = {}) {
+  const mine = ++asked;
+  answer.classList.add('waiting');
+  answer.setAttribute('aria-busy', 'true');
+  if (push && query !== shownQuery) history.pushState(null, '', '?' + query);
+  shownQuery = query;
+  let reply, data;
+  try {
+    reply = await fetch('api/budget?' + query, {headers: {Accept: 'application/json'}});
+    data = await reply.json();
+  } catch (error) {
+    if (mine === asked) {
+      fail('The calculator did not answer (' + error.message + '); check that it is still ' +
+           'running, then retry.', query, {retry: true});
+    }
+    return;
+  } finally {
+    if (mine === asked) { answer.classList.remove('waiting'); answer.removeAttribute('aria-busy'); }
+  }
+  if (mine !== asked) return;  // a later change is on its way
+  if (!data.ok) return fail(data.error, query, {knobs: data.knobs, retry: reply.status >= 500});
+  message.hidden = true;
+  message.replaceChildren();
+  for (const id of PANELS) document.getElementById(id).innerHTML = data.panels[id];
+  answer.hidden = false;
+  setControls(data.values);
+  document.getElementById('verdict').textContent = data.panels.verdict;
+  shownQuery = data.query;
+  history.replaceState(null, '', '?' + data.query);
+}
+
+function commit() { show(values().toString()); }
+
+async function start() {
+  try {
+    meta = await (await fetch('api/knobs')).json();
+  } catch (error) {
+    message.replaceChildren(el('p', {}, 'The calculator did not answer (' + error.message +
+                                       '); reload the page once it runs.'));
+    message.hidden = false;
+    return;
+  }
+  build();
+  const params = new URLSearchParams(location.search);
+  if (!params.has('preset') && !params.has('config')) params.set('preset', meta.default_preset);
+  setModel(params);
+  setControls(Object.fromEntries(params));
+  show(params.toString(), {push: false});
+}
+
+form.addEventListener('change', event => {
+  const t = event.target;
+  if (t.id === 'config') return;  // pasted text is used by its button
+  if (t.id === 'preset') {
+    if (t.value === CONFIG) return;
+    return show(hardware(new URLSearchParams({preset: t.value})).toString());
+  }
+  if (t.type === 'radio') setControls({[t.name]: t.value});
+  commit();
+});
+form.addEventListener('submit', event => { event.preventDefault(); commit(); });
+document.getElementById('use-config').addEventListener('click', () => {
+  let text = form.elements.config.value.trim();
+  try { text = JSON.stringify(JSON.parse(text)); } catch (e) { /* the server names the fault */ }
+  pasted = text;
+  form.elements.preset.value = CONFIG;
+  show(hardware(new URLSearchParams({config: text})).toString());
+});
+window.addEventListener('popstate', () => {
+  const params = new URLSearchParams(location.search);
+  setModel(params);
+  setControls(Object.fromEntries(params));
+  show(params.toString(), {push: false});
+});
+start();
