@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,37 @@ def test_qwen3s_q_and_k_norms_are_kept_per_head():
     n = 256
     assert sum(x.bytes for x in norms) == (n * 16 * 128 * (4 + 2) + n * 16 * 4
                                           + n * 8 * 128 * (4 + 2) + n * 8 * 4)
+
+
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine.budget", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("data", [QWEN2, MISTRAL, QWEN3], ids=["qwen2", "mistral", "qwen3"])
+def test_arch_llama_agrees_with_every_llama_shaped_file(tmp_path, data):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    agrees = _cli("--hf-config", str(path), "--arch", "llama", "--json")
+    assert agrees.returncode == 0, agrees.stderr
+    alone = _cli("--hf-config", str(path), "--json")
+    assert json.loads(agrees.stdout)["memory"] == json.loads(alone.stdout)["memory"]
+    refused = _cli("--hf-config", str(path), "--arch", "gpt2")
+    assert refused.returncode == 2 and "contradicts" in refused.stderr
+
+
+def test_the_command_line_says_where_the_files_switches_came_from():
+    path = str(FIXTURES / "gpt2_config.json")
+    text = _cli("--hf-config", path, "--activations", "hf").stdout
+    assert f"read from {path}:" in text
+    assert "dropout        file: resid_pdrop 0.1" in text
+    assert "use_cache      default: transformers' use_cache true" in text
+    data = json.loads(_cli("--hf-config", path, "--activations", "hf", "--dropout", "off",
+                           "--json").stdout)
+    assert data["config_sources"]["dropout"] == "flag: --dropout"
+    assert json.loads(_cli("--preset", "tiny", "--json").stdout)["config_sources"] == {}
 
 
 @pytest.mark.parametrize("kind, says", [

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from .config import BudgetConfig, BudgetError, PRESET_NAMES, REAL_STEP_MODELS, preset
 from .devices import DEVICES, this_machine
-from .hf import config_from_hf, read_hf_config
+from .hf import LLAMA_SHAPED, config_and_sources, read_hf_config
 from .knobs import DEFAULT, KNOBS, SWITCH, Knob, shown_on
 from .total import budget
 from .report import describe, describe_breakdown
@@ -69,7 +69,7 @@ def finite_number(text: str) -> float:
 
 # How the command line reads each kind of knob (the knob table says which exist).
 _PARSE = {"device_memory": memory_size, "device_flops": flop_rate, "headroom": memory_size}
-_KIND_PARSE = {int: whole_number, float: finite_number}
+_KIND_PARSE = {int: whole_number, float: finite_number, str: str}
 
 
 def _add_knob(ap: argparse.ArgumentParser, k: Knob) -> None:
@@ -133,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> BudgetConfig:
+    return config_and_sources_from_args(args)[0]
+
+
+def config_and_sources_from_args(args: argparse.Namespace) -> tuple[BudgetConfig, dict]:
+    """The configuration the flags describe, and where each switch of a --hf-config
+    file came from (engine.budget.hf.Source; empty without a file)."""
     changes = {k.field: getattr(args, k.field) for k in shown_on("cli")}
     changes = {f: v for f, v in changes.items() if v is not None}
     for f, v in list(changes.items()):
@@ -140,16 +146,19 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
             changes[f] = v == "on"
     if changes.get("device") == THIS_MACHINE_FLAG:
         del changes["device"]
+    sources = {}
     if args.hf_config is not None:
         if args.preset is not None:
             raise BudgetError("give --preset or --hf-config, not both: both set the model.")
         data = read_hf_config(args.hf_config)
-        if "architecture" in changes and changes["architecture"] != data.get("model_type"):
+        kind = data.get("model_type")
+        block = "llama" if kind in LLAMA_SHAPED else kind
+        if "architecture" in changes and changes["architecture"] != block:
             raise BudgetError(
                 f"--arch {changes['architecture']} contradicts the file's model_type "
-                f"{data.get('model_type')!r}; leave out --arch (the file says the "
+                f"{kind!r} (a {block} block); leave out --arch (the file says the "
                 f"architecture).")
-        cfg = config_from_hf(data, source=args.hf_config, **changes)
+        cfg, sources = config_and_sources(data, source=args.hf_config, **changes)
     else:
         start = preset(args.preset or "tiny")
         # The starting model's limits (its learned positions, the engine's own GPT-2
@@ -166,7 +175,7 @@ def config_from_args(args: argparse.Namespace) -> BudgetConfig:
         measured = this_machine()
         cfg = cfg.with_(**{**measured, **{k: changes[k] for k in
                                           ("device_memory", "device_flops") if k in changes}})
-    return cfg
+    return cfg, sources
 
 
 # Knobs that describe the model's shape: set without a preset, they start a model of your own.
@@ -193,7 +202,8 @@ def _with_flags(message: str) -> str:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        b = budget(config_from_args(args))
+        cfg, sources = config_and_sources_from_args(args)
+        b = budget(cfg)
         if args.measure and b.config.activation_model not in REAL_STEP_MODELS:
             raise BudgetError(f"--measure torch runs a PyTorch step, so it needs --activations "
                               f"pytorch or hf, not {b.config.activation_model}.")
@@ -204,15 +214,25 @@ def main(argv=None) -> int:
     try:
         if args.json:
             out = b.as_dict()
+            out["config_sources"] = {knob: str(where) for knob, where in sources.items()}
             if comparison:
                 out["measured"] = comparison
             print(json.dumps(out, indent=1))
         else:
-            print(describe(b) + (f"\n\n{describe_breakdown(b)}" if args.breakdown else "")
+            print(describe(b) + _describe_sources(args.hf_config, sources)
+                  + (f"\n\n{describe_breakdown(b)}" if args.breakdown else "")
                   + (f"\n\n{describe_comparison(comparison)}" if comparison else ""))
     except BrokenPipeError:  # `... | head` closed the pipe early: not an error of ours
         sys.stderr.close()
     return 0
+
+
+def _describe_sources(path, sources: dict) -> str:
+    """Where the switches of a --hf-config file came from, one line each."""
+    if not sources:
+        return ""
+    return (f"\n\nread from {path}:\n"
+            + "\n".join(f"  {knob:<15}{where}" for knob, where in sources.items()))
 
 
 def measured_beside_predicted(cfg: BudgetConfig) -> dict:

@@ -55,11 +55,9 @@ def mask_bytes(cfg: BudgetConfig, device: str, input_bytes: int = 0) -> int:
 
 def use_cache_on(cfg: BudgetConfig) -> bool:
     """The use_cache transformers runs with: the flag, else the config.json's,
-    else transformers' own default (on, in every family read here)."""
-    setting = getattr(cfg, "resolved_use_cache", None)
-    if setting is None:
-        setting = getattr(cfg, "use_cache", "default")
-    return setting in (True, "on", "default")
+    else transformers' own default (on, in every family read here): a config read
+    from a file carries the file's switch, so "default" means the file was silent."""
+    return cfg.use_cache != "off"
 
 
 def keeps_kv_cache(cfg: BudgetConfig) -> bool:
