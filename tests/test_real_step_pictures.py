@@ -85,3 +85,24 @@ def test_lesson_07_says_what_its_mfu_measurement_shows():
         assert "far below 1" not in text and "well below 1" not in text
     assert "0.46" in after and "about half" in after
     assert "52%" not in LESSON and "not to be set side by side" in after
+
+
+def test_the_heads_backward_shows_the_gradient_of_the_logits_in_red():
+    """At the head's backward the gradient of the logits has taken the log_softmax output's
+    place among the saved tensors: one fp32 [B*N, V] tensor, red and labelled like the
+    moments before it; the gradients the backward has made by then are grey, not blue."""
+    result = gpt2_bf16()
+    step, acts = result.activations.step, result.activations
+    one = 4 * N_TOKENS * VOCAB
+    parts = {m.name: moment_parts(m, acts.items, acts.saved, N_TOKENS, VOCAB)
+             for m in step.moments}
+    head = next(name for name in parts if "head" in name)
+    assert parts[head]["[B·N, V] tensors"] == one
+    assert parts[head]["saved activations"] == acts.saved - one
+    end = next(name for name in parts if "end of the backward" in name)
+    assert parts[end]["saved activations"] == 0 and parts[end]["[B·N, V] tensors"] == 0
+    ax = Figure().subplots()
+    plot_step_memory(ax, result, N_TOKENS, VOCAB)
+    labels = [t.get_text() for t in ax.texts]
+    assert f"{one / GB:.1f} GB\n1 x fp32\n[B·N, V]" in labels
+    assert sum("[B·N, V]" in label for label in labels) == 3     # forward end, loss, head

@@ -47,21 +47,30 @@ def vocabulary_sized(nbytes: int, n_tokens: int, vocab: int) -> bool:
     return nbytes in (2 * n_tokens * vocab, 4 * n_tokens * vocab)
 
 
+#: The budget's step terms drawn grey: one buffer per parameter (weights, gradients,
+#: optimizer state) and what the backward's last gradients and the optimizer's update add.
+PARAMETER_TERMS = ("weights", "master weights", "gradients", "optimizer state",
+                   "gradients of earlier micro-batches", "backward's last gradients",
+                   "optimizer temporaries")
+
+
 def moment_parts(moment, saved_items, saved_total: int, n_tokens: int, vocab: int) -> dict:
     """A budget moment's bytes in the strip's three parts. `saved_items` are the forward's
     saved tensors (the budget's activation items); when the moment holds all of them as
-    one entry, the vocabulary-sized ones among them are counted as such."""
+    one entry, the vocabulary-sized ones among them are counted as such (at the head's
+    backward the gradient of the logits has taken the log_softmax output's place)."""
     parts = dict.fromkeys(STRIP_COLORS, 0)
     vocab_saved = sum(i.bytes for i in saved_items if vocabulary_sized(i.bytes // i.count,
                                                                        n_tokens, vocab))
-    for what, size in moment.alive:
-        if what == "saved by the forward":
+    for alive in moment.terms:
+        size = alive.bytes
+        if alive.term == "saved by the forward":
             inside = vocab_saved if size == saved_total else 0
             parts["[B·N, V] tensors"] += inside
             parts["saved activations"] += size - inside
         elif vocabulary_sized(size, n_tokens, vocab):
             parts["[B·N, V] tensors"] += size
-        elif what in ("weights", "gradients", "optimizer state") or "AdamW" in what:
+        elif alive.term in PARAMETER_TERMS:
             parts["weights, gradients, optimizer"] += size
         else:
             parts["saved activations"] += size
