@@ -111,3 +111,43 @@ def test_07_5_questions_do_not_list_the_tensors_it_asks_for():
     for answer in ("receives a gradient of its output", "writes a gradient of its input",
                    "gradient of its output and"):
         assert answer not in questions, answer
+
+
+DOTTED = re.compile(r"`(engine(?:\.\w+)+)`")
+
+
+def _home_holds(module, name: str) -> bool:
+    """Whether `name` lives in `module` (or a module of its package), not imported there
+    from elsewhere: a function's or class's own module, else a top-level assignment."""
+    import importlib.util
+    import inspect
+    obj = getattr(module, name)
+    target = getattr(obj, "py_func", obj)
+    if inspect.isfunction(target) or inspect.isclass(target):
+        home = target.__module__
+        return home == module.__name__ or home.startswith(module.__name__ + ".")
+    if inspect.ismodule(obj):
+        return True
+    spec = importlib.util.find_spec(module.__name__)
+    return re.search(rf"^{name}\s*[:=]", open(spec.origin).read(), re.M) is not None
+
+
+@pytest.mark.parametrize("name", SOURCES)
+def test_every_engine_name_a_lesson_gives_lives_where_it_says(name):
+    """`engine.trainer.model.KERNELS` must be a module and a name defined in it: a name the
+    module only imports from another file sends the learner to the wrong file."""
+    import importlib
+    wrong = []
+    for dotted in sorted(set(DOTTED.findall(SOURCES[name]))):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                module = importlib.import_module(".".join(parts[:cut]))
+                break
+            except ImportError:
+                continue
+        rest = parts[cut:]
+        if len(rest) > 1 or (rest and (not hasattr(module, rest[0])
+                                       or not _home_holds(module, rest[0]))):
+            wrong.append(dotted)
+    assert not wrong, f"{name} names what does not live there: {wrong}"

@@ -5,7 +5,8 @@ needing an unfinished exercise says which, in one line, instead of a NameError o
 NotImplementedError traceback; every cell that needs no exercise runs. Lessons 04 and 07
 are judged the same way in their own test modules, with more to say about them. Lesson
 07's calculator comes before its first check, so Run All on the untouched notebook
-reaches it.
+reaches it. And in every lesson, Run All on the untouched notebook makes each check say
+"not done yet" for its own exercise.
 """
 from __future__ import annotations
 
@@ -56,6 +57,29 @@ def test_run_all_on_lesson_07_reaches_the_calculator(tmp_path, monkeypatch):
     nb.cells = nb.cells[:widget + 1]
     ran = build_course.execute(nb, cwd=ROOT / "course", allow_errors=True).cells
     assert not any(cell_errors(c) for c in ran if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("stem", lesson_stems())
+def test_each_check_of_the_untouched_notebook_says_not_done_yet(stem, tmp_path, monkeypatch):
+    """Run All on the untouched student notebook (every stub in place, cells after the
+    last check left out): each check fails with its own exercise's "not done yet", never
+    with a hint about a wrong answer or someone else's error."""
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path / "pieces"))
+    source = (ROOT / "course" / "source" / f"{stem}.py").read_text()
+    nb = build_course.make_notebook(build_course.parse_cells(source), student=True)
+    checks = [i for i, c in enumerate(nb.cells) if c.source.startswith("# CHECK ")]
+    nb.cells = nb.cells[:checks[-1] + 1]
+    ran = build_course.execute(nb, cwd=ROOT / "course", allow_errors=True).cells
+    said = {}
+    for cell in ran:
+        if cell.cell_type == "code" and cell.source.startswith("# CHECK "):
+            exercise = cell.source.split()[2]
+            errors = cell_errors(cell)
+            said[exercise] = errors[0]["evalue"] if errors else "passed"
+    assert list(said) == build_course.check_ids(source)
+    for exercise, message in said.items():
+        assert re.match(rf"Exercise {re.escape(exercise)} \(.*?\): not done yet\.",
+                        message), f"{stem} {exercise}: {message[:300]}"
 
 
 # ------------------------------------------------------------------ the mechanism
