@@ -1,20 +1,22 @@
-"""The standalone budget page (`python -m widgets.budget_app`): a link's settings,
-the numbers engine.budget gives for them, the server's safety (its own Host only,
-no process per visitor, SIGTERM stops it) and, in a real browser with the network
-cut, every control and the URL kept in step.
+"""The standalone budget page (`python -m widgets.budget_app`) without a browser: its
+settings read through the knob table, a link's query normalised and reproduced, bad
+values named with their knob, a pasted config.json read as the command line reads the
+file, and the server's limits: the Host allow-list, the same security headers on every
+answer, the address at fault named, SIGTERM, and a flood of half-open connections and
+parallel requests that leaves a visitor answered and nothing held.
 
-The browser part needs /usr/bin/chromium and playwright; without them it is
-skipped and says why. With BUDGET_SCREENSHOTS set to a folder it saves pictures."""
+Everything but the first test needs the optional extra `page` (starlette, uvicorn)."""
 from __future__ import annotations
 
+import json
 import os
-import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -22,187 +24,230 @@ import pytest
 from engine import budget as bm
 from widgets import budget_app
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from lab_tools import REASON as BROWSER_REASON, chromium, free_port  # noqa: E402
+from budget_page_tools import ROOT, get, get_json, open_files, serving
+from lab_tools import free_port
+
+LLAMA_FILE = ROOT / "tests" / "fixtures" / "llama2_7b_config.json"
 
 
-def shown_peak(page_html: str) -> int:
-    m = re.search(r"class='budget-peak-bytes'>([\d,]+)<", page_html)
-    assert m, page_html[:500]
-    return int(m.group(1).replace(",", ""))
+def test_without_the_page_extra_it_says_how_to_install_and_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(budget_app, "missing_extras", lambda: ["starlette", "uvicorn"])
+    assert budget_app.main(["--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert "starlette and uvicorn" in err and "pip install -e '.[page]'" in err
+    assert "Traceback" not in err
 
 
-def test_a_link_reproduces_its_settings():
-    cfg = bm.preset("llama2-7b", micro_batch=2, precision="bf16", devices=8, zero=3,
-                    device="A100-80GB", activation_model="hf", attention="flash")
-    query = budget_app.query_of(cfg)
-    assert budget_app.config_from_query(query) == cfg
-    assert budget_app.config_from_query("") == bm.preset(budget_app.DEFAULT_PRESET)
-    assert budget_app.config_from_query("preset=tiny&seq_len=32") == bm.preset("tiny", seq_len=32)
+pytest.importorskip("starlette", reason="the budget page needs the extra 'page' "
+                                        "(pip install -e '.[page]')")
+pytest.importorskip("uvicorn", reason="the budget page needs the extra 'page'")
+from widgets.budget_page import settings  # noqa: E402
+from widgets.budget_page.server import host_names  # noqa: E402
 
 
-@pytest.mark.parametrize("query, says", [
-    ("preset=x'%3Bimport", "preset=\"x';import\" is not one of"),
-    ("zero=7", "zero='7' is not one of 0, 1, 2, 3"),
-    ("micro_batch=two", "micro_batch='two' is not a whole number"),
-    ("devices=0", "devices=0 must be at least 1"),
-    ("n_layer=3", "'n_layer' is not a setting of this page"),
+def config_of(query: str) -> bm.BudgetConfig:
+    from urllib.parse import parse_qsl
+    return settings.config_from_params(dict(parse_qsl(query, keep_blank_values=True)))
+
+
+def test_every_page_knob_of_the_table_is_a_control_with_its_help_and_bounds(monkeypatch):
+    shown = {k["field"]: k for k in settings.describe_knobs()}
+    assert list(shown) == [k.field for k in bm.shown_on("page")]
+    assert shown["micro_batch"]["high"] == bm.knob("micro_batch").high
+    assert shown["activation_model"]["help"] == bm.knob("activation_model").help
+    assert set(shown["activation_model"]["choice_help"]) == set(bm.ACTIVATION_MODELS)
+    assert "n_params" not in shown  # a command-line knob only
+    extra = bm.Knob("warmup", "--warmup", int, 0, "a knob added to the table", "batch",
+                    low=1, high=9)
+    monkeypatch.setitem(bm.KNOBS, "warmup", extra)
+    assert "warmup" in {k["field"] for k in settings.describe_knobs()}
+
+
+def test_a_link_reproduces_its_settings_and_keeps_only_what_differs():
+    cfg, query = config_of("preset=llama2-7b&micro_batch=2&precision=bf16&devices=8&zero=3"
+                           "&device=A100-80GB&attention=flash")
+    assert cfg == bm.preset("llama2-7b", micro_batch=2, devices=8, zero=3, device="A100-80GB",
+                            attention="flash", activation_model="hf")
+    assert "precision" not in query  # the preset's own value
+    assert config_of(query) == (cfg, query)
+    start, _ = config_of("")
+    assert start.name == settings.DEFAULT_PRESET and start.activation_model == "hf"
+    assert start.device == settings.DEFAULT_DEVICE  # a device chosen by default
+    assert config_of("preset=tiny")[0].activation_model == "engine"  # the preset's choice
+
+
+@pytest.mark.parametrize("query, knob, says", [
+    (f"micro_batch={10 ** 300}", "micro_batch", "up to 1,048,576"),
+    ("micro_batch=two", "micro_batch", "is not a whole number"),
+    ("zero=7", "zero", "allowed: 0, 1, 2, 3"),
+    ("precision=fp8", "precision", "allowed: fp32, bf16, fp16"),
+    ("mfu=nan", "mfu", "not a finite number"),
+    ("device=bogus", "device", "is not a device of this page"),
+    ("device_memory=lots", "device_memory", "is not a memory size"),
+    ("preset=x'%3Bimport", "preset", "is not a model of this page"),
+    ("n_params=5", "n_params", "is not a setting of this page"),
+    ("preset=llama2-7b&activation_model=pytorch", "architecture", "set architecture 'gpt2'"),
 ])
-def test_a_bad_link_is_named_not_obeyed(query, says):
+def test_a_bad_setting_is_named_with_its_fix(query, knob, says):
     with pytest.raises(bm.BudgetError) as error:
-        budget_app.config_from_query(query)
+        config_of(query)
     assert says in str(error.value)
-    html = budget_app.page(query)  # the page still opens, at the default, and says why
-    assert "were not understood" in html
-    assert shown_peak(html) == bm.budget(bm.preset(budget_app.DEFAULT_PRESET)).peak
+    assert knob in settings.named_knobs(str(error.value)) or knob in str(error.value)
 
 
-def test_the_page_shows_engine_budget_for_its_url_and_fetches_nothing_else():
-    html = budget_app.page("preset=llama2-7b&micro_batch=2&device=A100-80GB")
-    want = bm.budget(bm.preset("llama2-7b", micro_batch=2, device="A100-80GB"))
-    assert shown_peak(html) == want.peak
-    assert "<title>Training-step memory budget</title>" in html and "<h1>" in html
-    assert "does not fit" in html and "(80 GiB)" in html
-    assert 'href="assumptions"' in html
-    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing remote
-    assert "What the budget assumes" in budget_app.assumptions_page()
+def test_a_pasted_config_is_read_as_the_command_line_reads_the_file():
+    text = LLAMA_FILE.read_text()
+    cfg, query = config_of("config=" + __import__("urllib.parse").parse.quote(text))
+    run = subprocess.run([sys.executable, "-m", "engine.budget", "--hf-config", str(LLAMA_FILE),
+                          "--activations", "hf", "--device", settings.DEFAULT_DEVICE, "--json"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert bm.budget(cfg).peak == json.loads(run.stdout)["memory"]["peak"]
+    with pytest.raises(bm.BudgetError, match="config: the pasted text is not JSON"):
+        config_of("config=" + text[:50])
+    with pytest.raises(bm.BudgetError, match="more than a config.json's"):
+        config_of("config=" + " " * (settings.MAX_CONFIG_CHARS + 1))
 
 
-def test_only_its_own_host_names_are_answered():
-    names = budget_app.host_names("127.0.0.1", 8866)
-    assert {"127.0.0.1:8866", "localhost:8866", "[::1]:8866"} <= names
-    assert "evil.example:8866" not in names and "127.0.0.1:8867" not in names
-    assert "mybox.lan:80" in budget_app.host_names("0.0.0.0", 80, ["mybox.lan"])
+def test_host_names_with_or_without_a_port():
+    names = host_names("127.0.0.1", ["mybox.lan:8866", "fe80::1"])
+    assert {"127.0.0.1", "localhost", "[::1]", "mybox.lan", "[fe80::1]"} <= set(names)
+    assert "[::1]" in host_names("::1")
+    with pytest.raises(ValueError, match="--allow-host 'not a host'"):
+        host_names("0.0.0.0", ["not a host"])
 
 
-def test_bad_port_is_refused_before_serving():
-    run = subprocess.run([sys.executable, "-m", "widgets.budget_app", "--port", "0"],
+def _start_fails(*args: str) -> str:
+    run = subprocess.run([sys.executable, "-m", "widgets.budget_app", "--no-browser", *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert run.returncode == 2 and "--port 0" in run.stderr and "Traceback" not in run.stderr
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    return run.stderr
 
 
-def _get(url: str, host: str | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url, headers={"Host": host} if host else {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is `pid` (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
+def test_the_fault_is_named_before_serving():
+    assert "--port 0" in _start_fails("--port", "0")
+    said = _start_fails("--listen", "not a host", "--port", str(free_port()))
+    assert "--listen 'not a host'" in said and "--port" not in said
+    said = _start_fails("--listen", "192.0.2.1", "--port", str(free_port()))
+    assert "--listen 192.0.2.1" in said and "--port" not in said  # not this machine's
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert f"port {port} is in use" in _start_fails("--port", str(port))
+    assert "--allow-host" in _start_fails("--allow-host", "not a host")
 
 
 @pytest.fixture
-def app(tmp_path):
-    """The page served on 127.0.0.1 at a free port; yields (base URL, server process)."""
-    port = free_port()
-    log = open(tmp_path / "budget-app.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "widgets.budget_app", "--port", str(port), "--no-browser"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the budget app exited with {server.returncode}; "
-                                   f"see {log.name}")
-            try:
-                _get(base + "/assumptions")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the budget app did not answer {base}")
-                time.sleep(0.2)
-        yield base, server
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
+def page(tmp_path):
+    with serving(tmp_path, port=free_port()) as served:
+        yield served
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
-def test_server_answers_its_own_host_only_spawns_nothing_and_stops_on_sigterm(app):
-    base, server = app
+HEADERS = ("content-security-policy", "x-content-type-options", "referrer-policy",
+           "x-frame-options", "cache-control")
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux's /proc")
+def test_server_answers_its_own_host_with_headers_everywhere_and_stops_on_sigterm(page):
+    base, server = page
     port = base.rsplit(":", 1)[1]
-    status, body = _get(base + "/", host=f"evil.example:{port}")  # DNS rebinding
-    assert status == 403 and "budget" not in body.lower()
-    for _ in range(20):  # twenty visitors: still one process, no kernel, no child
-        status, body = _get(base + "/?preset=tiny&micro_batch=4")
-        assert status == 200 and shown_peak(body) == bm.budget(
-            bm.preset("tiny", micro_batch=4)).peak
-    assert _children(server.pid) == []
-    status, body = _get(base + "/api/budget?preset=tiny&zero=9")
-    assert status == 200 and "zero=&#x27;9&#x27; is not one of" in body
+    answers = {"page": get(base + "/"), "rebinding": get(base + "/", host=f"evil.example:{port}"),
+               "missing": get(base + "/nothing"),
+               "huge": get(base + f"/api/budget?micro_batch={10 ** 300}"),
+               "cross-site": get(base + "/api/budget", headers={"Sec-Fetch-Site": "cross-site"}),
+               "script": get(base + "/static/page.js")}
+    assert [answers[k][0] for k in answers] == [200, 400, 404, 400, 403, 200]
+    for name, (status, headers, body) in answers.items():
+        have = {h.lower() for h in headers}
+        assert set(HEADERS) <= have, (name, headers)
+        assert "default-src 'none'" in headers["content-security-policy"]
+    assert "budget" not in answers["rebinding"][2].lower()
+    huge = json.loads(answers["huge"][2])
+    assert huge["knobs"] == ["micro_batch"] and "up to 1,048,576" in huge["error"]
+    assert "<script src=\"static/page.js\">" in answers["page"][2]
+    assert "//" not in answers["page"][2].split("<body>")[1].replace("</", "")  # nothing remote
+    status, data = get_json(base + "/api/budget?preset=tiny&micro_batch=4")
+    assert status == 200 and data["panels"]["peak"] == bm.budget(
+        bm.preset("tiny", micro_batch=4, device=settings.DEFAULT_DEVICE)).peak
+    assert data["query"] == "preset=tiny&micro_batch=4"
+    children = subprocess.run(["ps", "--ppid", str(server.pid), "-o", "pid="],
+                              capture_output=True, text=True).stdout.split()
+    assert children == []  # no kernel, no process per visitor
     server.send_signal(signal.SIGTERM)
-    assert server.wait(timeout=10) == 0
+    assert server.wait(timeout=15) == 0
     with pytest.raises(OSError):
-        _get(base + "/")
+        get(base + "/", timeout=5)
 
 
-@pytest.mark.skipif(BROWSER_REASON is not None, reason=BROWSER_REASON or "")
-def test_page_in_a_browser_with_the_network_cut(app):
-    """ZeRO stages clickable and sharding one device's bytes; the URL follows the
-    knobs and opening it reproduces them; nothing overflows at 1280 x 800; one
-    column in a narrow window; no request leaves the machine."""
-    from playwright.sync_api import expect
-    base, _ = app
-    start = bm.preset("llama2-7b", device="A100-80GB")
-    sharded = start.with_(devices=8, zero=3)
-    outside = []
-    with chromium() as browser:
-        context = browser.new_context(viewport={"width": 1280, "height": 800})
-        context.route("**/*", lambda route: route.continue_()
-                      if route.request.url.startswith(base)
-                      else (outside.append(route.request.url), route.abort()))
-        page = context.new_page()
-        page.goto(base + "/?" + budget_app.query_of(start))
-        peak = page.locator(".budget-peak-bytes")
-        expect(peak).to_have_text(f"{bm.budget(start).peak:,}")
-        expect(page.locator("#fit")).to_contain_text("does not fit on A100-80GB")
-        assert page.evaluate("document.scrollingElement.scrollWidth") <= 1280
-        form, results = page.locator("#knobs").bounding_box(), page.locator(
-            ".results").bounding_box()
-        assert form["x"] + form["width"] <= results["x"]  # side by side
-        _screenshot(page, "page-1280x800.png")
-
-        page.locator("#devices").fill("8")
-        page.locator("#devices").press("Tab")
-        expect(peak).to_have_text(f"{bm.budget(start.with_(devices=8)).peak:,}")
-        page.locator("#zero label", has_text="3").click()
-        expect(peak).to_have_text(f"{bm.budget(sharded).peak:,}")
-        assert bm.budget(sharded).peak < bm.budget(start.with_(devices=8)).peak
-        expect(page).to_have_url(re.compile(r"devices=8&zero=3"))
-        assert page.evaluate("document.scrollingElement.scrollWidth") <= 1280
-        _screenshot(page, "page-1280x800-zero3.png")
-
-        again = context.new_page()  # the link, opened afresh, shows the same
-        again.set_viewport_size({"width": 700, "height": 900})
-        again.goto(page.url)
-        expect(again.locator(".budget-peak-bytes")).to_have_text(f"{bm.budget(sharded).peak:,}")
-        assert again.locator("#zero input[value='3']").is_checked()
-        form, results = again.locator("#knobs").bounding_box(), again.locator(
-            ".results").bounding_box()
-        assert form["y"] + form["height"] <= results["y"]  # one column
-        assert again.evaluate("document.scrollingElement.scrollWidth") <= 700
-    assert outside == []
+def _half_open(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and never the rest
+    return s
 
 
-def _screenshot(page, name: str) -> None:
-    folder = os.environ.get("BUDGET_SCREENSHOTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(folder) / name))
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux's /proc")
+def test_a_flood_leaves_a_visitor_answered_and_nothing_held(page):
+    """400 half-open connections and 200 parallel requests for distinct settings: a
+    visitor still gets the page and its answer within 2 s; the half-open ones are
+    closed by the server; once the flood ends the server holds what it held before."""
+    base, server = page
+    port = int(base.rsplit(":", 1)[1])
+    get(base + "/api/budget")  # the default answer, cached as the page opens
+    before = open_files(server.pid)
+    slow = [_half_open(port) for _ in range(400)]
+    results = []
+
+    def flood(i: int) -> None:
+        try:
+            results.append(get(base + f"/api/budget?preset=gpt2-medium&micro_batch={i + 1}",
+                               timeout=60)[0])
+        except OSError as exc:
+            results.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(200)]
+    for t in threads:
+        t.start()
+    try:
+        for what in ("/", "/api/budget", "/static/page.js"):
+            started = time.monotonic()
+            status, _, _ = get(base + what, timeout=10)
+            assert status == 200 and time.monotonic() - started < 2.0, what
+    finally:
+        for t in threads:
+            t.join(timeout=120)
+    assert len(results) == 200 and set(results) <= {200, 503}, set(results)
+    slow[0].settimeout(20)
+    assert slow[0].recv(1024) == b""  # closed by the server: a head must come in time
+    for s in slow:
+        s.close()
+    deadline = time.monotonic() + 20
+    while open_files(server.pid) > before + 5 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert open_files(server.pid) <= before + 5, sorted(
+        os.readlink(f"/proc/{server.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{server.pid}/fd"))
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+def test_ipv6_loopback_is_served(tmp_path):
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 is not configured here")
+    with serving(tmp_path, "--listen", "::1", port=free_port(), host="[::1]") as (base, _):
+        status, data = get_json(base + "/api/budget?preset=tiny")
+        assert status == 200 and data["ok"]
+
+
+def test_a_wildcard_listen_mentions_allow_host(tmp_path):
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "widgets.budget_app", "--listen",
+                               "0.0.0.0", "--port", str(port), "--no-browser"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = [server.stdout.readline() for _ in range(2)]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=15)
+    assert "--allow-host" in lines[1], lines

@@ -13,6 +13,7 @@ import io
 import re
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 from engine import budget as B
 
@@ -20,7 +21,9 @@ CACHE_SIZE = 256
 MAX_DRAWINGS = 2            # one per core: more would only queue inside matplotlib
 _cache: OrderedDict = OrderedDict()
 _cache_lock = threading.Lock()
-_drawing = threading.Lock()  # matplotlib draws one figure at a time
+# matplotlib draws one figure at a time, always on this one thread: its font cache is
+# per thread, each entry an open font file, so drawing on many threads holds many files.
+_drawer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="budget-drawing")
 _slots = threading.BoundedSemaphore(MAX_DRAWINGS)
 
 
@@ -55,13 +58,17 @@ def answer(cfg: B.BudgetConfig) -> dict:
     return panels
 
 
+def _draw_bar(b: B.Budget) -> bytes:
+    from widgets import budget_views as W
+    fig = W.memory_bar_figure(b)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=W.DPI)
+    return buffer.getvalue()
+
+
 def _picture(b: B.Budget) -> str:
     from widgets import budget_views as W
-    with _drawing:
-        fig = W.memory_bar_figure(b)
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=W.DPI)
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    data = base64.b64encode(_drawer.submit(_draw_bar, b).result()).decode("ascii")
     return (f"<img alt='the memory of one device, item by item' width='{W.BAR_PX[0]}' "
             f"src='data:image/png;base64,{data}'>")
 

@@ -17,6 +17,7 @@ import argparse
 import errno
 import ipaddress
 import re
+import signal
 import socket
 import sys
 import webbrowser
@@ -173,5 +174,11 @@ def main(argv=None) -> int:
               f"--allow-host (e.g. --allow-host mybox.lan).", flush=True)
     if not args.no_browser:
         webbrowser.open(url)
-    uvicorn.Server(config).run(sockets=[sock])  # SIGTERM and Ctrl-C end it gracefully
+    # uvicorn stops gracefully on SIGTERM and Ctrl-C, then raises the signal again for
+    # the handler that was there before: a stop asked for is a clean exit, status 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
     return 0

@@ -10,6 +10,7 @@ raises BudgetError naming the knob and the fix, before any work.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -132,6 +133,12 @@ def read_pasted_config(text: str) -> dict:
     return data
 
 
+@functools.lru_cache(maxsize=None)
+def _preset(name: str) -> B.BudgetConfig:
+    """A preset, built once (frozen, so shared safely): the page reads one per request."""
+    return B.preset(name)
+
+
 def _start(params: dict) -> tuple[B.BudgetConfig, dict, dict]:
     """The model the query names with the page's defaults, its own settings and the
     model's part of the query."""
@@ -143,7 +150,7 @@ def _start(params: dict) -> tuple[B.BudgetConfig, dict, dict]:
     if name not in B.PRESET_NAMES:
         raise B.BudgetError(f"preset={name[:40]!r} is not a model of this page; choose one "
                             f"of {', '.join(B.PRESET_NAMES)}, or paste a config.json.")
-    start = B.preset(name)
+    start = _preset(name)
     defaults = dict(PAGE_DEFAULTS)
     if start.activation_model != _TABLE_ACTIVATIONS:  # the preset chose its own
         del defaults["activation_model"]

@@ -1,0 +1,67 @@
+"""The budget page served for a test: `python -m widgets.budget_app` on 127.0.0.1 at a
+free port, in a session of its own; and small HTTP helpers. Tests that use it skip
+when the page's extra (starlette, uvicorn) is not installed."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def get(url: str, host: str | None = None, headers=None, timeout: float = 30):
+    """(status, headers, body text) of a GET; HTTP errors are answers too."""
+    request = urllib.request.Request(url, headers={**({"Host": host} if host else {}),
+                                                   **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, dict(reply.headers), reply.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read().decode()
+
+
+def get_json(url: str, **kw):
+    status, headers, body = get(url, **kw)
+    return status, json.loads(body)
+
+
+@contextmanager
+def serving(folder: Path, *args: str, port: int, host: str = "127.0.0.1"):
+    """The page on `host`:`port` (`args` say more); yields (base URL, process)."""
+    log = open(folder / "budget-page.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "widgets.budget_app", "--port", str(port), "--no-browser",
+         *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://{host}:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"the budget page exited with {server.returncode}: "
+                                   f"{(folder / 'budget-page.log').read_text()}")
+            try:
+                get(base + "/assumptions", timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the budget page did not answer {base}")
+                time.sleep(0.2)
+        yield base, server
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def open_files(pid: int) -> int:
+    """How many file descriptors process `pid` holds (Linux /proc)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
