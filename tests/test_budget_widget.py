@@ -11,7 +11,10 @@ from hypothesis import given, settings, strategies as st
 from engine import budget as B
 from matplotlib.colors import to_hex
 
+import ipywidgets as w
+
 from widgets.budget import BudgetWidget
+from widgets.budget_knobs import named_fields
 from widgets.budget_views import BAR_PX, CATEGORY_COLORS, CURVE_PX, _share
 
 
@@ -37,9 +40,11 @@ def test_initial_readout_is_the_preset_budget(widget):
     assert "budget-readout" in widget.readout._dom_classes
 
 
-def test_every_config_knob_has_a_control(widget):
+def test_every_knob_the_table_shows_on_the_widget_has_a_control(widget):
     knobs = {f for f in B.BudgetConfig.__dataclass_fields__ if f != "name"}
-    assert set(widget.controls) == knobs
+    shown = {k.field for k in B.shown_on("widget")}
+    assert set(widget.controls) == shown and set(widget.hidden) == knobs - shown
+    assert set(widget.values()) == knobs
 
 
 @pytest.mark.parametrize("knob, value", [("micro_batch", 3), ("seq_len", 512),
@@ -70,16 +75,18 @@ def test_recompute_toggle_reports_bytes_saved_and_flops_added(widget):
     assert "+33% compute" in widget.tradeoff.value  # one extra forward on top of 3
 
 
-def test_invalid_settings_show_a_message_not_a_traceback(widget):
-    good = widget.readout.value
+def test_invalid_settings_withdraw_the_numbers_and_say_where_to_fix_them(widget):
     widget.controls["seq_len"].value = 2048  # GPT-2 small has 1024 learned positions
     assert widget.result is None
-    assert "longer than block_size=1024" in html.unescape(widget.message.value)
-    assert widget.readout.value == good  # the last valid readout stays, greyed out
-    assert "budget-stale" in widget.readout._dom_classes
-    assert "budget-stale" in widget.fit._dom_classes
+    message = html.unescape(widget.message.value)
+    assert "longer than block_size=1024" in message
+    assert "Change it here: sequence N (training tab), positions (model tab)" in \
+        re.sub("<[^>]+>", "", message)
+    for shown in widget._results:  # no stale number is left on screen as if current
+        assert shown.layout.visibility == "hidden"
+    assert widget.summary().startswith("invalid settings: seq_len=2048 is longer")
     widget.controls["seq_len"].value = 512
-    assert widget.message.value == "" and "budget-stale" not in widget.readout._dom_classes
+    assert widget.message.value == "" and widget.readout.layout.visibility == "visible"
     assert shown_peak_bytes(widget) == B.budget(B.preset("gpt2-small", seq_len=512)).peak
 
 
@@ -366,3 +373,105 @@ def test_time_left_is_said_steadily(monkeypatch):
     assert said[:2] == ["estimating the time left"] * 2
     numbers = [int(re.search(r"(\d+) s left", s).group(1)) for s in said[2:]]
     assert numbers == sorted(numbers, reverse=True) and max(numbers) <= 35
+
+
+# ------------------------------------------------ never a dead end (issue 51, item 5)
+def test_fp32_gradients_then_a_real_step_is_not_a_dead_end(widget):
+    """Gradients in fp32, then activations of hf: the widget puts the gradients back to
+    storage, says so, greys the buttons with the reason, and shows the numbers."""
+    c = widget.controls
+    c["precision"].value = "bf16"
+    c["grad_precision"].value = "fp32"
+    c["activation_model"].value = "hf"
+    assert widget.result is not None and widget.message.value == ""
+    assert c["grad_precision"].value == "storage" and c["grad_precision"].disabled
+    note = html.unescape(widget.note.value)
+    assert "gradients in</b> set back to 'storage' for you: a hf step keeps fp32" in note
+    assert "gradients in</b>: a hf step" in html.unescape(widget.idle_hints["training"].value)
+    c["micro_batch"].value = 4  # later knobs change the numbers again
+    assert shown_peak_bytes(widget) == B.budget(widget.config()).peak
+    assert widget.note.value == ""  # said once, for the change that caused it
+    c["activation_model"].value = "transformer"
+    assert not c["grad_precision"].disabled
+
+
+def test_a_message_naming_a_greyed_control_enables_it(widget):
+    """Whatever the rules miss, a control a message names is enabled (the safety net)."""
+    c = widget.controls
+    c["activation_model"].value = "rule"
+    assert c["attention"].disabled
+    widget.error = "attention='flash' is refused here; set attention 'standard'."
+    widget._message_html()
+    assert not c["attention"].disabled
+
+
+def moves(widget) -> list[tuple[str, object]]:
+    """Every value of every choice the widget offers (buttons, lists, switches), and
+    numbers that bring the engine's refusals (a short context, a narrow MLP, devices);
+    of the devices, none and one card ("this machine" would measure the machine)."""
+    found = []
+    for name, control in widget.controls.items():
+        if isinstance(control, w.Checkbox):
+            found += [(name, True), (name, False)]
+        elif hasattr(control, "options") and name not in ("n_head", "n_kv_head"):
+            options = control.options
+            if name == "device":  # none and one card: every card is the same kind of move
+                options = [o for o in options if o != B.THIS_MACHINE][:2]
+            found += [(name, o) for o in options]
+    found += [("n_kv_head", 2), ("d_head", 32), ("d_ff", 1000), ("block_size", 512),
+              ("seq_len", 4096), ("devices", 8), ("device_memory", 10**9),
+              ("device_flops", 10**12)]
+    return [(n, v) for n, v in found if n in widget.controls]
+
+
+def restore(widget, values: dict) -> None:
+    """Put settings back on screen as a preset does: load them, then update."""
+    widget._load(B.BudgetConfig(**values))
+    widget._update()
+
+
+def assert_no_dead_end(widget, how: str) -> None:
+    """Numbers, or a message whose every named knob is a control that can be pressed,
+    with the old numbers withdrawn; and one press of a named choice leaves the error."""
+    if widget.result is not None:
+        assert widget.message.value == "", how
+        return
+    named = named_fields(widget.error, widget.values())
+    assert named, (how, widget.error)
+    for field in named:
+        assert field in widget.controls, (how, f"{field} is named but not shown", widget.error)
+        assert not widget.controls[field].disabled, (how, f"{field} is greyed", widget.error)
+    assert all(r.layout.visibility == "hidden" for r in widget._results), how
+    state, error = widget.values(), widget.error
+    for field in named:
+        control = widget.controls[field]
+        for option in getattr(control, "options", []):
+            control.value = option[1] if isinstance(option, tuple) else option
+            left = widget.error != error
+            restore(widget, state)
+            if left:
+                return
+    numbers_only = all(not hasattr(widget.controls[f], "options") for f in named)
+    assert numbers_only, (how, "no press of a named choice leaves", error)
+
+
+@pytest.mark.parametrize("preset", ["gpt2-small", "llama2-7b", "7b-example"])
+def test_every_message_names_controls_that_can_be_pressed(preset):
+    """Walk every pair of moves the widget allows (one, then another) from a preset:
+    whatever message results names only enabled controls, and a press of one of them
+    leaves it."""
+    widget = BudgetWidget(preset=preset, plots=False)
+    all_moves = moves(widget)
+    start = widget.values()
+    errors = set()
+    for first, a in all_moves:
+        restore(widget, start)
+        widget.controls[first].value = a
+        assert_no_dead_end(widget, f"{first}={a!r}")
+        after_first = widget.values()
+        for second, b in all_moves:
+            widget.controls[second].value = b
+            assert_no_dead_end(widget, f"{first}={a!r}, then {second}={b!r}")
+            errors.add(widget.error.split(";")[0][:50])
+            restore(widget, after_first)
+    assert len(errors) > 5  # the walk reaches the engine's refusals, not only numbers

@@ -5,8 +5,8 @@ controls into a `BudgetConfig`, asks `budget(config)` and writes the answer
 into widget models (`.value`), never printing, so a notebook that shows it
 replays cleanly under nbval.
 
-Layout: the controls (three tabs: model, training, devices, and "measure"
-under them) beside what they cost, side by side where the output area is
+Layout: the controls (a tab per group of knobs: model, training, framework
+loop, devices; "measure" under them) beside what they cost, side by side where the output area is
 wide enough and in one column where it is not; labels wrap, never cut.
   * the fit line (`budget-fit`): fits / does not fit the chosen device (its
     memory in GB, with the GiB its data sheet quotes), the largest
@@ -30,10 +30,15 @@ wide enough and in one column where it is not; labels wrap, never cut.
     the button says it is working with a steady time-left, and a result is
     shown only while the settings it was measured at are the ones on screen
     (after that, a line says they changed).
-Sizes (batch, sequence, width) have a box for the exact value and a slider
-that steps through powers of two; heads are chosen among the divisors of the
-width; knobs that do nothing in the current mode are disabled. Impossible
-settings show the message of `engine.budget` and grey out the last numbers.
+The controls are made from `engine.budget`'s table of knobs by
+`widgets.budget_knobs`: a knob added to the table appears here with its help
+and its bounds. Sizes (batch, sequence, width, accumulation) have a box for
+the exact value and a slider that steps through powers of two; heads are
+chosen among the divisors of the width. A knob that does nothing in the
+current mode is greyed out, its reason said under its tab; one the mode
+refuses is put back for the learner, and the widget says so. Impossible
+settings show the message of `engine.budget` with the controls it names, all
+of them enabled, and withdraw the last numbers: nothing stale is shown.
 The panels and the plots are drawn by `widgets.budget_views`, which the
 stand-alone page (`widgets.budget_app`) shares.
 """
@@ -45,11 +50,12 @@ import statistics
 import time
 
 import ipywidgets as w
-from traitlets import observe
 
 from engine import budget as B
 
 from ._figures import PreviewHBox
+from .budget_knobs import (FULL, NO_DEVICE, STEPPED, idle_knobs, label, make_controls,
+                           named_fields, tab_of, zeros_hint)
 from .budget_views import (BAR_PX, CURVE_PX, DPI, draw_memory_bar, draw_memory_curve,
                            fit_html, flops_html, measured_html, parallel_html, readout_html,
                            tradeoff_html)
@@ -57,11 +63,21 @@ from .budget_views import (BAR_PX, CURVE_PX, DPI, draw_memory_bar, draw_memory_c
 _THIS_MACHINE: dict = {}  # "this machine" as a device, once measured
 SETTINGS_CHANGED = ("The settings changed since the measurement; press measure again to "
                     "measure these.")
+# A selected toggle: white on dark blue (8.5:1; JupyterLab's own is grey on light grey,
+# 1.6:1), and a black ring outside any focused control, so focus shows on a selected
+# button too.
+SELECTED_BG, SELECTED_FG, FOCUS_RING = "#1f4e79", "#ffffff", "#000000"
+SELECTED_AND_FOCUS = f"""
+.budget-widget .widget-toggle-button.mod-active,
+.budget-widget .widget-toggle-button.mod-active:hover:enabled {{
+  background-color: {SELECTED_BG}; color: {SELECTED_FG}; font-weight: bold}}
+.budget-widget button:focus-visible, .budget-widget input:focus-visible,
+.budget-widget select:focus-visible {{outline: 2px solid {FOCUS_RING};
+  outline-offset: 2px}}"""
 # Responsive rules: the pictures shrink with their column and keep their box while a
 # new picture loads; toggle buttons size to their labels and wrap; labels wrap, not cut.
 STYLE = f"""<style>
 .budget-widget {{gap: 6px 24px; align-items: flex-start}}
-.budget-stale {{opacity: 0.35; filter: grayscale(1)}}
 .budget-widget img.budget-plot-bar {{max-width: 100%; height: auto;
   aspect-ratio: {BAR_PX[0]} / {BAR_PX[1]}; flex: 0 1 {BAR_PX[0]}px; min-width: 0}}
 .budget-widget img.budget-plot-curve {{max-width: 100%; height: auto;
@@ -86,19 +102,9 @@ STYLE = f"""<style>
 .budget-results .widget-html-content {{overflow-x: auto; max-width: 100%}}
 .budget-results pre {{font-size: 11px; overflow-x: auto}}
 .budget-fit {{font-size: 1.05em}}
+.budget-note {{color: #1f4e79}}
+{SELECTED_AND_FOCUS}
 </style>"""
-
-
-class RedrawnToggleButtons(w.ToggleButtons):
-    """Toggle buttons that show a change of `disabled` at once. ipywidgets 8's view
-    applies `disabled` only when it rebuilds its buttons, which it does when the
-    labels or the icons change; so each change of `disabled` also swaps `icons`
-    between two lists that draw no icon."""
-
-    @observe("disabled")
-    def _redraw(self, change) -> None:
-        with self.hold_sync():
-            self.icons = [""] * len(self.options) if not self.icons else []
 
 
 class TimeLeft:
@@ -122,109 +128,6 @@ class TimeLeft:
             f"about {5 * round(self.shown / 5):.0f} s left"
 
 
-# The four kinds of control; each is as wide as the controls' column, its label 132 px.
-WIDE = {"description_width": "132px"}
-FULL = {"width": "auto", "align_self": "stretch"}  # as wide as the controls' column
-
-
-def slider(description, lo, hi, step=1, tip=None) -> w.IntSlider:
-    return w.IntSlider(min=lo, max=hi, step=step, description=description, tooltip=tip,
-                       style=WIDE, layout=w.Layout(**FULL), continuous_update=False)
-
-
-def number(description, lo=0, hi=10**13, tip=None) -> w.BoundedIntText:
-    return w.BoundedIntText(min=lo, max=hi, description=description, tooltip=tip,
-                            style=WIDE, layout=w.Layout(**FULL))
-
-
-def choice(description, options, tip=None) -> w.Dropdown:
-    return w.Dropdown(options=list(options), description=description, tooltip=tip,
-                      style=WIDE, layout=w.Layout(**FULL))
-
-
-def toggles(description, options, tip=None) -> RedrawnToggleButtons:
-    return RedrawnToggleButtons(options=list(options), description=description, tooltip=tip,
-                                style={"button_width": "auto", **WIDE},
-                                layout=w.Layout(**FULL))
-
-
-def control_for(k: B.Knob):
-    """A control made from a knob's row of the table: toggles for choices, a checkbox
-    for a switch, a bounded number for a size."""
-    label = k.field.replace("_", " ")
-    if k.kind is bool:
-        return w.Checkbox(description=label, indent=False, tooltip=k.help,
-                          layout=w.Layout(**FULL))
-    if k.choices:
-        return toggles(label, k.choices, tip=k.help)
-    if k.kind is int:
-        return number(label, 0 if k.zero_means else k.low, k.high, tip=k.help)
-    # a label the model's file sets (its model_type): shown, not edited
-    return w.Text(description=label, tooltip=k.help, disabled=True, style=WIDE,
-                  layout=w.Layout(**FULL))
-
-
-def knobs(start: B.BudgetConfig) -> dict:
-    """One control per BudgetConfig field, under the field's name, so loading a preset
-    and reading the screen back are one loop each (heads' choices are set on load)."""
-    controls = {
-        "n_layer": slider("layers L", 1, 128),
-        "d_model": number("width d", 1, 1 << 20),
-        "n_head": choice("heads a", [start.n_head]),
-        "vocab_size": number("vocabulary V", 1, 10**7),
-        "d_ff": number("MLP width", tip="0: the usual rule (4d for GPT-2, about 8d/3 "
-                                        "for LLaMA)"),
-        "block_size": number("positions", tip="learned positions of the model; "
-                                              "0: as many as the sequence N"),
-        "tied_embedding": w.Checkbox(description="output head tied to the embedding",
-                                     indent=False, layout=w.Layout(**FULL)),
-        "n_params": number("parameter count", tip="0: counted from the shape; a number "
-                                                  "here replaces that count"),
-        "micro_batch": number("micro-batch B", 1, 1 << 20),
-        "seq_len": number("sequence N", 1, 1 << 22),
-        "accumulation": slider("accumulation K", 1, 256,
-                               tip="micro-batches summed into one optimizer step"),
-        "precision": toggles("precision", B.PRECISIONS),
-        "optimizer": toggles("optimizer", B.OPTIMIZERS),
-        "activation_model": toggles("activations of", B.ACTIVATION_MODELS,
-                                    tip="rule: k tensors per layer; transformer: op by "
-                                        "op; engine: our GPT; pytorch, hf: a real "
-                                        "PyTorch / Hugging Face step"),
-        "tensors_per_layer": slider("tensors per layer", 1, 64,
-                                    tip="the rule of thumb's k (activations of: rule)"),
-        "dropout": w.Checkbox(description="dropout masks", indent=False,
-                              layout=w.Layout(**FULL)),
-        "recompute": toggles("recompute", B.RECOMPUTE),
-        "attention": toggles("attention", B.ATTENTIONS,
-                             tip="standard keeps the N x N probabilities; flash one "
-                                 "number per row"),
-        "architecture": toggles("architecture", B.ARCHITECTURES),
-        "n_kv_head": choice("key/value heads", [("one per head", 0)]),
-        "d_head": number("head size", 0, 1 << 16, tip="0: width / heads (LLaMA only)"),
-        "grad_precision": toggles("gradients in", B.GRAD_PRECISIONS,
-                                  tip="storage: the weights' precision; fp32: "
-                                      "accumulated in fp32"),
-        "devices": number("data-parallel devices", 1, 1 << 20),
-        "zero": toggles("ZeRO stage", B.ZERO_STAGES,
-                        tip="what the devices shard: 1 optimizer state, 2 and "
-                            "gradients, 3 and weights"),
-        "device": choice("device", ["none", *B.DEVICES, B.THIS_MACHINE]),
-        "device_memory": number("memory (bytes)", 0, 10**15,
-                                tip="0: the chosen device's"),
-        "device_flops": number("FLOP/s", 0, 10**18, tip="0: the chosen device's"),
-        "mfu": w.FloatSlider(min=0.05, max=1.0, step=0.05, description="MFU",
-                             tooltip="model FLOP utilization: the share of the device's "
-                                     "FLOP/s a step achieves",
-                             style=WIDE, layout=w.Layout(**FULL),
-                             continuous_update=False),
-    }
-    for k in B.KNOBS.values():  # every other knob of the table, made from its row
-        controls.setdefault(k.field, control_for(k))
-    for name, control in controls.items():  # stable handles for browser tests
-        control.add_class(f"budget-knob-{name.replace('_', '-')}")
-    return controls
-
-
 class BudgetWidget:
     """Controls for every knob of `engine.budget.BudgetConfig`.
 
@@ -240,10 +143,16 @@ class BudgetWidget:
         self.measured: dict | None = None
         self._loading = False
         self._figures: list = []
+        self.error = ""          # engine.budget's message while the settings are invalid
+        self._notes: list = []   # what the widget set for the learner, said once
         start = B.preset(preset, **changes)
-        self.preset = choice("preset", B.PRESET_NAMES)
-        self.preset.value = preset
-        self.controls = knobs(start)
+        self.preset = w.Dropdown(options=list(B.PRESET_NAMES), value=preset,
+                                 description="preset", style={"description_width": "132px"},
+                                 layout=w.Layout(**FULL))
+        self.controls = make_controls(start)
+        # Knobs the table keeps off the widget (a preset sets them): held as values.
+        self.hidden = {f: getattr(start, f) for f in B.BudgetConfig.__dataclass_fields__
+                       if f != "name" and f not in self.controls}
         self._make_results()
         self._load(start)
         self.preset.observe(self._on_preset, names="value")
@@ -260,7 +169,7 @@ class BudgetWidget:
                                                  continuous_update=False,
                                                  layout=w.Layout(width="110px",
                                                                  flex="0 0 110px"))
-                         for name in ("d_model", "micro_batch", "seq_len")}
+                         for name in STEPPED if name in self.controls}
         for name, stepper in self.steppers.items():
             stepper.add_class(f"budget-step-{name.replace('_', '-')}")
             stepper.observe(self._on_step, names="value")
@@ -270,6 +179,13 @@ class BudgetWidget:
         self.fit.add_class("budget-fit")
         self.message = w.HTML()
         self.message.add_class("budget-message")
+        self.note = w.HTML()
+        self.note.add_class("budget-note")
+        # Per tab, the controls greyed out now and why.
+        self.idle_hints = {title: w.HTML() for title in
+                           dict.fromkeys(tab_of(k) for k in B.shown_on("widget"))}
+        for hint in self.idle_hints.values():
+            hint.add_class("budget-idle")
         self.flops_table = w.HTML()
         self.tradeoff = w.HTML()
         self.tradeoff.add_class("budget-recompute")
@@ -299,24 +215,21 @@ class BudgetWidget:
                          self.parallel, self.bar, self.curve]
 
     def _layout(self) -> PreviewHBox:
-        """The controls in three tabs beside the results (one column where narrow)."""
+        """The controls in a tab per group of knobs, in the table's order, beside the
+        results (one column where narrow)."""
         c = self.controls
-        sized = {n: w.HBox([c[n], self.steppers[n]], layout=w.Layout(**FULL))
-                 for n in self.steppers}
-        zeros = w.HTML("<span class='budget-hint'>A 0 in MLP width, positions, parameter "
-                       "count or head size means the usual value (hover a label).</span>")
-        model = w.VBox([c["architecture"], c["n_layer"], sized["d_model"], c["n_head"],
-                        c["n_kv_head"], c["d_head"], c["vocab_size"], c["d_ff"],
-                        c["block_size"], c["tied_embedding"], c["n_params"], zeros])
-        training = w.VBox([sized["micro_batch"], sized["seq_len"], c["accumulation"],
-                           c["precision"], c["grad_precision"], c["optimizer"],
-                           c["activation_model"], c["tensors_per_layer"], c["dropout"],
-                           c["recompute"], c["attention"]])
-        devices = w.VBox([c["device"], c["device_memory"], c["device_flops"], c["mfu"],
-                          c["devices"], c["zero"]])
-        tabs = w.Tab(children=[model, training, devices])
-        for i, title in enumerate(("model", "training", "devices")):
-            tabs.set_title(i, title)
+        boxed = {n: w.HBox([c[n], self.steppers[n]], layout=w.Layout(**FULL))
+                 if n in self.steppers else c[n] for n in c}
+        groups: dict[str, list] = {}
+        for k in B.shown_on("widget"):
+            groups.setdefault(tab_of(k), []).append(k)
+        pages = []
+        for title, knobs in groups.items():
+            hint = zeros_hint(knobs)
+            extra = [w.HTML(f"<span class='budget-hint'>{hint}</span>")] if hint else []
+            pages.append(w.VBox([boxed[k.field] for k in knobs] + extra
+                                + [self.idle_hints[title]]))
+        tabs = w.Tab(children=pages, titles=tuple(groups))
         tabs.add_class("budget-tabs")
         measuring = w.VBox([w.HBox([self.measure_button, self.measure_progress]),
                             self.measure_result])
@@ -324,7 +237,7 @@ class BudgetWidget:
             flex="1 1 340px", max_width="440px", min_width="0"))
         left.add_class("budget-controls")
         plots = w.HBox([self.bar, self.curve], layout=w.Layout(flex_flow="row wrap"))
-        right = w.VBox([self.message, self.fit, self.readout, plots, self.tradeoff,
+        right = w.VBox([self.message, self.note, self.fit, self.readout, plots, self.tradeoff,
                         self.flops_table, self.parallel],
                        layout=w.Layout(flex="1 1 420px", min_width="0"))
         right.add_class("budget-results")
@@ -360,8 +273,7 @@ class BudgetWidget:
     def summary(self) -> str:
         """The readout as one line of plain text (or the message, if invalid)."""
         if self.result is None:
-            return "invalid settings: " + html.unescape(
-                self.message.value.split("</b> ", 1)[-1])
+            return "invalid settings: " + self.error
         b = self.result
         return (f"peak {B.human_bytes(b.peak)} = fixed {B.human_bytes(b.fixed_total)} + "
                 f"activations {B.human_bytes(b.activations.peak)}; "
@@ -371,16 +283,25 @@ class BudgetWidget:
     # ------------------------------------------------------------ state
     def config(self) -> B.BudgetConfig:
         """The configuration on screen (validated; raises BudgetError)."""
-        values = {name: c.value for name, c in self.controls.items()}
-        return B.BudgetConfig(name=self.preset.value, **values).validate()
+        return B.BudgetConfig(name=self.preset.value, **self.values()).validate()
+
+    def values(self) -> dict:
+        """Every knob's value: the controls' and those the widget does not show."""
+        return {**self.hidden, **{name: c.value for name, c in self.controls.items()}}
+
+    def _set(self, field: str, value) -> None:
+        if field in self.controls:
+            self.controls[field].value = value
+        else:
+            self.hidden[field] = value
 
     def _load(self, cfg: B.BudgetConfig) -> None:
         """Put a configuration on screen without recomputing after each knob."""
         self._loading = True
         try:
             self._set_choices(cfg.d_model, cfg.n_head)
-            for name, control in self.controls.items():
-                control.value = getattr(cfg, name)
+            for name in self.values():
+                self._set(name, getattr(cfg, name))
             self._sync()
         finally:
             self._loading = False
@@ -418,30 +339,38 @@ class BudgetWidget:
         """Choices, power-of-two sliders and enabled knobs that follow the others."""
         c = self.controls
         self._set_choices(c["d_model"].value, c["n_head"].value)
-        if c["architecture"].value != "llama":
-            c["n_kv_head"].value = 0  # GPT-2 blocks have one K/V head per head
-            c["d_head"].value = 0  # and split their width evenly among the heads
         for name, stepper in self.steppers.items():
             value = c[name].value
-            top = max(value, {"d_model": 32768, "micro_batch": 4096, "seq_len": 131072}[name])
+            top = max(value, STEPPED[name])
             powers = sorted({1 << k for k in range(top.bit_length()) if (1 << k) <= top}
                             | {value})
             if list(stepper.options) != powers:  # a new list re-renders the slider
                 stepper.options = powers
             stepper.value = value
-        model, devices = c["activation_model"].value, c["devices"].value
-        disabled = {
-            "tensors_per_layer": model != "rule",
-            "dropout": model == "engine",
-            "n_kv_head": c["architecture"].value != "llama",
-            "d_head": c["architecture"].value != "llama",
-            "grad_precision": c["precision"].value == "fp32" or model in B.REAL_STEP_MODELS,
-            "attention": model in ("rule", "engine"),
-            "zero": devices == 1,
-            "mfu": c["device"].value == "none" and not c["device_flops"].value,
-        }
-        for name, off in disabled.items():
-            c[name].disabled = off
+        self._grey_out_idle_knobs()
+
+    def _grey_out_idle_knobs(self) -> None:
+        """Knobs that do nothing now are greyed out, their reasons said under their tab;
+        a value the mode refuses goes back to the knob's default, and a note says so."""
+        values = self.values()
+        idle = idle_knobs(values)
+        greyed: dict[str, list] = {title: [] for title in self.idle_hints}
+        for field, rule in idle.items():
+            reason = rule.why(values)
+            default = B.knob(field).default
+            if rule.resets and values[field] != default:
+                self._set(field, default)
+                self._notes.append(f"<b>{html.escape(label(field))}</b> set back to "
+                                   f"{html.escape(_said(default))} for you: "
+                                   f"{html.escape(reason)}.")
+            if field in self.controls:
+                greyed[tab_of(B.knob(field))].append(
+                    f"<b>{html.escape(label(field))}</b>: {html.escape(reason)}")
+        for name, control in self.controls.items():
+            control.disabled = name in idle
+        for title, hint in self.idle_hints.items():
+            hint.value = (f"<span class='budget-hint'>Greyed out now: "
+                          f"{'; '.join(greyed[title])}.</span>" if greyed[title] else "")
 
     def _on_device(self) -> None:
         """A device chosen by name brings its own figures; "this machine" is measured."""
@@ -467,21 +396,22 @@ class BudgetWidget:
             self._sync()
         finally:
             self._loading = False
+        self.note.value = " ".join(self._notes)
+        self._notes = []
         # A measurement belongs to the settings it ran at; say so when they move on.
         self.measure_result.value = SETTINGS_CHANGED if self.measured else ""
         self.measured = None
         try:
             self.result = B.budget(self.config())
         except B.BudgetError as exc:
-            self.result = None
-            self.message.value = (f"<b style='color:#b00'>Cannot compute this budget:</b> "
-                                  f"{html.escape(str(exc))}")
-            for shown in self._results:  # the old numbers stay, greyed out
-                shown.add_class("budget-stale")
+            self.result, self.error = None, str(exc)
+            self.message.value = self._message_html()
+            for shown in self._results:  # the old numbers are withdrawn, not shown as current
+                shown.layout.visibility = "hidden"
             return
-        self.message.value = ""
+        self.message.value, self.error = "", ""
         for shown in self._results:
-            shown.remove_class("budget-stale")
+            shown.layout.visibility = "visible"
         self.readout.value = readout_html(self.result)
         self.fit.value = fit_html(self.result)
         self.flops_table.value = flops_html(self.result)
@@ -489,6 +419,21 @@ class BudgetWidget:
         self.parallel.value = parallel_html(self.result)
         if self.plots:
             self._draw()
+
+    def _message_html(self) -> str:
+        """engine.budget's message, then where each knob it names is set, every one of
+        them enabled: a message never sends the learner to a greyed-out control."""
+        named = named_fields(self.error, self.values())
+        where = []
+        for field in named:
+            if field in self.controls:
+                self.controls[field].disabled = False
+                where.append(f"<b>{html.escape(label(field))}</b> "
+                             f"({tab_of(B.knob(field))} tab)")
+        here = (f"<br><span class='budget-hint'>Change it here: {', '.join(where)}.</span>"
+                if where else "")
+        return (f"<b style='color:#b00'>Cannot compute this budget:</b> "
+                f"{html.escape(self.error)}{here}")
 
     def _draw(self) -> None:
         """Redraw the two figures kept for the widget's life and swap the images."""
@@ -550,6 +495,11 @@ class BudgetWidget:
         self.measure_progress.value = fraction
         self.measure_result.value = (f"running one forward and backward of our engine's GPT: "
                                      f"{fraction:.0%} done, {self._eta(seconds_left)}")
+
+
+def _said(value) -> str:
+    """A knob's value as a sentence says it: on/off for a switch."""
+    return ("on" if value else "off") if isinstance(value, bool) else repr(value)
 
 
 # --------------------------------------------------------------- rendering

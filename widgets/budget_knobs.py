@@ -1,0 +1,224 @@
+"""The budget widget's controls, made from `engine.budget`'s table of knobs.
+
+Every knob the table shows on the widget (`shown_on("widget")`) gets a control built
+from its row: toggle buttons for its choices, a checkbox for a switch, a bounded box
+for a number (its bounds, 0 allowed where the table says what 0 means), a text box for
+a free-form string; the knob's help is the control's tooltip. What the widget adds is
+its own: a short label, a tab per group of knobs, and the few controls whose choices
+follow other knobs (heads among the divisors of the width, the device list).
+
+`IDLE` says which knobs do nothing in which mode. Such a knob is greyed out with its
+reason; when the mode refuses the value it holds (gradients in fp32 under a real
+framework's step), the widget puts it back to the knob's default and says so, so a
+message never names a control that cannot be pressed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import ipywidgets as w
+from traitlets import observe
+
+from engine import budget as B
+
+# Short labels: the table's help is the long form, shown on hover.
+LABELS = {
+    "n_layer": "layers L", "d_model": "width d", "n_head": "heads a",
+    "vocab_size": "vocabulary V", "d_ff": "MLP width", "block_size": "positions",
+    "tied_embedding": "output head tied to the embedding", "n_params": "parameter count",
+    "n_kv_head": "key/value heads", "d_head": "head size", "micro_batch": "micro-batch B",
+    "seq_len": "sequence N", "accumulation": "accumulation K", "grad_precision": "gradients in",
+    "optimizer_impl": "optimizer runs", "activation_model": "activations of",
+    "tensors_per_layer": "tensors per layer", "dropout": "dropout masks",
+    "outputs": "model output", "use_cache": "key/value cache",
+    "devices": "data-parallel devices", "zero": "ZeRO stage", "device_memory": "memory (bytes)",
+    "device_flops": "FLOP/s", "mfu": "MFU", "headroom": "headroom (bytes)",
+}
+# The tab each group of the table goes to; a group not listed gets a tab of its own.
+TABS = {"model": "model", "batch": "training", "policy": "training",
+        "step": "framework loop", "parallel": "devices", "device": "devices"}
+NO_DEVICE = "none"
+# Sizes with a power-of-two slider beside their box, and the slider's usual top.
+STEPPED = {"d_model": 32768, "micro_batch": 4096, "seq_len": 131072, "accumulation": 256}
+
+WIDE = {"description_width": "132px"}  # every label 132 px
+FULL = {"width": "auto", "align_self": "stretch"}  # as wide as the controls' column
+
+
+def label(field: str) -> str:
+    return LABELS.get(field, field.replace("_", " "))
+
+
+def tab_of(k: B.Knob) -> str:
+    return TABS.get(k.group, k.group)
+
+
+def tip(k: B.Knob) -> str:
+    """A knob's help, with what 0 stands for where it has a meaning."""
+    return k.help + (f"; 0: {k.zero_means}" if k.zero_means else "")
+
+
+class RedrawnToggleButtons(w.ToggleButtons):
+    """Toggle buttons that show a change of `disabled` at once. ipywidgets 8's view
+    applies `disabled` only when it rebuilds its buttons, which it does when the
+    labels or the icons change; so each change of `disabled` also swaps `icons`
+    between two lists that draw no icon."""
+
+    @observe("disabled")
+    def _redraw(self, change) -> None:
+        with self.hold_sync():
+            self.icons = [""] * len(self.options) if not self.icons else []
+
+
+def toggles(k: B.Knob) -> RedrawnToggleButtons:
+    """One button per choice; each button's title names its row, so a screen reader
+    says "ZeRO stage: 3", not "3"."""
+    options = list(k.choices)
+    return RedrawnToggleButtons(options=options, description=label(k.field), tooltip=tip(k),
+                                tooltips=[f"{label(k.field)}: {o}" for o in options],
+                                style={"button_width": "auto", **WIDE},
+                                layout=w.Layout(**FULL))
+
+
+def dropdown(field: str, options, help_text: str) -> w.Dropdown:
+    return w.Dropdown(options=list(options), description=label(field), tooltip=help_text,
+                      style=WIDE, layout=w.Layout(**FULL))
+
+
+def device_choices() -> list[str]:
+    """No device, every device engine.budget lists, and this machine (measured)."""
+    return [NO_DEVICE, *B.DEVICES, B.THIS_MACHINE]
+
+
+def control_for(k: B.Knob, start: B.BudgetConfig):
+    """A control made from a knob's row of the table: toggles for choices, a checkbox
+    for a switch, a bounded box for a number, a text box for a string; heads, key/value
+    heads and the device are lists that follow the model or engine.budget's devices."""
+    if k.field == "n_head":
+        return dropdown(k.field, [start.n_head], tip(k))
+    if k.field == "n_kv_head":
+        return dropdown(k.field, [("one per head", 0)], tip(k))
+    if k.field == "device":
+        return dropdown(k.field, device_choices(), tip(k))
+    common = {"description": label(k.field), "tooltip": tip(k), "layout": w.Layout(**FULL)}
+    if k.kind is bool:
+        return w.Checkbox(indent=False, **common)
+    if k.choices:
+        return toggles(k)
+    if k.kind is int:
+        return w.BoundedIntText(min=0 if k.zero_means else k.low, max=k.high, style=WIDE,
+                                **common)
+    if k.kind is float:  # a fraction: from 0 where 0 means something, else from one step
+        return w.FloatSlider(min=0.0 if k.zero_means else 0.05, max=k.high, step=0.05,
+                             style=WIDE, continuous_update=False, **common)
+    return w.Text(style=WIDE, continuous_update=False, **common)
+
+
+def make_controls(start: B.BudgetConfig) -> dict:
+    """One control per knob the widget shows, under the knob's field name."""
+    controls = {k.field: control_for(k, start) for k in B.shown_on("widget")}
+    for name, control in controls.items():  # stable handles for browser tests
+        control.add_class(f"budget-knob-{name.replace('_', '-')}")
+    return controls
+
+
+def zeros_hint(knobs: list[B.Knob]) -> str:
+    """One line: which boxes of a tab take 0 for their usual value."""
+    boxes = [label(k.field) for k in knobs if k.zero_means and k.kind is int
+             and k.field not in ("n_kv_head",)]
+    if not boxes:
+        return ""
+    return (f"A 0 in {', '.join(boxes)} means the usual value (hover a label).")
+
+
+# ------------------------------------------------------------ knobs that do nothing
+@dataclass(frozen=True)
+class Idle:
+    """A knob that does nothing in some mode: `why(values)` is the reason, or None where
+    the knob matters. With `resets`, the mode refuses any value but the knob's default,
+    and the widget puts it back."""
+    field: str
+    why: Callable[[dict], str | None]
+    resets: bool = False
+
+
+def _model(v: dict) -> str:
+    return v["activation_model"]
+
+
+def _real(v: dict) -> bool:
+    return _model(v) in B.REAL_STEP_MODELS
+
+
+def _when(test: Callable[[dict], bool], reason) -> Callable[[dict], str | None]:
+    """A `why` from a test and its reason (a string, or a function of the values)."""
+    return lambda v: (reason(v) if callable(reason) else reason) if test(v) else None
+
+
+LOOP_KNOBS = ("optimizer_impl", "outputs", "use_cache", "padded_batch", "backend")
+LLAMA_TRAITS = {"n_kv_head": "GPT-2 blocks have one key/value head per head",
+                "d_head": "GPT-2 blocks split the width evenly among the heads",
+                **dict.fromkeys(("qkv_bias", "qk_norm", "sliding_window"),
+                                "a trait of LLaMA-shaped blocks")}
+
+# For one knob, the first rule that applies decides; resetting rules come first.
+IDLE = (
+    Idle("grad_precision", _when(_real, lambda v: f"a {_model(v)} step keeps fp32 gradients "
+                                 f"of its fp32 weights; autocast stores fp32"), resets=True),
+    Idle("grad_precision", _when(lambda v: v["precision"] == "fp32",
+                                 "fp32 weights have fp32 gradients either way")),
+    Idle("dropout", _when(lambda v: _model(v) == "engine",
+                          "the engine's reference GPT has no dropout"), resets=True),
+    Idle("attention", _when(lambda v: _model(v) == "engine", "the engine's reference GPT "
+                            "keeps its attention probabilities (standard)"), resets=True),
+    Idle("attention", _when(lambda v: _model(v) == "rule",
+                            "the rule of thumb counts k tensors, whatever the kernel")),
+    Idle("tensors_per_layer", _when(lambda v: _model(v) != "rule", "k is the rule of "
+                                    "thumb's; activations of: rule")),
+    Idle("n_params", _when(_real, lambda v: f"the {_model(v)} model follows every tensor "
+                           f"of the shape"), resets=True),
+    *(Idle(f, _when(lambda v: v["architecture"] != "llama", why), resets=True)
+      for f, why in LLAMA_TRAITS.items()),
+    *(Idle(f, _when(lambda v: not _real(v), lambda v: f"the {_model(v)} model has no "
+                    f"framework loop (activations of: pytorch or hf)"), resets=True)
+      for f in LOOP_KNOBS),
+    *(Idle(f, _when(lambda v: _model(v) == "pytorch", "the plain PyTorch GPT takes no "
+                    "attention mask and builds no key/value cache"), resets=True)
+      for f in ("use_cache", "padded_batch")),
+    Idle("lora_rank", _when(lambda v: _model(v) != "hf", "LoRA adapters are peft's, over "
+                            "a transformers model (activations of: hf)"), resets=True),
+    *(Idle(f, _when(lambda v: not v["lora_rank"], "no adapters: lora rank is 0 (full "
+                    "fine-tuning)"), resets=True) for f in ("lora_targets", "lora_dropout")),
+    Idle("zero", _when(lambda v: v["devices"] == 1, "one device: nothing to shard")),
+    Idle("mfu", _when(lambda v: v["device"] == NO_DEVICE and not v["device_flops"],
+                      "no device chosen: no step time to estimate")),
+)
+
+
+def idle_knobs(values: dict) -> dict[str, Idle]:
+    """The knobs that do nothing with these values, each with the rule that says why."""
+    found: dict[str, Idle] = {}
+    for rule in IDLE:
+        if rule.field in values and rule.field not in found and rule.why(values):
+            found[rule.field] = rule
+    return found
+
+
+# ------------------------------------------------------- what a message names
+_SAID_AS_SETTING = r"(?=\s*(=|<=|>=|'| to\b| off\b| on\b| at\b))"
+
+
+def named_fields(message: str, fields) -> list[str]:
+    """The knobs an engine.budget message names, in the order it names them: a field
+    with an underscore wherever it stands as a word, a one-word field ("attention")
+    only where it is set ("attention 'flash'", "dropout off"), not in prose ("the
+    attention core")."""
+    found = []
+    for field in fields:
+        pattern = rf"\b{field}\b" + ("" if "_" in field else _SAID_AS_SETTING)
+        m = re.search(pattern, message)
+        if m:
+            found.append((m.start(), field))
+    return [f for _, f in sorted(found)]
