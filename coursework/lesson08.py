@@ -305,6 +305,13 @@ def _measured_stack_peak(n_blocks: int, k: int):
     return mem.peak_bytes, x0.nbytes, nn.block_saved_bytes(2, 6, 8, 2, np.float32)
 
 
+def _segment_walk(L: int, k: int, a: int, b: int, own_boundary: bool = True) -> int:
+    """The peak segment by segment; own_boundary=False is the slip that leaves out the
+    boundary starting the segment being recomputed."""
+    sizes = [min(k, L - s) for s in range(0, L, k)]
+    return max((j + own_boundary) * a + blocks * b for j, blocks in enumerate(sizes))
+
+
 def check_checkpoint_peak(checkpoint_peak) -> None:
     """checkpoint_peak(n_blocks, k, boundary_bytes, block_bytes): the tape's peak."""
     cases = [(8, 1, 100, 1000), (8, 2, 100, 1000), (8, 4, 100, 1000), (8, 8, 100, 1000),
@@ -329,17 +336,21 @@ def check_checkpoint_peak(checkpoint_peak) -> None:
         elif got_value == n * a + k * b:
             hint = ("that is the usual estimate ceil(L/k)*a + k*b. It is exact when k divides "
                     "L; here the last segment is shorter, and when the backward reaches a "
-                    "full segment the last boundary has already been freed. Take the max over "
-                    "segments j of (j+1)*a + (blocks in j)*b.")
+                    "full segment the last boundary has already been freed. Find the moment "
+                    "of the backward at which the most bytes are alive.")
         elif got_value in (L / k * a + k * b, (L // k) * a + k * b):
-            hint = ("the number of segments is ceil(L/k) (a whole number, rounded up), and the "
-                    "peak is the max over segments j of (j+1)*a + (blocks in j)*b.")
+            hint = ("the number of segments is ceil(L/k), a whole number rounded up; and the "
+                    "peak is one moment of the backward: which segment is being recomputed "
+                    "then, and which boundaries are still kept?")
         elif got_value == L * b:
             hint = "that is the peak without checkpointing (every block's insides kept)."
+        elif got_value == _segment_walk(L, k, a, b, own_boundary=False):
+            hint = ("you left out the boundary that starts the segment being recomputed: it "
+                    "is that segment's input, kept until its backward is done.")
         else:
-            hint = ("when the backward recomputes segment j (counting from 0 in forward "
-                    "order), the boundaries 0..j are still kept and segment j's insides are "
-                    "live: (j+1)*a + (blocks in j)*b. The peak is the largest of these.")
+            hint = ("walk the backward segment by segment, last first: at each, count the "
+                    "boundaries still kept and the insides being recomputed; the peak is the "
+                    "largest of these.")
         raise ExerciseError(EX_PEAK, f"{where}. Hint: {hint}")
     for L, k in ((5, 2), (6, 4)):
         measured, a, b = _measured_stack_peak(L, k)

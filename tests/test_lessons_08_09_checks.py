@@ -265,13 +265,34 @@ def test_08_3_stub_says_not_done():
     fails_with(lesson08.check_checkpoint_peak, stub, "Exercise 08.3 (checkpoint_peak): not done")
 
 
+def peak_without_own_boundary(n_blocks, k, a, b):
+    return max(j * a + min(k, n_blocks - s) * b for j, s in enumerate(range(0, n_blocks, k)))
+
+
+def peak_by_walking_the_backward(n_blocks, k, a, b):
+    """The same peak, found by freeing boundaries as a backward would, as a float."""
+    starts = list(range(0, n_blocks, k))
+    peak = 0.0
+    for j in reversed(range(len(starts))):
+        insides = (min(n_blocks, starts[j] + k) - starts[j]) * b
+        peak = max(peak, float(a * (j + 1) + insides))
+    return peak
+
+
+def test_08_3_passes_a_peak_written_differently(capsys):
+    lesson08.check_checkpoint_peak(peak_by_walking_the_backward)
+    assert "Exercise 08.3 (checkpoint_peak) passed." in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("answer, phrase", [
     (peak_usual_estimate, "the last segment is shorter"),
     (peak_boundaries_only, "boundaries only"),
     (peak_float_segments, "ceil(L/k)"),
+    (peak_without_own_boundary, "left out the boundary that starts the segment"),
 ])
 def test_08_3_names_the_typical_mistakes(answer, phrase):
-    fails_with(lesson08.check_checkpoint_peak, answer, phrase)
+    message = fails_with(lesson08.check_checkpoint_peak, answer, phrase)
+    assert "(j+1)*a" not in message and "max over segments" not in message
 
 
 def test_08_3_formula_is_the_measured_peak():
