@@ -97,6 +97,9 @@ class BudgetConfig:
     padded_batch: bool = default("padded_batch")
     use_cache: str = default("use_cache")
     backend: str = default("backend")
+    lora_rank: int = default("lora_rank")
+    lora_targets: str = default("lora_targets")
+    lora_dropout: float = default("lora_dropout")
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
@@ -147,7 +150,31 @@ class BudgetConfig:
             self._validate_real_step()
         if self.activation_model == "engine":
             self._validate_engine()
+        self._validate_lora()
         return self
+
+    def _validate_lora(self) -> None:
+        """LoRA is peft's, over a transformers model, measured in fp32 (engine.budget.lora)."""
+        if not self.lora_rank:
+            for knob in ("lora_targets", "lora_dropout"):
+                if getattr(self, knob):
+                    raise BudgetError(f"{knob}={getattr(self, knob)!r} describes LoRA adapters, "
+                                      f"but lora_rank is 0 (full fine-tuning); set lora_rank "
+                                      f"(e.g. 8), or leave {knob} unset.")
+            return
+        if self.activation_model != "hf":
+            raise BudgetError(f"lora_rank={self.lora_rank}: LoRA adapters are peft's, over a "
+                              f"Hugging Face transformers model; choose activation_model "
+                              f"'hf', or set lora_rank to 0.")
+        if self.precision != "fp32":
+            raise BudgetError(f"lora_rank={self.lora_rank} with precision={self.precision!r}: "
+                              f"LoRA is modelled in fp32 only (what autocast keeps of frozen "
+                              f"weights was not measured); choose precision 'fp32'.")
+        from .lora import targeted
+        try:
+            targeted(self)
+        except ValueError as exc:
+            raise BudgetError(str(exc)) from None
 
     def _validate_numbers(self) -> None:
         """Every number within its knob's bounds, every choice one of its values

@@ -141,9 +141,21 @@ def bytes_per_parameter(precision: str, optimizer: str,
     }
 
 
+def trainable_parameter_count(cfg: BudgetConfig) -> int:
+    """The parameters the optimizer updates: LoRA's adapters (`engine.budget.lora`),
+    else every parameter."""
+    if not cfg.lora_rank:
+        return parameter_count(cfg)
+    from .lora import trainable_parameters
+    return trainable_parameters(cfg)
+
+
 def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     """Bytes of weights, master weights, gradients and optimizer state (the
-    whole model, before any sharding)."""
-    P = parameter_count(cfg)
-    return {k: P * b for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer,
-                                                     cfg.grad_precision, cfg.autocast).items()}
+    whole model, before any sharding). Under LoRA the weights are the frozen
+    model's and the adapters'; the rest is the adapters' alone."""
+    P, T = parameter_count(cfg), trainable_parameter_count(cfg)
+    frozen = P if cfg.lora_rank else 0
+    return {k: (T + (frozen if k == "weights" else 0)) * b
+            for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer,
+                                            cfg.grad_precision, cfg.autocast).items()}

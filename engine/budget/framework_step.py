@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from . import lora
 from . import moments as M
 from . import optimizer_step as opt
 from .config import REAL_STEP_MODELS, BudgetConfig
@@ -37,13 +38,15 @@ from .sharding import per_device_fixed
 def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int]:
     """Saved entries (blocks then outside), and the bytes of one block."""
     L, n, h = cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
-    block = block_saved(cfg, device)
+    block, outside = block_saved(cfg, device), outside_saved(cfg, device)
+    if cfg.lora_rank:
+        return lora.kept(cfg, device, block, outside)
     one_block = sum(x.bytes for x in block)
     if cfg.recompute == "full":  # each block keeps only its input
         blocks = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, L)]
     else:
         blocks = [replace(x, count=L) for x in block]
-    return blocks, outside_saved(cfg, device), one_block
+    return blocks, outside, one_block
 
 
 def autocast_cache_bytes(cfg: BudgetConfig) -> int:
@@ -112,11 +115,12 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
             ("recompute", "the first block's recomputed tensors", one_block),
             ("saved by the forward", "its checkpointed input", n * h * FP32),
             *_output(cfg, device, first_step, M.RECOMPUTED)]))
-    tensors = opt.parameter_tensors(cfg)
+    tensors = opt.trainable_tensors(cfg)
     grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
                                      cfg.autocast)["gradients"]
     end = opt.backward_end_terms([t.numel for t in tensors], grad_bytes, tensors[0].numel,
-                                 cfg.tied_embedding, cfg.accumulation > 1, cfg.autocast)
+                                 cfg.tied_embedding and not cfg.lora_rank,
+                                 cfg.accumulation > 1, cfg.autocast)
     found.append(M.moment(M.BACKWARD_END, [*resident, *_tag(end, "backward's last gradients"),
                                            *_output(cfg, device, first_step, M.BACKWARD_END)]))
     impl = cfg.resolved_optimizer_impl

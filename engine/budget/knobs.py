@@ -176,6 +176,16 @@ KNOBS = {k.field: k for k in (
     _k("attention", "--attention", str, "standard", "standard keeps the T x T "
        "probabilities (eager attention), flash one number per row (SDPA's kernels)",
        "policy", choices=ATTENTIONS),
+    # fine-tuning with LoRA adapters (peft), engine.budget.lora
+    _k("lora_rank", "--lora-rank", int, 0, "rank r of peft's LoRA adapters over a frozen "
+       "model (hf)", "policy", low=1, high=MAX_WIDTH, zero_means="full fine-tuning"),
+    _k("lora_targets", "--lora-targets", str, "", "the layers that get adapters, as peft's "
+       "target_modules: a comma list of names or '.'-separated suffixes (GPT-2: c_attn, "
+       "c_proj, c_fc; LLaMA: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+       "down_proj); empty: peft's default, c_attn or q_proj,v_proj", "policy"),
+    _k("lora_dropout", "--lora-dropout", float, 0.0, "peft's lora_dropout, the probability "
+       "of dropping an adapter's input", "policy", low=0.0, high=1.0,
+       zero_means="no dropout"),
     # what the practitioner's loop does beyond the model
     _k("outputs", "--outputs", str, DEFAULT, "whether the loop holds the model's output "
        "(the logits) through backward (default: the framework's usual loop)", "step",

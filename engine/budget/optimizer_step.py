@@ -150,6 +150,15 @@ def parameter_tensors(cfg) -> list[ParamTensor]:
     return tensors
 
 
+def trainable_tensors(cfg) -> list[ParamTensor]:
+    """The tensors the optimizer updates, the last of the backward's gradients
+    first: LoRA's adapters (`engine.budget.lora`), else `parameter_tensors`."""
+    if not cfg.lora_rank:
+        return parameter_tensors(cfg)
+    from .lora import adapter_tensors
+    return adapter_tensors(cfg, ParamTensor)
+
+
 def param_groups(cfg, tensors: list[ParamTensor]) -> list[list[int]]:
     """The element counts of each param group of the optimizer `cfg`'s framework
     builds: transformers' Trainer two (`Trainer.create_optimizer`: the decay
@@ -233,7 +242,7 @@ def optimizer_moment(cfg, fixed: dict) -> list:
     terms = _resident(fixed, True) + [("gradients", fixed["gradients"])]
     impl = cfg.resolved_optimizer_impl
     if impl is not None:
-        groups = param_groups(cfg, parameter_tensors(cfg))
+        groups = param_groups(cfg, trainable_tensors(cfg))
         terms += optimizer_temporaries(cfg.optimizer, impl, groups, FP32)
     return terms
 
@@ -242,12 +251,13 @@ def backward_end_moment(cfg, fixed: dict, first_step: bool = False) -> list:
     """The end of the backward of the step's last micro-batch: weights, the
     optimizer state (not in step 1: it appears in the first `step()`), the
     gradients of `backward_end_terms`, and the logits when the loop keeps them."""
-    tensors = parameter_tensors(cfg)
+    tensors = trainable_tensors(cfg)
     numels = [t.numel for t in tensors]
     grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
                                      cfg.autocast)["gradients"]
     terms = _resident(fixed, not first_step)
-    terms += backward_end_terms(numels, grad_bytes, tensors[0].numel, cfg.tied_embedding,
+    tied = cfg.tied_embedding and not cfg.lora_rank  # LoRA: the embedding gets no gradient
+    terms += backward_end_terms(numels, grad_bytes, tensors[0].numel, tied,
                                 cfg.accumulation > 1, cfg.autocast)
     if outputs_kept(cfg):
         lo = 2 if cfg.autocast else FP32
@@ -267,7 +277,7 @@ def head_backward_moment(cfg, fixed: dict, saved: int, first_step: bool = False)
     saved, the same bytes: the sum is unchanged. It outgrows the loss's
     backward when the width exceeds twice the micro-batch's tokens, and the end
     of the backward under accumulation with an untied head."""
-    head = cfg.vocab_size * cfg.d_model
+    head = 0 if cfg.lora_rank else cfg.vocab_size * cfg.d_model  # LoRA: a frozen head
     grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
                                      cfg.autocast)["gradients"]
     terms = _resident(fixed, not first_step)

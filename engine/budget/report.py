@@ -5,7 +5,7 @@ from decimal import Decimal
 
 from .config import MASTER_BYTES
 from .devices import GiB
-from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step
+from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
 from .total import Budget
 
 
@@ -48,6 +48,16 @@ def human_seconds(t: float) -> str:
     return f"{t:.3g} s"
 
 
+def _trainable(c) -> list[str]:
+    """Under LoRA, the line of the parameters the optimizer updates."""
+    if not c.lora_rank:
+        return []
+    from .lora import target_names
+    count = trainable_parameter_count(c)
+    return [f"trainable  {count:,} ({human_count(count)}): LoRA rank {c.lora_rank} on "
+            f"{','.join(target_names(c))}, the model's own parameters frozen"]
+
+
 def describe(b: Budget) -> str:
     """The human-readable report the command line prints."""
     c = b.config
@@ -60,6 +70,7 @@ def describe(b: Budget) -> str:
     lines = [
         f"model      {c.name}: {shape}",
         f"parameters {b.parameters:,} ({human_count(b.parameters)}, {source})",
+        *_trainable(c),
         f"batch      B={c.micro_batch} x N={c.seq_len}, accumulation K={c.accumulation}: "
         f"{tokens_per_micro_batch(c):,} tokens per micro-batch, "
         f"{tokens_per_step(c):,} per optimizer step"

@@ -125,6 +125,9 @@ def _hf_model(cfg: BudgetConfig):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if cfg.lora_rank:  # peft's adapters over the frozen model
+        from .lora import peft_model
+        model = peft_model(model, cfg)
     return model
 
 
@@ -210,7 +213,7 @@ def _optimizer(model, cfg: BudgetConfig):
         from transformers.trainer_pt_utils import get_parameter_names
         decay = set(get_parameter_names(model, [torch.nn.LayerNorm], [
             r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]))
-        named = list(model.named_parameters())
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         params = [{"params": [p for n, p in named if n in decay], "weight_decay": 0.0},
                   {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
     if cfg.optimizer == "adamw":

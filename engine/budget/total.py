@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from .config import BudgetConfig, BudgetError
-from .counts import bytes_per_parameter, fixed_bytes, flops, parameter_breakdown, parameter_count, tokens_per_micro_batch, tokens_per_step
+from .counts import bytes_per_parameter, fixed_bytes, flops, parameter_breakdown, parameter_count, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
 from .activations import Activations, activations, tensor_bytes
 from .devices import device_figures, find_device
 from .fit import DeviceFit, device_fit
@@ -86,6 +86,7 @@ class Budget:
         return {
             "config": cfg,
             "parameters": self.parameters,
+            "trainable_parameters": trainable_parameter_count(self.config),
             "parameter_breakdown": self.parameter_breakdown,
             "tokens": {"per_micro_batch": tokens_per_micro_batch(self.config),
                        "per_step": tokens_per_step(self.config)},

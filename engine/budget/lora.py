@@ -1,0 +1,254 @@
+"""LoRA fine-tuning (peft's `LoraConfig`) in a Hugging Face step: what freezing the
+base model and adding low-rank adapters changes in the step's memory.
+
+peft replaces each targeted linear layer by `base(x) + B(A(dropout(x))) * scaling`,
+A of rank r by the layer's input width, B of its output width by r. The base model
+is frozen: no gradient, no optimizer state, and the optimizer (transformers'
+Trainer, over the parameters that require a gradient) sees only the adapters.
+
+What the forward keeps changes in five ways, each read from torch's autograd
+formulas (an op saves an input only for the gradient that needs it) and
+confirmed with the CPU allocator's memory events (`tests/test_budget_lora.py`):
+
+1. A frozen matmul keeps no input: its weight gets no gradient, and the input's
+   gradient reads only the weight. A layer's input is kept when an adapter
+   reads it (A's weight gradient), not otherwise: GPT-2's c_fc input goes
+   when c_fc is not a target, the head's input always (the head is frozen).
+2. Each adapter keeps its low-rank output A(x), n x r, for B's weight gradient.
+3. With `lora_dropout` p > 0 each adapter keeps a dropped copy of its input
+   (A's weight gradient reads it) instead of the input, and dropout's mask (a
+   float of the input's dtype on the CPU, a bool on CUDA).
+4. A frozen gain keeps nothing for its own gradient: LLaMA's RMSNorm (`weight *
+   x_normed`, written in Python) no longer keeps x / rms; GPT-2's LayerNorm is
+   one op (`native_layer_norm`) that keeps its input and statistics anyway.
+5. Nothing needs a gradient before the first adapter: the embeddings are frozen,
+   so the first block keeps nothing before the first adapter reads its input, and
+   the embedding's dropout keeps no mask. peft's recipes for checkpointing
+   (`gradient_checkpointing_enable()` and `enable_input_require_grads()`, which
+   `prepare_model_for_kbit_training` calls) make the embedding's output require
+   a gradient, so under checkpointing every block keeps the same.
+
+Precision: the adapters are fp32 like the base model's weights; the step runs
+in fp32 (16-bit autocast with adapters is not modelled: it was not measured).
+
+Targets resolve as peft resolves a list of names: a module matches a name when
+its own name is that name or ends with `.` and that name, so GPT-2's `c_proj`
+is the attention's projection and the MLP's. No targets given: peft's own
+default for the family (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`):
+`c_attn` for GPT-2, `q_proj,v_proj` for the LLaMA-shaped families.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .kept import Saved
+
+FP32 = 4
+# peft's default target_modules when none are given, by the budget's architecture
+DEFAULT_TARGETS = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj")}
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer of a block, as peft names it inside the block, with the
+    op of `real_step` whose saved entry is its input ("" when no entry is: an
+    input some other op keeps anyway, SDPA's output under SDPA)."""
+    name: str
+    fan_in: str     # BudgetConfig property or field giving its input width
+    fan_out: str
+    reads: str
+
+
+BLOCK_LINEARS = {
+    "gpt2": (Linear("attn.c_attn", "d_model", "qkv_width", "qkv matmul"),
+             Linear("attn.c_proj", "d_model", "d_model", "projection matmul"),
+             Linear("mlp.c_fc", "d_model", "ffn", "fc matmul"),
+             Linear("mlp.c_proj", "ffn", "d_model", "fc-proj matmul")),
+    "llama": (Linear("self_attn.q_proj", "d_model", "q_width", "q/k/v matmuls"),
+              Linear("self_attn.k_proj", "d_model", "kv_width", "q/k/v matmuls"),
+              Linear("self_attn.v_proj", "d_model", "kv_width", "q/k/v matmuls"),
+              Linear("self_attn.o_proj", "q_width", "d_model", "projection matmul"),
+              Linear("mlp.gate_proj", "d_model", "ffn", "gate/up matmuls"),
+              Linear("mlp.up_proj", "d_model", "ffn", "gate/up matmuls"),
+              Linear("mlp.down_proj", "ffn", "d_model", "down matmul")),
+}
+
+
+def _width(cfg, what: str) -> int:
+    if what == "qkv_width":
+        return 3 * cfg.d_model
+    if what == "kv_width":
+        return cfg.kv_heads * cfg.head_dim
+    return getattr(cfg, what)
+
+
+def target_names(cfg) -> tuple[str, ...]:
+    """The names of `cfg.lora_targets` (a comma list), or peft's family default."""
+    given = tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip())
+    return given or DEFAULT_TARGETS[cfg.architecture]
+
+
+def matches(module: str, target: str) -> bool:
+    """peft's rule for a list of names: the name itself, or a `.`-separated suffix."""
+    return module == target or module.endswith("." + target)
+
+
+def targeted(cfg) -> tuple[Linear, ...]:
+    """The block's linear layers that get adapters, in the block's order; a
+    ValueError naming a target that matches no layer (peft refuses it too)."""
+    linears = BLOCK_LINEARS[cfg.architecture]
+    for target in target_names(cfg):
+        if not any(matches(l.name, target) for l in linears):
+            names = ", ".join(l.name for l in linears)
+            raise ValueError(
+                f"lora_targets={cfg.lora_targets!r}: {target!r} matches no linear layer of "
+                f"a {cfg.architecture} block ({names}; a name matches itself or a "
+                f"'.'-separated suffix, as in peft).")
+    return tuple(l for l in linears if any(matches(l.name, t) for t in target_names(cfg)))
+
+
+def adapter_shapes(cfg) -> list[tuple[str, int, int]]:
+    """(name, fan_in, fan_out) of every adapted layer of one block."""
+    return [(l.name, _width(cfg, l.fan_in), _width(cfg, l.fan_out)) for l in targeted(cfg)]
+
+
+def trainable_parameters(cfg) -> int:
+    """Every adapter's A (r x fan_in) and B (fan_out x r), in every block."""
+    r = cfg.lora_rank
+    return cfg.n_layer * sum(r * (i + o) for _, i, o in adapter_shapes(cfg))
+
+
+def adapter_tensors(cfg, tensor):
+    """The trainable tensors in the order the model registers them (`tensor(name,
+    numel, decays)` makes each; all are in the Trainer's weight-decay group)."""
+    r, out = cfg.lora_rank, []
+    prefix = "h" if cfg.architecture == "gpt2" else "layers"
+    for i in range(cfg.n_layer):
+        for name, fan_in, fan_out in adapter_shapes(cfg):
+            out += [tensor(f"{prefix}.{i}.{name}.lora_A.weight", r * fan_in, True),
+                    tensor(f"{prefix}.{i}.{name}.lora_B.weight", fan_out * r, True)]
+    return out
+
+
+def input_requires_grad(cfg) -> bool:
+    """Whether the embedding's output requires a gradient: under checkpointing,
+    where peft's recipes call `enable_input_require_grads()`."""
+    return cfg.recompute == "full"
+
+
+# ------------------------------------------------------- what the step keeps
+def _adapter_terms(cfg, layer: Linear, mask_bytes: int, needs_mask: bool) -> list[Saved]:
+    """What one adapter keeps: its dropped input and mask under lora_dropout,
+    and its low-rank output."""
+    n, fan_in = cfg.micro_batch * cfg.seq_len, _width(cfg, layer.fan_in)
+    items = []
+    if cfg.lora_dropout:
+        items.append(Saved(f"lora {layer.name}", "input after lora_dropout", n * fan_in, FP32))
+        if needs_mask:
+            items.append(Saved(f"lora {layer.name}", "lora_dropout's mask", n * fan_in,
+                               mask_bytes))
+    items.append(Saved(f"lora {layer.name}", "A(x), the low-rank output", n * cfg.lora_rank,
+                       FP32))
+    return items
+
+
+def _frozen_gain(item: Saved) -> bool:
+    """A norm's normalised input, kept only for its gain's gradient (LLaMA's
+    RMSNorm and Qwen3's q/k norms, written as `weight * x_normed`)."""
+    return item.tensor.startswith("x / rms") and "norm" in item.op
+
+
+# SDPA keeps its output for its own backward, and that output is the attention
+# projection's input: kept whether the projection is frozen or not.
+SDPA_OUTPUT = "output (also the projection's input)"
+
+
+def _reads(item: Saved) -> str:
+    """The op name of the linear layer whose input `item` is ("" for none)."""
+    return "projection matmul" if item.tensor == SDPA_OUTPUT else item.op
+
+
+def lora_block(cfg, full: list[Saved], mask_bytes: int, first: bool) -> list[Saved]:
+    """One block's saved entries under LoRA, from the full fine-tune's `full` (in
+    forward order). `first`: the first block without `input_requires_grad`, which
+    keeps nothing before the first adapter and no dropout mask of that input."""
+    adapted = targeted(cfg)
+    readers = {l.reads for l in BLOCK_LINEARS[cfg.architecture]}
+    out, started = [], not first
+    for item in full:
+        layers = [l for l in adapted if l.reads == _reads(item)]
+        if (not started and not layers) or _frozen_gain(item):
+            continue
+        if _reads(item) in readers:  # a linear layer's input
+            kept_anyway = item.tensor == SDPA_OUTPUT and started
+            if kept_anyway or (layers and not cfg.lora_dropout):
+                out.append(item)
+            for layer in layers:
+                out += _adapter_terms(cfg, layer, mask_bytes, needs_mask=started)
+            started = started or bool(layers)
+            continue
+        out.append(item)
+    return out
+
+
+def lora_outside(cfg, outside: list[Saved]) -> list[Saved]:
+    """The entries outside the blocks under LoRA: the frozen head keeps no input,
+    the frozen final RMSNorm no x / rms (1/rms stays), and the embedding's dropout
+    no mask unless the embedding's output requires a gradient."""
+    out = []
+    for item in outside:
+        if item.op == "head matmul" and item.tensor.startswith("input"):
+            continue
+        if item.op == "embedding dropout" and not input_requires_grad(cfg):
+            continue
+        if item.op == "final rms norm" and "x / rms" in item.tensor:
+            item = replace(item, tensor="1/rms", elements=cfg.micro_batch * cfg.seq_len)
+        out.append(item)
+    return out
+
+
+def lora_blocks(cfg, one: list[Saved], first: list[Saved]) -> list[Saved]:
+    """Every block's entries: the first block's `first`, the other L - 1 `one`'s."""
+    if cfg.n_layer == 1:
+        return [replace(x, count=1) for x in first]
+    if one == first:
+        return [replace(x, count=cfg.n_layer) for x in one]
+    return ([replace(x, count=cfg.n_layer - 1) for x in one]
+            + [replace(x, op=f"{x.op} (first block)", count=1) for x in first])
+
+
+def kept(cfg, device: str, block: list[Saved], outside: list[Saved]):
+    """(the blocks' entries, the entries outside them, one block's bytes) under
+    LoRA, from the full fine-tune's `block` and `outside` (`real_step`)."""
+    from .real_step import mask_bytes
+    mask = mask_bytes(cfg, device, FP32)
+    one = lora_block(cfg, block, mask, first=False)
+    first = lora_block(cfg, block, mask, first=not input_requires_grad(cfg))
+    outside = lora_outside(cfg, outside)
+    if cfg.recompute == "full":  # each block keeps only its input
+        n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
+        blocks = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, cfg.n_layer)]
+        if cfg.architecture == "gpt2":
+            # enable_input_require_grads makes the token embedding's output a leaf
+            # that requires a gradient: its AccumulateGrad node holds it until the
+            # graph goes (LLaMA's is the first block's input, kept anyway)
+            outside.append(Saved("token embedding", "output, a leaf requiring a gradient",
+                                 n * h, FP32, until_end=True))
+    else:
+        blocks = lora_blocks(cfg, one, first)
+    return blocks, outside, sum(x.bytes for x in one)
+
+
+# --------------------------------------------------------------- peft's model
+def peft_model(model, cfg):
+    """`model` with `cfg`'s adapters, as peft's recipes build it: checkpointing
+    (when `cfg.recompute` is "full") with `enable_input_require_grads()` before
+    `get_peft_model`."""
+    from peft import LoraConfig, get_peft_model
+    if input_requires_grad(cfg):
+        model.enable_input_require_grads()
+    config = LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank,
+                        target_modules=list(target_names(cfg)), lora_dropout=cfg.lora_dropout,
+                        fan_in_fan_out=cfg.architecture == "gpt2", bias="none",
+                        task_type="CAUSAL_LM")
+    return get_peft_model(model, config)

@@ -1,0 +1,162 @@
+"""LoRA fine-tuning in the budget (`engine.budget.lora`): the counts by hand without
+torch, then peft's steps on this CPU, measured with the profiler's memory events
+and compared term by term (skipped without torch, transformers and peft)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import engine.budget as bm
+from engine.budget import lora, real_step_activations
+from engine.budget import optimizer_step as opt
+from engine.budget.cli import main
+from engine.budget.counts import fixed_bytes, parameter_count
+
+HF = dict(activation_model="hf", precision="fp32")
+GPT2 = json.loads((Path(__file__).parent / "fixtures" / "gpt2_config.json").read_text())
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 160,
+         "vocab_size": 1000, "max_position_embeddings": 128, "tie_word_embeddings": False}
+ALL_GPT2 = "c_attn,c_proj,c_fc"
+ALL_LLAMA = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+# ------------------------------------------------------------ torch-free
+def test_gpt2_small_at_rank_8_on_c_attn_trains_the_count_peft_prints():
+    cfg = bm.preset("gpt2-small", **HF, lora_rank=8, lora_targets="c_attn")
+    # each of 12 blocks: A is 8 x 768, B is 2304 x 8
+    assert lora.trainable_parameters(cfg) == 12 * (8 * 768 + 2304 * 8) == 294_912
+    assert parameter_count(cfg) == 124_439_808  # the model's own count is unchanged
+
+
+def test_llama2_7b_at_rank_8_on_peft_default_q_and_v_trains_4_2_million():
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8)
+    assert lora.target_names(cfg) == ("q_proj", "v_proj")
+    assert lora.trainable_parameters(cfg) == 32 * 2 * 8 * (4096 + 4096) == 4_194_304
+
+
+def test_targets_resolve_by_suffix_as_peft_does():
+    cfg = bm.preset("gpt2-small", **HF, lora_rank=4, lora_targets="c_proj")
+    assert [l.name for l in lora.targeted(cfg)] == ["attn.c_proj", "mlp.c_proj"]
+    only = cfg.with_(lora_targets="attn.c_proj")
+    assert [l.name for l in lora.targeted(only)] == ["attn.c_proj"]
+    assert lora.trainable_parameters(cfg) == 12 * 4 * ((768 + 768) + (3072 + 768))
+
+
+@pytest.mark.parametrize("changes, says", [
+    (dict(activation_model="transformer", lora_rank=8), "choose activation_model 'hf'"),
+    (dict(**HF, lora_dropout=0.1), "lora_rank is 0"),
+    (dict(**HF, lora_targets="c_attn"), "lora_rank is 0"),
+    (dict(**HF, lora_rank=8, lora_targets="q_proj"), "'q_proj' matches no linear layer"),
+    (dict(activation_model="hf", precision="bf16", lora_rank=8), "fp32 only"),
+    (dict(**HF, lora_rank=8, lora_dropout=1.5), "lora_dropout=1.5 is not allowed"),
+])
+def test_what_lora_cannot_be_is_refused_by_name(changes, says):
+    with pytest.raises(bm.BudgetError, match=says):
+        bm.preset("gpt2-small", **changes)
+
+
+def test_the_frozen_model_keeps_weights_only_and_the_adapters_train():
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=16, lora_targets=ALL_LLAMA)
+    P, T = parameter_count(cfg), lora.trainable_parameters(cfg)
+    fixed = fixed_bytes(cfg)
+    assert fixed == {"weights": 4 * (P + T), "master weights": 0, "gradients": 4 * T,
+                     "optimizer state": 8 * T}
+    tensors = opt.trainable_tensors(cfg)
+    assert sum(t.numel for t in tensors) == T
+    assert tensors[0].name == "layers.0.self_attn.q_proj.lora_A.weight"  # the last gradient
+
+
+def test_a_frozen_layer_keeps_no_input_and_each_adapter_its_low_rank_output():
+    full = bm.preset("gpt2-small", **HF, attention="flash", seq_len=512, micro_batch=1)
+    cfg = full.with_(lora_rank=8, lora_targets="c_attn")
+    n, h, f, r, L = 512, 768, 3072, 8, 12
+    drop = real_step_activations(full).saved - real_step_activations(cfg).saved
+    # every block: the fc and fc-proj inputs go (frozen); block 0: layer norm 1's input
+    # and statistics go (nothing before the first adapter needs a gradient); the head's
+    # input goes; each block gains A(x)
+    assert drop == (L * (n * h * 4 + n * f * 4) + n * h * 4 + 2 * n * 4 + n * h * 4
+                    - L * n * r * 4)
+
+
+def test_lora_dropout_keeps_a_dropped_copy_and_a_mask_per_adapter():
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8, seq_len=256, attention="flash")
+    dropped = cfg.with_(lora_dropout=0.05)
+    n, h, L = 256, 4096, 32
+    # q and v read one input: kept once without lora_dropout; with it each adapter keeps
+    # its own dropped copy and a mask (bool on CUDA), and the input itself goes
+    extra = L * (2 * (n * h * 4 + n * h * 1) - n * h * 4) - 2 * n * h * 1  # block 0: no masks
+    assert real_step_activations(dropped).saved - real_step_activations(cfg).saved == extra
+
+
+def test_the_json_gives_trainable_parameters_and_the_text_says_them(capsys):
+    assert main(["--preset", "gpt2-small", "--activations", "hf", "--lora-rank", "8",
+                 "--lora-targets", "c_attn", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["parameters"] == 124_439_808 and got["trainable_parameters"] == 294_912
+    assert main(["--preset", "gpt2-small", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["trainable_parameters"] == got["parameters"]
+    assert main(["--preset", "gpt2-small", "--activations", "hf", "--lora-rank", "8"]) == 0
+    assert "trainable  294,912 (295k): LoRA rank 8 on c_attn" in capsys.readouterr().out
+
+
+# ------------------------------------------------ measured with peft here
+needs_peft = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")),
+    reason="torch, transformers and peft are not installed (pip install -e "
+           "'.[transformers]' peft)")
+
+
+def _small_gpt2(**pdrop) -> dict:
+    return {**GPT2, "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000,
+            "n_positions": 128, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0, **pdrop}
+
+
+ON = dict(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+# (name, config.json, knobs): large ranks and lora_dropout where the adapters' terms
+# decide the activations; every case is within 5% as the real-step tables are.
+CPU_TABLE = [
+    ("gpt2 r8 c_attn (peft's default), eager", _small_gpt2(), dict(lora_rank=8)),
+    ("gpt2 r128 all, lora_dropout, sdpa", _small_gpt2(),
+     dict(lora_rank=128, lora_targets=ALL_GPT2, lora_dropout=0.1, attention="flash")),
+    ("gpt2 r64 all, dropout and lora_dropout, eager", _small_gpt2(**ON),
+     dict(lora_rank=64, lora_targets=ALL_GPT2, lora_dropout=0.1)),
+    ("gpt2 r32 c_fc only (first adapter mid-block), eager", _small_gpt2(),
+     dict(lora_rank=32, lora_targets="c_fc")),
+    ("gpt2 r64 attn.c_proj, lora_dropout, sdpa", _small_gpt2(),
+     dict(lora_rank=64, lora_targets="attn.c_proj", lora_dropout=0.1, attention="flash")),
+    ("gpt2 r64 all, checkpointing, dropout, sdpa", _small_gpt2(**ON),
+     dict(lora_rank=64, lora_targets=ALL_GPT2, recompute="full", attention="flash")),
+    ("gpt2 r64 all, accumulation 2, fused AdamW", _small_gpt2(),
+     dict(lora_rank=64, lora_targets=ALL_GPT2, accumulation=2, optimizer_impl="default")),
+    ("gpt2 r128 all, untied head, foreach AdamW", {**_small_gpt2(), "tie_word_embeddings": False},
+     dict(lora_rank=128, lora_targets=ALL_GPT2, optimizer_impl="foreach")),
+    ("llama gqa r8 q,v (peft's default), sdpa", LLAMA, dict(lora_rank=8, attention="flash")),
+    ("llama gqa r64 all, lora_dropout, eager", LLAMA,
+     dict(lora_rank=64, lora_targets=ALL_LLAMA, lora_dropout=0.1)),
+    ("llama gqa r64 all, checkpointing, sdpa", LLAMA,
+     dict(lora_rank=64, lora_targets=ALL_LLAMA, recompute="full", attention="flash")),
+    ("llama gqa r64 all, accumulation 2, sdpa", LLAMA,
+     dict(lora_rank=64, lora_targets=ALL_LLAMA, accumulation=2, attention="flash")),
+    ("qwen2 r32 all, lora_dropout, sdpa", {**LLAMA, "model_type": "qwen2"},
+     dict(lora_rank=32, lora_targets=ALL_LLAMA, lora_dropout=0.1, attention="flash")),
+]
+
+
+@needs_peft
+@pytest.mark.parametrize("name, data, knobs", CPU_TABLE, ids=[c[0] for c in CPU_TABLE])
+def test_each_lora_step_matches_peft_on_this_cpu(name, data, knobs):
+    from engine.budget.torch_step import measure_step
+    start = dict(micro_batch=2, seq_len=64, optimizer_impl="for-loop", backend="cpu", **HF)
+    cfg = bm.config_from_hf(data, **{**start, **knobs})
+    m = measure_step(cfg, device="cpu")
+    assert m.config == cfg, "the CPU ran another step than the one predicted"
+    acts = real_step_activations(cfg, device="cpu")
+    assert m.weights == fixed_bytes(cfg)["weights"]
+    assert acts.saved == pytest.approx(m.activations, rel=0.05)
+    assert bm.budget(cfg).fixed_total + acts.peak == pytest.approx(m.peak, rel=0.05)
+    assert acts.step.first_step_peak_moment.bytes == pytest.approx(m.peak_first_step, rel=0.05)
