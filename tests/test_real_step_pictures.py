@@ -106,3 +106,31 @@ def test_the_heads_backward_shows_the_gradient_of_the_logits_in_red():
     labels = [t.get_text() for t in ax.texts]
     assert f"{one / GB:.1f} GB\n1 x fp32\n[B·N, V]" in labels
     assert sum("[B·N, V]" in label for label in labels) == 3     # forward end, loss, head
+
+
+def test_lesson_07_says_which_optimizer_a_real_loop_runs_with_the_budgets_number():
+    """The paragraph on torch's for-loop / foreach / fused AdamW and the loop's outputs, and
+    its one number: LLaMA-2 7B at B=1 peaks at the optimizer step under foreach and not
+    under fused; the committed output is what the budget computes, not typed."""
+    import json
+    section = _section("### Which optimizer, and which outputs, the loop runs",
+                       "## The command line")
+    for words in ("for-loop", "foreach", "fused", "adamw_torch_fused",
+                  "torch.optim.AdamW(params)", "logits, loss = model(x, y)",
+                  "engine/budget/frameworks.py"):
+        assert words in section, words
+    assert "optimizer_impl=impl" in section
+    steps = {impl: bm.budget(bm.preset("llama2-7b", activation_model="hf", micro_batch=1,
+                                       seq_len=1024, optimizer_impl=impl))
+             for impl in ("fused", "foreach")}
+    assert steps["foreach"].activations.step.peak_moment.name == "the optimizer step"
+    assert steps["fused"].activations.step.peak_moment.name != "the optimizer step"
+    assert steps["foreach"].peak > steps["fused"].peak
+    solution = json.loads((ROOT / "course" / "solutions" /
+                           "07_training_step_budget.ipynb").read_text())
+    printed = "".join("".join(o.get("text", "")) for c in solution["cells"]
+                      if c["cell_type"] == "code" and "optimizer_impl=impl" in "".join(c["source"])
+                      for o in c["outputs"])
+    for impl, step in steps.items():
+        assert f"peak {bm.human_bytes(step.peak)}, at " \
+               f"{step.activations.step.peak_moment.name}" in printed, (impl, printed)

@@ -208,7 +208,7 @@ lesson07.check_fixed_bytes_per_parameter(fixed_bytes_per_parameter)
 # saved, and that is the moment memory runs out. Use
 # `bm.budget(cfg).fixed_total`, `bm.activations(cfg.with_(micro_batch=b)).peak`, and search:
 # step through b = 1, 2, 3, ... or, faster, double b until it is over and then bisect. The
-# check tries five configurations, one of them with recompute.
+# check tries eight configurations, two of them with recompute.
 
 # %%
 def find_crossover_batch(cfg):
@@ -616,6 +616,46 @@ print(f"transformers, at its peak: {loss_tensors // one} fp32 [B·N, V] tensors,
       f"{bm.human_bytes(loss_tensors)}")
 print(f"the fused trainer (lesson 13): 1 buffer (logits, then probabilities, then their "
       f"gradient, in place), {bm.human_bytes(one)}")
+
+# %% [markdown]
+# ### Which optimizer, and which outputs, the loop runs
+#
+# Two choices of the training loop, not of the model, move the peak too. The first is which
+# of torch's three AdamW implementations runs. The *for-loop* one (`foreach=False,
+# fused=False`) updates one parameter at a time, so its temporaries are the size of the
+# largest parameter. The *foreach* one runs each line of the update as one list operation
+# over every tensor of a param group: `torch._foreach_sqrt(exp_avg_sq)` holds a square root
+# of the whole group at once, 4 bytes per parameter in fp32. The *fused* one (`fused=True`)
+# is one kernel that updates in place and allocates nothing. Which one you get depends on
+# how the loop builds it: transformers' `Trainer` asks for `adamw_torch_fused` by default,
+# while a plain `torch.optim.AdamW(params)` picks foreach when every tensor is on CUDA. The
+# second choice is whether the loop holds the model's output through the backward:
+# nanoGPT's `logits, loss = model(x, y)` keeps the logits until the next forward returns
+# them, while the `Trainer` keeps only the loss. The budget reads both from the loop it
+# models (`engine/budget/frameworks.py`), and its knobs `optimizer_impl` and `outputs`
+# override them.
+#
+# The optimizer's choice matters when the activations are small beside the 16 bytes per
+# parameter: fine-tuning at micro-batch 1. The budget for LLaMA-2 7B at B=1, N=1024, bf16,
+# under both optimizers:
+
+# %%
+for impl, who in (("fused", "transformers' Trainer, adamw_torch_fused"),
+                  ("foreach", "torch.optim.AdamW(params) on CUDA")):
+    step = bm.budget(bm.preset("llama2-7b", activation_model="hf", micro_batch=1,
+                               seq_len=1024, optimizer_impl=impl))
+    moment = step.activations.step.peak_moment
+    print(f"{impl:>8} ({who}): peak {bm.human_bytes(step.peak)}, at {moment.name}")
+    extra = [size for what, size in moment.alive if what.startswith("AdamW foreach")]
+    if extra:
+        print(f"{'':>10}of which the foreach square root over the whole group: "
+              f"{bm.human_bytes(extra[0])}")
+
+# %% [markdown]
+# With the fused optimizer the step peaks at the end of the forward, and the optimizer adds
+# nothing; with foreach the optimizer step itself becomes the peak, by the size of the
+# group's fp32 temporary. At a longer sequence or a larger batch the activations outgrow that
+# temporary, and the choice no longer shows in the peak.
 
 # %% [markdown]
 # The widget above offers the same choices: the activation model (`pytorch` for a plain
