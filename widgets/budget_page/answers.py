@@ -19,6 +19,7 @@ from engine import budget as B
 
 CACHE_SIZE = 256
 MAX_DRAWINGS = 2            # one per core: more would only queue inside matplotlib
+SLOT_WAIT_SECONDS = 2.0     # a visitor's quick changes overlap; a flood gets 503 after this
 _cache: OrderedDict = OrderedDict()
 _cache_lock = threading.Lock()
 # matplotlib draws one figure at a time, always on this one thread: its font cache is
@@ -41,11 +42,12 @@ def cached(cfg: B.BudgetConfig) -> dict | None:
 
 def answer(cfg: B.BudgetConfig) -> dict:
     """The panels for `cfg`, from the cache or computed now; Busy when MAX_DRAWINGS
-    others are being computed (the caller says 503 rather than queueing)."""
+    others have been computing for SLOT_WAIT_SECONDS (the caller says 503 rather than
+    queueing without end)."""
     found = cached(cfg)
     if found is not None:
         return found
-    if not _slots.acquire(blocking=False):
+    if not _slots.acquire(timeout=SLOT_WAIT_SECONDS):
         raise Busy()
     try:
         panels = _panels(cfg)
@@ -84,29 +86,26 @@ def _panels(cfg: B.BudgetConfig) -> dict:
 
 
 def fit_answers_html(b: B.Budget) -> str:
-    """The fit's further answers where the budget gives them: the memory set aside
-    for the CUDA context and the allocator, the longest sequence and the fewest
-    devices that fit."""
+    """The fit's further answers: the memory set aside beside the peak (the headroom
+    knob), the longest sequence at B=1 and the fewest devices, with their ZeRO stage,
+    that fit (engine.budget.fit)."""
     d = b.device
-    if d is None:
+    if d is None or not d.memory:
         return ""
-    lines = []
-    reserve = getattr(b.config, "headroom", None)
-    if reserve:
-        lines.append(f"{B.human_bytes(reserve)} of the card set aside for the CUDA "
-                     f"context and the allocator's reserve (headroom).")
-    longest = getattr(d, "longest_sequence", None)
-    if longest:
-        lines.append(f"Longest sequence that fits at B={b.config.micro_batch}: "
-                     f"<b>N={longest:,}</b>.")
-    fewest = getattr(d, "fewest_devices", None)
-    if fewest:
-        count, stage = fewest if isinstance(fewest, tuple) else (fewest, None)
-        lines.append(f"Fewest devices that fit: <b>{count}</b>"
-                     + (f" with ZeRO stage {stage}." if stage is not None else "."))
+    lines = [f"Usable: {B.human_bytes(d.memory - d.headroom)} of the card's "
+             f"{B.human_device_memory(d.memory)}, after {B.human_bytes(d.headroom)} set "
+             f"aside for the CUDA context and the allocator's reserve (headroom)."]
+    if d.longest_sequence:
+        lines.append(f"Longest sequence that fits at B=1: <b>N={d.longest_sequence:,}</b>.")
+    fewest = d.fewest_devices
+    lines.append(f"Fewest devices that fit: <b>{fewest['devices']}</b> with ZeRO stage "
+                 f"{fewest['zero']}." if fewest else
+                 "No number of these devices fits this micro-batch: recompute, a shorter "
+                 "sequence or a larger card.")
     return "".join(f"<div class='fit-more'>{line}</div>" for line in lines)
 
 
 def plain_text(fragment: str) -> str:
     """An HTML fragment's words, for the screen reader's announcement."""
-    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", fragment))).strip()
+    words = re.sub(r"<[^>]+>", "", re.sub(r"</?div[^>]*>", " ", fragment))
+    return html.unescape(re.sub(r"\s+", " ", words)).strip()

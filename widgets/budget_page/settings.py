@@ -29,7 +29,8 @@ _TABLE_ACTIVATIONS = KNOBS["activation_model"].default
 # What the page opens with where a preset leaves the knob table's default: the
 # real-step model (lesson 07 shows the textbook count misses up to half a real
 # step) and a card of today, so the first verdict is about a device.
-DEFAULT_DEVICE = "H200" if "H200" in D.DEVICES else "H100-80GB-SXM"
+# The H200 is the card the course's own step measurements come from (engine/budget/measured).
+DEFAULT_DEVICE = "H200-141GB" if "H200-141GB" in D.DEVICES else "H100-80GB-SXM"
 PAGE_DEFAULTS = {"activation_model": "hf", "device": DEFAULT_DEVICE}
 # Kept when the model changes: the machine a run is planned for is not the model's.
 HARDWARE_GROUPS = ("parallel", "device")
@@ -107,6 +108,8 @@ def read_value(k: Knob, text: str):
                                 f"choose on or off.")
         return _SWITCH[text.lower()]
     if k.field == "device":
+        found = D.find_device(text) if hasattr(D, "find_device") else None
+        text = found.name if found else text  # short names in any case: h200, rtx-3090
         if text not in device_choices():
             raise B.BudgetError(f"device={text[:40]!r} is not a device of this page; "
                                 f"choose one of {', '.join(device_choices())}.")

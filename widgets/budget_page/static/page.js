@@ -24,7 +24,9 @@ function el(tag, attrs = {}, ...children) {
 function helpLine(k) {
   const zero = k.zero_means ? ' (0: ' + k.zero_means + ')' : '';
   const units = k.units ? ' Units allowed: 80GB, 24GiB, 312T.' : '';
-  return el('p', {class: 'help', id: 'help-' + k.field}, k.help + zero + '.' + units);
+  // Where each choice has its own line below, the help keeps only its first clause.
+  const text = Object.keys(k.choice_help).length ? k.help.split(':')[0] : k.help;
+  return el('p', {class: 'help', id: 'help-' + k.field}, text + zero + '.' + units);
 }
 
 function buttonRow(k) {
@@ -154,7 +156,7 @@ function fail(text, query, options) {
   document.getElementById('verdict').textContent = text;
 }
 
-async function show(query, {push = true} = {}) {
+async function show(query, {push = true, again = false} = {}) {
   const mine = ++asked;
   answer.classList.add('waiting');
   answer.setAttribute('aria-busy', 'true');
@@ -174,6 +176,10 @@ async function show(query, {push = true} = {}) {
     if (mine === asked) { answer.classList.remove('waiting'); answer.removeAttribute('aria-busy'); }
   }
   if (mine !== asked) return;  // a later change is on its way
+  if (data.busy && !again) {  // many visitors at once: one more try after the pause asked
+    const pause = 1000 * (Number(reply.headers.get('Retry-After')) || 1);
+    return setTimeout(() => { if (mine === asked) show(query, {push: false, again: true}); }, pause);
+  }
   if (!data.ok) return fail(data.error, query, {knobs: data.knobs, retry: reply.status >= 500});
   message.hidden = true;
   message.replaceChildren();
