@@ -162,21 +162,27 @@ def _variants():
         p *= 1 - wd
         p -= lr * (m / (1 - b1 ** step)) / (np.sqrt(v / (1 - b2 ** step)) + eps)
 
+    def step_late(p, g, m, v, step, lr, b1, b2, eps, wd):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            adamw_reference(p, g, m, v, step - 1, lr, b1, b2, eps, wd)
+
     return [
-        (l2, "this is Adam with L2 regularisation: weight_decay * p was added to the gradient, "
-             "so it passes through m and v. AdamW decouples it: p *= (1 - lr * weight_decay), "
-             "apart from the Adam step."),
-        (no_bias, "the bias correction is missing: divide m by (1 - beta1**step) and v by "
-                  "(1 - beta2**step); early on both moments are still near their zero start."),
+        (l2, "this is Adam with L2 regularisation: the decay was added to the gradient, so it "
+             "passes through m and v and is rescaled by them. AdamW decouples it: the "
+             "weights shrink beside the Adam step, not through it."),
+        (no_bias, "the bias correction is missing: early on both moments are still near their "
+                  "zero start, and the correction is what makes up for it."),
         (off_by_one, "the bias correction is off by one step: `step` counts from 1 at the first "
-                     "update, so use beta1**step, not beta1**(step + 1)."),
-        (eps_inside, "eps is inside the square root: the update is m_hat / (sqrt(v_hat) + eps)."),
+                     "update, and the correction uses it as it is."),
+        (step_late, "the bias correction uses the step before this one: at the first update "
+                    "(step 1) that divides by zero. `step` already counts this update."),
+        (eps_inside, "eps is inside the square root; it is added after the root is taken."),
         (decay_after, "the decay was applied after the Adam step: decoupled decay shrinks the "
-                      "weights as they were before this step, p *= (1 - lr * weight_decay), then "
-                      "p -= lr * m_hat / (sqrt(v_hat) + eps)."),
-        (no_decay, "no weight decay was applied: multiply p by (1 - lr * weight_decay)."),
-        (decay_without_lr, "the decay is p *= (1 - weight_decay); decoupled decay is scaled by "
-                           "the learning rate: p *= (1 - lr * weight_decay)."),
+                      "weights as they were before this step's update."),
+        (no_decay, "no weight decay was applied: every step shrinks the weights a little, "
+                   "apart from the gradient."),
+        (decay_without_lr, "the decay is not scaled by the learning rate; in decoupled decay "
+                           "the weights shrink by lr * weight_decay of themselves per step."),
     ]
 
 
@@ -208,21 +214,20 @@ def check_adamw_step(adamw_step, repeats: int = 5) -> None:
     if not (moments_right and np.allclose(p, pr, rtol=1e-10, atol=1e-12)):
         for fn, hint in _variants():
             pw, _, _ = _run_steps(fn, p0, grads, hp)
-            if np.allclose(p, pw, rtol=1e-10, atol=1e-12):
+            if np.allclose(p, pw, rtol=1e-10, atol=1e-12, equal_nan=True):
                 raise ExerciseError(EX_ADAMW, f"after 3 steps the parameters differ from AdamW; "
                                               f"{hint}")
     if not moments_right:
-        raise ExerciseError(EX_ADAMW, "the moments m and v are off after 3 steps. Per element: "
-                                      "m = beta1 m + (1 - beta1) g and v = beta2 v + "
-                                      "(1 - beta2) g^2, written back into the m and v arrays "
-                                      "you were given (they carry over to the next step).")
+        raise ExerciseError(EX_ADAMW, "the moments m and v are off after 3 steps: each is a "
+                                      "running average (m of g, v of g squared, with their own "
+                                      "beta), written back into the m and v arrays you were "
+                                      "given, which carry over to the next step.")
     if not np.allclose(p, pr, rtol=1e-10, atol=1e-12):
         i = int(np.argmax(np.abs(p - pr)))
         raise ExerciseError(EX_ADAMW, f"after 3 steps p[{i}] = {p[i]:.10g}, AdamW gives "
-                                      f"{pr[i]:.10g}. Per element: decay p by (1 - lr * wd), "
-                                      f"then subtract lr * m_hat / (sqrt(v_hat) + eps) with "
-                                      f"m_hat = m / (1 - beta1**step), "
-                                      f"v_hat = v / (1 - beta2**step).")
+                                      f"{pr[i]:.10g}, though your moments are right. Compare "
+                                      f"your update with the lesson's, part by part: the "
+                                      f"decay, the two bias corrections, where eps goes.")
     # float32 buffers, the size of the tiny trainer
     n = 822_912
     p32 = rng.normal(size=n).astype(np.float32)

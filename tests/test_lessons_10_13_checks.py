@@ -718,12 +718,35 @@ def test_12_2_stub_says_not_done():
 
 @pytest.mark.parametrize("index, phrase", [
     (0, "L2 regularisation"), (1, "bias correction is missing"), (2, "off by one step"),
-    (3, "eps is inside the square root"), (4, "after the Adam step"),
-    (5, "no weight decay"), (6, "scaled by the learning rate"),
+    (3, "the step before this one"), (4, "eps is inside the square root"),
+    (5, "after the Adam step"), (6, "no weight decay"), (7, "not scaled by the learning rate"),
 ])
 def test_12_2_names_the_mistake(index, phrase):
     wrong, _ = lesson12._variants()[index]
     expect(lesson12.check_adamw_step, wrong, "12.2", phrase, repeats=1)
+
+
+def test_12_2_hints_name_the_slip_without_the_update_rule():
+    for wrong, hint in lesson12._variants():
+        assert "sqrt(" not in hint and "**" not in hint and "p *=" not in hint, hint
+
+
+def adamw_torch_style(p, g, m, v, step, lr, beta1, beta2, eps, weight_decay):
+    """torch's own arrangement: a step size with the first correction folded in, the
+    square root of v divided by the square root of the second correction."""
+    p *= 1.0 - lr * weight_decay
+    m *= beta1
+    m += (1.0 - beta1) * g
+    v *= beta2
+    v += (1.0 - beta2) * g * g
+    step_size = lr / (1.0 - beta1 ** step)
+    denom = np.sqrt(v) / math.sqrt(1.0 - beta2 ** step) + eps
+    p -= step_size * m / denom
+
+
+def test_12_2_passes_torchs_arrangement_of_the_same_update(capsys):
+    lesson12.check_adamw_step(adamw_torch_style, repeats=1)
+    assert "Exercise 12.2 (adamw_step) passed." in capsys.readouterr().out
 
 
 def test_12_2_state_and_in_place():

@@ -542,8 +542,8 @@ for name, log in runs.items():
 # - **synchronise on the last micro-batch only**: with gradient accumulation over K
 #   micro-batches, an all-reduce after each one sends K times the bytes for the same sum.
 #
-# The engine implements all three (`engine.trainer.parallel`, and `mpiexec -n 2 python -m
-# engine.train --data-parallel`). The script below measures them on the tiny GPT with two
+# The engine implements all three (its MPI job, `engine/trainer/mpi_job.py`, and `mpiexec -n
+# 2 python -m engine.train --data-parallel`). The script below measures them on the tiny GPT with two
 # ranks. It is written to a temporary folder and launched with `mpiexec`, as you would from
 # a terminal.
 
@@ -569,7 +569,7 @@ from mpi4py import MPI
 from engine.trainer.kernels.threads import set_threads
 from engine.trainer.model import FusedGPT
 from engine.gpt_config import tiny_config
-from engine.trainer.parallel import GradientAllReduce
+from engine.trainer.mpi_job import GradientAllReduce
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
