@@ -155,6 +155,10 @@ def test_keyboard_screen_reader_and_phone(page, base):
         return [s.outlineStyle, s.outlineWidth, s.outlineColor, s.backgroundColor]; }""")
     assert ring[0] == "solid" and float(ring[1][:-2]) >= 2 and ring[2] != ring[3], ring
     expect(page.locator("#precision input[value='bf16']")).to_be_checked()
+    want = bm.preset("gpt2-small", precision="bf16", activation_model="hf",
+                     device=settings.DEFAULT_DEVICE)
+    expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(want))
+    expect(page.locator("#answer")).not_to_have_class(re.compile("waiting"))
     fill = page.evaluate("""() => { const s = getComputedStyle(
         document.querySelector('#precision input:checked + span'));
         return [s.color, s.backgroundColor]; }""")
@@ -168,7 +172,10 @@ def test_keyboard_screen_reader_and_phone(page, base):
         .filter(([, h, w]) => h < 44 || w < 44)""")
     assert small == []
     assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
-    _screenshot(page, "page-390x844.png", full_page=True)
+    results, form = page.locator(".results").bounding_box(), page.locator("#knobs").bounding_box()
+    assert results["y"] + results["height"] <= form["y"]  # one column, the answer first
+    _screenshot(page, "page-390x844.png")
+    _screenshot(page, "page-390x844-whole.png", full_page=True)
 
 
 def contrast(foreground: str, background: str) -> float:
