@@ -47,6 +47,12 @@ def check_central_difference(central_difference_gradient) -> None:
     forward = np.array([(f(theta + eps * e) - f(theta)) / eps for e in np.eye(theta.size)])
     scale = np.maximum(np.abs(want), 1e-8)
     rel = np.max(np.abs(got - want) / scale)
+    if not np.all(np.isfinite(got)):
+        i = int(np.argmax(~np.isfinite(got)))
+        why = (f"theta[{i}] is 0 there, so a step that is a share of the parameter's value "
+               f"is no step at all: nudge every parameter by eps itself" if theta[i] == 0 else
+               "a difference divided by a step that came out as zero or overflowed")
+        raise ExerciseError(EX_FD, f"entry {i} of your gradient is {got[i]}; {why}.")
     if rel > 1e-7:
         if np.allclose(got, forward, rtol=1e-9, atol=1e-12):
             hint = ("this is the forward difference (f(theta+eps) - f(theta)) / eps: its error "

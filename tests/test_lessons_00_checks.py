@@ -68,6 +68,40 @@ def test_forgotten_restore_is_told_to_save_and_reassign():
                words=("theta was changed", "theta[0]", "assign it back"))
 
 
+def relative_step(loss, theta, eps=1e-6):
+    """A near miss: each parameter nudged by a share of its own value (zero at theta = 0)."""
+    grad = np.empty_like(theta)
+    for i in range(theta.size):
+        old, step = theta[i], eps * theta[i]
+        theta[i] = old + step
+        up = loss(theta)
+        theta[i] = old - step
+        down = loss(theta)
+        theta[i] = old
+        with np.errstate(divide="ignore", invalid="ignore"):
+            grad[i] = np.float64(up - down) / np.float64(2 * step)
+    return grad
+
+
+def not_a_number(loss, theta, eps=1e-6):
+    for _ in range(theta.size):
+        loss(theta), loss(theta)
+    return np.full(theta.size, np.nan)
+
+
+def test_a_gradient_that_is_not_a_number_is_never_passed():
+    fails_with(lesson00.check_central_difference, relative_step,
+               words=("entry 6", "nan", "theta[6] is 0", "eps itself"))
+    fails_with(lesson00.check_central_difference, not_a_number, words=("entry 0", "nan"))
+
+
+def test_a_central_difference_stored_in_float32_passes(capsys):
+    def in_float32(loss, theta, eps=1e-6):
+        return nudge_and_restore(loss, theta, eps).astype(np.float32)
+    lesson00.check_central_difference(in_float32)
+    assert "00.1 (central_difference_gradient) passed" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("kind", [tuple, list, np.array])
 def test_step_seconds_accepts_any_two_numbers(kind, capsys):
     lesson00.check_step_seconds(lambda n, t: kind([2 * n * t, 3 * t]))
