@@ -76,6 +76,16 @@ def test_a_link_reproduces_its_settings_and_keeps_only_what_differs():
     assert config_of("preset=tiny")[0].activation_model == "engine"  # the preset's choice
 
 
+def test_a_card_of_your_own_and_short_device_names():
+    cfg, query = config_of("device=custom&device_memory=24GiB&device_flops=100T&headroom=1GiB")
+    assert (cfg.device_memory, cfg.device_flops, cfg.headroom) == (24 * 2**30, 10**14, 2**30)
+    assert bm.budget(cfg).device.memory == 24 * 2**30
+    assert config_of("device=h100-80gb")[0].device == "H100-80GB-SXM"  # as the CLI reads it
+    with pytest.raises(bm.BudgetError) as error:
+        config_of("device=custom")
+    assert {"device_memory", "device_flops"} <= set(settings.named_knobs(str(error.value)))
+
+
 @pytest.mark.parametrize("query, knob, says", [
     (f"micro_batch={10 ** 300}", "micro_batch", "up to 1,048,576"),
     ("micro_batch=two", "micro_batch", "is not a whole number"),

@@ -8,6 +8,9 @@ same security headers on every response, errors included.
     GET /api/budget?...  what engine.budget says for the settings: 200 with the
                          panels, 400 naming the knob and its fix, 503 when busy
     GET /assumptions     what the budget assumes (engine.budget's own text)
+
+Every route but the budget's is async: it runs on the event loop, so a crowd waiting
+for the worker threads that compute budgets never delays the page itself.
 """
 from __future__ import annotations
 
@@ -93,14 +96,14 @@ async def budget_route(request: Request) -> Response:
                          "panels": panels})
 
 
-def knobs_route(request: Request) -> Response:
+async def knobs_route(request: Request) -> Response:
     return JSONResponse({"knobs": settings.describe_knobs(), "presets": B.PRESET_NAMES,
                          "default_preset": request.app.state.preset,
                          "hardware": settings.hardware_fields(),
                          "max_config_chars": settings.MAX_CONFIG_CHARS})
 
 
-def assumptions_route(request: Request) -> Response:
+async def assumptions_route(request: Request) -> Response:
     return HTMLResponse(
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         "<title>Assumptions of the training-step budget</title></head><body><main>"
@@ -113,14 +116,14 @@ def create_app(allowed_hosts, preset: str = settings.DEFAULT_PRESET):
     """The application answering requests whose Host is one of `allowed_hosts`."""
     files = _load_static()
 
-    def static_route(request: Request) -> Response:
+    async def static_route(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in files:
             return PlainTextResponse("Not found.", status_code=404)
         body, kind = files[name]
         return Response(body, media_type=kind)
 
-    def page_route(request: Request) -> Response:
+    async def page_route(request: Request) -> Response:
         return Response(files["page.html"][0], media_type="text/html")
 
     app = Starlette(routes=[

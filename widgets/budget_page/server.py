@@ -125,6 +125,10 @@ def bind(listen: str, port: int) -> socket.socket:
     return sock
 
 
+def _stop(*_) -> None:
+    raise SystemExit(0)
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m widgets.budget_app",
                                  description="The training-step budget calculator as a "
@@ -146,6 +150,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    # A stop asked for is a clean exit, status 0: before serving at once; while serving,
+    # uvicorn stops gracefully and then raises the signal again for this handler.
+    signal.signal(signal.SIGTERM, _stop)
     if not 0 < args.port < 65536:
         ap.error(f"--port {args.port}: choose a port between 1 and 65535, e.g. 8866")
     try:
@@ -174,9 +181,6 @@ def main(argv=None) -> int:
               f"--allow-host (e.g. --allow-host mybox.lan).", flush=True)
     if not args.no_browser:
         webbrowser.open(url)
-    # uvicorn stops gracefully on SIGTERM and Ctrl-C, then raises the signal again for
-    # the handler that was there before: a stop asked for is a clean exit, status 0.
-    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
