@@ -18,18 +18,24 @@ is checked there). `guarded(piece)` bounds what that code can do to the session:
   the notebook.
 * numpy: the global random state, the floating-point error handling (seterr) and
   the print options are put back as they were found.
-* libraries: a piece that replaces a function of numpy, math, numba or the
-  builtins (`np.sqrt = ...`) would change every later cell; the original is put
-  back and the piece is refused.
+* the kernel: whatever a piece could change in the process (the functions of numpy,
+  math, numba and the builtins, numpy's array and ufunc methods, the engine's and the
+  course's modules and classes, the working directory, environment variables, the
+  recursion limit, warning filters, signal handlers and timers: `_kernel_state`) is put
+  back, and the piece is refused, naming what it changed. A fork is ended in the copy
+  at once, and refused.
+
+This guard is the second line: `_vetting` first runs the same load and check in a
+child process that is killed at its deadline, so a piece that would hang, exit or fork
+here is refused before the kernel ever loads it.
 
 Anything that breaks a bound leaves the block as `PieceRefused`, whose message
 says what the piece did and what to change.
 """
 from __future__ import annotations
 
-import builtins
 import io
-import math
+import os
 import signal
 import sys
 import threading
@@ -39,13 +45,13 @@ import numba
 import numba.core.event
 import numpy as np
 
+from ._kernel_state import KernelState
+
 PIECE_SECONDS = 20.0     # loading plus a slot check takes well under 5 s on a laptop
 PRINT_LIMIT = 2_000      # characters of a piece's output shown per stream
 _REPEAT_SECONDS = 0.5    # the timer fires again until the deadline, net of compiling, passes
 _COMPILING = "numba:compiler_lock"     # numba's event around every compilation
 
-WATCHED_MODULES = {"np": np, "np.random": np.random, "np.linalg": np.linalg, "math": math,
-                   "numba": numba, "builtins": builtins}
 
 
 class PieceRefused(Exception):
@@ -100,42 +106,49 @@ class _CompileClock(numba.core.event.Listener):
             self.seconds += time.monotonic() - self.started
 
 
-def _library_snapshot() -> dict:
-    return {label: dict(vars(module)) for label, module in WATCHED_MODULES.items()}
+_forks = {"guarding": False, "count": 0}
 
 
-def _restore_libraries(before: dict) -> list[str]:
-    """Put back every watched attribute the piece replaced, removed or (in builtins)
-    added; return their names, e.g. ['np.sqrt']."""
-    changed = []
-    for label, module in WATCHED_MODULES.items():
-        now = vars(module)
-        for key, value in before[label].items():
-            if now.get(key, _MISSING) is not value:
-                changed.append(f"{label}.{key}")
-                setattr(module, key, value)
-        if module is builtins:
-            for key in set(now) - set(before[label]):
-                changed.append(f"builtins.{key}")
-                delattr(module, key)
-    return sorted(changed)
+def _fork_in_guard_parent() -> None:
+    if _forks["guarding"]:
+        _forks["count"] += 1
 
 
-_MISSING = object()
+def _fork_in_guard_child() -> None:
+    if _forks["guarding"]:      # a copy of the notebook's process: end it before it runs on
+        os._exit(0)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_parent=_fork_in_guard_parent,
+                        after_in_child=_fork_in_guard_child)
+
+
+def _refusal(piece: str, changed: list[str]) -> str:
+    """The reason a piece that changed the kernel's state is refused."""
+    replaced = [f"`{name}`" for name in changed if not name.startswith(("the ", "gc.", "sys."))]
+    other = [name for name in changed if name.startswith(("the ", "gc.", "sys."))]
+    what = " and ".join(part for part in (
+        f"replaces {', '.join(replaced)}" if replaced else "",
+        f"changes {', '.join(other)}" if other else "") if part)
+    return (f"{piece} {what}, which every other cell and the engine use (they were put "
+            f"back). Give your own function a name of its own instead of assigning to a "
+            f"library's, and leave the process's settings as you found them")
 
 
 class guarded:
     """`with guarded("the piece 'x'"):` runs the learner's code within the bounds
     the module docstring lists; a broken bound leaves the block as PieceRefused."""
 
-    def __init__(self, piece: str, seconds: float | None = None):
-        self.piece = piece
+    def __init__(self, piece: str, seconds: float | None = None, timer: bool = True):
+        self.piece, self.timer = piece, timer
         self.seconds = PIECE_SECONDS if seconds is None else seconds
 
     def __enter__(self):
         self.random_state, self.errors = np.random.get_state(), np.geterr()
         self.error_call, self.print_options = np.geterrcall(), np.get_printoptions()
-        self.libraries = _library_snapshot()
+        self.state = KernelState()
+        self.forks, _forks["guarding"] = _forks["count"], True
         self.streams = sys.stdout, sys.stderr
         self.out, self.err = _BoundedText(PRINT_LIMIT), _BoundedText(PRINT_LIMIT)
         sys.stdout, sys.stderr = self.out, self.err
@@ -143,8 +156,8 @@ class guarded:
         return self
 
     def _arm(self) -> bool:
-        if not hasattr(signal, "setitimer") or threading.current_thread() is not \
-                threading.main_thread():
+        if not self.timer or not hasattr(signal, "setitimer") or \
+                threading.current_thread() is not threading.main_thread():
             return False
 
         compiling = self.compiling = _CompileClock()
@@ -183,13 +196,15 @@ class guarded:
         np.seterr(**self.errors)
         np.seterrcall(self.error_call)
         np.set_printoptions(**self.print_options)
-        replaced = _restore_libraries(self.libraries)
-        if replaced:
-            names = ", ".join(f"`{name}`" for name in replaced)
+        _forks["guarding"] = False
+        changed = self.state.restore()
+        if changed:
+            raise PieceRefused(_refusal(self.piece, changed)) from None
+        if _forks["count"] != self.forks:
             raise PieceRefused(
-                f"{self.piece} replaces {names}, which every other cell and the engine use "
-                f"(they were put back). Give your own function a name of its own instead "
-                f"of assigning to a library's") from None
+                f"{self.piece} forks the process (os.fork), which would leave a second "
+                f"notebook kernel running (the copy was ended at once). Run the work in "
+                f"the function itself") from None
         if late or kind is _Deadline:
             raise PieceRefused(
                 f"{self.piece} ran longer than {self.seconds:g} s and was stopped (a loop "

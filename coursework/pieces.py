@@ -20,8 +20,11 @@ A solution notebook (run from course/solutions, as `make course`, `make test`
 and a learner opening one do) keeps its pieces in a temporary folder, even
 with $BACKPROP_PIECES_DIR set, so the reference solutions never replace the
 learner's own. A damaged `index.json` is kept aside and rebuilt from the piece
-files. A piece is loaded and checked under `_piece_guard.guarded`: a deadline,
-bounded output, numpy's state put back, no library function replaced.
+files. A piece is loaded and checked first in a child process that is killed at its
+deadline (`_vetting`: a piece that hangs, exits, forks, floods the output or changes
+shared state is refused there, with the reason); only a piece that passed is loaded
+into the notebook's kernel, under `_piece_guard.guarded`: a deadline, bounded output,
+whatever it changed in the kernel put back (`_kernel_state`).
 """
 from __future__ import annotations
 
@@ -49,7 +52,8 @@ except ImportError:          # Windows: one notebook at a time
 import numpy as np
 
 from ._core import ExerciseError
-from ._piece_guard import PieceRefused, guarded
+from ._piece_guard import PieceRefused, _Deadline, guarded
+from ._vetting import UNVETTED, vet
 
 COURSE = Path(__file__).resolve().parents[1] / "course"
 _SOLUTION_RUN_DIR: Path | None = None
@@ -194,6 +198,47 @@ def _checked(name: str, fn, namespace: dict, at_save: bool = False):
     except SlotError as err:
         return str(err)
     return None
+
+
+def attempt_piece(name: str, path: Path, function: str, at_save: bool = False,
+                  timer: bool = True, check: bool = True):
+    """Load the piece file `path` and (when `check`) check `function` in the slot of
+    `name`, in this process, under `guarded`. Returns (fn, None, None) when it fits, else
+    (None, kind, text): kind "load" (it does not load: text is the error), "refused" (it
+    broke a bound of `guarded`: text says which) or "slot" (it breaks its slot's
+    contract). Never raises: SystemExit, KeyboardInterrupt and GeneratorExit are
+    answers too."""
+    try:
+        with guarded(f"your piece '{name}'", timer=timer):
+            try:
+                fn, namespace = _load_file(path, function)
+            except _Deadline:
+                raise
+            except BaseException as err:        # SystemExit, KeyboardInterrupt too
+                return None, "load", f"{type(err).__name__}: {err}"
+            try:
+                why = _checked(name, fn, namespace, at_save=at_save) if check else \
+                    None if fn is not None else "the saved file does not define the function"
+            except _Deadline:
+                raise
+            except BaseException as err:
+                why = f"it raised {type(err).__name__} where the engine runs it: {err}"
+    except PieceRefused as err:
+        return None, "refused", str(err)
+    return (fn, None, None) if why is None else (None, "slot", why)
+
+
+def vetted_piece(name: str, path: Path, function: str, at_save: bool = False):
+    """`attempt_piece`, run first in a child process (`_vetting.vet`, killed at its
+    deadline). A piece the child refused is not run here; one it passed is loaded here
+    under `guarded` without checking it again (its check ran in the child, on the same
+    file); where no child could run, it is loaded and checked here, as the only line."""
+    verdict = vet(name, path, function, at_save=at_save)
+    if verdict is UNVETTED:
+        return attempt_piece(name, path, function, at_save=at_save)
+    if verdict is not None:
+        return None, *verdict
+    return attempt_piece(name, path, function, at_save=at_save, check=False)
 
 
 @contextmanager
@@ -356,20 +401,16 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
     with tempfile.TemporaryDirectory(prefix="backprop-piece-check-") as scratch:
         candidate = Path(scratch) / f"{name}.py"
         candidate.write_text(header + source)
-        try:
-            with guarded(f"your piece '{name}'"):
-                try:
-                    loaded, namespace = _load_file(candidate, function)
-                except Exception as err:
-                    raise ExerciseError(exercise, f"your answer is right in the notebook, but "
-                                                  f"loaded on its own, as later lessons load "
-                                                  f"it, it fails: {type(err).__name__}: "
-                                                  f"{err}") from None
-                why = _checked(name, loaded, namespace, at_save=True)
-        except PieceRefused as err:
-            raise ExerciseError(exercise, f"your answer is right in the notebook, but {err}."
-                                ) from None
-    if why is not None:
+        verdict = vet(name, candidate, function, at_save=True)
+        if verdict is UNVETTED:     # no child: the check runs here, as the only line
+            verdict = attempt_piece(name, candidate, function, at_save=True)[1:]
+    kind, why = verdict or (None, None)
+    if kind == "load":
+        raise ExerciseError(exercise, f"your answer is right in the notebook, but loaded on "
+                                      f"its own, as later lessons load it, it fails: {why}")
+    if kind == "refused":
+        raise ExerciseError(exercise, f"your answer is right in the notebook, but {why}.")
+    if kind == "slot":
         fix = ("Make the function stand alone (define or import what it uses inside the "
                "cell)" if "from the notebook" in why else "Fix that")
         raise ExerciseError(exercise, f"your answer is right in the notebook, but it would "
@@ -394,38 +435,38 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
 
 def load_piece(name: str):
     """Return the learner's saved function for `name` (loaded fresh), or None if not saved.
-    Loading runs under `guarded` (PieceRefused when the piece loops or replaces a
-    library function)."""
+    It is vetted in a child process first (`_vetting`), then loaded here under `guarded`:
+    PieceRefused when it loops, exits, forks, changes the kernel or does not load (its
+    slot's contract is not checked: that is `piece_for_slot`)."""
     folder = pieces_dir()
     entry = _read_index(folder).get(name)
     path = folder / f"{name}.py"
     if entry is None or not path.exists():
         return None
+    verdict = vet(name, path, entry["function"])
+    if verdict not in (None, UNVETTED) and verdict[0] != "slot":
+        kind, text = verdict
+        raise PieceRefused(text if kind == "refused" else
+                           f"your piece '{name}' does not load: {text}")
     with guarded(f"your piece '{name}'"):
         return _load_file(path, entry["function"])[0]
 
 
 def piece_for_slot(name: str):
     """(the learner's function, None) when the saved piece loads and keeps its slot's
-    contract, else (None, why the engine's version runs). Never raises; loading and the
-    check run under `guarded` (a deadline, bounded output, numpy's state kept)."""
+    contract, else (None, why the engine's version runs). Never raises. The piece is
+    vetted in a child process first, killed at its deadline (`_vetting`); only one that
+    passed there is loaded here, under `guarded` (a deadline, bounded output, the
+    kernel's state put back)."""
     folder = pieces_dir()
     entry = _read_index(folder).get(name)
     path = folder / f"{name}.py"
     if entry is None or not path.exists():
         return None, "not written yet"
-    try:
-        with guarded(f"your piece '{name}'"):
-            try:
-                fn, namespace = _load_file(path, entry["function"])
-            except Exception as err:
-                return None, f"yours does not load: {type(err).__name__}: {err}"
-            why = _checked(name, fn, namespace)
-    except PieceRefused as err:
-        return None, f"yours was skipped: {err}"
-    if why is not None:
-        return None, f"yours was skipped: {why}"
-    return fn, None
+    fn, kind, text = vetted_piece(name, path, entry["function"])
+    if kind is None:
+        return fn, None
+    return None, f"yours does not load: {text}" if kind == "load" else f"yours was skipped: {text}"
 
 
 def piece_or_engine(name: str, exercise: str, engine_version, fallback: str = "the engine's"):

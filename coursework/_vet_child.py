@@ -1,0 +1,101 @@
+"""The child process `_vetting` starts: it loads one piece and checks it in its slot.
+
+`main([name, path, function, at_save, fd, memory_bytes])` imports what a check needs,
+limits its address space to what the imports mapped plus `memory_bytes`, says "r" on
+the descriptor `fd` when it is ready, "c" and
+"e" around every numba compilation (the parent's deadline does not count those), and
+ends with "v" and the verdict as JSON: null, or [kind, text] as
+`pieces.attempt_piece` gives them. The parent kills this process at its deadline; it
+never has to stop on its own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+
+def _limit_memory(more: int) -> None:
+    """Let the process map at most `more` bytes beyond what it has mapped now (Linux)."""
+    try:
+        import resource
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = mapped + more
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        if soft == resource.RLIM_INFINITY or soft > limit:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _say_when_compiling(fd: int) -> None:
+    import numba.core.event as event
+
+    class Compiling(event.Listener):
+        def on_start(self, _):
+            os.write(fd, b"c")
+
+        def on_end(self, _):
+            os.write(fd, b"e")
+
+    event.register("numba:compiler_lock", Compiling())
+
+
+class _Threads:
+    """The threads the piece starts, by the threading module or by `_thread` directly."""
+
+    def __init__(self):
+        import _thread
+        self.before, self.raw = set(threading.enumerate()), []
+        start = _thread.start_new_thread
+
+        def start_new_thread(function, args, kwargs=None):
+            token = getattr(function, "__name__", repr(function))
+            self.raw.append(token)
+
+            def run(*args, **kwargs):
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    self.raw.remove(token)
+            return start(run, args, kwargs or {})
+        _thread.start_new_thread = start_new_thread
+
+    def left_running(self) -> list[str]:
+        alive = [t.name for t in threading.enumerate() if t not in self.before and t.is_alive()]
+        return alive + list(self.raw)
+
+
+def main(args: list[str]) -> None:
+    name, path, function, at_save, fd, memory = args
+    fd = int(fd)
+    from pathlib import Path
+
+    import engine  # noqa: F401  (the kernel has the engine imported when it loads a piece)
+    from coursework import pieces, slots
+    if name in slots.TRAINER_SLOTS or name in slots.IN_SLOT_ONLY:
+        import engine.trainer.model  # noqa: F401  (its import is start, not the piece's run)
+    _say_when_compiling(fd)
+    _limit_memory(int(memory))
+    threads = _Threads()
+    os.write(fd, b"r")
+    _, kind, text = pieces.attempt_piece(name, Path(path), function, at_save == "1",
+                                         timer=False)
+    if kind is None:
+        started = threads.left_running()
+        if started:
+            kind, text = "refused", (
+                f"your piece '{name}' starts a thread ({', '.join(started)}) that still runs "
+                f"after its check, and would run on in the notebook's kernel for the rest of "
+                f"the session. Do the work in the function itself")
+    for stream in (sys.stdout, sys.stderr):    # before the verdict: the parent then stops
+        try:                                   # reading the output
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os.write(fd, b"v" + json.dumps(None if kind is None else [kind, text]).encode() + b"\n")
+    os._exit(0)

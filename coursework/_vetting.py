@@ -1,0 +1,268 @@
+"""Vetting a learner's piece in a child process before the notebook's kernel loads it.
+
+`vet(name, path, function)` loads the piece's file and runs its slot check, exactly as
+the kernel would (`pieces.attempt_piece`), in a fresh Python process (`_vet_child`,
+started with `-I` from the repository root, so nothing of the notebook's state comes
+along), and watches it from here:
+
+* time: the piece may compute for `_piece_guard.PIECE_SECONDS` of the child's CPU time
+  and wait (sleep, read, hold a lock) for `WAIT_FACTOR` times as long on the clock;
+  then the child's whole process group is killed (SIGKILL: nothing the piece does in
+  Python or C, with its signals or its clocks, can stop that). CPU time, not the
+  clock, measures a computing piece, so a right piece on a busy machine (where its
+  check's clock time stretches) is not cut short. Two phases do not count: the
+  child's start (its imports, up to `STARTUP_SECONDS` on the clock) and numba
+  compiling (the child says when a compilation starts and ends; up to
+  `COMPILE_SECONDS` in all). A child that cannot start in time is not the piece's
+  fault: the piece is then loaded under the kernel's own guard alone, as a note says.
+* output: what the child writes to its own stdout and stderr (`sys.__stdout__`, a C
+  library) is read here and refused past `OUTPUT_LIMIT` bytes; what it prints through
+  `print` is bounded in the child as in the kernel (`guarded`).
+* memory: the child may map `MEMORY_BYTES` more than its imports took.
+* the process: a piece that exits, forks (a process left in the child's group, or
+  `os.fork`), starts a thread that outlives its check, or changes shared state
+  (`_kernel_state`) is refused, with the reason.
+
+The answer is None (the piece passed: the kernel loads it, still under `guarded`) or
+(kind, text) as `attempt_piece` answers: "load", "refused" or "slot". Verdicts are
+kept in this process's memory for the kernel's life, keyed by a hash of the piece's
+file and of the limits, never on disk: a piece that passed is vetted once per kernel,
+a changed file is vetted again, and no file can pass a piece off as vetted.
+
+What the deadline cannot see: it bounds one load and one check, on the check's small
+inputs. A piece that is fast there and slow on a lesson's real shapes, or that
+misbehaves only on some inputs, passes; later calls run in the kernel, watched by
+nothing but the lesson's own cell, and compiled numba code sees no interrupt.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import _piece_guard
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTUP_SECONDS = 120.0     # the child's interpreter and imports, on a busy machine
+COMPILE_SECONDS = 300.0     # numba compiling, all compilations of one vetting together
+WAIT_FACTOR = 3.0           # clock seconds a piece may take per CPU second it may use
+OUTPUT_LIMIT = 1_000_000    # bytes the child may write to its own stdout and stderr
+MEMORY_BYTES = 4 << 30      # address space the child may add to what its imports mapped
+_TICK = 0.05                # seconds between two looks at the child
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
+          "from coursework._vet_child import main; main(sys.argv[2:])")
+_VERDICTS: dict = {}        # key -> verdict, for this kernel's life
+
+
+def _key(name: str, path: Path, function: str, at_save: bool) -> str:
+    from .slots import IN_SLOT_ONLY
+    digest = hashlib.sha256(path.read_bytes())
+    digest.update(json.dumps([name, function, at_save and name in IN_SLOT_ONLY,
+                              _piece_guard.PIECE_SECONDS, _piece_guard.PRINT_LIMIT,
+                              WAIT_FACTOR, OUTPUT_LIMIT, MEMORY_BYTES]).encode())
+    return digest.hexdigest()
+
+
+class _Unvetted:
+    """The answer when no child could run the piece (not the piece's doing)."""
+
+    def __repr__(self) -> str:
+        return "UNVETTED"
+
+
+UNVETTED = _Unvetted()
+
+
+def vet(name: str, path: Path, function: str, at_save: bool = False):
+    """None when the piece loads and keeps its slot's contract in a child process,
+    (kind, text) saying why not, or UNVETTED when no child could start or import the
+    engine (a note says so; the kernel's guard is then the only line). Never raises."""
+    try:
+        key = _key(name, Path(path), function, at_save)
+    except OSError as err:
+        return "load", f"OSError: {err}"
+    if key in _VERDICTS:
+        return _VERDICTS[key]
+    if not hasattr(os, "killpg"):         # Windows: no process group to kill
+        return UNVETTED
+    verdict = _run_child(name, Path(path), function, at_save)
+    if verdict is not UNVETTED:
+        _VERDICTS[key] = verdict
+    return verdict
+
+
+def _run_child(name: str, path: Path, function: str, at_save: bool):
+    piece = f"your piece '{name}'"
+    progress, report = os.pipe()
+    with tempfile.TemporaryDirectory(prefix="backprop-vetting-") as scratch:
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-I", "-c", _CHILD, str(ROOT), name, str(path.resolve()),
+                 function, "1" if at_save else "0", str(report), str(MEMORY_BYTES)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                pass_fds=(report,), cwd=scratch, start_new_session=True)
+        except OSError as err:
+            os.close(progress)
+            return _unvetted(piece, f"no process could be started: {err}")
+        finally:
+            os.close(report)
+        try:
+            watched = _Watch(child, progress).run(_piece_guard.PIECE_SECONDS)
+        finally:
+            os.close(progress)
+            child.stdout.close()
+        return _verdict(piece, child, watched)
+
+
+def _unvetted(piece: str, why: str):
+    print(f"({piece} could not be vetted in a separate process ({why}); it is loaded under "
+          f"the notebook's own guard only.)")
+    return UNVETTED
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time the process `pid` has used (all its threads), or None where /proc
+    does not say (then the clock measures the piece)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _Watch:
+    """The child's progress (r: imported, c/e: a compilation starts/ends, v: the verdict)
+    and output, read until it answers, exits or runs out of time."""
+
+    def __init__(self, child, progress: int):
+        self.child, self.progress, self.output = child, progress, child.stdout.fileno()
+        self.messages, self.shown, self.written = b"", b"", 0
+        self.ready = self.compiling = False
+        self.waited = self.computed = self.compiled = 0.0
+        self.late = None
+
+    def run(self, seconds: float) -> "_Watch":
+        start = last = time.monotonic()
+        cpu = last_cpu = 0.0
+        open_fds = [self.progress, self.output]
+        while b"\n" not in self.messages.partition(b"v")[2]:
+            readable, _, _ = select.select(open_fds, [], [], _TICK)
+            now, cpu = time.monotonic(), _cpu_seconds(self.child.pid)
+            if self.ready:
+                if self.compiling:
+                    self.compiled += now - last
+                else:
+                    self.waited += now - last
+                    self.computed += (now - last) if cpu is None else max(cpu - last_cpu, 0)
+            last, last_cpu = now, (last_cpu if cpu is None else cpu)
+            for fd in readable:
+                self._read(fd, open_fds)
+            if not readable and self.child.poll() is not None:
+                break
+            self.late = ("start" if not self.ready and now - start > STARTUP_SECONDS else
+                         "compile" if self.compiled > COMPILE_SECONDS else
+                         "run" if self.computed > seconds else
+                         "wait" if self.waited > WAIT_FACTOR * seconds else None)
+            if self.late or self.written > OUTPUT_LIMIT:
+                break
+        return self
+
+    def _read(self, fd: int, open_fds: list) -> None:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            open_fds.remove(fd)
+        elif fd == self.progress:
+            self.messages += data
+            for mark in data.partition(b"v")[0].decode("ascii", "replace"):
+                self.ready = self.ready or mark == "r"
+                self.compiling = {"c": True, "e": False}.get(mark, self.compiling)
+        else:
+            self.written += len(data)
+            self.shown = (self.shown + data)[-2000:]
+
+    def answer(self):
+        """The verdict the child reported, or ... when it reported none."""
+        text = self.messages.partition(b"v")[2]
+        if b"\n" not in text:
+            return ...
+        try:
+            answer = json.loads(text.partition(b"\n")[0])
+            return None if answer is None else (str(answer[0]), str(answer[1]))
+        except (ValueError, TypeError, IndexError):
+            return ...
+
+
+def _end(child, kill: bool) -> bool:
+    """End the child and whatever it started in its group; True when something of the
+    group was still running after the child itself had ended."""
+    if not kill:
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    left = False
+    try:
+        if child.returncode is not None:
+            os.killpg(child.pid, 0)           # anyone left in the group?
+            left = True
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.wait()
+    return left
+
+
+def _verdict(piece: str, child, watched: _Watch):
+    left = _end(child, kill=bool(watched.late or watched.written > OUTPUT_LIMIT))
+    seconds = _piece_guard.PIECE_SECONDS
+    if watched.late == "start" or not watched.ready:
+        said = watched.shown.decode("utf-8", "replace").strip().splitlines()
+        return _unvetted(piece, f"its start took longer than {STARTUP_SECONDS:g} s"
+                         if watched.late else f"it ended before the piece ran: "
+                         f"{said[-1][:200] if said else child.returncode}")
+    if watched.late in ("run", "wait"):
+        why = ("a loop that never ends?" if watched.late == "run" else
+               f"it waited {WAIT_FACTOR * seconds:g} s: a sleep, a read or a lock that never "
+               f"returns?")
+        return "refused", (f"{piece} ran longer than {seconds:g} s and was stopped ({why}). "
+                           f"Fix the loop and run its exercise's check again")
+    if watched.late == "compile":
+        return "refused", (f"{piece} took longer than {COMPILE_SECONDS:g} s to compile with "
+                           f"numba and was stopped")
+    if watched.written > OUTPUT_LIMIT:
+        return "refused", (f"{piece} writes more than {OUTPUT_LIMIT:,} bytes straight to the "
+                           f"process's output (sys.__stdout__, sys.__stderr__ or a C library), "
+                           f"past the notebook's bound; print what you need with print()")
+    answer = watched.answer()
+    if answer is not ... and answer is not None:
+        return answer
+    if left:
+        return "refused", (f"{piece} leaves a process running after its check (a fork or a "
+                           f"subprocess); it was ended. Do the work in the function itself")
+    code = child.returncode
+    if answer is None and code == 0:
+        return None
+    if answer is None:
+        return "refused", (f"{piece} did not let the process end after its check (exit code "
+                           f"{code}); it was ended. A piece must leave nothing running")
+    how = (f"was killed by {_signal_name(-code)}" if code < 0 else
+           f"ended the process with exit code {code} (os._exit, or a crash)")
+    said = watched.shown.decode("utf-8", "replace").strip().splitlines()
+    return "refused", (f"{piece} {how} while it was loaded and checked"
+                       + (f"; its last line: {said[-1][:200]}" if said else "")
+                       + ". A piece must return, not end the notebook's process")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

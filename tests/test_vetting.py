@@ -1,0 +1,203 @@
+"""A learner's piece is vetted in a child process, killed at its deadline, before the
+notebook's kernel loads it: whatever the piece does to hang, exit, fork, flood the
+output or change the process, the slot runs the engine's version and says why."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from coursework import _piece_guard, _vetting, pieces
+from coursework._core import ExerciseError
+
+from test_reliability_pieces import RIGHT, _define, _save_raw
+
+NAME = "central_difference_gradient"
+SKIPPED = f"the engine's, because yours was skipped: your piece '{NAME}' "
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path / "pieces"))
+    monkeypatch.setattr(_piece_guard, "PIECE_SECONDS", 2.0)
+    monkeypatch.setattr(_vetting, "_VERDICTS", {})
+    (tmp_path / "pieces").mkdir()
+    return tmp_path / "pieces"
+
+
+def _owner_within_seconds(folder, body, limit=30):
+    _save_raw(folder, NAME, body)
+    start = time.monotonic()
+    fn, owner = pieces.central_difference()
+    assert time.monotonic() - start < limit
+    return fn, owner
+
+
+NJIT_SPIN = ("@njit\n"
+             "def spin(n):\n"
+             "    while n >= 0:\n"
+             "        n = (n * 7 + 3) % 1000003\n"
+             "    return n\n"
+             "spin(1)\n")
+HANGS = {
+    "a loop inside a bare except": "while True:\n    try:\n        pass\n    except:\n"
+                                   "        pass\n",
+    "a loop after disarming the timer": "import signal\nsignal.setitimer(signal.ITIMER_REAL, 0)\n"
+                                        "while True:\n    pass\n",
+    "a loop ignoring SIGALRM": "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+                               "while True:\n    pass\n",
+    "a loop after replacing time.monotonic": "import time\ntime.monotonic = lambda: 0.0\n"
+                                             "while True:\n    pass\n",
+    "an @njit loop": NJIT_SPIN,
+    "one long C call": "total = sum(range(10**12))\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HANGS))
+def test_a_piece_that_hangs_at_load_is_killed_and_the_engine_runs(folder, case):
+    fn, owner = _owner_within_seconds(folder, HANGS[case] + RIGHT)
+    assert owner.startswith(SKIPPED + "ran longer than 2 s and was stopped"), owner
+    from coursework.slots import engine_central_difference
+    assert fn is engine_central_difference
+
+
+def test_a_piece_that_hangs_in_its_check_inside_a_bare_except_is_killed(folder):
+    body = RIGHT.replace("    return g\n", "    while True:\n        try:\n            pass\n"
+                                             "        except:\n            pass\n    return g\n")
+    fn, owner = _owner_within_seconds(folder, body)
+    assert owner.startswith(SKIPPED + "ran longer than 2 s and was stopped"), owner
+
+
+def test_a_piece_loaded_off_the_main_thread_still_has_its_deadline(folder):
+    _save_raw(folder, NAME, "while True:\n    pass\n" + RIGHT)
+    answers = []
+    worker = threading.Thread(target=lambda: answers.append(pieces.central_difference()),
+                              daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert answers[0][1].startswith(SKIPPED + "ran longer than 2 s")
+
+
+def test_a_piece_that_starts_a_thread_that_runs_on_is_refused(folder):
+    fn, owner = _owner_within_seconds(
+        folder, "import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], "
+                "daemon=True, name='spinner').start()\n" + RIGHT)
+    assert owner.startswith(SKIPPED + "starts a thread (spinner) that still runs"), owner
+
+
+def test_a_piece_that_starts_a_raw_thread_that_runs_on_is_refused(folder):
+    fn, owner = _owner_within_seconds(
+        folder, "import _thread\ndef spin():\n    while True:\n        pass\n"
+                "_thread.start_new_thread(spin, ())\n" + RIGHT)
+    assert owner.startswith(SKIPPED + "starts a thread (spin) that still runs"), owner
+
+
+def test_a_piece_that_writes_20_mb_to_the_real_stdout_is_refused(folder, capfd):
+    fn, owner = _owner_within_seconds(folder, "import sys\nsys.__stdout__.write('x' * 20_000_000)\n"
+                                              "sys.__stdout__.flush()\n" + RIGHT)
+    assert owner.startswith(SKIPPED + "writes more than 1,000,000 bytes straight to the "
+                                      "process's output"), owner
+    assert len(capfd.readouterr().out) < 10_000          # nothing of it reached this process
+
+
+@pytest.mark.parametrize("body, says", [
+    ("import os\nos._exit(3)\n", "ended the process with exit code 3"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "was killed by SIGKILL"),
+])
+def test_a_piece_that_ends_its_process_is_refused_and_this_one_lives_on(folder, body, says):
+    fn, owner = _owner_within_seconds(folder, body + RIGHT)
+    assert owner.startswith(SKIPPED + says), owner
+
+
+def test_a_piece_that_forks_is_refused_and_leaves_no_process(folder):
+    marker = folder.parent / "the_copy_ran"
+    body = (f"import os, time\nif os.fork() == 0:\n    time.sleep(1)\n"
+            f"    open({str(marker)!r}, 'w').close()\n    time.sleep(60)\n")
+    fn, owner = _owner_within_seconds(folder, body + RIGHT)
+    assert owner.startswith(SKIPPED + "forks the process"), owner
+    time.sleep(2)
+    assert not marker.exists()
+
+
+def test_a_piece_that_leaves_a_subprocess_running_is_refused_and_it_is_ended(folder):
+    marker = folder.parent / "the_subprocess_ran"
+    code = f"import time; time.sleep(2); open({str(marker)!r}, 'w').close()"
+    body = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {code!r}])\n"
+    fn, owner = _owner_within_seconds(folder, body + RIGHT)
+    assert owner.startswith(SKIPPED + "leaves a process running"), owner
+    time.sleep(3)
+    assert not marker.exists()
+
+
+def test_a_piece_that_changes_numpy_in_its_child_is_refused_and_the_kernel_never_sees_it(folder):
+    fn, owner = _owner_within_seconds(
+        folder, "import gc\ngc.get_referents(np.ufunc.__dict__)[0]['reduce'] = "
+                "lambda *a, **k: 0\n" + RIGHT)
+    assert owner.startswith(SKIPPED + "replaces `np.ufunc.reduce`"), owner
+    assert np.sum([1, 2]) == 3
+
+
+def test_a_loop_at_save_is_killed_and_fails_the_check(tmp_path, folder):
+    source = RIGHT.replace("    return g\n", "    while True:\n        try:\n            pass\n"
+                                             "        except:\n            pass\n    return g\n")
+    fn = _define(tmp_path, source, NAME)
+    with pytest.raises(ExerciseError, match="ran longer than 2 s and was stopped"):
+        pieces.save_piece(NAME, fn, "00.1")
+
+
+def test_numba_compiling_does_not_count_against_the_deadline(folder):
+    body = ("import time\nimport numba.core.event as event\n"
+            "with event.trigger_event('numba:compiler_lock'):\n    time.sleep(4)\n")
+    fn, owner = _owner_within_seconds(folder, body + RIGHT)
+    assert owner == "yours (00.1)", owner
+
+
+def test_a_verdict_is_kept_in_memory_only_and_a_changed_file_is_vetted_again(folder,
+                                                                             monkeypatch):
+    _save_raw(folder, NAME, RIGHT)
+    assert pieces.central_difference()[1] == "yours (00.1)"
+    assert sorted(p.name for p in folder.iterdir()) == [f"{NAME}.py", "index.json"]
+
+    def no_child(*args):
+        raise AssertionError("vetted again")
+    monkeypatch.setattr(_vetting, "_run_child", no_child)
+    assert pieces.central_difference()[1] == "yours (00.1)"
+    _save_raw(folder, NAME, "import os\nos._exit(3)\n" + RIGHT)
+    with pytest.raises(AssertionError, match="vetted again"):
+        pieces.central_difference()
+
+
+def test_a_piece_that_forges_the_child_s_verdict_and_hangs_is_refused(folder):
+    """The child's answer counts only when the child then ends by itself."""
+    forge = ("import os, sys\nos.write(int(sys.argv[6]), b'vnull\\n')\n"
+             "while True:\n    pass\n")
+    fn, owner = _owner_within_seconds(folder, forge + RIGHT)
+    assert owner.startswith(SKIPPED + "did not let the process end after its check"), owner
+
+
+def test_a_child_that_cannot_start_leaves_the_kernel_s_guard_in_charge(folder, monkeypatch,
+                                                                      capsys):
+    monkeypatch.setattr(_vetting, "_CHILD", "raise SystemExit('no engine here')")
+    _save_raw(folder, NAME, RIGHT)
+    assert pieces.central_difference()[1] == "yours (00.1)"
+    said = capsys.readouterr().out
+    assert f"your piece '{NAME}' could not be vetted in a separate process" in said
+    assert "no engine here" in said
+    assert not _vetting._VERDICTS or all(v is None for v in _vetting._VERDICTS.values())
+
+
+def test_the_save_s_vetting_serves_the_first_load(tmp_path, folder, monkeypatch):
+    fn = _define(tmp_path, RIGHT, NAME)
+    assert pieces.save_piece(NAME, fn, "00.1") is not None
+    monkeypatch.setattr(_vetting, "_run_child", lambda *a: ("refused", "vetted again"))
+    assert pieces.central_difference()[1] == "yours (00.1)"
+
+
+def test_exiting_at_save_fails_the_check_with_the_reason(tmp_path, folder):
+    source = RIGHT.replace("    return g\n", "    import os\n    os._exit(5)\n")
+    fn = _define(tmp_path, source, NAME)
+    with pytest.raises(ExerciseError, match="ended the process with exit code 5"):
+        pieces.save_piece(NAME, fn, "00.1")
+    assert os.getpid()                           # still here
