@@ -14,7 +14,7 @@ from matplotlib.colors import to_hex
 import ipywidgets as w
 
 from widgets.budget import BudgetWidget
-from widgets.budget_knobs import named_fields
+from widgets.budget_knobs import RedrawnToggleButtons, named_fields
 from widgets.budget_views import BAR_PX, CATEGORY_COLORS, CURVE_PX, _share
 
 
@@ -266,19 +266,22 @@ def test_any_setting_gives_a_readout_or_a_message(data):
                 value = data.draw(st.sampled_from(values), label=name)
             elif isinstance(control.value, bool):
                 value = data.draw(st.booleans(), label=name)
+            elif isinstance(control.value, str):  # a free-form list (LoRA's targets)
+                value = data.draw(st.sampled_from(["", "c_attn", "q_proj,v_proj",
+                                                   "no_such_layer"]), label=name)
             elif isinstance(control.value, float):
                 value = data.draw(st.floats(control.min, control.max), label=name)
             else:
                 value = data.draw(st.integers(control.min, min(control.max, 5000)), label=name)
             control.value = value
-    cfg = B.BudgetConfig(name=widget.preset.value,
-                         **{n: c.value for n, c in widget.controls.items()})
+    cfg = B.BudgetConfig(name=widget.preset.value, **widget.values())
     try:
         want = B.budget(cfg)
     except B.BudgetError as exc:
         assert widget.result is None and str(exc)[:40] in html.unescape(widget.message.value)
     else:
         assert widget.message.value == "" and shown_peak_bytes(widget) == want.peak
+    assert_no_dead_end(widget, "random settings")
 
 
 @pytest.mark.parametrize("name", B.PRESET_NAMES)
@@ -475,3 +478,77 @@ def test_every_message_names_controls_that_can_be_pressed(preset):
             errors.add(widget.error.split(";")[0][:50])
             restore(widget, after_first)
     assert len(errors) > 5  # the walk reaches the engine's refusals, not only numbers
+
+
+# ------------------------------------------------ one table of knobs (issue 51, item 1)
+def test_controls_are_made_from_the_table_of_knobs(widget):
+    """Each control carries its knob's help, choices and bounds (engine.budget.knobs)."""
+    for k in B.shown_on("widget"):
+        control = widget.controls[k.field]
+        assert control.tooltip.startswith(k.help), k.field
+        if k.choices:
+            assert list(control.options) == list(k.choices), k.field
+        elif k.kind is int and k.field not in ("n_head", "n_kv_head"):
+            assert (control.min, control.max) == (0 if k.zero_means else k.low, k.high)
+        elif k.kind is bool:
+            assert isinstance(control, w.Checkbox), k.field
+    assert list(widget.controls["device"].options) == ["none", *B.DEVICES, B.THIS_MACHINE]
+
+
+def test_a_knob_added_to_the_table_appears_with_its_help(monkeypatch):
+    """No widget code per knob: a new row of the table is a control, in its group's tab."""
+    from engine.budget import knobs as table
+    from widgets.budget_knobs import make_controls, tab_of
+    new = B.Knob("warmup_steps", "--warmup", int, 0, "steps of learning-rate warm-up",
+                 "schedule", low=1, high=10_000, zero_means="no warm-up")
+    monkeypatch.setattr(table, "KNOBS", {**table.KNOBS, new.field: new})
+    controls = make_controls(B.preset("gpt2-small"))
+    box = controls["warmup_steps"]
+    assert box.tooltip == "steps of learning-rate warm-up; 0: no warm-up"
+    assert (box.min, box.max, box.description) == (0, 10_000, "warmup steps")
+    assert tab_of(new) == "schedule"
+
+
+def test_the_new_device_list_and_headroom_are_on_screen(widget):
+    """Devices come from engine.budget.devices (H200 among them); headroom is a box."""
+    c = widget.controls
+    assert "H200-141GB" in c["device"].options
+    c["device"].value = "H200-141GB"
+    want = B.budget(widget.config())
+    assert "on H200-141GB" in widget.fit.value and want.device.memory == 141 * 2**30
+    assert widget.controls["headroom"].value == B.knob("headroom").default
+    tabs = widget.ui.children[1].children[1]
+    devices = tabs.children[list(tabs.titles).index("devices")]
+    assert c["headroom"] in devices.children
+
+
+# ------------------------------------------------ accessibility (issue 51, item 6)
+def contrast(one: str, two: str) -> float:
+    """WCAG 2 contrast ratio of two #rrggbb colours."""
+    def luminance(colour):
+        rgb = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+    hi, lo = sorted((luminance(one), luminance(two)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_selected_toggles_have_enough_contrast():
+    """The selected button's label against its fill is at least 4.5:1, and its fill
+    stands out from JupyterLab's unselected one (#eeeeee) by at least 3:1."""
+    from widgets import budget as module
+    assert contrast(module.SELECTED_FG, module.SELECTED_BG) >= 4.5
+    assert contrast(module.SELECTED_BG, "#eeeeee") >= 3
+    rule = re.search(r"\.widget-toggle-button\.mod-active[^{]*\{([^}]*)\}", module.STYLE)
+    assert rule and f"background-color: {module.SELECTED_BG}" in rule.group(1)
+    assert f"color: {module.SELECTED_FG}" in rule.group(1)
+    assert "focus-visible" in module.STYLE  # a ring outside the fill shows focus
+
+
+def test_every_button_row_has_a_name_and_each_button_says_its_row(widget):
+    for name, control in widget.controls.items():
+        if isinstance(control, w.ToggleButtons):
+            assert isinstance(control, RedrawnToggleButtons), name  # disabled shows at once
+            assert control.description, name
+            assert list(control.tooltips) == [f"{control.description}: {o}"
+                                              for o in control.options], name

@@ -5,9 +5,10 @@ controls into a `BudgetConfig`, asks `budget(config)` and writes the answer
 into widget models (`.value`), never printing, so a notebook that shows it
 replays cleanly under nbval.
 
-Layout: the controls (a tab per group of knobs: model, training, framework
-loop, devices; "measure" under them) beside what they cost, side by side where the output area is
-wide enough and in one column where it is not; labels wrap, never cut.
+Layout: the controls (a tab per group of knobs: model, training, real step,
+devices; "measure" under them) beside what they cost, side by side where the
+output area is wide enough and in one column where it is not; labels wrap,
+never cut.
   * the fit line (`budget-fit`): fits / does not fit the chosen device (its
     memory in GB, with the GiB its data sheet quotes), the largest
     micro-batch that does, the step time and tokens/s;
@@ -63,15 +64,15 @@ from .budget_views import (BAR_PX, CURVE_PX, DPI, draw_memory_bar, draw_memory_c
 _THIS_MACHINE: dict = {}  # "this machine" as a device, once measured
 SETTINGS_CHANGED = ("The settings changed since the measurement; press measure again to "
                     "measure these.")
-# A selected toggle: white on dark blue (8.5:1; JupyterLab's own is grey on light grey,
-# 1.6:1), and a black ring outside any focused control, so focus shows on a selected
-# button too.
+# A selected toggle: white on dark blue (8.6:1; JupyterLab's own is grey on light grey,
+# 1.6:1), and a black ring outside any control focused from the keyboard, so focus
+# shows on a selected button too (JupyterLab's 1px light-blue ring does not).
 SELECTED_BG, SELECTED_FG, FOCUS_RING = "#1f4e79", "#ffffff", "#000000"
 SELECTED_AND_FOCUS = f"""
 .budget-widget .widget-toggle-button.mod-active,
 .budget-widget .widget-toggle-button.mod-active:hover:enabled {{
   background-color: {SELECTED_BG}; color: {SELECTED_FG}; font-weight: bold}}
-.budget-widget button:focus-visible, .budget-widget input:focus-visible,
+.budget-widget .jupyter-button:focus-visible:enabled, .budget-widget input:focus-visible,
 .budget-widget select:focus-visible {{outline: 2px solid {FOCUS_RING};
   outline-offset: 2px}}"""
 # Responsive rules: the pictures shrink with their column and keep their box while a

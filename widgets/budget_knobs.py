@@ -38,7 +38,7 @@ LABELS = {
 }
 # The tab each group of the table goes to; a group not listed gets a tab of its own.
 TABS = {"model": "model", "batch": "training", "policy": "training",
-        "step": "framework loop", "parallel": "devices", "device": "devices"}
+        "step": "real step", "parallel": "devices", "device": "devices"}
 NO_DEVICE = "none"
 # Sizes with a power-of-two slider beside their box, and the slider's usual top.
 STEPPED = {"d_model": 32768, "micro_batch": 4096, "seq_len": 131072, "accumulation": 256}
