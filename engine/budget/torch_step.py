@@ -17,6 +17,13 @@ Both count tensors only (not the cuBLAS workspace or oneDNN scratch).
 step 2); "peak" the most alive during step 2 (weights and optimizer state
 included), "peak_first_step" during step 1. torch (and transformers for
 "hf") are optional extras: `torch_missing()` says what is missing.
+
+Before anything is allocated, the model is built on PyTorch's meta device (shapes,
+no memory) and its parameter count compared with the budget's, so the step measured
+is the step predicted; and the budget's prediction of that step (with
+`MEMORY_HEADROOM`) is compared with the memory available (the GPU's free memory, or
+the CPU's available memory): a step that would not fit is refused, naming the
+settings to lower.
 """
 from __future__ import annotations
 
@@ -144,7 +151,8 @@ def _hf_batch(cfg: BudgetConfig, ids) -> dict:
 
 def _plain_model(cfg: BudgetConfig):
     """nanoGPT's GPT (its model.py, written again here): pre-LN blocks, fused
-    qkv, F.gelu(approximate="tanh"), SDPA or manual attention, tied head."""
+    qkv, F.gelu(approximate="tanh"), SDPA or manual attention, the head tied to the
+    token table as nanoGPT ties it, or a table of its own (`tied_embedding=False`)."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -186,7 +194,8 @@ def _plain_model(cfg: BudgetConfig):
             self.drop, self.ln_f = nn.Dropout(p), nn.LayerNorm(C)
             self.h = nn.ModuleList(Block() for _ in range(cfg.n_layer))
             self.lm_head = nn.Linear(C, cfg.vocab_size, bias=False)
-            self.lm_head.weight = self.wte.weight
+            if cfg.tied_embedding:
+                self.lm_head.weight = self.wte.weight
 
         def forward(self, idx, targets):
             pos = torch.arange(idx.shape[1], device=idx.device)
@@ -198,6 +207,96 @@ def _plain_model(cfg: BudgetConfig):
             return logits, loss
 
     return GPT()
+
+
+def _build(cfg: BudgetConfig):
+    return _hf_model(cfg) if cfg.activation_model == "hf" else _plain_model(cfg)
+
+
+# ------------------------------------------------- before anything is allocated
+# What a step holds beyond the budget's prediction (the allocator's rounding, cuBLAS
+# and oneDNN workspaces, the CPU profiler's records): the prediction is raised by this
+# fraction before it is compared with the memory available.
+MEMORY_HEADROOM = 0.25
+
+
+def _same_shape_as_predicted(run: BudgetConfig) -> int:
+    """Build `run`'s model on PyTorch's meta device (shapes only, no memory) and compare
+    its parameter count with the budget's; BudgetError when they differ, so the step
+    measured is the step predicted (tied or untied head, head_dim, biases, norms).
+    Returns the bytes of the model's buffers (a causal mask), which the budget does not
+    count but the step allocates. LoRA adapters are left out of the comparison: the
+    budget counts the frozen model they sit on."""
+    import torch
+
+    from .counts import parameter_count
+    with torch.device("meta"):
+        model = _build(run)
+    built = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+    counted = parameter_count(run)
+    if built != counted:
+        raise BudgetError(
+            f"--measure torch would build a model of {built:,} parameters, but the budget "
+            f"counts {counted:,} for this shape ({run.architecture}, "
+            f"{'tied' if run.tied_embedding else 'untied'} head, head_dim={run.head_dim}, "
+            f"qkv_bias={getattr(run, 'qkv_bias', False)}): it would measure another model than "
+            f"it predicts, so nothing was run. Measure without these settings, or report "
+            f"the shape as a bug of engine/budget/torch_step.py.")
+    return sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def available_memory(device: str) -> tuple[int | None, str]:
+    """(bytes a step may still allocate on `device`, where that number comes from);
+    None when the system does not say."""
+    if device == "cuda":
+        import torch
+        free, _ = torch.cuda.mem_get_info()
+        return free, "the GPU's free memory (torch.cuda.mem_get_info)"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "the CPU's available memory " \
+                                                      "(MemAvailable in /proc/meminfo)"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return pages, "the CPU's free memory (sysconf)"
+    except (AttributeError, ValueError, OSError):
+        return None, "unknown"
+
+
+def step_bytes(run: BudgetConfig, device: str) -> dict:
+    """The budget's prediction of the step `measure_step` runs, by part."""
+    from .counts import fixed_bytes
+    from .framework_step import real_step_activations
+    return {**fixed_bytes(run), "activations": real_step_activations(run, device=device).peak}
+
+
+def _fits(run: BudgetConfig, device: str, buffers: int) -> None:
+    """BudgetError, naming the settings and the fix, when the step's predicted bytes
+    (with MEMORY_HEADROOM) exceed what `device` has available."""
+    from .report import human_bytes
+    parts = step_bytes(run, device)
+    need = int((sum(parts.values()) + buffers) * (1 + MEMORY_HEADROOM))
+    have, where = available_memory(device)
+    if have is None or need <= have:
+        return
+    fixed = sum(v for k, v in parts.items() if k != "activations")
+    if fixed + buffers >= parts["activations"]:
+        what = (f"{human_bytes(fixed + buffers)} of weights, their gradients and the "
+                f"optimizer's state: lower vocab_size={run.vocab_size:,}, "
+                f"d_model={run.d_model:,}, n_layer={run.n_layer} or block_size={run.positions:,}")
+    else:
+        what = (f"{human_bytes(parts['activations'])} of activations: lower "
+                f"micro_batch={run.micro_batch} or seq_len={run.seq_len}, or set recompute=full")
+    scaled = ", already scaled down for the CPU" if device == "cpu" else ""
+    raise BudgetError(
+        f"--measure torch would run a step predicted to need {human_bytes(need)} on "
+        f"{device} (a margin of {MEMORY_HEADROOM:.0%} included{scaled}), but {where} is "
+        f"{human_bytes(have)}. Nothing was allocated. Most of it is {what}; or measure on "
+        f"a device with more memory.")
 
 
 def _optimizer(model, cfg: BudgetConfig):
@@ -243,8 +342,11 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     # one process measures one device: no data-parallel replicas, nothing sharded
     run = cfg.with_(devices=1, zero=0) if device == "cuda" else cpu_shape(cfg)
+    buffers = _same_shape_as_predicted(run)        # both before anything is allocated
+    _fits(run, device, buffers)
     torch.manual_seed(seed)
-    model = _hf_model(run) if run.activation_model == "hf" else _plain_model(run)
+    with torch.device(device):
+        model = _build(run)
     model.to(device).train()
     ids = torch.randint(0, run.vocab_size, (run.micro_batch, run.seq_len), device=device)
     batch = _hf_batch(run, ids) if run.activation_model == "hf" else None
