@@ -177,7 +177,12 @@ for name, value in grads.items():
 # reruns the forward pass. Your lesson 00 function was saved as a piece when its check
 # passed; `coursework.pieces.central_difference()` loads it, checks it on a loss with a
 # known gradient, and hands it over, or hands over the engine's central difference
-# (`engine.eps_sweep.finite_difference`) and says why. The next cell says whose code runs
+# (`engine.eps_sweep.finite_difference`) and says why. A piece is first loaded and checked
+# in a separate Python process, stopped after 20 s of computing (numba's compiling not
+# counted), so a piece that loops, exits or changes numpy cannot take this notebook with
+# it; what that limit cannot see is the rest of the piece's life: it runs one check on
+# small inputs, so a piece that is fast there and slow on a lesson's larger ones, or wrong
+# only for some inputs, runs here just as it is. The next cell says whose code runs
 # (its output is not compared when the notebook is checked: it depends on your pieces
 # folder); the cell after it prints the same whoever's code ran.
 
