@@ -552,3 +552,43 @@ def test_every_button_row_has_a_name_and_each_button_says_its_row(widget):
             assert control.description, name
             assert list(control.tooltips) == [f"{control.description}: {o}"
                                               for o in control.options], name
+
+
+# ------------------------------------------------ LoRA against full fine-tuning (issue 50)
+def test_lora_against_full_fine_tuning_shows_which_terms_shrink():
+    """Under activations of hf: full fine-tuning, LoRA r=8 and r=64 (and the rank on
+    screen), each term from engine.budget; gradients and optimizer state shrink to the
+    adapters', the weights and the activations do not."""
+    from widgets.budget_views import lora_terms
+    widget = BudgetWidget(preset="llama3.1-8b", plots=False, activation_model="hf",
+                          precision="fp32")
+    table = html.unescape(widget.lora.value)
+    cfg = widget.config()
+    full = lora_terms(cfg)
+    assert full["gradients"] == B.budget(cfg).fixed["gradients"] > 0
+    for rank in (8, 64):
+        lora = lora_terms(cfg.with_(lora_rank=rank))
+        assert f"LoRA r={rank}" in table
+        for term in ("gradients", "optimizer state"):
+            assert lora[term] < 0.01 * full[term]
+            assert B.human_bytes(lora[term]) in table
+        assert abs(lora["weights"] / full["weights"] - 1) < 0.02
+        assert abs(lora["activations"] / full["activations"] - 1) < 0.25
+        assert lora["peak"] < full["peak"]
+    assert table.count("about the same") == 2  # the frozen weights, at both ranks
+    widget.controls["lora_rank"].value = 16  # the rank on screen joins the two
+    assert "LoRA r=16 (set)" in html.unescape(widget.lora.value)
+    widget.controls["activation_model"].value = "transformer"
+    assert "choose activations of <b>hf</b>" in widget.lora.value
+    assert widget.controls["lora_rank"].value == 0 and widget.controls["lora_rank"].disabled
+
+
+def test_the_fit_line_counts_the_headroom_knob():
+    """The verdict is the peak plus the headroom against the card, as the line says."""
+    w = BudgetWidget(preset="llama2-7b", plots=False, device="A100-80GB", devices=8, zero=3)
+    d = B.budget(w.config()).device
+    assert d.fits and f"headroom {B.human_bytes(d.headroom)}" in w.fit.value
+    assert f"N={d.longest_sequence:,}" in w.fit.value
+    w.controls["headroom"].value = 20 * 10**9  # 68.6 GB + 20 GB > 85.9 GB
+    assert "does not fit" in w.fit.value and "headroom 20 GB" in w.fit.value
+    assert "Fewest devices that fit" in w.fit.value

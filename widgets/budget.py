@@ -24,6 +24,9 @@ never cut.
     the device's capacity as a line and the legends under the axes: two
     images redrawn from two figures kept for the widget's life, so a move
     swaps the picture in place;
+  * under activations of hf, full fine-tuning against LoRA at two ranks: which
+    terms shrink (gradients, optimizer state) and which do not (weights,
+    activations), and why;
   * what the recompute setting saves and adds, FLOPs per token, per
     micro-batch and per optimizer step, and the collectives of data parallel;
   * "measure": runs our engine's GPT at the current shape (when it is small
@@ -58,8 +61,8 @@ from ._figures import PreviewHBox
 from .budget_knobs import (FULL, NO_DEVICE, STEPPED, idle_knobs, label, make_controls,
                            named_fields, tab_of, zeros_hint)
 from .budget_views import (BAR_PX, CURVE_PX, DPI, draw_memory_bar, draw_memory_curve,
-                           fit_html, flops_html, measured_html, parallel_html, readout_html,
-                           tradeoff_html)
+                           fit_html, flops_html, lora_html, measured_html, parallel_html,
+                           readout_html, tradeoff_html)
 
 _THIS_MACHINE: dict = {}  # "this machine" as a device, once measured
 SETTINGS_CHANGED = ("The settings changed since the measurement; press measure again to "
@@ -96,6 +99,7 @@ STYLE = f"""<style>
   margin: 2px 0}}
 .budget-widget table {{border-collapse: collapse; margin: 4px 0}}
 .budget-widget th, .budget-widget td {{padding: 1px 8px; white-space: nowrap}}
+.budget-widget td.budget-why {{white-space: normal; min-width: 14em; font-size: 0.85em}}
 .budget-widget th {{text-align: left; border-bottom: 1px solid #bbb}}
 .budget-widget td.num, .budget-widget th.num {{text-align: right;
   font-variant-numeric: tabular-nums}}
@@ -192,6 +196,8 @@ class BudgetWidget:
         self.tradeoff.add_class("budget-recompute")
         self.parallel = w.HTML()
         self.parallel.add_class("budget-parallel")
+        self.lora = w.HTML()
+        self.lora.add_class("budget-lora-panel")
         # Images keep their box (CSS aspect-ratio) while their picture is swapped:
         # no blank, no collapse; they shrink with a narrow column.
         self.bar = w.Image(format="png", layout=w.Layout(width=f"{BAR_PX[0]}px"))
@@ -213,7 +219,7 @@ class BudgetWidget:
         self.measure_progress.add_class("budget-measure-progress")
         self._eta = TimeLeft()
         self._results = [self.readout, self.fit, self.flops_table, self.tradeoff,
-                         self.parallel, self.bar, self.curve]
+                         self.parallel, self.lora, self.bar, self.curve]
 
     def _layout(self) -> PreviewHBox:
         """The controls in a tab per group of knobs, in the table's order, beside the
@@ -238,8 +244,8 @@ class BudgetWidget:
             flex="1 1 340px", max_width="440px", min_width="0"))
         left.add_class("budget-controls")
         plots = w.HBox([self.bar, self.curve], layout=w.Layout(flex_flow="row wrap"))
-        right = w.VBox([self.message, self.note, self.fit, self.readout, plots, self.tradeoff,
-                        self.flops_table, self.parallel],
+        right = w.VBox([self.message, self.note, self.fit, self.readout, plots, self.lora,
+                        self.tradeoff, self.flops_table, self.parallel],
                        layout=w.Layout(flex="1 1 420px", min_width="0"))
         right.add_class("budget-results")
         # Side by side where there is room; one column (controls first) where there is not.
@@ -418,6 +424,7 @@ class BudgetWidget:
         self.flops_table.value = flops_html(self.result)
         self.tradeoff.value = tradeoff_html(self.result)
         self.parallel.value = parallel_html(self.result)
+        self.lora.value = lora_html(self.result)
         if self.plots:
             self._draw()
 

@@ -8,6 +8,7 @@ stand-alone page (`widgets.budget_app`); neither computes a number of its own.
 from __future__ import annotations
 
 import html
+from dataclasses import replace
 
 from engine import budget as B
 
@@ -213,7 +214,9 @@ def draw_memory_curve(ax, b: B.Budget, points: int = 24) -> None:
 
 
 def fit_html(b: B.Budget) -> str:
-    """The verdict for the chosen device, the largest micro-batch that fits, the step time."""
+    """The verdict for the chosen device (the peak plus the headroom set aside for the
+    CUDA context and the allocator), the largest micro-batch and the longest sequence
+    that fit, the fewest devices where one does not, the step time."""
     d, c = b.device, b.config
     if d is None:
         return ("<span class='budget-fit-verdict'>no device chosen</span>: pick one under "
@@ -223,12 +226,19 @@ def fit_html(b: B.Budget) -> str:
         verdict = ("fits" if d.fits else "does not fit")
         colour = "#2a7d2a" if d.fits else "#b00"
         parts.append(f"<b class='budget-fit-verdict' style='color:{colour}'>{verdict}</b> "
-                     f"on {html.escape(d.device)}: peak {B.human_bytes(d.peak)} of "
+                     f"on {html.escape(d.device)}: peak {B.human_bytes(d.peak)} + "
+                     f"<span title='{html.escape(B.knob('headroom').help, quote=True)}'>"
+                     f"headroom {B.human_bytes(d.headroom)}</span> of "
                      f"{B.human_device_memory(d.memory)}.")
         parts.append("Largest micro-batch that fits: "
                      + (f"<b>B={d.largest_micro_batch}</b>." if d.largest_micro_batch
                         else "none (more devices with a ZeRO stage, recompute, or a "
                              "shorter N)."))
+        if d.longest_sequence:
+            parts.append(f"Longest sequence at B=1: N={d.longest_sequence:,}.")
+        if d.fewest_devices and not d.fits:
+            parts.append(f"Fewest devices that fit: {d.fewest_devices['devices']:,} "
+                         f"with ZeRO stage {d.fewest_devices['zero']}.")
     if d.step_seconds is not None:
         parts.append(f"Step {B.human_seconds(d.step_seconds)} at MFU {c.mfu:g}, "
                      f"{d.tokens_per_second:,.0f} tokens/s"
@@ -249,3 +259,72 @@ def parallel_html(b: B.Budget) -> str:
         for r in b.communication)
     return (f"<table><tr><th>ZeRO stage {c.zero} over {c.devices} devices</th><th>buffer</th>"
             f"<th>per step</th><th>sent per device</th></tr>{rows}</table>")
+
+
+# What LoRA changes in each term, and why (engine.budget.lora says it term by term).
+LORA_RANKS = (8, 64)
+LORA_ROWS = (
+    ("trainable parameters", "only the adapters train: A (r x input) and B (output x r) "
+                             "per targeted layer"),
+    ("weights", "the frozen base model stays whole; the adapters add a little"),
+    ("gradients", "a frozen weight gets none; only the adapters' remain"),
+    ("optimizer state", "AdamW's two moments of the adapters only"),
+    ("activations", "a frozen layer keeps no input, but each adapter keeps its low-rank "
+                    "output (and, under lora dropout, a dropped copy of its input)"),
+    ("peak", "what is left: the frozen weights and the activations"),
+)
+
+
+def lora_terms(cfg: B.BudgetConfig) -> dict[str, int]:
+    """The terms LoRA moves, for one configuration: trainable parameters, the whole
+    model's weights, gradients and optimizer state, the activations the forward keeps
+    and one device's peak over the first and later steps."""
+    from engine.budget.counts import trainable_parameter_count
+    b = B.budget(cfg)
+    return {"trainable parameters": trainable_parameter_count(cfg),
+            "weights": b.fixed.get("weights", 0) + b.fixed.get("master weights", 0),
+            "gradients": b.fixed.get("gradients", 0),
+            "optimizer state": b.fixed.get("optimizer state", 0),
+            "activations": b.activations.saved,
+            "peak": max(b.peak, b.peak_first_step)}
+
+
+def _change(lora: int, full: int) -> str:
+    """How a LoRA term compares with full fine-tuning's, in words a table can hold."""
+    if not full:
+        return ""
+    ratio = lora / full
+    if ratio < 0.5:
+        return f"{ratio:.1%} of it" if ratio >= 0.001 else "&lt;0.1% of it"
+    return "about the same" if abs(ratio - 1) < 0.02 else f"{100 * (ratio - 1):+.0f}%"
+
+
+def lora_html(b: B.Budget) -> str:
+    """For the model on screen (activations of hf), full fine-tuning against LoRA at
+    two ranks (and the rank on screen): which terms shrink, which do not, and why."""
+    c = b.config
+    if c.activation_model != "hf":
+        return ("<span class='budget-hint'>Full fine-tuning against LoRA: choose "
+                "activations of <b>hf</b> (peft's adapters over a transformers model).</span>")
+    base = dict(lora_rank=0, lora_targets="", lora_dropout=0.0)
+    full = lora_terms(replace(c, **base))
+    ranks = sorted({*LORA_RANKS, c.lora_rank} - {0})
+    try:
+        columns = {r: lora_terms(replace(c, lora_rank=r)) for r in ranks}
+    except B.BudgetError as exc:
+        return f"<span class='budget-hint'>LoRA: {html.escape(str(exc))}</span>"
+    head = "".join(f"<th class='num'>LoRA r={r}" + (" (set)" if r == c.lora_rank else "")
+                   + "</th>" for r in ranks)
+    rows = []
+    for name, why in LORA_ROWS:
+        say = B.human_count if name == "trainable parameters" else B.human_bytes
+        cells = "".join(f"<td class='num'>{say(columns[r][name])} "
+                        f"<span class='budget-hint'>{_change(columns[r][name], full[name])}"
+                        f"</span></td>" for r in ranks)
+        rows.append(f"<tr><td>{name}</td><td class='num'>{say(full[name])}</td>{cells}"
+                    f"<td class='budget-why'>{why}</td></tr>")
+    targets = html.escape(c.lora_targets or "peft's default")
+    return (f"<div><b>Full fine-tuning against LoRA</b> (targets: {targets}; one "
+            f"device's peak over step 1 and later steps)</div><table class='budget-lora'>"
+            f"<tr><th>term</th><th class='num'>full fine-tuning</th>{head}<th>why</th></tr>"
+            f"{''.join(rows)}</table>")
