@@ -101,10 +101,11 @@ print(f"a uniform guess costs ln V = {math.log(tokenizer.vocab_size):.3f} nats p
 # A piece you have not written, or one that breaks its slot, leaves the engine's version in
 # place, and the table says which and why. With each of your pieces goes its speed against
 # the engine's version at this trainer's shape; a piece more than twice as slow is named.
-# (The model calls every kernel through a registry, `engine.trainer.model.KERNELS`;
-# `use_kernel(name, function, owner=...)` replaces one, after a small adapter from your
-# exercise's signature to the model's calling convention: the kernels' adapters are in
-# `coursework/slots/lesson10.py` and `coursework/slots/lesson11.py`.)
+# (The model calls every kernel through a registry,
+# `engine.trainer.kernel_registry.KERNELS`; `use_kernel(name, function, owner=...)` replaces
+# one, after a small adapter from your exercise's signature to the model's calling
+# convention: the kernels' adapters are in `coursework/slots/lesson10.py` and
+# `coursework/slots/lesson11.py`.)
 #
 # Your pieces live in `course/my_pieces/`. The *solution* notebook of this lesson never
 # reads them: it fills a new temporary folder with the reference solutions of lessons
