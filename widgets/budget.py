@@ -99,7 +99,11 @@ STYLE = f"""<style>
   margin: 2px 0}}
 .budget-widget table {{border-collapse: collapse; margin: 4px 0}}
 .budget-widget th, .budget-widget td {{padding: 1px 8px; white-space: nowrap}}
-.budget-widget td.budget-why {{white-space: normal; min-width: 14em; font-size: 0.85em}}
+.budget-widget ul.budget-why {{margin: 2px 0; padding-left: 1.2em}}
+.budget-widget table.budget-lora th, .budget-widget table.budget-lora td:first-child {{
+  white-space: normal}}
+.budget-widget table.budget-lora th, .budget-widget table.budget-lora td {{
+  padding: 1px 4px}}
 .budget-widget th {{text-align: left; border-bottom: 1px solid #bbb}}
 .budget-widget td.num, .budget-widget th.num {{text-align: right;
   font-variant-numeric: tabular-nums}}

@@ -35,6 +35,7 @@ LABELS = {
     "outputs": "model output", "use_cache": "key/value cache",
     "devices": "data-parallel devices", "zero": "ZeRO stage", "device_memory": "memory (bytes)",
     "device_flops": "FLOP/s", "mfu": "MFU", "headroom": "headroom (bytes)",
+    "lora_rank": "LoRA rank r", "lora_targets": "LoRA targets", "lora_dropout": "LoRA dropout",
 }
 # The tab each group of the table goes to; a group not listed gets a tab of its own.
 TABS = {"model": "model", "batch": "training", "policy": "training",
@@ -125,12 +126,10 @@ def make_controls(start: B.BudgetConfig) -> dict:
 
 
 def zeros_hint(knobs: list[B.Knob]) -> str:
-    """One line: which boxes of a tab take 0 for their usual value."""
-    boxes = [label(k.field) for k in knobs if k.zero_means and k.kind is int
-             and k.field not in ("n_kv_head",)]
-    if not boxes:
-        return ""
-    return (f"A 0 in {', '.join(boxes)} means the usual value (hover a label).")
+    """One line: what a 0 stands for in each box of a tab that takes one."""
+    said = [f"{label(k.field)}, {k.zero_means}" for k in knobs
+            if k.zero_means and k.kind is int and k.field != "n_kv_head"]
+    return f"A 0 means: {'; '.join(said)}." if said else ""
 
 
 # ------------------------------------------------------------ knobs that do nothing
@@ -189,7 +188,7 @@ IDLE = (
       for f in ("use_cache", "padded_batch")),
     Idle("lora_rank", _when(lambda v: _model(v) != "hf", "LoRA adapters are peft's, over "
                             "a transformers model (activations of: hf)"), resets=True),
-    *(Idle(f, _when(lambda v: not v["lora_rank"], "no adapters: lora rank is 0 (full "
+    *(Idle(f, _when(lambda v: not v["lora_rank"], "no adapters: LoRA rank is 0 (full "
                     "fine-tuning)"), resets=True) for f in ("lora_targets", "lora_dropout")),
     Idle("zero", _when(lambda v: v["devices"] == 1, "one device: nothing to shard")),
     Idle("mfu", _when(lambda v: v["device"] == NO_DEVICE and not v["device_flops"],

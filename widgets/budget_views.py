@@ -296,7 +296,8 @@ def _change(lora: int, full: int) -> str:
     ratio = lora / full
     if ratio < 0.5:
         return f"{ratio:.1%} of it" if ratio >= 0.001 else "&lt;0.1% of it"
-    return "about the same" if abs(ratio - 1) < 0.02 else f"{100 * (ratio - 1):+.0f}%"
+    change = 100 * (ratio - 1)
+    return f"{change:+.1f}%" if abs(change) < 2 else f"{change:+.0f}%"
 
 
 def lora_html(b: B.Budget) -> str:
@@ -321,10 +322,11 @@ def lora_html(b: B.Budget) -> str:
         cells = "".join(f"<td class='num'>{say(columns[r][name])} "
                         f"<span class='budget-hint'>{_change(columns[r][name], full[name])}"
                         f"</span></td>" for r in ranks)
-        rows.append(f"<tr><td>{name}</td><td class='num'>{say(full[name])}</td>{cells}"
-                    f"<td class='budget-why'>{why}</td></tr>")
+        rows.append(f"<tr title='{html.escape(why, quote=True)}'><td>{name}</td>"
+                    f"<td class='num'>{say(full[name])}</td>{cells}</tr>")
+    whys = "".join(f"<li><b>{name}</b>: {why}</li>" for name, why in LORA_ROWS)
     targets = html.escape(c.lora_targets or "peft's default")
     return (f"<div><b>Full fine-tuning against LoRA</b> (targets: {targets}; one "
             f"device's peak over step 1 and later steps)</div><table class='budget-lora'>"
-            f"<tr><th>term</th><th class='num'>full fine-tuning</th>{head}<th>why</th></tr>"
-            f"{''.join(rows)}</table>")
+            f"<tr><th>term</th><th class='num'>full fine-tuning</th>{head}</tr>"
+            f"{''.join(rows)}</table><ul class='budget-hint budget-why'>{whys}</ul>")
