@@ -215,6 +215,25 @@ def test_longest_sequence_and_fewest_devices_that_fit():
         assert _step_peak(cfg.with_(devices=few["devices"] - 1, zero=stage)) > d.usable
 
 
+def test_lora_fit_answers_beside_full_fine_tuning():
+    lora = bm.preset("llama3.2-1b", lora_rank=16, activation_model="hf", attention="flash",
+                     recompute="full", device="rtx-4090", micro_batch=4)
+    d = bm.budget(lora).device
+    full = bm.preset("llama3.2-1b", activation_model="hf", attention="flash",
+                     recompute="full", device="rtx-4090", micro_batch=4)
+    f = bm.budget(full).device
+    assert d.full_fine_tuning == {"fits": f.fits, "largest_micro_batch": f.largest_micro_batch,
+                                  "longest_sequence": f.longest_sequence,
+                                  "fewest_devices": f.fewest_devices}
+    assert d.largest_micro_batch > f.largest_micro_batch
+    assert d.longest_sequence > f.longest_sequence
+    assert f.full_fine_tuning is None
+    out = cli("--preset", "llama3.2-1b", "--lora-rank", "16", "--activations", "hf",
+              "--device", "rtx-4090").stdout
+    assert "full FT    without adapters: fits" in out
+    assert "(4 bytes/trainable param)" in out and "(4 bytes/param)" in out
+
+
 def test_devices_by_short_name_in_any_case():
     assert bm.find_device("h200").name == "H200-141GB"
     assert bm.find_device("H100-80gb").name == "H100-80GB-SXM"

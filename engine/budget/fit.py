@@ -37,6 +37,7 @@ class DeviceFit:
     largest_micro_batch: int | None   # largest B that fits at this N (None: B=1 does not)
     longest_sequence: int | None      # longest N that fits at B=1 (None: N=1 does not)
     fewest_devices: dict | None       # {"devices", "zero"}: the fewest that fit, or None
+    full_fine_tuning: dict | None     # under LoRA, the same answers without adapters
     step_seconds: float | None
     tokens_per_second: float | None   # all devices together
 
@@ -115,19 +116,35 @@ def fewest_devices(cfg: BudgetConfig, usable: int) -> dict | None:
     return {"devices": n, "zero": stage}
 
 
+def fit_answers(cfg: BudgetConfig, usable: int) -> dict:
+    """Whether the step fits in `usable` bytes, the largest micro-batch, the longest
+    sequence and the fewest devices that do."""
+    return dict(
+        fits=_fits(cfg, usable),
+        largest_micro_batch=largest_fitting(
+            lambda b: _fits(cfg, usable, micro_batch=b), 1, MAX_BATCH),
+        longest_sequence=largest_fitting(
+            lambda n: _fits(cfg, usable, micro_batch=1, seq_len=n), 1,
+            cfg.block_size or MAX_COUNT),
+        fewest_devices=fewest_devices(cfg, usable))
+
+
+def without_adapters(cfg: BudgetConfig) -> BudgetConfig:
+    """The same step as a full fine-tune: every parameter trained, no adapters."""
+    return cfg.with_(lora_rank=0, lora_targets="", lora_dropout=0.0)
+
+
 def device_fit(cfg: BudgetConfig, name: str, memory: int, flops_per_second: float,
                peak: int, flops_per_step: int, tokens_per_step_all: int) -> DeviceFit:
     seconds = _ratio(flops_per_step, cfg.mfu * flops_per_second) if flops_per_second else None
     usable = memory - cfg.headroom
-    answers = dict(largest_micro_batch=None, longest_sequence=None, fewest_devices=None)
+    answers = dict(largest_micro_batch=None, longest_sequence=None, fewest_devices=None,
+                   full_fine_tuning=None)
     if memory:
-        answers = dict(
-            largest_micro_batch=largest_fitting(
-                lambda b: _fits(cfg, usable, micro_batch=b), 1, MAX_BATCH),
-            longest_sequence=largest_fitting(
-                lambda n: _fits(cfg, usable, micro_batch=1, seq_len=n), 1,
-                cfg.block_size or MAX_COUNT),
-            fewest_devices=fewest_devices(cfg, usable))
+        answers = fit_answers(cfg, usable)
+        del answers["fits"]     # the verdict below reads the peak it was given
+        answers["full_fine_tuning"] = (fit_answers(without_adapters(cfg), usable)
+                                       if cfg.lora_rank else None)
     return DeviceFit(
         device=name, memory=memory, flops_per_second=flops_per_second, peak=peak,
         headroom=cfg.headroom, fits=(peak <= usable) if memory else None, **answers,

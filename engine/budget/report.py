@@ -98,14 +98,16 @@ def describe(b: Budget) -> str:
                               if c.devices > 1 else
                               f" (ZeRO stage {c.zero} shards nothing on one device: set the "
                               f"number of data-parallel devices)" if c.zero else "")]
+    per = "param" if not c.lora_rank else "trainable param"
     for k, v in b.fixed_per_device.items():
-        note = f"({bpp[k]} bytes/param"
+        note = f"({bpp[k]} bytes/{'param' if k == 'weights' else per}"
         if sharded and v != b.fixed[k]:
             note += f"; 1/{c.devices} of {human_bytes(b.fixed[k])}"
         lines.append(f"  {k:<22}{human_bytes(v):>12}   {note})")
     lines.append(f"  {'fixed total':<22}{human_bytes(b.fixed_total):>12}   "
                  + (f"(of {human_bytes(sum(b.fixed.values()))} for the whole model)" if sharded
-                    else f"({sum(bpp.values())} bytes/param)"))
+                    else "(every parameter's weights, the adapters' training state)"
+                    if c.lora_rank else f"({sum(bpp.values())} bytes/param)"))
     lines.append(f"  {'one B x N x d tensor':<22}{human_bytes(b.one_tensor_bytes):>12}")
     lines.append(f"  {'activations (saved)':<22}{human_bytes(b.activations.saved):>12}")
     if b.activations.transient and not b.real_step:
@@ -219,12 +221,23 @@ def _fit_lines(d, c) -> list[str]:
                     "use more devices)"))
     lines.append("longest    sequence that fits at B=1: "
                  + (f"N={d.longest_sequence:,}" if d.longest_sequence else "none"))
-    few = d.fewest_devices
     lines.append(f"fewest     devices that fit B={c.micro_batch}, N={c.seq_len}: "
-                 + (f"{few['devices']:,} at ZeRO stage {few['zero']}" if few else
-                    "none (ZeRO shards the fixed memory, not the activations, which do not "
-                    "fit on their own: recompute, flash attention or a shorter sequence)"))
+                 + _fewest(d.fewest_devices))
+    full = d.full_fine_tuning
+    if full:
+        lines.append(f"full FT    without adapters: fits {'yes' if full['fits'] else 'no'}; "
+                     f"largest B={full['largest_micro_batch'] or 'none'}, longest N at B=1 "
+                     + (f"{full['longest_sequence']:,}" if full["longest_sequence"] else
+                        "none") + f"; fewest devices {_fewest(full['fewest_devices'])}")
     return lines
+
+
+def _fewest(few: dict | None) -> str:
+    if few:
+        return f"{few['devices']:,} at ZeRO stage {few['zero']}"
+    return ("none (ZeRO shards the fixed memory, not a micro-batch's activations, which "
+            "alone do not fit: a smaller micro-batch or sequence, recompute, or flash "
+            "attention)")
 
 
 def human_device_memory(memory: int) -> str:
