@@ -51,7 +51,6 @@ def test_targets_resolve_by_suffix_as_peft_does():
     (dict(**HF, lora_dropout=0.1), "lora_rank is 0"),
     (dict(**HF, lora_targets="c_attn"), "lora_rank is 0"),
     (dict(**HF, lora_rank=8, lora_targets="q_proj"), "'q_proj' matches no linear layer"),
-    (dict(activation_model="hf", precision="bf16", lora_rank=8), "fp32 only"),
     (dict(**HF, lora_rank=8, lora_dropout=1.5), "lora_dropout=1.5 is not allowed"),
 ])
 def test_what_lora_cannot_be_is_refused_by_name(changes, says):
@@ -144,6 +143,29 @@ CPU_TABLE = [
      dict(lora_rank=64, lora_targets=ALL_LLAMA, accumulation=2, attention="flash")),
     ("qwen2 r32 all, lora_dropout, sdpa", {**LLAMA, "model_type": "qwen2"},
      dict(lora_rank=32, lora_targets=ALL_LLAMA, lora_dropout=0.1, attention="flash")),
+    # the first block: K needs no gradient under q,v, so Q @ K^T keeps no Q; under v
+    # alone P @ V keeps only P
+    ("llama gqa r64 q,v (peft's default), eager", LLAMA, dict(lora_rank=64)),
+    ("llama gqa r64 v_proj, eager", LLAMA, dict(lora_rank=64, lora_targets="v_proj")),
+    ("llama r64 k_proj, attention dropout (SDPA's math path)",
+     {**LLAMA, "attention_dropout": 0.1}, dict(lora_rank=64, lora_targets="k_proj",
+                                               attention="flash")),
+    # autocast to bf16 on the CPU: frozen weights are cast anew at each matmul and
+    # each adapter casts its own input
+    ("bf16: gpt2 r64 all, lora_dropout, eager", _small_gpt2(),
+     dict(lora_rank=64, lora_targets=ALL_GPT2, lora_dropout=0.1, precision="bf16")),
+    ("bf16: gpt2 r64 c_fc, dropout, sdpa", _small_gpt2(**ON),
+     dict(lora_rank=64, lora_targets="c_fc", attention="flash", precision="bf16")),
+    ("bf16: gpt2 r64 all, checkpointing", _small_gpt2(),
+     dict(lora_rank=64, lora_targets=ALL_GPT2, recompute="full", precision="bf16")),
+    ("bf16: llama gqa r64 q,v, lora_dropout, eager", LLAMA,
+     dict(lora_rank=64, lora_dropout=0.1, precision="bf16")),
+    ("bf16: llama gqa r64 all, padded batch, sdpa, accumulation 2", LLAMA,
+     dict(lora_rank=64, lora_targets=ALL_LLAMA, padded_batch=True, attention="flash",
+          accumulation=2, precision="bf16")),
+    ("bf16: llama gqa r64 all, checkpointing, sdpa", LLAMA,
+     dict(lora_rank=64, lora_targets=ALL_LLAMA, recompute="full", attention="flash",
+          precision="bf16")),
 ]
 
 

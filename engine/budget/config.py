@@ -154,7 +154,7 @@ class BudgetConfig:
         return self
 
     def _validate_lora(self) -> None:
-        """LoRA is peft's, over a transformers model, measured in fp32 (engine.budget.lora)."""
+        """LoRA is peft's, over a transformers model (engine.budget.lora)."""
         if not self.lora_rank:
             for knob in ("lora_targets", "lora_dropout"):
                 if getattr(self, knob):
@@ -166,10 +166,6 @@ class BudgetConfig:
             raise BudgetError(f"lora_rank={self.lora_rank}: LoRA adapters are peft's, over a "
                               f"Hugging Face transformers model; choose activation_model "
                               f"'hf', or set lora_rank to 0.")
-        if self.precision != "fp32":
-            raise BudgetError(f"lora_rank={self.lora_rank} with precision={self.precision!r}: "
-                              f"LoRA is modelled in fp32 only (what autocast keeps of frozen "
-                              f"weights was not measured); choose precision 'fp32'.")
         from .lora import targeted
         try:
             targeted(self)

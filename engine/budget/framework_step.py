@@ -31,22 +31,40 @@ from .config import REAL_STEP_MODELS, BudgetConfig
 from .counts import bytes_per_parameter, fixed_bytes
 from .kept import Activations, Saved
 from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
-                        kept_output_terms, outside_saved, vocab_fp32_bytes)
+                        kept_output_terms, outside_saved, sdpa_gets_mask, vocab_fp32_bytes)
 from .sharding import per_device_fixed
+
+
+RNG_STATE_BYTES = 5056  # torch.get_rng_state(): the CPU generator's state
+
+
+def checkpoint_kept(cfg: BudgetConfig, device: str) -> list[Saved]:
+    """What checkpointing every block keeps: each block's input; in transformers'
+    step also the attention mask every block is handed (eager's float mask, SDPA's
+    bool one when it gets a mask), and, on the CPU, the CPU generator's state each
+    checkpoint stashes (`preserve_rng_state`: a CPU tensor, no device memory on CUDA)."""
+    L, n, h = cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
+    held = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, L)]
+    if cfg.activation_model != "hf":
+        return held
+    mask = cfg.micro_batch * cfg.seq_len * cfg.seq_len
+    if cfg.attention == "standard":
+        held.append(Saved("checkpoints", "the attention mask (fp32, B x T x T)", mask, FP32))
+    elif sdpa_gets_mask(cfg):
+        held.append(Saved("checkpoints", "the attention mask (bool, B x T x T)", mask, 1))
+    if device == "cpu":
+        held.append(Saved("checkpoints", "the CPU generator's state", RNG_STATE_BYTES, 1, L))
+    return held
 
 
 def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int]:
     """Saved entries (blocks then outside), and the bytes of one block."""
-    L, n, h = cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
     block, outside = block_saved(cfg, device), outside_saved(cfg, device)
+    held = checkpoint_kept(cfg, device) if cfg.recompute == "full" else None
     if cfg.lora_rank:
-        return lora.kept(cfg, device, block, outside)
-    one_block = sum(x.bytes for x in block)
-    if cfg.recompute == "full":  # each block keeps only its input
-        blocks = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, L)]
-    else:
-        blocks = [replace(x, count=L) for x in block]
-    return blocks, outside, one_block
+        return lora.kept(cfg, device, block, outside, held)
+    blocks = held or [replace(x, count=cfg.n_layer) for x in block]
+    return blocks, outside, sum(x.bytes for x in block)
 
 
 def autocast_cache_bytes(cfg: BudgetConfig) -> int:
@@ -54,6 +72,8 @@ def autocast_cache_bytes(cfg: BudgetConfig) -> int:
     the biases always, the matmul weights too when checkpointing saves none of them."""
     if not cfg.autocast:
         return 0
+    if cfg.lora_rank:
+        return lora.autocast_cache_bytes(cfg)
     lo = compute_bytes(cfg)
     all_casts = cfg.n_layer * (block_weights(cfg) + block_biases(cfg)) * lo
     kept_casts = 0 if cfg.recompute == "full" else cfg.n_layer * block_weights(cfg) * lo

@@ -28,8 +28,12 @@ confirmed with the CPU allocator's memory events (`tests/test_budget_lora.py`):
    `prepare_model_for_kbit_training` calls) make the embedding's output require
    a gradient, so under checkpointing every block keeps the same.
 
-Precision: the adapters are fp32 like the base model's weights; the step runs
-in fp32 (16-bit autocast with adapters is not modelled: it was not measured).
+Under autocast (bf16, fp16) the frozen weights stay fp32 and are not cached
+(autocast caches casts of leaves that require a gradient): each frozen matmul
+keeps its own 16-bit copy of its weight when its input needs a gradient, as the
+full fine-tune keeps the cached one. peft casts each adapter's input to the
+adapters' fp32 and A casts it back, so each adapter keeps its own 16-bit copy
+of its input.
 
 Targets resolve as peft resolves a list of names: a module matches a name when
 its own name is that name or ends with `.` and that name, so GPT-2's `c_proj`
@@ -138,18 +142,58 @@ def input_requires_grad(cfg) -> bool:
 
 # ------------------------------------------------------- what the step keeps
 def _adapter_terms(cfg, layer: Linear, mask_bytes: int, needs_mask: bool) -> list[Saved]:
-    """What one adapter keeps: its dropped input and mask under lora_dropout,
-    and its low-rank output."""
+    """What one adapter keeps: its dropped input and mask under lora_dropout (or,
+    under autocast, its own 16-bit copy of the input), and its low-rank output."""
     n, fan_in = cfg.micro_batch * cfg.seq_len, _width(cfg, layer.fan_in)
-    items = []
-    if cfg.lora_dropout:
-        items.append(Saved(f"lora {layer.name}", "input after lora_dropout", n * fan_in, FP32))
+    lo, items = (2 if cfg.autocast else FP32), []
+    if cfg.lora_dropout:  # dropout runs on peft's fp32 cast of the input, A on its own cast
+        items.append(Saved(f"lora {layer.name}", "input after lora_dropout", n * fan_in, lo))
         if needs_mask:
             items.append(Saved(f"lora {layer.name}", "lora_dropout's mask", n * fan_in,
                                mask_bytes))
+    elif cfg.autocast:  # autocast caches casts of weights only: A casts the input anew
+        items.append(Saved(f"lora {layer.name}", "input, A's 16-bit copy", n * fan_in, lo))
     items.append(Saved(f"lora {layer.name}", "A(x), the low-rank output", n * cfg.lora_rank,
-                       FP32))
+                       lo))
     return items
+
+
+def _adapter_weights(cfg) -> int:
+    """Elements of one block's adapters (A and B of each)."""
+    return sum(cfg.lora_rank * (i + o) for _, i, o in adapter_shapes(cfg))
+
+
+def _needs_no_gradient(cfg, layer: Linear) -> bool:
+    """In the first block (without `input_requires_grad`): the layer reads an input
+    made before any adapter's output, which needs no gradient."""
+    order = [l.reads for l in BLOCK_LINEARS[cfg.architecture]]
+    return order.index(layer.reads) <= order.index(targeted(cfg)[0].reads)
+
+
+def weight_copies(cfg, first: bool) -> list[Saved]:
+    """Under autocast, the 16-bit weight copies a block keeps. autocast caches the
+    casts of leaves that require a gradient only, so each frozen matmul casts its
+    weight anew and keeps the copy for its input's gradient, when that input needs
+    one; the adapters' casts are cached and kept."""
+    if not cfg.autocast:
+        return []
+    frozen = sum(_width(cfg, l.fan_in) * _width(cfg, l.fan_out)
+                 for l in BLOCK_LINEARS[cfg.architecture]
+                 if not (first and _needs_no_gradient(cfg, l)))
+    # an A whose input needs no gradient keeps no weight (its cached copy goes when
+    # autocast ends)
+    unkept = sum(cfg.lora_rank * _width(cfg, l.fan_in) for l in targeted(cfg)
+                 if first and _needs_no_gradient(cfg, l))
+    return [Saved("frozen matmuls", "weights, 16-bit copies", frozen, 2),
+            Saved("lora adapters", "A and B, 16-bit copies", _adapter_weights(cfg) - unkept, 2)]
+
+
+def autocast_cache_bytes(cfg) -> int:
+    """The autocast cache's copies that no op keeps: under checkpointing the
+    adapters' (frozen weights are never cached)."""
+    if not cfg.autocast or cfg.recompute != "full":
+        return 0
+    return cfg.n_layer * _adapter_weights(cfg) * 2
 
 
 def _frozen_gain(item: Saved) -> bool:
@@ -168,6 +212,37 @@ def _reads(item: Saved) -> str:
     return "projection matmul" if item.tensor == SDPA_OUTPUT else item.op
 
 
+# In the first block only some of Q, K and V may need a gradient (peft's default
+# q_proj,v_proj leaves K without one), and an op keeps an operand only for the
+# gradient of another: (op's name ends with, tensor starts with) -> the heads of
+# which one of them must need a gradient for the entry to be kept.
+_OPERAND_NEEDS = {("Q @ K^T", "Q"): "k", ("Q @ K^T", "K^T"): "q", ("softmax", ""): "qk",
+                  ("dropout", ""): "qk", ("P @ V", "V"): "qk", ("P @ V", "P"): "v",
+                  ("q_norm", ""): "q", ("k_norm", ""): "k"}
+
+
+def _first_block_needs(cfg) -> str:
+    """Which of q, k and v need a gradient in the first block (LLaMA's q/k/v
+    projections are separate layers; GPT-2's c_attn makes all three or none)."""
+    names = {l.name.split(".")[-1] for l in targeted(cfg)}
+    if cfg.architecture == "gpt2":
+        return "qkv"
+    return "".join(x for x in "qkv" if f"{x}_proj" in names)
+
+
+def _kept_for_heads(item: Saved, needs: str, full: list[Saved]) -> bool:
+    """Whether `item` is kept when only the heads in `needs` need a gradient. P @ V
+    reads the softmax's own output when no copy of P is made for it (fp32, no
+    dropout), so V's gradient keeps the softmax's entry then."""
+    for (op, tensor), heads in _OPERAND_NEEDS.items():
+        if item.op.endswith(op) and item.tensor.startswith(tensor):
+            if op == "softmax" and not any(x.op.endswith("P @ V") and x.tensor.startswith("P")
+                                           for x in full):
+                heads += "v"
+            return any(h in needs for h in heads)
+    return True
+
+
 def lora_block(cfg, full: list[Saved], mask_bytes: int, first: bool) -> list[Saved]:
     """One block's saved entries under LoRA, from the full fine-tune's `full` (in
     forward order). `first`: the first block without `input_requires_grad`, which
@@ -175,13 +250,17 @@ def lora_block(cfg, full: list[Saved], mask_bytes: int, first: bool) -> list[Sav
     adapted = targeted(cfg)
     readers = {l.reads for l in BLOCK_LINEARS[cfg.architecture]}
     out, started = [], not first
+    needs = _first_block_needs(cfg) if first else "qkv"
     for item in full:
         layers = [l for l in adapted if l.reads == _reads(item)]
         if (not started and not layers) or _frozen_gain(item):
             continue
+        if not _kept_for_heads(item, needs, full):
+            continue
         if _reads(item) in readers:  # a linear layer's input
             kept_anyway = item.tensor == SDPA_OUTPUT and started
-            if kept_anyway or (layers and not cfg.lora_dropout):
+            shared = not cfg.lora_dropout and not cfg.autocast  # A reads the tensor itself
+            if kept_anyway or (layers and shared):
                 out.append(item)
             for layer in layers:
                 out += _adapter_terms(cfg, layer, mask_bytes, needs_mask=started)
@@ -217,17 +296,20 @@ def lora_blocks(cfg, one: list[Saved], first: list[Saved]) -> list[Saved]:
             + [replace(x, op=f"{x.op} (first block)", count=1) for x in first])
 
 
-def kept(cfg, device: str, block: list[Saved], outside: list[Saved]):
+def kept(cfg, device: str, block: list[Saved], outside: list[Saved], checkpointed=None):
     """(the blocks' entries, the entries outside them, one block's bytes) under
-    LoRA, from the full fine-tune's `block` and `outside` (`real_step`)."""
+    LoRA, from the full fine-tune's `block` and `outside` (`real_step`) and, under
+    checkpointing, what the checkpoints keep (`checkpointed`)."""
     from .real_step import mask_bytes
     mask = mask_bytes(cfg, device, FP32)
-    one = lora_block(cfg, block, mask, first=False)
-    first = lora_block(cfg, block, mask, first=not input_requires_grad(cfg))
+    block = [x for x in block if x.op != "block matmuls"]  # the weights' copies: below
+    starts = not input_requires_grad(cfg)
+    one = lora_block(cfg, block, mask, first=False) + weight_copies(cfg, first=False)
+    first = lora_block(cfg, block, mask, first=starts) + weight_copies(cfg, first=starts)
     outside = lora_outside(cfg, outside)
-    if cfg.recompute == "full":  # each block keeps only its input
+    if checkpointed:  # each block keeps only its input
         n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
-        blocks = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, cfg.n_layer)]
+        blocks = list(checkpointed)
         if cfg.architecture == "gpt2":
             # enable_input_require_grads makes the token embedding's output a leaf
             # that requires a gradient: its AccumulateGrad node holds it until the
