@@ -5,7 +5,8 @@ buttons that can be read and focus that can be seen.
 Choosing gradients in fp32 and then activations of hf puts the gradients back to
 storage, greys their buttons (drawn disabled in the page, not only in the model),
 says so, and shows engine.budget's numbers; an impossible sequence length hides the
-numbers and names the controls to change, which are enabled. The selected button's
+numbers and names the controls to change, which are enabled; the table of full
+fine-tuning against LoRA at ranks 8 and 64 shows engine.budget's terms. The selected button's
 label and fill have at least 4.5:1 contrast as the browser computes them, each button
 names its row, and a focused selected button shows a ring. With BUDGET_SCREENSHOTS set
 to a folder, it saves pictures there.
@@ -97,6 +98,18 @@ def test_a_refused_choice_is_put_back_and_a_message_names_enabled_controls(page)
                               timeout=60_000)
     expect(page.locator(".budget-readout")).to_be_visible()
     expect(page.locator(".budget-plot-curve")).to_be_visible()
+
+    # full fine-tuning against LoRA at two ranks, for the model on screen
+    button(page, "precision", "fp32").click()
+    on_screen = real.with_(seq_len=512, precision="fp32")
+    expect(peak).to_have_text(f"{bm.budget(on_screen).peak:,}", timeout=60_000)
+    table = page.locator("table.budget-lora")
+    for rank in (8, 64):
+        expect(table).to_contain_text(f"LoRA r={rank}")
+        gradients = bm.budget(on_screen.with_(lora_rank=rank)).fixed["gradients"]
+        expect(table).to_contain_text(bm.human_bytes(gradients))
+    table.scroll_into_view_if_needed()
+    screenshot(page, "widget-1280x800-lora.png")
 
 
 def test_selected_buttons_can_be_read_and_focus_can_be_seen(page):

@@ -423,7 +423,8 @@ def moves(widget) -> list[tuple[str, object]]:
             found += [(name, o) for o in options]
     found += [("n_kv_head", 2), ("d_head", 32), ("d_ff", 1000), ("block_size", 512),
               ("seq_len", 4096), ("devices", 8), ("device_memory", 10**9),
-              ("device_flops", 10**12)]
+              ("device_flops", 10**12), ("lora_rank", 8), ("lora_targets", "no_such_layer"),
+              ("lora_dropout", 0.1)]
     return [(n, v) for n, v in found if n in widget.controls]
 
 
