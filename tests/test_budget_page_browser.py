@@ -68,6 +68,9 @@ def test_an_error_withdraws_the_numbers_and_offers_the_controls_it_names(page, b
     open_page(page, base, "preset=llama2-7b")
     start = bm.preset("llama2-7b", activation_model="hf", device=settings.DEFAULT_DEVICE)
     expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(start))
+    fit = bm.budget(start).device
+    expect(page.locator("#fit")).to_contain_text(f"headroom {bm.human_bytes(fit.headroom)}")
+    expect(page.locator("#fit")).to_contain_text(f"N={fit.longest_sequence:,}")
     _screenshot(page, "page-1280x800.png")
     page.locator("#activation_model label", has_text="pytorch").click()
     message = page.locator("#message")

@@ -86,23 +86,14 @@ def _panels(cfg: B.BudgetConfig) -> dict:
 
 
 def fit_answers_html(b: B.Budget) -> str:
-    """The fit's further answers: the memory set aside beside the peak (the headroom
-    knob), the longest sequence at B=1 and the fewest devices, with their ZeRO stage,
-    that fit (engine.budget.fit)."""
+    """What the widget's fit line leaves unsaid (it gives the headroom, the largest
+    micro-batch, the longest sequence and the fewest devices): that no number of these
+    devices fits, when none does."""
     d = b.device
-    if d is None or not d.memory:
+    if d is None or d.fits is not False or d.fewest_devices:
         return ""
-    lines = [f"Usable: {B.human_bytes(d.memory - d.headroom)} of the card's "
-             f"{B.human_device_memory(d.memory)}, after {B.human_bytes(d.headroom)} set "
-             f"aside for the CUDA context and the allocator's reserve (headroom)."]
-    if d.longest_sequence:
-        lines.append(f"Longest sequence that fits at B=1: <b>N={d.longest_sequence:,}</b>.")
-    fewest = d.fewest_devices
-    lines.append(f"Fewest devices that fit: <b>{fewest['devices']}</b> with ZeRO stage "
-                 f"{fewest['zero']}." if fewest else
-                 "No number of these devices fits this micro-batch: recompute, a shorter "
-                 "sequence or a larger card.")
-    return "".join(f"<div class='fit-more'>{line}</div>" for line in lines)
+    return ("<div class='fit-more'>No number of these devices fits this micro-batch: "
+            "recompute, a shorter sequence or a larger card.</div>")
 
 
 def plain_text(fragment: str) -> str:
