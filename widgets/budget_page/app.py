@@ -77,13 +77,30 @@ def _cross_site(request: Request) -> bool:
     return request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none")
 
 
+# Budgets being computed or waiting for a worker: beyond this a request is told 503 at
+# once, rather than queueing behind a crowd (counted on the event loop: no lock needed).
+MAX_PENDING = 4 * answers.MAX_DRAWINGS
+_pending = 0
+
+
+async def _compute(cfg) -> dict:
+    global _pending
+    if _pending >= MAX_PENDING:
+        raise answers.Busy()
+    _pending += 1
+    try:
+        return await run_in_threadpool(answers.answer, cfg)
+    finally:
+        _pending -= 1
+
+
 async def budget_route(request: Request) -> Response:
     if _cross_site(request):
         return JSONResponse({"ok": False, "error": "This calculator answers its own page "
                              "only; open it at its address."}, status_code=403)
     try:
         cfg, query = settings.config_from_params(dict(request.query_params))
-        panels = answers.cached(cfg) or await run_in_threadpool(answers.answer, cfg)
+        panels = answers.cached(cfg) or await _compute(cfg)
     except B.BudgetError as exc:
         message = str(exc)
         return JSONResponse({"ok": False, "error": message,
