@@ -180,10 +180,25 @@ def check_master_weight_step(master_weight_step) -> None:
                             "from them (in float32).")
     if not np.allclose(new_master, want_master, rtol=1e-6, atol=0):
         if np.allclose(new_master, master + lr * grad, rtol=1e-6):
-            hint = "gradient descent subtracts: master - lr * grad."
+            hint = "gradient descent subtracts: the step goes against the gradient."
         else:
-            hint = "new_master = master - lr * grad, in float32."
+            hint = ("the master copy moves by the learning rate times the gradient, in "
+                    "float32.")
         raise ExerciseError(EX_MASTER, f"the new master weights are wrong. Hint: {hint}")
+    # float32 arithmetic and float64 arithmetic cast back differ by at most one step of
+    # float32 (one ulp); a 16-bit gradient or learning rate moves the update further
+    ulps = np.abs(new_master.astype(np.float64) - want_master) / np.spacing(want_master)
+    if ulps.max() > 1.0:
+        bf16_grad = master - lr * round_to_bf16(grad)
+        if np.array_equal(new_master, bf16_grad):
+            hint = ("you rounded the gradient to bf16 before the update: its last digits are "
+                    "lost, and they are what the fp32 master copy is there to keep.")
+        else:
+            hint = ("some ingredient of the update went through 16 bits (the gradient, the "
+                    "learning rate or the product): keep all of it in float32 (or float64, "
+                    "cast back once).")
+        raise ExerciseError(EX_MASTER, f"the new master weights are close but up to "
+                                       f"{ulps.max():.0f} float32 steps off. Hint: {hint}")
     if _same(weights, want_master).all() and not _same(want_master, want_weights).all():
         raise ExerciseError(EX_MASTER, "the weights for the forward pass must be the bf16 "
                             "values: round the new master weights with your to_bf16 (or "

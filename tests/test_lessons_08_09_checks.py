@@ -487,14 +487,38 @@ def test_09_2_stub_says_not_done():
                "Exercise 09.2 (master_weight_step): not done yet")
 
 
+def master_bf16_gradient(master, grad, lr):
+    new_master = master - np.float32(lr) * bf16_right(grad)
+    return new_master, bf16_right(new_master)
+
+
+def master_bf16_learning_rate(master, grad, lr):
+    new_master = master - bf16_right(np.array([lr], np.float32))[0] * grad
+    return new_master, bf16_right(new_master)
+
+
+def master_via_float64(master, grad, lr):
+    new_master = (master.astype(np.float64) - float(lr) * grad.astype(np.float64))
+    new_master = new_master.astype(np.float32)
+    return new_master, bf16_right(new_master)
+
+
+def test_09_2_passes_float64_arithmetic_cast_back_once(capsys):
+    lesson09.check_master_weight_step(master_via_float64)
+    assert "Exercise 09.2 (master_weight_step) passed." in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("answer, phrase", [
     (master_in_bf16, "swallowed"),
     (master_forward_unrounded, "must be the bf16"),
     (master_ascent, "subtracts"),
     (master_stale_weights, "old master"),
+    (master_bf16_gradient, "rounded the gradient to bf16"),
+    (master_bf16_learning_rate, "went through 16 bits"),
 ])
 def test_09_2_names_the_typical_mistakes(answer, phrase):
-    fails_with(lesson09.check_master_weight_step, answer, phrase)
+    message = fails_with(lesson09.check_master_weight_step, answer, phrase)
+    assert "master - lr * grad" not in message
 
 
 # ======================================= 08.1 through the fused model's view (lesson 13)
