@@ -63,6 +63,16 @@ def test_every_page_knob_of_the_table_is_a_control_with_its_help_and_bounds(monk
     assert "warmup" in {k["field"] for k in settings.describe_knobs()}
 
 
+@pytest.mark.parametrize("preset", ["gpt2-small", "llama2-7b", "tiny"])
+def test_every_page_knob_reads_back_what_the_page_writes(preset):
+    cfg, _ = config_of(f"preset={preset}")
+    for k in bm.shown_on("page"):
+        assert settings.read_value(k, settings.cfg_value(cfg, k.field)) == getattr(
+            cfg, k.field), k.field
+    everything = "&".join(f"{f}={v}" for f, v in settings.control_values(cfg).items())
+    assert config_of(f"preset={preset}&{everything}")[0] == cfg
+
+
 def test_a_link_reproduces_its_settings_and_keeps_only_what_differs():
     cfg, query = config_of("preset=llama2-7b&micro_batch=2&precision=bf16&devices=8&zero=3"
                            "&device=A100-80GB&attention=flash")

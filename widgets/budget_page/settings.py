@@ -36,6 +36,7 @@ PAGE_DEFAULTS = {"activation_model": "hf", "device": DEFAULT_DEVICE}
 HARDWARE_GROUPS = ("parallel", "device")
 MAX_CONFIG_CHARS = 16_000   # a config.json is one or two thousand; 3x this, URL-encoded, fits a head
 MAX_NUMBER_CHARS = 40       # longer than any bound of the knob table
+MAX_TEXT_CHARS = 200        # a setting written as text (a list of module names, say)
 CUSTOM_DEVICE = "custom"
 PASTED = "the pasted config.json"
 _BY_UNIT = {"device_memory": memory_size, "device_flops": flop_rate, "headroom": memory_size}
@@ -70,6 +71,7 @@ def describe_knobs() -> list[dict]:
     for k in page_knobs().values():
         choices = device_choices() if k.field == "device" else k.choices
         kind = "bool" if k.kind is bool else ("choice" if choices else k.kind.__name__)
+        # kind: bool, choice, int, float or str (a text box)
         out.append({"field": k.field, "label": k.field.replace("_", " "), "help": k.help,
                     "group": k.group, "kind": kind, "choices": [str(c) for c in choices],
                     "choice_help": choice_help(k), "low": k.low, "high": k.high,
@@ -114,8 +116,11 @@ def read_value(k: Knob, text: str):
             raise B.BudgetError(f"device={text[:40]!r} is not a device of this page; "
                                 f"choose one of {', '.join(device_choices())}.")
         return text
-    if k.choices and isinstance(k.choices[0], str):
-        return text  # Knob.problem names the choices
+    if k.kind is str:
+        if len(text) > MAX_TEXT_CHARS:
+            raise B.BudgetError(f"{k.field}: {len(text):,} characters is more than this "
+                                f"setting takes ({MAX_TEXT_CHARS}); see its help.")
+        return text  # Knob.problem and the budget's checks name what is allowed
     return _number(k, text)
 
 

@@ -55,7 +55,8 @@ function control(k) {
                       ...k.choices.map(c => el('option', {value: c}, c)));
     wrap.append(el('label', {for: k.field}, k.label), select, helpLine(k));
   } else {
-    const input = el('input', {type: 'text', id: k.field, name: k.field, inputmode: 'decimal',
+    const input = el('input', {type: 'text', id: k.field, name: k.field,
+                               inputmode: k.kind === 'str' || k.units ? 'text' : 'decimal',
                                'aria-describedby': 'help-' + k.field, spellcheck: 'false'});
     input.addEventListener('keydown', e => {
       if (e.key === 'Enter') { e.preventDefault(); commit(); }
