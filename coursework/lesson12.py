@@ -84,12 +84,13 @@ def check_clip_global_norm(clip_global_norm) -> None:
                                      f"in it is the warning you want in the log.")
     if math.isclose(got, sum_norms, rel_tol=1e-6):
         raise ExerciseError(EX_CLIP, f"{got:.4g} is the sum of the tensors' norms. The global "
-                                     f"norm is sqrt of the sum of *squares* of every entry: "
-                                     f"sqrt(sum over tensors of ||g||^2) = {norm:.4g}.")
+                                     f"norm is the norm of every entry of every tensor taken "
+                                     f"together, as one long vector, and norms of parts do "
+                                     f"not add up to the norm of the whole ({norm:.4g} here).")
     if not math.isclose(got, norm, rel_tol=1e-6):
         raise ExerciseError(EX_CLIP, f"you returned {got:.6g}; the global norm of these "
-                                     f"gradients is {norm:.6g} = sqrt(sum over tensors of "
-                                     f"sum(g**2)).")
+                                     f"gradients is {norm:.6g}: the norm of every entry of "
+                                     f"every tensor taken together.")
     scale = max_norm / norm
     per_tensor = {k: v * min(1.0, max_norm / max(float(np.linalg.norm(v)), 1e-12))
                   for k, v in before.items()}
@@ -97,21 +98,21 @@ def check_clip_global_norm(clip_global_norm) -> None:
         raise ExerciseError(EX_CLIP, "each tensor was clipped to max_norm on its own. That "
                                      "changes the direction of the whole gradient (the big "
                                      "tensor shrinks, the small ones do not). Scale *every* "
-                                     "tensor by the same factor max_norm / global_norm.")
+                                     "tensor by the same factor, set by the global norm.")
     for k in grads:
         if not np.allclose(grads[k], before[k] * scale, rtol=1e-5, atol=1e-12):
             ratio = float(np.linalg.norm(grads[k]) / np.linalg.norm(before[k]))
             raise ExerciseError(EX_CLIP, f"tensor {k!r} was scaled by {ratio:.4g}; every tensor "
-                                         f"must be scaled by max_norm / global_norm = "
-                                         f"{scale:.4g}.")
+                                         f"must be scaled by the same factor, {scale:.4g} "
+                                         f"here.")
     # below the threshold nothing changes (clipping never scales up)
     grads = {k: v * (0.5 / norm) for k, v in before.items()}
     small = {k: v.copy() for k, v in grads.items()}
     got = float(attempt(EX_CLIP, clip_global_norm, grads, max_norm))
     if not all(np.array_equal(grads[k], small[k]) for k in grads):
         raise ExerciseError(EX_CLIP, "gradients with global norm 0.5 < max_norm = 1 were "
-                                     "changed. Clipping only ever shrinks: scale by "
-                                     "min(1, max_norm / norm).")
+                                     "changed. Clipping only ever shrinks: gradients whose "
+                                     "global norm is within max_norm stay as they are.")
     if not math.isclose(got, 0.5, rel_tol=1e-6):
         raise ExerciseError(EX_CLIP, f"for gradients of global norm 0.5 you returned {got:.6g}.")
     save_piece("clip_global_norm", clip_global_norm, EX_CLIP)
