@@ -5,6 +5,7 @@ import numbers
 from dataclasses import dataclass, field, replace
 
 from . import frameworks
+from .lora import targeted
 from .devices import DEVICES, NO_DEVICE, find_device
 from .knobs import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BACKENDS, DEFAULT,
                     GRAD_PRECISIONS, KNOBS, OPTIMIZER_IMPLS, OPTIMIZERS, OUTPUTS, PRECISIONS,
@@ -166,7 +167,6 @@ class BudgetConfig:
             raise BudgetError(f"lora_rank={self.lora_rank}: LoRA adapters are peft's, over a "
                               f"Hugging Face transformers model; choose activation_model "
                               f"'hf', or set lora_rank to 0.")
-        from .lora import targeted
         try:
             targeted(self)
         except ValueError as exc:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
+from .lora import trainable_parameters
 
 
 # ----------------------------------------------------------------- parameters
@@ -146,7 +147,6 @@ def trainable_parameter_count(cfg: BudgetConfig) -> int:
     else every parameter."""
     if not cfg.lora_rank:
         return parameter_count(cfg)
-    from .lora import trainable_parameters
     return trainable_parameters(cfg)
 
 

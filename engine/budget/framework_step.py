@@ -31,7 +31,8 @@ from .config import REAL_STEP_MODELS, BudgetConfig
 from .counts import bytes_per_parameter, fixed_bytes
 from .kept import Activations, Saved
 from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
-                        kept_output_terms, outside_saved, sdpa_gets_mask, vocab_fp32_bytes)
+                        kept_output_terms, mask_bytes, outside_saved, sdpa_gets_mask,
+                        vocab_fp32_bytes)
 from .sharding import per_device_fixed
 
 
@@ -62,7 +63,7 @@ def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int
     block, outside = block_saved(cfg, device), outside_saved(cfg, device)
     held = checkpoint_kept(cfg, device) if cfg.recompute == "full" else None
     if cfg.lora_rank:
-        return lora.kept(cfg, device, block, outside, held)
+        return lora.kept(cfg, mask_bytes(cfg, device, FP32), block, outside, held)
     blocks = held or [replace(x, count=cfg.n_layer) for x in block]
     return blocks, outside, sum(x.bytes for x in block)
 

@@ -296,12 +296,11 @@ def lora_blocks(cfg, one: list[Saved], first: list[Saved]) -> list[Saved]:
             + [replace(x, op=f"{x.op} (first block)", count=1) for x in first])
 
 
-def kept(cfg, device: str, block: list[Saved], outside: list[Saved], checkpointed=None):
+def kept(cfg, mask: int, block: list[Saved], outside: list[Saved], checkpointed=None):
     """(the blocks' entries, the entries outside them, one block's bytes) under
     LoRA, from the full fine-tune's `block` and `outside` (`real_step`) and, under
-    checkpointing, what the checkpoints keep (`checkpointed`)."""
-    from .real_step import mask_bytes
-    mask = mask_bytes(cfg, device, FP32)
+    checkpointing, what the checkpoints keep (`checkpointed`); `mask`: the bytes
+    of a dropout mask element of an fp32 input on the step's backend."""
     block = [x for x in block if x.op != "block matmuls"]  # the weights' copies: below
     starts = not input_requires_grad(cfg)
     one = lora_block(cfg, block, mask, first=False) + weight_copies(cfg, first=False)

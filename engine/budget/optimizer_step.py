@@ -70,6 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .counts import bytes_per_parameter
+from .lora import adapter_tensors
 from .real_step import outputs_kept
 
 FP32 = 4
@@ -155,7 +156,6 @@ def trainable_tensors(cfg) -> list[ParamTensor]:
     first: LoRA's adapters (`engine.budget.lora`), else `parameter_tensors`."""
     if not cfg.lora_rank:
         return parameter_tensors(cfg)
-    from .lora import adapter_tensors
     return adapter_tensors(cfg, ParamTensor)
 
 

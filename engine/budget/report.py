@@ -5,6 +5,7 @@ from decimal import Decimal
 
 from .config import MASTER_BYTES
 from .devices import GiB
+from .lora import target_names
 from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
 from .total import Budget
 
@@ -52,7 +53,6 @@ def _trainable(c) -> list[str]:
     """Under LoRA, the line of the parameters the optimizer updates."""
     if not c.lora_rank:
         return []
-    from .lora import target_names
     count = trainable_parameter_count(c)
     return [f"trainable  {count:,} ({human_count(count)}): LoRA rank {c.lora_rank} on "
             f"{','.join(target_names(c))}, the model's own parameters frozen"]
