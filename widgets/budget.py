@@ -58,7 +58,7 @@ import ipywidgets as w
 from engine import budget as B
 
 from ._figures import PreviewHBox
-from .budget_knobs import (FULL, NO_DEVICE, STEPPED, idle_knobs, label, make_controls,
+from .budget_knobs import (FULL, STEPPED, WIDE, idle_knobs, label, make_controls,
                            named_fields, tab_of, zeros_hint)
 from .budget_views import (BAR_PX, CURVE_PX, DPI, draw_memory_bar, draw_memory_curve,
                            fit_html, flops_html, lora_html, measured_html, parallel_html,
@@ -156,7 +156,7 @@ class BudgetWidget:
         self._notes: list = []   # what the widget set for the learner, said once
         start = B.preset(preset, **changes)
         self.preset = w.Dropdown(options=list(B.PRESET_NAMES), value=preset,
-                                 description="preset", style={"description_width": "132px"},
+                                 description="preset", style=WIDE,
                                  layout=w.Layout(**FULL))
         self.controls = make_controls(start)
         # Knobs the table keeps off the widget (a preset sets them): held as values.

@@ -22,6 +22,7 @@ import ipywidgets as w
 from traitlets import observe
 
 from engine import budget as B
+from engine.budget.devices import NO_DEVICE
 
 # Short labels: the table's help is the long form, shown on hover.
 LABELS = {
@@ -40,7 +41,6 @@ LABELS = {
 # The tab each group of the table goes to; a group not listed gets a tab of its own.
 TABS = {"model": "model", "batch": "training", "policy": "training",
         "step": "real step", "parallel": "devices", "device": "devices"}
-NO_DEVICE = "none"
 # Sizes with a power-of-two slider beside their box, and the slider's usual top.
 STEPPED = {"d_model": 32768, "micro_batch": 4096, "seq_len": 131072, "accumulation": 256}
 
