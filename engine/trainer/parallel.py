@@ -17,8 +17,6 @@ import numpy as np
 from ..gpt_config import param_shapes
 from .kernels.threads import concurrent_kernels_ok, one_numba_thread
 from .model import FlatBuffer, FusedGPT, gradient_buckets
-# Lesson 12's MPI script imports GradientAllReduce from here; it lives in mpi_job.py.
-from .mpi_job import GradientAllReduce  # noqa: F401
 
 MIN_PIECE = 1 << 14      # elements: below this a piece costs more in locking than it saves
 

@@ -56,7 +56,7 @@ def test_buckets_are_reduced_during_the_last_backward_only():
     MPI = pytest.importorskip("mpi4py.MPI", reason="mpi4py is not installed")
     from engine.trainer.model import FusedGPT, gradient_buckets
     from engine.gpt_config import GPTConfig
-    from engine.trainer.parallel import GradientAllReduce
+    from engine.trainer.mpi_job import GradientAllReduce
 
     cfg = GPTConfig(vocab_size=11, block_size=8, n_layer=3, n_head=2, n_embd=8)
     model = FusedGPT(cfg, 2, dtype=np.float64)
