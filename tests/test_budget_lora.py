@@ -103,6 +103,18 @@ def test_the_json_gives_trainable_parameters_and_the_text_says_them(capsys):
     assert "trainable  294,912 (295k): LoRA rank 8 on c_attn" in capsys.readouterr().out
 
 
+def test_qlora_stores_the_blocks_linear_weights_in_four_bits_and_an_absmax_per_64():
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8, qlora=True)
+    P, T = parameter_count(cfg), lora.trainable_parameters(cfg)
+    Q = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)   # every block's seven matrices
+    assert fixed_bytes(cfg)["weights"] == Q // 2 + Q // 64 * 4 + (P - Q + T) * 4
+    assert fixed_bytes(cfg)["weights"] == 4_709_171_200  # 4.7 GB where fp32 holds 27 GB
+    with pytest.raises(bm.BudgetError, match="qlora with precision='bf16'"):
+        cfg.with_(precision="bf16")
+    with pytest.raises(bm.BudgetError, match="lora_rank is 0"):
+        cfg.with_(lora_rank=0)
+
+
 # ------------------------------------------------ measured with peft here
 needs_peft = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")),
@@ -169,8 +181,27 @@ CPU_TABLE = [
 ]
 
 
+# QLoRA: the blocks' linear layers in bitsandbytes' 4-bit NF4 (its PyTorch path on the CPU)
+QLORA_TABLE = [
+    ("qlora: gpt2 r64 all, lora_dropout, eager", _small_gpt2(),
+     dict(lora_rank=64, lora_targets=ALL_GPT2, lora_dropout=0.1, qlora=True)),
+    ("qlora: gpt2 r64 c_attn, accumulation 2, sdpa", _small_gpt2(),
+     dict(lora_rank=64, accumulation=2, attention="flash", qlora=True)),
+    ("qlora: llama gqa r64 q,v, untied, sdpa", LLAMA,
+     dict(lora_rank=64, attention="flash", qlora=True)),
+    ("qlora: llama gqa r64 all, checkpointing, sdpa", LLAMA,
+     dict(lora_rank=64, lora_targets=ALL_LLAMA, recompute="full", attention="flash",
+          qlora=True)),
+]
+needs_bitsandbytes = pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is None,
+    reason="bitsandbytes is not installed (pip install bitsandbytes)")
+CASES = ([pytest.param(*case, id=case[0]) for case in CPU_TABLE]
+         + [pytest.param(*case, id=case[0], marks=needs_bitsandbytes) for case in QLORA_TABLE])
+
+
 @needs_peft
-@pytest.mark.parametrize("name, data, knobs", CPU_TABLE, ids=[c[0] for c in CPU_TABLE])
+@pytest.mark.parametrize("name, data, knobs", CASES)
 def test_each_lora_step_matches_peft_on_this_cpu(name, data, knobs):
     from engine.budget.torch_step import measure_step
     start = dict(micro_batch=2, seq_len=64, optimizer_impl="for-loop", backend="cpu", **HF)

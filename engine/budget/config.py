@@ -101,6 +101,7 @@ class BudgetConfig:
     lora_rank: int = default("lora_rank")
     lora_targets: str = default("lora_targets")
     lora_dropout: float = default("lora_dropout")
+    qlora: bool = default("qlora")
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
@@ -157,7 +158,7 @@ class BudgetConfig:
     def _validate_lora(self) -> None:
         """LoRA is peft's, over a transformers model (engine.budget.lora)."""
         if not self.lora_rank:
-            for knob in ("lora_targets", "lora_dropout"):
+            for knob in ("lora_targets", "lora_dropout", "qlora"):
                 if getattr(self, knob):
                     raise BudgetError(f"{knob}={getattr(self, knob)!r} describes LoRA adapters, "
                                       f"but lora_rank is 0 (full fine-tuning); set lora_rank "
@@ -167,6 +168,13 @@ class BudgetConfig:
             raise BudgetError(f"lora_rank={self.lora_rank}: LoRA adapters are peft's, over a "
                               f"Hugging Face transformers model; choose activation_model "
                               f"'hf', or set lora_rank to 0.")
+        if self.qlora and self.precision != "fp32":
+            raise BudgetError(
+                f"qlora with precision={self.precision!r}: under autocast bitsandbytes hands "
+                f"each frozen 4-bit layer's output back in its input's dtype (fp32 after a "
+                f"norm), so the MLP keeps fp32 tensors where LoRA keeps 16-bit ones; measured "
+                f"on the CPU but not modelled. Choose precision 'fp32' (the 4-bit layers "
+                f"still compute in bf16).")
         try:
             targeted(self)
         except ValueError as exc:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
-from .lora import trainable_parameters
+from .lora import quantized_bytes, quantized_weights, trainable_parameters
 
 
 # ----------------------------------------------------------------- parameters
@@ -156,6 +156,10 @@ def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     model's and the adapters'; the rest is the adapters' alone."""
     P, T = parameter_count(cfg), trainable_parameter_count(cfg)
     frozen = P if cfg.lora_rank else 0
-    return {k: (T + (frozen if k == "weights" else 0)) * b
-            for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer,
-                                            cfg.grad_precision, cfg.autocast).items()}
+    fixed = {k: (T + (frozen if k == "weights" else 0)) * b
+             for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer,
+                                             cfg.grad_precision, cfg.autocast).items()}
+    if cfg.qlora:  # the blocks' linear weights in 4 bits instead
+        per = fixed["weights"] // (P + T)
+        fixed["weights"] += quantized_bytes(cfg) - sum(quantized_weights(cfg)) * per
+    return fixed

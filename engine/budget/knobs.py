@@ -186,6 +186,9 @@ KNOBS = {k.field: k for k in (
     _k("lora_dropout", "--lora-dropout", float, 0.0, "peft's lora_dropout, the probability "
        "of dropping an adapter's input", "policy", low=0.0, high=1.0,
        zero_means="no dropout"),
+    _k("qlora", "--qlora", bool, False, "the frozen model's linear layers in bitsandbytes' "
+       "4-bit NF4 under the adapters (QLoRA: blocks of 64 weights, an fp32 absmax each)",
+       "policy", fronts=CLI_ONLY),
     # what the practitioner's loop does beyond the model
     _k("outputs", "--outputs", str, DEFAULT, "whether the loop holds the model's output "
        "(the logits) through backward (default: the framework's usual loop)", "step",

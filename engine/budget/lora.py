@@ -35,6 +35,14 @@ full fine-tune keeps the cached one. peft casts each adapter's input to the
 adapters' fp32 and A casts it back, so each adapter keeps its own 16-bit copy
 of its input.
 
+QLoRA (`qlora`): the blocks' linear weights are bitsandbytes' 4-bit NF4, two
+weights a byte and an fp32 absmax per block of 64 (the embeddings, norms and
+output head stay fp32). Its matmul (`MatMul4Bit`) keeps only the packed weight,
+already resident, and dequantizes it in the backward, so a frozen 4-bit layer
+keeps no input as a frozen fp32 one. Modelled in an fp32 step (the 4-bit layers
+compute in bf16 and return fp32), measured on the CPU through bitsandbytes'
+PyTorch fallback.
+
 Targets resolve as peft resolves a list of names: a module matches a name when
 its own name is that name or ends with `.` and that name, so GPT-2's `c_proj`
 is the attention's projection and the MLP's. No targets given: peft's own
@@ -177,7 +185,7 @@ def weight_copies(cfg, first: bool) -> list[Saved]:
     one; the adapters' casts are cached and kept."""
     if not cfg.autocast:
         return []
-    frozen = sum(_width(cfg, l.fan_in) * _width(cfg, l.fan_out)
+    frozen = 0 if cfg.qlora else sum(_width(cfg, l.fan_in) * _width(cfg, l.fan_out)
                  for l in BLOCK_LINEARS[cfg.architecture]
                  if not (first and _needs_no_gradient(cfg, l)))
     # an A whose input needs no gradient keeps no weight (its cached copy goes when
@@ -318,6 +326,41 @@ def kept(cfg, mask: int, block: list[Saved], outside: list[Saved], checkpointed=
     else:
         blocks = lora_blocks(cfg, one, first)
     return blocks, outside, sum(x.bytes for x in one)
+
+
+# ------------------------------------------------------------------- QLoRA
+NF4_BLOCK = 64  # bitsandbytes' 4-bit blocksize: one fp32 absmax per 64 weights
+
+
+def quantized_weights(cfg) -> list[int]:
+    """Element counts of the weights QLoRA stores in 4 bits: every block's linear
+    layers (transformers leaves the embeddings and the output head unquantized)."""
+    if not cfg.qlora:
+        return []
+    one = [_width(cfg, l.fan_in) * _width(cfg, l.fan_out) for l in BLOCK_LINEARS[cfg.architecture]]
+    return one * cfg.n_layer
+
+
+def quantized_bytes(cfg) -> int:
+    """Bytes of the 4-bit weights: two per byte, and an fp32 absmax per block of 64."""
+    return sum((n + 1) // 2 + -(-n // NF4_BLOCK) * FP32 for n in quantized_weights(cfg))
+
+
+def quantized(model):
+    """`model` loaded back with its linear layers in bitsandbytes' 4-bit NF4, as
+    QLoRA's recipes load it (`BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)`)."""
+    import tempfile
+
+    import torch
+    from transformers import BitsAndBytesConfig
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                           bnb_4bit_compute_dtype=torch.bfloat16)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        return type(model).from_pretrained(
+            folder, quantization_config=q, device_map="cpu",
+            attn_implementation=model.config._attn_implementation)
 
 
 # --------------------------------------------------------------- peft's model

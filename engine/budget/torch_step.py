@@ -126,6 +126,9 @@ def _hf_model(cfg: BudgetConfig):
     config.bos_token_id = config.eos_token_id = config.pad_token_id = None
     model = cls._from_config(config, attn_implementation=(
         "sdpa" if cfg.attention == "flash" else "eager"))
+    if cfg.qlora and model.device.type != "meta":  # quantized as transformers loads it
+        from .lora import quantized
+        model = quantized(model)
     if cfg.recompute == "full":  # checkpoint every block (the method's newer name first)
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):
@@ -385,6 +388,8 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
         opt.zero_grad(set_to_none=True)
 
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    weights += sum(p.quant_state.absmax.nbytes for p in model.parameters()  # QLoRA's scales
+                   if getattr(p, "quant_state", None) is not None)
     read = _cuda_steps if device == "cuda" else _cpu_steps
     activations, peak, first = read(step, torch)
     return Measured(run, device, weights, activations, weights + peak, weights + first)
