@@ -275,3 +275,13 @@ def test_a_wildcard_listen_mentions_allow_host(tmp_path):
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=15)
     assert "--allow-host" in lines[1], lines
+
+
+def test_the_page_shows_full_fine_tuning_against_lora():
+    pytest.importorskip("starlette")
+    from widgets.budget_page import answers
+    cfg = bm.preset("llama3.2-1b", activation_model="hf", lora_rank=16, device="h200")
+    lora = answers._panels(cfg)["lora"]
+    assert "full fine-tuning" in lora and "LoRA r=16 (set)" in lora
+    assert "choose activations of <b>hf</b>" in answers._panels(
+        bm.preset("tiny", device="h200"))["lora"]

@@ -82,6 +82,7 @@ def _panels(cfg: B.BudgetConfig) -> dict:
     return {"fit": fit, "verdict": plain_text(fit), "readout": W.readout_html(b),
             "bar": _picture(b), "parallel": W.parallel_html(b),
             "breakdown": f"<pre>{html.escape(B.describe_breakdown(b))}</pre>",
+            "lora": W.lora_html(b),
             "model": html.escape(cfg.name), "peak": b.peak}
 
 

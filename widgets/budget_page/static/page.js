@@ -7,7 +7,7 @@ const form = document.getElementById('knobs');
 const controls = document.getElementById('controls');
 const answer = document.getElementById('answer');
 const message = document.getElementById('message');
-const PANELS = ['fit', 'readout', 'bar', 'parallel', 'breakdown'];
+const PANELS = ['fit', 'readout', 'bar', 'parallel', 'breakdown', 'lora'];
 const GROUPS = {model: "the model's dimensions", batch: 'the batch', policy: 'training policy',
                 step: 'the training loop', parallel: 'data parallel', device: 'the device'};
 const FOLDED = new Set(['model', 'step']);  // groups shown folded at first
