@@ -1,8 +1,8 @@
 """Running a learner's piece inside the notebook without letting it take the session along.
 
-Loading a saved piece and checking it in its slot run the learner's code in the
-notebook's own process (a piece is a function the engine will call there, so it
-is checked there). `guarded(piece)` bounds what that code can do to the session:
+A piece is a function the engine will call in the notebook's own process, so it is
+loaded there. `guarded(piece)` bounds what the learner's code can do to the session
+while it is loaded (and checked, where no child process could check it first):
 
 * time: a piece that loops is stopped after `PIECE_SECONDS` and the slot falls
   back to the engine's version, saying why. The deadline is a SIGALRM timer in
@@ -25,7 +25,7 @@ is checked there). `guarded(piece)` bounds what that code can do to the session:
   back, and the piece is refused, naming what it changed. A fork is ended in the copy
   at once, and refused.
 
-This guard is the second line: `_vetting` first runs the same load and check in a
+This guard is the second line: `_vetting` first runs the load and the slot check in a
 child process that is killed at its deadline, so a piece that would hang, exit or fork
 here is refused before the kernel ever loads it.
 

@@ -2,8 +2,9 @@
 
 `vet(name, path, function)` loads the piece's file and runs its slot check, exactly as
 the kernel would (`pieces.attempt_piece`), in a fresh Python process (`_vet_child`,
-started with `-I` from the repository root, so nothing of the notebook's state comes
-along), and watches it from here:
+started with `-I` in a scratch folder: nothing of the notebook's state comes along but
+its import path, so the piece imports what it would import in the kernel), and watches
+it from here:
 
 * time: the piece may compute for `_piece_guard.PIECE_SECONDS` of the child's CPU time
   and wait (sleep, read, hold a lock) for `WAIT_FACTOR` times as long on the clock;
@@ -56,8 +57,9 @@ WAIT_FACTOR = 3.0           # clock seconds a piece may take per CPU second it m
 OUTPUT_LIMIT = 1_000_000    # bytes the child may write to its own stdout and stderr
 MEMORY_BYTES = 4 << 30      # address space the child may add to what its imports mapped
 _TICK = 0.05                # seconds between two looks at the child
-_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
-          "from coursework._vet_child import main; main(sys.argv[2:])")
+# the kernel's import path travels (a piece may import a module beside the notebook)
+_CHILD = ("import json, sys; sys.path[:0] = [p for p in json.loads(sys.argv[1]) "
+          "if p not in sys.path]; from coursework._vet_child import main; main(sys.argv[2:])")
 _VERDICTS: dict = {}        # key -> verdict, for this kernel's life
 
 
@@ -104,8 +106,9 @@ def _run_child(name: str, path: Path, function: str, at_save: bool):
     with tempfile.TemporaryDirectory(prefix="backprop-vetting-") as scratch:
         try:
             child = subprocess.Popen(
-                [sys.executable, "-I", "-c", _CHILD, str(ROOT), name, str(path.resolve()),
-                 function, "1" if at_save else "0", str(report), str(MEMORY_BYTES)],
+                [sys.executable, "-I", "-c", _CHILD, json.dumps(_import_path()), name,
+                 str(path.resolve()), function, "1" if at_save else "0", str(report),
+                 str(MEMORY_BYTES)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 pass_fds=(report,), cwd=scratch, start_new_session=True)
         except OSError as err:
@@ -119,6 +122,17 @@ def _run_child(name: str, path: Path, function: str, at_save: bool):
             os.close(progress)
             child.stdout.close()
         return _verdict(piece, child, watched)
+
+
+def _import_path() -> list[str]:
+    """The kernel's sys.path, relative entries (the notebook's folder) made absolute,
+    the repository first: the child imports what the kernel would."""
+    try:
+        here = os.getcwd()
+    except OSError:
+        here = str(ROOT)
+    entries = [str(ROOT)] + [os.path.join(here, p) for p in sys.path if isinstance(p, str)]
+    return list(dict.fromkeys(entries))
 
 
 def _unvetted(piece: str, why: str):

@@ -201,3 +201,14 @@ def test_exiting_at_save_fails_the_check_with_the_reason(tmp_path, folder):
     with pytest.raises(ExerciseError, match="ended the process with exit code 5"):
         pieces.save_piece(NAME, fn, "00.1")
     assert os.getpid()                           # still here
+
+
+def test_a_piece_imports_in_the_child_what_it_imports_in_the_kernel(folder, tmp_path,
+                                                                   monkeypatch):
+    """A module beside the notebook (on the kernel's sys.path) is found in the child too."""
+    beside = tmp_path / "notebook"
+    beside.mkdir()
+    (beside / "my_helpers.py").write_text("STEP = 1e-6\n")
+    monkeypatch.syspath_prepend(str(beside))
+    fn, owner = _owner_within_seconds(folder, "from my_helpers import STEP\n" + RIGHT)
+    assert owner == "yours (00.1)", owner
