@@ -29,6 +29,9 @@ CHANGES = {
                                         "sys.modules['engine.gradcheck'].relative_error = "
                                         "lambda *a: 0.0\n",
                                         "`engine.gradcheck.relative_error`"),
+    # ...and the package's own attribute of that name, the function, is watched as well
+    "the package's engine.gradcheck": ("import engine\nengine.gradcheck = print\n",
+                                       "`engine.gradcheck`"),
     "Tensor.__add__": ("from engine.tensor import Tensor\nTensor.__add__ = lambda a, b: a\n",
                        "`engine.tensor.Tensor.__add__`"),
     "numba.njit.__code__": ("import numba\nnumba.njit.__code__ = (lambda *a, **k: None).__code__\n",
@@ -55,8 +58,9 @@ def _observed():
 
     import numba
     from engine.tensor import Tensor
+    import engine
     gradcheck = importlib.import_module("engine.gradcheck")
-    return (np.sum(np.ones(3)), np.ones(3).sum(), gradcheck.relative_error,
+    return (np.sum(np.ones(3)), np.ones(3).sum(), gradcheck.relative_error, engine.gradcheck,
             Tensor.__add__, numba.njit.__code__, os.getcwd(),
             os.environ.get("BACKPROP_PIECES_DIR"), os.environ.get("PIECE_WAS_HERE"),
             sys.getrecursionlimit(), list(warnings.filters), signal.getsignal(signal.SIGINT),

@@ -212,3 +212,19 @@ def test_a_piece_imports_in_the_child_what_it_imports_in_the_kernel(folder, tmp_
     monkeypatch.syspath_prepend(str(beside))
     fn, owner = _owner_within_seconds(folder, "from my_helpers import STEP\n" + RIGHT)
     assert owner == "yours (00.1)", owner
+
+
+def test_a_check_slowed_by_a_busy_machine_is_not_cut_short(folder):
+    """The child's deadline counts CPU time: a check whose clock time stretches (here a
+    3 s wait, past the 2 s of computing allowed) still passes, within 3 x 2 s."""
+    body = RIGHT.replace("    return g\n", "    import time\n    time.sleep(3)\n    return g\n")
+    fn, owner = _owner_within_seconds(folder, body)
+    assert owner == "yours (00.1)", owner
+
+
+def test_a_piece_that_waits_forever_is_stopped_on_the_clock(folder):
+    body = RIGHT.replace("    return g\n", "    import time\n    time.sleep(3600)\n"
+                                             "    return g\n")
+    fn, owner = _owner_within_seconds(folder, body)
+    assert owner.startswith(SKIPPED + "ran longer than 2 s and was stopped (it waited 6 s"), \
+        owner
