@@ -33,7 +33,10 @@ a changed file is vetted again, and no file can pass a piece off as vetted.
 What the deadline cannot see: it bounds one load and one check, on the check's small
 inputs. A piece that is fast there and slow on a lesson's real shapes, or that
 misbehaves only on some inputs, passes; later calls run in the kernel, watched by
-nothing but the lesson's own cell, and compiled numba code sees no interrupt.
+nothing but the lesson's own cell, and compiled numba code sees no interrupt. And the
+verdict comes from the process the piece runs in: a piece written to fool its vetting
+(one that writes a passing verdict itself, or behaves otherwise outside the child) is
+held by the kernel's own guard alone.
 """
 from __future__ import annotations
 
