@@ -74,14 +74,22 @@ the budget says whether one device's peak fits, the largest micro-batch
 that does, and a step time at a stated model FLOP utilization (`fit`).
 
 Architectures: GPT-2 blocks and LLaMA blocks (RMSNorm, SwiGLU, no biases,
-grouped-query attention), with presets of both families and a reader for
-Hugging Face config.json files (`hf`).
+grouped-query attention), with presets of both families (the open models
+practitioners fine-tune among them) and a reader for Hugging Face config.json
+files (`hf`).
+
+Fine-tuning: under the `hf` step, `lora_rank` freezes the model and trains
+peft's LoRA adapters on `lora_targets` (`lora`): weights stay, gradients and
+optimizer state shrink to the adapters', and the activations change by what
+autograd no longer keeps (frozen layers' inputs) and what the adapters add
+(their low-rank outputs, `lora_dropout`'s copies and masks); `qlora` stores the
+blocks' linear weights in bitsandbytes' 4-bit NF4.
 
 Modules: config (BudgetConfig, presets), counts (parameters, FLOPs, fixed
 memory), kept (Saved, Activations), activations (the rule, transformer and
 engine activation models),
 real_step (a real PyTorch or transformers step: what it keeps, its peak's
-moment), torch_step (that step measured in PyTorch; optional, imported on
+moment), lora (LoRA and QLoRA fine-tuning), torch_step (that step measured in PyTorch; optional, imported on
 use), measure (the tape's measured bytes), sharding (ZeRO, collectives), devices (device figures),
 fit (fits, largest micro-batch, step time), hf (config.json), total (the
 Budget and its sweeps), report (units, text), cli (`python -m engine.budget`).
@@ -99,7 +107,7 @@ from .config import (PRECISIONS, OPTIMIZERS, ACTIVATION_MODELS, REAL_STEP_MODELS
 from .counts import (parameter_breakdown, parameter_count, matmul_weights,
                      attention_flops_per_token, forward_flops_per_token,
                      recompute_flops_per_token, tokens_per_micro_batch, tokens_per_step, flops,
-                     bytes_per_parameter, fixed_bytes)
+                     bytes_per_parameter, fixed_bytes, trainable_parameter_count)
 from .activations import (Saved, activation_bytes_per_element, tensor_bytes,
                           transformer_layer_ops, ATTENTION_CORE, transformer_outside_ops,
                           korthikanti_layer_bytes, Activations, activations, INDEX_BYTES,
@@ -126,7 +134,7 @@ __all__ = ['KNOBS', 'Knob', 'OPTIMIZER_IMPLS', 'OUTPUTS', 'BACKENDS', 'knob', 's
            'preset', 'parameter_breakdown', 'parameter_count', 'matmul_weights',
            'attention_flops_per_token', 'forward_flops_per_token', 'recompute_flops_per_token',
            'tokens_per_micro_batch', 'tokens_per_step', 'flops', 'bytes_per_parameter',
-           'fixed_bytes', 'Saved', 'activation_bytes_per_element', 'tensor_bytes',
+           'fixed_bytes', 'trainable_parameter_count', 'Saved', 'activation_bytes_per_element', 'tensor_bytes',
            'transformer_layer_ops', 'ATTENTION_CORE', 'transformer_outside_ops',
            'korthikanti_layer_bytes', 'Activations', 'activations', 'INDEX_BYTES',
            'engine_block_saved', 'engine_outside_saved', 'engine_saved_tensors',
