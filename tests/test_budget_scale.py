@@ -330,3 +330,17 @@ def test_absurd_sizes_are_refused_by_name_and_huge_numbers_still_print():
     assert "up to 1,048,576" in run.stderr
     assert bm.human_bytes(10**400) == "1.00e+400 B"
     assert bm.human_count(10**300).startswith("1.00e+300")
+
+
+def test_lora_flops_skip_the_frozen_weights_gradients():
+    full = bm.preset("llama2-7b", activation_model="hf")
+    lora = full.with_(lora_rank=8)     # peft's default targets: q_proj, v_proj
+    f, l = bm.budget(full).flops["per_token"], bm.budget(lora).flops["per_token"]
+    matmul = bm.counts.matmul_weights(full)
+    adapters = 32 * 8 * (4096 + 4096) * 2           # A and B of q and v in 32 blocks
+    attention = bm.counts.attention_flops_per_token(full)
+    assert l["forward"] == f["forward"] + 2 * adapters
+    assert f["backward"] == 2 * f["forward"]
+    # input gradients only through the frozen matmuls; both of the adapters'
+    assert l["backward"] == 2 * matmul + 2 * attention + 4 * adapters
+    assert l["backward"] < 0.6 * f["backward"]

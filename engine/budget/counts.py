@@ -81,9 +81,27 @@ def attention_flops_per_token(cfg: BudgetConfig) -> int:
     return cfg.n_layer * 2 * (2 * cfg.seq_len * cfg.d_model)
 
 
+def adapter_weights(cfg: BudgetConfig) -> int:
+    """LoRA's adapter weights (each A and B multiplies an activation once per token);
+    0 for a full fine-tune."""
+    return trainable_parameters(cfg) if cfg.lora_rank else 0
+
+
 def forward_flops_per_token(cfg: BudgetConfig) -> int:
-    """2 FLOPs per matmul weight per token, plus the attention term."""
-    return 2 * matmul_weights(cfg) + attention_flops_per_token(cfg)
+    """2 FLOPs per matmul weight per token (LoRA's adapters' too), plus the
+    attention term."""
+    return 2 * (matmul_weights(cfg) + adapter_weights(cfg)) + attention_flops_per_token(cfg)
+
+
+def backward_flops_per_token(cfg: BudgetConfig) -> int:
+    """Twice the forward: each matmul makes its input's gradient and its weight's,
+    each as costly as the forward product. A frozen weight (LoRA's base model)
+    gets no gradient, so its matmul makes the input's gradient only. (Layers before
+    the first adapter need not even that; the count keeps it, a small overcount.)"""
+    if not cfg.lora_rank:
+        return 2 * forward_flops_per_token(cfg)
+    return (2 * matmul_weights(cfg) + 2 * attention_flops_per_token(cfg)
+            + 4 * adapter_weights(cfg))
 
 
 def recompute_flops_per_token(cfg: BudgetConfig) -> int:
@@ -105,10 +123,10 @@ def tokens_per_step(cfg: BudgetConfig) -> int:
 
 
 def flops(cfg: BudgetConfig) -> dict[str, dict[str, int]]:
-    """Forward, backward (2x forward), recompute and total FLOPs, per token,
-    per micro-batch and per optimizer step."""
+    """Forward, backward (2x forward, less under LoRA), recompute and total FLOPs,
+    per token, per micro-batch and per optimizer step."""
     fwd = forward_flops_per_token(cfg)
-    per_token = {"forward": fwd, "backward": 2 * fwd,
+    per_token = {"forward": fwd, "backward": backward_flops_per_token(cfg),
                  "recompute": recompute_flops_per_token(cfg)}
     per_token["total"] = sum(per_token.values())
     scale = {"per_token": 1, "per_micro_batch": tokens_per_micro_batch(cfg),
