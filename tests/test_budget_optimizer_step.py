@@ -12,7 +12,9 @@ import pytest
 import engine.budget as bm
 from engine.budget import optimizer_step as opt
 from engine.budget.config import BudgetConfig
+from engine.budget import moments as M
 from engine.budget.counts import fixed_bytes, parameter_count
+from engine.budget.framework_step import framework_step
 
 SIZES = [1_000_000, 300_000, 200_000, 50_000]   # P = 1.55M, largest 1M
 
@@ -113,10 +115,17 @@ def test_the_moments_hold_the_resident_bytes_and_step_one_has_no_state():
                                   optimizer="momentum").validate(), "foreach")
     fixed = fixed_bytes(cfg)
     P, E = parameter_count(cfg), 5000 * 64
-    step2 = dict(opt.backward_end_moment(cfg, fixed))
-    assert sum(step2.values()) == 4 * (P + P + P + 2 * E)  # weights, state, grads + 2E
-    assert "optimizer state" not in dict(opt.backward_end_moment(cfg, fixed, first_step=True))
-    assert sum(b for _, b in opt.optimizer_moment(cfg, fixed)) == 3 * 4 * P
+    step = framework_step(cfg, fixed)
+    step2 = {m.name: m for m in step.moments}
+    step1 = {m.name: m for m in step.first_step}
+    # weights, state, every gradient and the tied head's two contributions
+    assert step2[M.BACKWARD_END].bytes == 4 * (P + P + P + 2 * E)
+    assert "optimizer state" not in dict(step1[M.BACKWARD_END].alive)
+    temporaries = opt.optimizer_temporaries(
+        "momentum", "foreach", opt.param_groups(cfg, opt.trainable_tensors(cfg)), 4)
+    assert temporaries == []    # momentum's foreach update runs in place
+    assert step2[M.OPTIMIZER_STEP].bytes == 3 * 4 * P
+    assert step1[M.OPTIMIZER_STEP].bytes == step2[M.OPTIMIZER_STEP].bytes
 
 
 # -------------------------------------------------- measured on this CPU

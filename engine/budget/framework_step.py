@@ -105,6 +105,18 @@ def _output(cfg, device, first_step: bool, at: str) -> list[tuple]:
             for what, size in terms]
 
 
+def _head_weights(cfg: BudgetConfig) -> int:
+    """The head's weight gradient, made by its matmul's backward (`MmBackward0`) first
+    of all the weight gradients, while the forward's saved tensors are alive:
+    vocabulary by width (none for LoRA's frozen head). Under autocast the matmul makes
+    it in 16 bits and `ToCopyBackward0` casts it to fp32 while the 16-bit one is
+    alive, but by then the node has released the 16-bit copy of the weight it saved,
+    the same bytes: the sum is unchanged. The moment outgrows the loss's backward when
+    the width exceeds twice the micro-batch's tokens, and the end of the backward under
+    accumulation with an untied head."""
+    return 0 if cfg.lora_rank else cfg.vocab_size * cfg.d_model
+
+
 def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device: str,
              first_step: bool) -> tuple:
     """Every moment of one step (step 1 when `first_step`)."""
@@ -114,6 +126,8 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     earlier = ([("gradients of earlier micro-batches", fixed["gradients"])]
                if cfg.accumulation > 1 else [])
     vocab = vocab_fp32_bytes(cfg)
+    grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
+                                     cfg.autocast)["gradients"]
     fwd_end = [*resident, *earlier,
                ("saved by the forward", "saved by the forward (but the loss's)", saved - vocab),
                ("loss", "log_softmax output (fp32)", vocab),
@@ -127,8 +141,12 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
                  *resident, *earlier, ("saved by the forward", saved),
                  ("loss", "gradient of the log_softmax output", vocab),
                  ("loss", "gradient of the logits (fp32)", vocab)]),
-             M.moment(M.HEAD_BACKWARD, _tag(opt.head_backward_moment(
-                 cfg, fixed, saved, first_step), "backward's last gradients"))]
+             M.moment(M.HEAD_BACKWARD, [
+                 *resident, *earlier,
+                 ("saved by the forward", "saved by the forward (the log_softmax output's "
+                  "place now the gradient of the logits)", saved),
+                 ("backward's last gradients", "the head's new weight gradient",
+                  _head_weights(cfg) * grad_bytes)])]
     if cfg.recompute == "full":
         n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
         found.append(M.moment(M.RECOMPUTED, [
@@ -137,8 +155,6 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
             ("saved by the forward", "its checkpointed input", n * h * FP32),
             *_output(cfg, device, first_step, M.RECOMPUTED)]))
     tensors = opt.trainable_tensors(cfg)
-    grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
-                                     cfg.autocast)["gradients"]
     end = opt.backward_end_terms([t.numel for t in tensors], grad_bytes, tensors[0].numel,
                                  cfg.tied_embedding and not cfg.lora_rank,
                                  cfg.accumulation > 1, cfg.autocast)

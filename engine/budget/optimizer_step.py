@@ -62,8 +62,7 @@ weight gradient while the forward's saved tensors are still alive; beside the
 earlier micro-batches' gradients that moment can outgrow both the loss's
 backward and the end of the backward (an untied head under accumulation).
 
-The moments (`optimizer_moment`, `backward_end_moment`, `head_backward_moment`)
-list (what, bytes) pairs for the budget's step, resident bytes included.
+`engine.budget.framework_step` puts these terms into the step's moments.
 """
 from __future__ import annotations
 
@@ -224,66 +223,3 @@ def backward_end_terms(numels: list[int], grad_bytes: int, embedding: int, tied:
     if not autocast:  # the head's contribution is a transposed view: no in-place sum
         terms.append(("tied weight: the two contributions' out-of-place sum", one))
     return terms
-
-
-# ------------------------------------------- the moments, as the budget's step
-def _resident(fixed: dict, with_state: bool) -> list:
-    terms = [("weights", fixed["weights"] + fixed.get("master weights", 0))]
-    if with_state and fixed.get("optimizer state"):
-        terms.append(("optimizer state", fixed["optimizer state"]))
-    return terms
-
-
-def optimizer_moment(cfg, fixed: dict) -> list:
-    """The optimizer step's moment, the same in step 1 and step 2 (the state is
-    created before the update): weights, gradients, state and the temporaries of
-    `cfg.optimizer` under `cfg.resolved_optimizer_impl`. `fixed`: one device's bytes of
-    weights, master weights, gradients and optimizer state."""
-    terms = _resident(fixed, True) + [("gradients", fixed["gradients"])]
-    impl = cfg.resolved_optimizer_impl
-    if impl is not None:
-        groups = param_groups(cfg, trainable_tensors(cfg))
-        terms += optimizer_temporaries(cfg.optimizer, impl, groups, FP32)
-    return terms
-
-
-def backward_end_moment(cfg, fixed: dict, first_step: bool = False) -> list:
-    """The end of the backward of the step's last micro-batch: weights, the
-    optimizer state (not in step 1: it appears in the first `step()`), the
-    gradients of `backward_end_terms`, and the logits when the loop keeps them."""
-    tensors = trainable_tensors(cfg)
-    numels = [t.numel for t in tensors]
-    grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
-                                     cfg.autocast)["gradients"]
-    terms = _resident(fixed, not first_step)
-    tied = cfg.tied_embedding and not cfg.lora_rank  # LoRA: the embedding gets no gradient
-    terms += backward_end_terms(numels, grad_bytes, tensors[0].numel, tied,
-                                cfg.accumulation > 1, cfg.autocast)
-    if outputs_kept(cfg):
-        lo = 2 if cfg.autocast else FP32
-        terms.append(("logits, held by the caller", cfg.micro_batch * cfg.seq_len
-                      * cfg.vocab_size * lo))
-    return terms
-
-
-def head_backward_moment(cfg, fixed: dict, saved: int, first_step: bool = False) -> list:
-    """The head's matmul backward (`MmBackward0`), the first weight gradient of
-    the backward: weights, state, the gradients of earlier micro-batches, what
-    the forward saved (`saved` bytes, log_softmax's output among them, whose
-    place the gradient of the logits now takes) and the head's new weight
-    gradient, vocabulary by width. Under autocast the matmul makes that gradient
-    in 16 bits and `ToCopyBackward0` casts it to fp32 while the 16-bit one is
-    alive, but by then the node has released the 16-bit copy of the weight it
-    saved, the same bytes: the sum is unchanged. It outgrows the loss's
-    backward when the width exceeds twice the micro-batch's tokens, and the end
-    of the backward under accumulation with an untied head."""
-    head = 0 if cfg.lora_rank else cfg.vocab_size * cfg.d_model  # LoRA: a frozen head
-    grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
-                                     cfg.autocast)["gradients"]
-    terms = _resident(fixed, not first_step)
-    if cfg.accumulation > 1:
-        terms.append(("gradients of earlier micro-batches", fixed["gradients"]))
-    terms += [("saved by the forward (the log_softmax output's place now the gradient "
-               "of the logits)", saved), ("the head's new weight gradient", head * grad_bytes)]
-    return terms
-
