@@ -68,9 +68,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .counts import bytes_per_parameter
 from .lora import adapter_tensors
-from .real_step import outputs_kept
 
 FP32 = 4
 IMPLS = ("for-loop", "foreach", "fused")
