@@ -162,6 +162,22 @@ def test_the_temporaries_are_what_the_cpu_allocator_sees_inside_step(optimizer, 
     assert _peak_inside(o) == pytest.approx(predicted, abs=64)  # step tensors: bytes
 
 
+@needs_torch
+@pytest.mark.parametrize("sizes", [[1_000_000] * 4, [50_000, 1_000_000, 300_000],
+                                   [300_000, 1_000_000, 1_000_000, 200_000]])
+def test_the_for_loops_denominators_overlap_the_previous_parameters(sizes):
+    """`denom` still holds the previous parameter's quotient while the next one's
+    sqrt and quotient are made: equal sizes hold three at once, not two."""
+    import torch
+    params = [torch.nn.Parameter(torch.randn(n)) for n in sizes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    o = torch.optim.AdamW(params, lr=1e-3, **opt.TORCH_SWITCHES["for-loop"])
+    _peak_inside(o)
+    predicted = sum(b for _, b in opt.optimizer_temporaries("adamw", "for-loop", [sizes], 4))
+    assert _peak_inside(o) == pytest.approx(predicted, abs=64)
+
+
 def _peak_inside(optimizer) -> int:
     """The most the CPU allocator held during `optimizer.step()` above before it."""
     import json

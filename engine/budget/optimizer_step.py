@@ -12,7 +12,10 @@ The optimizer step, by implementation (torch's names)
             one parameter at a time. AdamW computes
             `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: `sqrt`
             allocates one tensor of the parameter's size and the division another
-            before the first is freed, so 2 x the largest parameter is alive at once.
+            before the first is freed, while the local `denom` still holds the
+            previous parameter's quotient (it is rebound only after the division):
+            the previous parameter's size plus 2 x this one's, at its largest over
+            the group's order (`denom` goes when the group's call returns).
             SGD and momentum update in place (`buf.mul_(momentum).add_(grad)`,
             `param.add_(grad, alpha=-lr)`): nothing.
   foreach   (`_multi_tensor_adam`, `_multi_tensor_sgd`) one list op over every
@@ -184,7 +187,8 @@ def optimizer_temporaries(optimizer: str, impl: str, groups: list[list[int]],
     if optimizer == "adamw":
         if impl == "for-loop":
             return [("AdamW for-loop: exp_avg_sq.sqrt() and its quotient by the bias "
-                     "correction (2 x the largest parameter)", 2 * largest_tensor * state_bytes)]
+                     "correction, beside the previous parameter's quotient",
+                     max(map(_denominators_peak, groups), default=0) * state_bytes)]
         return [("AdamW foreach: torch._foreach_sqrt(exp_avg_sq) over the largest param "
                  "group", largest_group * state_bytes)]
     if optimizer not in ("sgd", "momentum"):
@@ -196,6 +200,12 @@ def optimizer_temporaries(optimizer: str, impl: str, groups: list[list[int]],
                  "parameter", largest_tensor * state_bytes)]
     return [("SGD foreach: torch._foreach_add(grads, params) over the largest param group",
              largest_group * state_bytes)]
+
+
+def _denominators_peak(numels: list[int]) -> int:
+    """Elements alive at once in `_single_tensor_adam`'s loop over one group: the
+    previous parameter's `denom`, and this one's sqrt and quotient."""
+    return max((previous + 2 * n for previous, n in zip([0, *numels], numels)), default=0)
 
 
 # ---------------------------------------------------- the end of the backward
