@@ -5,6 +5,7 @@ import numbers
 from dataclasses import dataclass, field, replace
 
 from . import frameworks
+from . import weights_dtype
 from .lora import targeted
 from .devices import DEVICES, NO_DEVICE, find_device
 from .knobs import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BACKENDS, DEFAULT,
@@ -102,6 +103,7 @@ class BudgetConfig:
     lora_targets: str = default("lora_targets")
     lora_dropout: float = default("lora_dropout")
     qlora: bool = default("qlora")
+    weights_dtype: str = default("weights_dtype")
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
@@ -153,6 +155,9 @@ class BudgetConfig:
         if self.activation_model == "engine":
             self._validate_engine()
         self._validate_lora()
+        trouble = weights_dtype.problem(self)
+        if trouble:
+            raise BudgetError(trouble)
         return self
 
     def _validate_lora(self) -> None:

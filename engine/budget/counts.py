@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
 from .lora import quantized_bytes, quantized_weights, trainable_parameters
+from .weights_dtype import bf16_weights, frozen_weight_bytes
 
 
 # ----------------------------------------------------------------- parameters
@@ -177,6 +178,8 @@ def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     fixed = {k: (T + (frozen if k == "weights" else 0)) * b
              for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer,
                                              cfg.grad_precision, cfg.autocast).items()}
+    if bf16_weights(cfg):  # loaded in bf16: the frozen model's weights 2 bytes each
+        fixed["weights"] = frozen * frozen_weight_bytes(cfg) + T * fixed["weights"] // (P + T)
     if cfg.qlora:  # the blocks' linear weights in 4 bits instead
         per = fixed["weights"] // (P + T)
         fixed["weights"] += quantized_bytes(cfg) - sum(quantized_weights(cfg)) * per

@@ -34,6 +34,7 @@ from .real_step import (FP32, block_biases, block_saved, block_weights, compute_
                         kept_output_terms, mask_bytes, outside_saved, sdpa_gets_mask,
                         vocab_fp32_bytes)
 from .sharding import per_device_fixed
+from .weights_dtype import hidden_bytes
 
 
 RNG_STATE_BYTES = 5056  # torch.get_rng_state(): the CPU generator's state
@@ -45,12 +46,14 @@ def checkpoint_kept(cfg: BudgetConfig, device: str) -> list[Saved]:
     bool one when it gets a mask), and, on the CPU, the CPU generator's state each
     checkpoint stashes (`preserve_rng_state`: a CPU tensor, no device memory on CUDA)."""
     L, n, h = cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
-    held = [Saved("block", "input (checkpoint, fp32)", n * h, FP32, L)]
+    e = hidden_bytes(cfg)  # the hidden states' dtype: the weights'
+    dtype = "fp32" if e == FP32 else "bf16"
+    held = [Saved("block", f"input (checkpoint, {dtype})", n * h, e, L)]
     if cfg.activation_model != "hf":
         return held
     mask = cfg.micro_batch * cfg.seq_len * cfg.seq_len
     if cfg.attention == "standard":
-        held.append(Saved("checkpoints", "the attention mask (fp32, B x T x T)", mask, FP32))
+        held.append(Saved("checkpoints", f"the attention mask ({dtype}, B x T x T)", mask, e))
     elif sdpa_gets_mask(cfg):
         held.append(Saved("checkpoints", "the attention mask (bool, B x T x T)", mask, 1))
     if device == "cpu":
@@ -152,7 +155,7 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
         found.append(M.moment(M.RECOMPUTED, [
             *resident, ("gradients", fixed["gradients"]),
             ("recompute", "the first block's recomputed tensors", one_block),
-            ("saved by the forward", "its checkpointed input", n * h * FP32),
+            ("saved by the forward", "its checkpointed input", n * h * hidden_bytes(cfg)),
             *_output(cfg, device, first_step, M.RECOMPUTED)]))
     tensors = opt.trainable_tensors(cfg)
     end = opt.backward_end_terms([t.numel for t in tensors], grad_bytes, tensors[0].numel,

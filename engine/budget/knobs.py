@@ -34,6 +34,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 OUTPUTS = ("kept", "freed")
 SWITCH = ("on", "off")
 BACKENDS = ("cuda", "cpu")
+WEIGHTS_DTYPES = ("fp32", "bf16")
 # "default": the framework's own choice (engine.budget.frameworks), stated in the output.
 DEFAULT = "default"
 
@@ -156,6 +157,9 @@ KNOBS = {k.field: k for k in (
     _k("precision", "--precision", str, "fp32", "weights and activations (16-bit ones keep "
        "fp32 master weights; under pytorch and hf: torch.autocast)", "policy",
        choices=PRECISIONS),
+    _k("weights_dtype", "--weights-dtype", str, "fp32", "the dtype the model is loaded "
+       "in: fp32 (autocast makes 16-bit copies) or bf16 (torch_dtype=bfloat16; no fp32 "
+       "master)", "policy", choices=WEIGHTS_DTYPES),
     _k("grad_precision", "--grad-precision", str, "storage", "gradients in the weights' "
        "precision, or accumulated in fp32 (mixed-precision AdamW: 16 or 18 bytes/param)",
        "policy", choices=GRAD_PRECISIONS),

@@ -33,7 +33,8 @@ Under autocast (bf16, fp16) the frozen weights stay fp32 and are not cached
 keeps its own 16-bit copy of its weight when its input needs a gradient, as the
 full fine-tune keeps the cached one. peft casts each adapter's input to the
 adapters' fp32 and A casts it back, so each adapter keeps its own 16-bit copy
-of its input.
+of its input. A model loaded in bf16 keeps no frozen weight copies
+(`engine.budget.weights_dtype`).
 
 QLoRA (`qlora`): the blocks' linear weights are bitsandbytes' 4-bit NF4, two
 weights a byte and an fp32 absmax per block of 64 (the embeddings, norms and
@@ -54,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .kept import Saved
+from .weights_dtype import bf16_weights
 
 FP32 = 4
 # peft's default target_modules when none are given, by the budget's architecture
@@ -185,7 +187,8 @@ def weight_copies(cfg, first: bool) -> list[Saved]:
     one; the adapters' casts are cached and kept."""
     if not cfg.autocast:
         return []
-    frozen = 0 if cfg.qlora else sum(_width(cfg, l.fan_in) * _width(cfg, l.fan_out)
+    bf16 = bf16_weights(cfg)  # a bf16 weight is used as it is: no copy
+    frozen = 0 if cfg.qlora or bf16 else sum(_width(cfg, l.fan_in) * _width(cfg, l.fan_out)
                  for l in BLOCK_LINEARS[cfg.architecture]
                  if not (first and _needs_no_gradient(cfg, l)))
     # an A whose input needs no gradient keeps no weight (its cached copy goes when

@@ -36,6 +36,7 @@ from .backends import backend as backend_of
 from .kept import Saved
 from .moments import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, RECOMPUTED
 from .config import BudgetConfig
+from .weights_dtype import bf16_weights, hidden_bytes
 
 FP32 = 4
 INDEX = 8         # int64 token ids and labels
@@ -132,9 +133,10 @@ def _attention_core(cfg: BudgetConfig, device: str) -> list[Saved]:
                    n_scores, p)]
     if cfg.dropout:  # P @ V keeps dropout's output (cast to 16 bits under autocast)
         # dropout reads P cast to V's dtype (GPT-2) or Q's (LLaMA: Q rotated by
-        # fp32 cos/sin is fp32 under autocast); nanoGPT's P as its softmax made it
+        # fp32 cos/sin is fp32 under autocast, bf16 over bf16 weights); nanoGPT's P as
+        # its softmax made it
         mask_input = p if cfg.activation_model == "pytorch" else (
-            FP32 if cfg.architecture == "llama" else lo)
+            hidden_bytes(cfg) if cfg.architecture == "llama" else lo)
         items += [Saved("attention dropout", "mask", n_scores, mask_bytes(cfg, device, mask_input)),
                   Saved("P @ V", "P after dropout", n_scores, lo)]
     elif p != lo:
@@ -325,13 +327,12 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     if cfg.architecture == "llama":
         items += [Saved("final rms norm", "input (fp32)", n * h, FP32),
                   Saved("final rms norm", "1/rms and x / rms", n + n * h, FP32),
-                  Saved("rotary embedding", "cos and sin (fp32, all blocks)",
-                        2 * cfg.seq_len * cfg.head_dim, FP32, until_end=True)]
+                  _rotary(cfg)]
     else:
         items += [Saved("final layer norm", "input (fp32)", n * h, FP32),
                   Saved("final layer norm", "mean and 1/std", 2 * n, FP32)]
     items.append(Saved("head matmul", "input (the final norm's output)", n * h, lo))
-    if cfg.autocast:
+    if cfg.autocast and not bf16_weights(cfg):  # a bf16 weight is used as it is
         items.append(Saved("head matmul", "weight, 16-bit copy", V * h, lo))
     if outputs_kept(cfg):  # the caller holds the returned logits (and the cache)
         items.append(Saved("the caller's output", "logits", n * V, lo))
@@ -342,6 +343,14 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     if cfg.activation_model == "hf":  # the labels, shifted by one: a new int64 tensor
         items.append(Saved("cross-entropy", "shifted labels (int64)", n, INDEX))
     return items
+
+
+def _rotary(cfg: BudgetConfig) -> Saved:
+    """cos and sin, made once for all blocks in the hidden states' dtype: fp32,
+    or bf16 when the model is loaded in bf16 (`engine.budget.weights_dtype`)."""
+    size = hidden_bytes(cfg)
+    return Saved("rotary embedding", f"cos and sin ({'fp32' if size == FP32 else 'bf16'}, "
+                 f"all blocks)", 2 * cfg.seq_len * cfg.head_dim, size, until_end=True)
 
 
 def logits_bytes(cfg: BudgetConfig) -> int:

@@ -6,6 +6,7 @@ from decimal import Decimal
 from .config import MASTER_BYTES
 from .devices import GiB
 from .lora import target_names
+from .weights_dtype import bf16_weights
 from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
 from .total import Budget
 
@@ -76,7 +77,8 @@ def describe(b: Budget) -> str:
         f"{tokens_per_step(c):,} per optimizer step"
         + (f" per device, {b.tokens_per_step_all_devices:,} over {c.devices} devices"
            if c.devices > 1 else ""),
-        (f"policy     torch.autocast to {c.precision} over fp32 weights, fp32 gradients"
+        (f"policy     torch.autocast to {c.precision} over {c.weights_dtype} weights, "
+         f"fp32 gradients"
          if c.autocast else
          f"policy     {c.precision} storage"
          + (" + fp32 master weights" if MASTER_BYTES[c.precision] else "") + f", {grads}")
@@ -101,6 +103,8 @@ def describe(b: Budget) -> str:
     per = "param" if not c.lora_rank else "trainable param"
     for k, v in b.fixed_per_device.items():
         note = f"({bpp[k]} bytes/{'param' if k == 'weights' else per}"
+        if k == "weights" and bf16_weights(c):  # loaded in bf16, peft's adapters in fp32
+            note = f"(2 bytes/frozen param, {bpp[k]} bytes/trainable param"
         if sharded and v != b.fixed[k]:
             note += f"; 1/{c.devices} of {human_bytes(b.fixed[k])}"
         lines.append(f"  {k:<22}{human_bytes(v):>12}   {note})")

@@ -126,6 +126,9 @@ def _hf_model(cfg: BudgetConfig):
     config.bos_token_id = config.eos_token_id = config.pad_token_id = None
     model = cls._from_config(config, attn_implementation=(
         "sdpa" if cfg.attention == "flash" else "eager"))
+    if cfg.weights_dtype == "bf16":  # from_pretrained(..., torch_dtype=torch.bfloat16)
+        import torch
+        model.to(torch.bfloat16)
     if cfg.qlora and model.device.type != "meta":  # quantized as transformers loads it
         from .lora import quantized
         model = quantized(model)
