@@ -43,6 +43,28 @@ def test_the_default_fp32_weights_change_no_number():
                                                + lora.trainable_parameters(cfg))
 
 
+def test_a_full_fine_tune_of_bf16_weights_keeps_8_bytes_a_parameter_under_adamw():
+    cfg = bm.preset("llama3.1-8b", **BF16)
+    P = parameter_count(cfg)
+    assert fixed_bytes(cfg) == {"weights": 2 * P, "master weights": 0, "gradients": 2 * P,
+                                "optimizer state": 4 * P}
+    assert fixed_bytes(cfg.with_(optimizer="momentum"))["optimizer state"] == 2 * P
+    assert sum(fixed_bytes(cfg.with_(weights_dtype="fp32")).values()) == 16 * P
+
+
+def test_a_full_fine_tune_of_bf16_weights_keeps_bf16_norm_copies_and_one_input_a_norm():
+    fp32 = bm.preset("llama2-7b", activation_model="hf", precision="bf16", seq_len=256,
+                     micro_batch=1, attention="flash")
+    bf16 = fp32.with_(weights_dtype="bf16")
+    L, h, f, V, d, n = 32, 4096, 11008, 32000, 128, 256
+    copies = 2 * L * (4 * h * h + 3 * h * f) + 2 * V * h  # every matmul weight's cast
+    norm_inputs = L * (2 + 1) * n * h * 2   # q, k, v read one input, gate and up one
+    x_normed = (2 * L + 1) * n * h * (4 - 2)  # every norm's x / rms: bf16, not fp32
+    rotary = 2 * n * d * (4 - 2)
+    drop = real_step_activations(fp32).saved - real_step_activations(bf16).saved
+    assert drop == copies + norm_inputs + x_normed + rotary
+
+
 def test_bf16_weights_keep_no_frozen_weight_copy_and_bf16_rotary_tables():
     fp32 = bm.preset("llama2-7b", activation_model="hf", precision="bf16", lora_rank=8,
                      seq_len=256, micro_batch=1, attention="flash")
@@ -58,7 +80,6 @@ def test_bf16_weights_keep_no_frozen_weight_copy_and_bf16_rotary_tables():
 @pytest.mark.parametrize("changes, says", [
     (dict(activation_model="transformer", precision="bf16"), "choose activation_model 'hf'"),
     (dict(activation_model="hf", precision="fp32", lora_rank=8), "precision='fp32'"),
-    (dict(activation_model="hf", precision="bf16"), "full fine-tuning .* were not measured"),
     (dict(activation_model="hf", precision="bf16", lora_rank=8, architecture="gpt2",
           d_ff=0), "only LLaMA-shaped"),
 ])
@@ -88,8 +109,9 @@ needs_peft = pytest.mark.skipif(
     reason="torch, transformers and peft are not installed (pip install -e "
            "'.[transformers]' peft)")
 
-# (name, config.json, knobs): LoRA over a model loaded in bf16, trained under autocast
-# to bf16 (the Trainer's bf16=True), peft's adapters in fp32
+WIDE = {**LLAMA, "hidden_size": 128, "intermediate_size": 352, "vocab_size": 2000}
+# (name, config.json, knobs): a model loaded in bf16, trained under autocast to bf16
+# (the Trainer's bf16=True): LoRA with peft's adapters in fp32, or every weight
 CPU_TABLE = [
     ("llama gqa r64 q,v (peft's default), eager", LLAMA, dict(lora_rank=64)),
     ("llama gqa r64 all, sdpa", LLAMA,
@@ -109,12 +131,26 @@ CPU_TABLE = [
      dict(lora_rank=32, lora_targets=ALL_LLAMA, attention="flash")),
     ("llama tied r16 q,v, attention dropout, eager",
      {**LLAMA, "tie_word_embeddings": True, "attention_dropout": 0.1}, dict(lora_rank=16)),
+    # full fine-tuning of the bf16 weights: bf16 gradients, AdamW state and temporaries;
+    # the wide steps at micro-batch 1 peak at the optimizer step or the backward's end
+    ("full: llama gqa, eager", LLAMA, dict()),
+    ("full: llama gqa, sdpa, accumulation 2", LLAMA, dict(attention="flash", accumulation=2)),
+    ("full: llama gqa, checkpointing, eager", LLAMA, dict(recompute="full")),
+    ("full: qwen2, padded batch, fused AdamW, sdpa", {**LLAMA, "model_type": "qwen2"},
+     dict(attention="flash", optimizer_impl="fused", padded_batch=True)),
+    ("full: llama tied, momentum, eager", {**LLAMA, "tie_word_embeddings": True},
+     dict(optimizer="momentum", micro_batch=1)),
+    ("full: wide llama, B=1, AdamW (optimizer-bound)", WIDE, dict(micro_batch=1, seq_len=16)),
+    ("full: wide llama tied, B=1, foreach AdamW", {**WIDE, "tie_word_embeddings": True},
+     dict(micro_batch=1, seq_len=16, optimizer_impl="foreach")),
+    ("full: wide llama tied, B=1, accumulation 2 (backward's end)",
+     {**WIDE, "tie_word_embeddings": True}, dict(micro_batch=1, seq_len=16, accumulation=2)),
 ]
 
 
 @needs_peft
 @pytest.mark.parametrize("name, data, knobs", [pytest.param(*c, id=c[0]) for c in CPU_TABLE])
-def test_each_lora_step_on_bf16_weights_matches_peft_on_this_cpu(name, data, knobs):
+def test_each_step_on_bf16_weights_matches_the_cpu(name, data, knobs):
     from engine.budget.torch_step import measure_step
     start = dict(micro_batch=2, seq_len=64, optimizer_impl="for-loop", backend="cpu", **BF16)
     cfg = bm.config_from_hf(data, **{**start, **knobs})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
 from .lora import quantized_bytes, quantized_weights, trainable_parameters
-from .weights_dtype import bf16_weights, frozen_weight_bytes
+from .weights_dtype import bf16_weights, frozen_weight_bytes, training_bytes
 
 
 # ----------------------------------------------------------------- parameters
@@ -176,9 +176,9 @@ def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     P, T = parameter_count(cfg), trainable_parameter_count(cfg)
     frozen = P if cfg.lora_rank else 0
     fixed = {k: (T + (frozen if k == "weights" else 0)) * b
-             for k, b in bytes_per_parameter(cfg.precision, cfg.optimizer,
-                                             cfg.grad_precision, cfg.autocast).items()}
-    if bf16_weights(cfg):  # loaded in bf16: the frozen model's weights 2 bytes each
+             for k, b in training_bytes(cfg, bytes_per_parameter(
+                 cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast)).items()}
+    if bf16_weights(cfg) and cfg.lora_rank:  # the frozen model's weights 2 bytes each
         fixed["weights"] = frozen * frozen_weight_bytes(cfg) + T * fixed["weights"] // (P + T)
     if cfg.qlora:  # the blocks' linear weights in 4 bits instead
         per = fixed["weights"] // (P + T)

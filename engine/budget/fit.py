@@ -23,7 +23,6 @@ from .activations import activations
 from .config import BudgetConfig, BudgetError
 from .counts import parameter_count
 from .knobs import MAX_BATCH, MAX_COUNT, ZERO_STAGES
-from .weights_dtype import bf16_weights
 
 
 @dataclass(frozen=True)
@@ -144,9 +143,8 @@ def device_fit(cfg: BudgetConfig, name: str, memory: int, flops_per_second: floa
     if memory:
         answers = fit_answers(cfg, usable)
         del answers["fits"]     # the verdict below reads the peak it was given
-        # a full fine-tune over bf16 weights is not modelled (engine.budget.weights_dtype)
         answers["full_fine_tuning"] = (fit_answers(without_adapters(cfg), usable)
-                                       if cfg.lora_rank and not bf16_weights(cfg) else None)
+                                       if cfg.lora_rank else None)
     return DeviceFit(
         device=name, memory=memory, flops_per_second=flops_per_second, peak=peak,
         headroom=cfg.headroom, fits=(peak <= usable) if memory else None, **answers,

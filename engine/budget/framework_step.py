@@ -34,7 +34,7 @@ from .real_step import (FP32, block_biases, block_saved, block_weights, compute_
                         kept_output_terms, mask_bytes, outside_saved, sdpa_gets_mask,
                         vocab_fp32_bytes)
 from .sharding import per_device_fixed
-from .weights_dtype import hidden_bytes
+from .weights_dtype import BF16, bf16_weights, hidden_bytes, trains_bf16, training_bytes
 
 
 RNG_STATE_BYTES = 5056  # torch.get_rng_state(): the CPU generator's state
@@ -78,6 +78,8 @@ def autocast_cache_bytes(cfg: BudgetConfig) -> int:
         return 0
     if cfg.lora_rank:
         return lora.autocast_cache_bytes(cfg)
+    if bf16_weights(cfg):  # a bf16 weight or bias is used as it is: nothing cast
+        return 0
     lo = compute_bytes(cfg)
     all_casts = cfg.n_layer * (block_weights(cfg) + block_biases(cfg)) * lo
     kept_casts = 0 if cfg.recompute == "full" else cfg.n_layer * block_weights(cfg) * lo
@@ -129,8 +131,8 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     earlier = ([("gradients of earlier micro-batches", fixed["gradients"])]
                if cfg.accumulation > 1 else [])
     vocab = vocab_fp32_bytes(cfg)
-    grad_bytes = bytes_per_parameter(cfg.precision, cfg.optimizer, cfg.grad_precision,
-                                     cfg.autocast)["gradients"]
+    grad_bytes = training_bytes(cfg, bytes_per_parameter(
+        cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast))["gradients"]
     fwd_end = [*resident, *earlier,
                ("saved by the forward", "saved by the forward (but the loss's)", saved - vocab),
                ("loss", "log_softmax output (fp32)", vocab),
@@ -160,12 +162,13 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     tensors = opt.trainable_tensors(cfg)
     end = opt.backward_end_terms([t.numel for t in tensors], grad_bytes, tensors[0].numel,
                                  cfg.tied_embedding and not cfg.lora_rank,
-                                 cfg.accumulation > 1, cfg.autocast)
+                                 cfg.accumulation > 1, cfg.autocast and not bf16_weights(cfg))
     found.append(M.moment(M.BACKWARD_END, [*resident, *_tag(end, "backward's last gradients"),
                                            *_output(cfg, device, first_step, M.BACKWARD_END)]))
     impl = cfg.resolved_optimizer_impl
     temporaries = opt.optimizer_temporaries(
-        cfg.optimizer, impl, opt.param_groups(cfg, tensors), FP32) if impl else []
+        cfg.optimizer, impl, opt.param_groups(cfg, tensors),
+        BF16 if trains_bf16(cfg) else FP32) if impl else []
     found.append(M.moment(M.OPTIMIZER_STEP, [
         ("weights", weights), ("gradients", fixed["gradients"]),
         ("optimizer state", fixed["optimizer state"]),

@@ -291,6 +291,8 @@ def lora_outside(cfg, outside: list[Saved]) -> list[Saved]:
             continue
         if item.op == "embedding dropout" and not input_requires_grad(cfg):
             continue
+        if item.op == "final rms norm" and item.tensor.startswith("x / rms"):
+            continue  # an entry of its own (over bf16 weights): the gain's alone
         if item.op == "final rms norm" and "x / rms" in item.tensor:
             item = replace(item, tensor="1/rms", elements=cfg.micro_batch * cfg.seq_len)
         out.append(item)

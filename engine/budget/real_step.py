@@ -248,11 +248,15 @@ def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     # matmuls that read its output casts its own 16-bit copy (autocast caches
     # casts of weights only), in fp32 they all read one tensor.
 
+    # over bf16 weights x / rms is cast back to bf16 for the gain, whose product
+    # keeps that copy, and the matmuls read the bf16 output as it is
+    x_normed = "x / rms (fp32)" if not bf16_weights(cfg) else "x / rms (bf16 copy)"
+
     def norm(which: str, readers: int, what: str) -> list[Saved]:
         items = [Saved(f"rms norm {which}", "input (the residual stream, fp32)", n * h, FP32),
                  Saved(f"rms norm {which}", "1/rms, one per token", n, FP32),
-                 Saved(f"rms norm {which}", "x / rms (fp32)", n * h, FP32)]
-        copies = readers if cfg.autocast else 1
+                 Saved(f"rms norm {which}", x_normed, n * h, hidden_bytes(cfg))]
+        copies = readers if cfg.autocast and not bf16_weights(cfg) else 1
         return items + [Saved(what, "input (the norm's output)" if copies == 1
                               else f"input, one 16-bit copy per matmul", copies * n * h, lo)]
     items = norm("1", 3, "q/k/v matmuls")
@@ -308,7 +312,7 @@ def block_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     """Everything one block keeps for its backward, the weights' 16-bit
     copies included under autocast."""
     items = llama_block(cfg, device) if cfg.architecture == "llama" else gpt2_block(cfg, device)
-    if cfg.autocast:
+    if cfg.autocast and not bf16_weights(cfg):
         items.append(Saved("block matmuls", "weights, 16-bit copies", block_weights(cfg),
                            compute_bytes(cfg)))
     return items
@@ -326,7 +330,7 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
                            mask_bytes(cfg, device, FP32), until_end=True))
     if cfg.architecture == "llama":
         items += [Saved("final rms norm", "input (fp32)", n * h, FP32),
-                  Saved("final rms norm", "1/rms and x / rms", n + n * h, FP32),
+                  *_final_rms(cfg),
                   _rotary(cfg)]
     else:
         items += [Saved("final layer norm", "input (fp32)", n * h, FP32),
@@ -343,6 +347,15 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     if cfg.activation_model == "hf":  # the labels, shifted by one: a new int64 tensor
         items.append(Saved("cross-entropy", "shifted labels (int64)", n, INDEX))
     return items
+
+
+def _final_rms(cfg: BudgetConfig) -> list[Saved]:
+    """The final RMSNorm's 1/rms and x / rms (fp32, or a bf16 copy over bf16 weights)."""
+    n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
+    if not bf16_weights(cfg):
+        return [Saved("final rms norm", "1/rms and x / rms", n + n * h, FP32)]
+    return [Saved("final rms norm", "1/rms", n, FP32),
+            Saved("final rms norm", "x / rms (bf16 copy)", n * h, hidden_bytes(cfg))]
 
 
 def _rotary(cfg: BudgetConfig) -> Saved:

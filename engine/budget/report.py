@@ -6,7 +6,7 @@ from decimal import Decimal
 from .config import MASTER_BYTES
 from .devices import GiB
 from .lora import target_names
-from .weights_dtype import bf16_weights
+from .weights_dtype import bf16_weights, trains_bf16, training_bytes
 from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
 from .total import Budget
 
@@ -78,7 +78,7 @@ def describe(b: Budget) -> str:
         + (f" per device, {b.tokens_per_step_all_devices:,} over {c.devices} devices"
            if c.devices > 1 else ""),
         (f"policy     torch.autocast to {c.precision} over {c.weights_dtype} weights, "
-         f"fp32 gradients"
+         f"{'bf16' if trains_bf16(c) else 'fp32'} gradients"
          if c.autocast else
          f"policy     {c.precision} storage"
          + (" + fp32 master weights" if MASTER_BYTES[c.precision] else "") + f", {grads}")
@@ -94,7 +94,8 @@ def describe(b: Budget) -> str:
         row = [b.flops[w][k] for w in ("per_token", "per_micro_batch", "per_step")]
         lines.append(f"  {k:<10}" + "".join(f"{human_flops(v):>{w}}"
                                             for v, w in zip(row, (14, 18, 16))))
-    bpp = bytes_per_parameter(c.precision, c.optimizer, c.grad_precision, c.autocast)
+    bpp = training_bytes(c, bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
+                                                c.autocast))
     sharded = c.devices > 1 and c.zero > 0
     lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices)"
                               if c.devices > 1 else
@@ -103,7 +104,7 @@ def describe(b: Budget) -> str:
     per = "param" if not c.lora_rank else "trainable param"
     for k, v in b.fixed_per_device.items():
         note = f"({bpp[k]} bytes/{'param' if k == 'weights' else per}"
-        if k == "weights" and bf16_weights(c):  # loaded in bf16, peft's adapters in fp32
+        if k == "weights" and bf16_weights(c) and c.lora_rank:  # peft's adapters in fp32
             note = f"(2 bytes/frozen param, {bpp[k]} bytes/trainable param"
         if sharded and v != b.fixed[k]:
             note += f"; 1/{c.devices} of {human_bytes(b.fixed[k])}"

@@ -3,31 +3,38 @@ what changes in a Hugging Face step when its weights are 16-bit leaves.
 
 The usual LoRA recipe loads the base model in bf16, lets peft keep the adapters
 in fp32 (`get_peft_model`'s `autocast_adapter_dtype=True`) and trains under
-transformers' `bf16=True`, which is `torch.autocast` to bf16. Against the same
-step over fp32 weights, read from torch, transformers and peft and confirmed
-with the CPU allocator's memory events (`tests/test_budget_weights_dtype.py`):
+transformers' `bf16=True`, which is `torch.autocast` to bf16; a pure-bf16 full
+fine-tune trains the bf16 weights themselves. Against the same step over fp32
+weights, read from torch, transformers and peft and confirmed with the CPU
+allocator's memory events (`tests/test_budget_weights_dtype.py`):
 
-1. The frozen weights are 2 bytes each; the adapters, their gradients and
-   AdamW's state stay fp32 (4, 4 and 8 bytes per adapter weight).
-2. autocast casts nothing for a bf16 weight: no frozen matmul keeps a 16-bit
-   copy of its weight, the head's included. The adapters' fp32 weights are still
-   cast and cached, and each adapter still casts its input to fp32 (peft) and
-   back (autocast): those terms are unchanged.
-3. The rotary embedding hands back cos and sin in the hidden states' dtype
-   (`LlamaRotaryEmbedding.forward`: `cos.to(dtype=x.dtype)`), so the copies the
-   rotation keeps are bf16, not fp32.
-4. Everything else a LLaMA block keeps has the same size: RMSNorm upcasts its
-   input to fp32 (`hidden_states.to(torch.float32)`: the copy its pow and
-   product keep) and casts x / rms back before the gain, the matmuls already
-   produced bf16, eager attention's softmax runs in fp32 (`dtype=torch.float32`)
-   and is cast back for P @ V, and the loss upcasts the bf16 logits to fp32.
+1. The weights are 2 bytes each. Under LoRA the adapters, their gradients and
+   AdamW's state stay fp32 (4, 4 and 8 bytes per adapter weight). A full
+   fine-tune has no fp32 master: gradients and optimizer state take the
+   parameter's dtype (AdamW: 2 + 2 + 4 = 8 bytes per parameter) and the
+   optimizer's temporaries are bf16 too.
+2. autocast casts nothing for a bf16 weight: no matmul keeps a 16-bit copy of
+   its weight, the head's included, and the autocast cache holds nothing. The
+   adapters' fp32 weights are still cast and cached, and each adapter still
+   casts its input to fp32 (peft) and back (autocast): those terms are unchanged.
+   With no cast, a tied head's gradient contribution is a transposed view, summed
+   out of place with the embedding's, as in an fp32 step without autocast.
+3. The hidden states are bf16: the rotary embedding hands back cos and sin in
+   their dtype (`cos.to(dtype=x.dtype)`), eager attention's dropout draws a
+   bf16 mask on the CPU, checkpointing keeps each block's bf16 input and eager
+   attention's mask in the model's dtype.
+4. RMSNorm upcasts its input to fp32 (`hidden_states.to(torch.float32)`: the
+   copy its pow and product keep) and casts x / rms back to bf16 before the gain:
+   the gain's product keeps that bf16 copy (a trained gain only), and the
+   matmuls that read the norm's output read one bf16 tensor, not a copy each.
+   Eager attention's softmax still runs in fp32 (`dtype=torch.float32`) and is
+   cast back for P @ V, and the loss still upcasts the bf16 logits to fp32.
 
-Modelled only where measured: LoRA over a LLaMA-shaped model (LLaMA, Qwen2,
-Mistral, Qwen3 configs) under precision bf16. GPT-2 in bf16 differs more (its
+Modelled only where measured: LLaMA-shaped models (LLaMA, Qwen2, Mistral,
+Qwen3 configs) under precision bf16. GPT-2 in bf16 differs more (its
 LayerNorm keeps bf16 input and statistics on the CPU but runs on CUDA's fp32
-list, and its eager softmax follows the bf16 mask), full fine-tuning keeps bf16
-gradients and optimizer state, and bf16 weights without autocast run every op
-in bf16: each is refused by name until it is measured.
+list, and its eager softmax follows the bf16 mask), and bf16 weights without
+autocast run every op in bf16: each is refused by name until it is measured.
 """
 from __future__ import annotations
 
@@ -51,6 +58,20 @@ def frozen_weight_bytes(cfg) -> int:
     return WEIGHTS_DTYPE_BYTES[getattr(cfg, "weights_dtype", "fp32")]
 
 
+def trains_bf16(cfg) -> bool:
+    """Whether the trained parameters are bf16 (a full fine-tune of a bf16 model):
+    their gradients, the optimizer's state and its math are bf16 too."""
+    return bf16_weights(cfg) and not cfg.lora_rank
+
+
+def training_bytes(cfg, fp32_bytes: dict[str, int]) -> dict[str, int]:
+    """Bytes per trained parameter of each fixed buffer, from those over fp32 weights:
+    halved (no fp32 master) when the trained parameters are bf16."""
+    if not trains_bf16(cfg):
+        return fp32_bytes
+    return {k: v * BF16 // 4 for k, v in fp32_bytes.items()}
+
+
 def problem(cfg) -> str | None:
     """None when `cfg`'s weights dtype is modelled, else a sentence naming what
     was not measured and what to choose instead."""
@@ -65,10 +86,6 @@ def problem(cfg) -> str | None:
         return (f"{head} with precision={cfg.precision!r}: only the Trainer's bf16=True "
                 f"(torch.autocast to bf16 over the bf16 weights) was measured; choose "
                 f"precision 'bf16', or weights_dtype 'fp32'.")
-    if not cfg.lora_rank:
-        return (f"{head} with full fine-tuning (lora_rank 0): bf16 gradients and "
-                f"the optimizer's state were not measured; set lora_rank (e.g. 16), or "
-                f"weights_dtype 'fp32'.")
     if cfg.qlora:
         return (f"{head} with qlora: the 4-bit layers' step over bf16 weights was not "
                 f"measured; leave qlora unset, or weights_dtype 'fp32'.")
