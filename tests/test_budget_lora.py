@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import engine.budget as bm
+from budget_step_tools import assert_cpu_step_as_predicted
 from engine.budget import lora, real_step_activations
 from engine.budget import optimizer_step as opt
 from engine.budget.cli import main
@@ -203,13 +204,5 @@ CASES = ([pytest.param(*case, id=case[0]) for case in CPU_TABLE]
 @needs_peft
 @pytest.mark.parametrize("name, data, knobs", CASES)
 def test_each_lora_step_matches_peft_on_this_cpu(name, data, knobs):
-    from engine.budget.torch_step import measure_step
     start = dict(micro_batch=2, seq_len=64, optimizer_impl="for-loop", backend="cpu", **HF)
-    cfg = bm.config_from_hf(data, **{**start, **knobs})
-    m = measure_step(cfg, device="cpu")
-    assert m.config == cfg, "the CPU ran another step than the one predicted"
-    acts = real_step_activations(cfg, device="cpu")
-    assert m.weights == fixed_bytes(cfg)["weights"]
-    assert acts.saved == pytest.approx(m.activations, rel=0.05)
-    assert bm.budget(cfg).fixed_total + acts.peak == pytest.approx(m.peak, rel=0.05)
-    assert acts.step.first_step_peak_moment.bytes == pytest.approx(m.peak_first_step, rel=0.05)
+    assert_cpu_step_as_predicted(bm.config_from_hf(data, **{**start, **knobs}))

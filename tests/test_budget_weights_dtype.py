@@ -9,6 +9,7 @@ import json
 import pytest
 
 import engine.budget as bm
+from budget_step_tools import assert_cpu_step_as_predicted
 from engine.budget import lora, real_step_activations
 from engine.budget.cli import main
 from engine.budget.counts import fixed_bytes, parameter_count
@@ -151,13 +152,5 @@ CPU_TABLE = [
 @needs_peft
 @pytest.mark.parametrize("name, data, knobs", [pytest.param(*c, id=c[0]) for c in CPU_TABLE])
 def test_each_step_on_bf16_weights_matches_the_cpu(name, data, knobs):
-    from engine.budget.torch_step import measure_step
     start = dict(micro_batch=2, seq_len=64, optimizer_impl="for-loop", backend="cpu", **BF16)
-    cfg = bm.config_from_hf(data, **{**start, **knobs})
-    m = measure_step(cfg, device="cpu")
-    assert m.config == cfg, "the CPU ran another step than the one predicted"
-    acts = real_step_activations(cfg, device="cpu")
-    assert m.weights == fixed_bytes(cfg)["weights"]
-    assert acts.saved == pytest.approx(m.activations, rel=0.05)
-    assert bm.budget(cfg).fixed_total + acts.peak == pytest.approx(m.peak, rel=0.05)
-    assert acts.step.first_step_peak_moment.bytes == pytest.approx(m.peak_first_step, rel=0.05)
+    assert_cpu_step_as_predicted(bm.config_from_hf(data, **{**start, **knobs}))
