@@ -1,12 +1,13 @@
-"""The child process `_vetting` starts: it loads one piece and checks it in its slot.
+"""The child process `_vetting` starts: it loads pieces and checks each in its slot.
 
-`main([name, path, function, at_save, fd, memory_bytes])` imports what a check needs,
-limits its address space to what the imports mapped plus `memory_bytes`, says "r" on
-the descriptor `fd` when it is ready, "c" and
+`main([fd, memory_bytes, pieces])` (`pieces` a JSON list of [name, path, function,
+at_save]) imports what a check needs once, limits its address space to what the imports
+mapped plus `memory_bytes`, says "r" on the descriptor `fd` when it is ready, "c" and
 "e" around every numba compilation (the parent's deadline does not count those), and
-ends with "v" and the verdict as JSON: null, or [kind, text] as
-`pieces.attempt_piece` gives them. The parent kills this process at its deadline; it
-never has to stop on its own.
+after each piece "v" and its verdict as JSON on one line: null, or [kind, text] as
+`pieces.attempt_piece` gives them. The pieces run one after the other in this one
+process, as the notebook's kernel would load them. The parent kills this process at its
+deadline; it never has to stop on its own.
 """
 from __future__ import annotations
 
@@ -61,9 +62,14 @@ class _Threads:
                 try:
                     return function(*args, **kwargs)
                 finally:
-                    self.raw.remove(token)
+                    if token in self.raw:
+                        self.raw.remove(token)
             return start(run, args, kwargs or {})
         _thread.start_new_thread = start_new_thread
+
+    def next_piece(self) -> None:
+        """Count from here: a thread an earlier piece left was that piece's refusal."""
+        self.before, self.raw[:] = set(threading.enumerate()), []
 
     def left_running(self) -> list[str]:
         alive = [t.name for t in threading.enumerate() if t not in self.before and t.is_alive()]
@@ -71,31 +77,32 @@ class _Threads:
 
 
 def main(args: list[str]) -> None:
-    name, path, function, at_save, fd, memory = args
-    fd = int(fd)
+    fd, memory, requests = int(args[0]), int(args[1]), json.loads(args[2])
     from pathlib import Path
 
     import engine  # noqa: F401  (the kernel has the engine imported when it loads a piece)
     from coursework import pieces, slots
-    if name in slots.TRAINER_SLOTS or name in slots.IN_SLOT_ONLY:
+    if any(name in slots.TRAINER_SLOTS or name in slots.IN_SLOT_ONLY for name, *_ in requests):
         import engine.trainer.model  # noqa: F401  (its import is start, not the piece's run)
     _say_when_compiling(fd)
-    _limit_memory(int(memory))
+    _limit_memory(memory)
     threads = _Threads()
     os.write(fd, b"r")
-    _, kind, text = pieces.attempt_piece(name, Path(path), function, at_save == "1",
-                                         timer=False)
-    if kind is None:
-        started = threads.left_running()
-        if started:
-            kind, text = "refused", (
-                f"your piece '{name}' starts a thread ({', '.join(started)}) that still runs "
-                f"after its check, and would run on in the notebook's kernel for the rest of "
-                f"the session. Do the work in the function itself")
-    for stream in (sys.stdout, sys.stderr):    # before the verdict: the parent then stops
-        try:                                   # reading the output
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os.write(fd, b"v" + json.dumps(None if kind is None else [kind, text]).encode() + b"\n")
+    for name, path, function, at_save in requests:
+        threads.next_piece()
+        _, kind, text = pieces.attempt_piece(name, Path(path), function, bool(at_save),
+                                             timer=False)
+        if kind is None:
+            started = threads.left_running()
+            if started:
+                kind, text = "refused", (
+                    f"your piece '{name}' starts a thread ({', '.join(started)}) that still "
+                    f"runs after its check, and would run on in the notebook's kernel for the "
+                    f"rest of the session. Do the work in the function itself")
+        for stream in (sys.stdout, sys.stderr):   # before the verdict: the parent may then
+            try:                                  # stop reading the output
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.write(fd, b"v" + json.dumps(None if kind is None else [kind, text]).encode() + b"\n")
     os._exit(0)

@@ -24,6 +24,10 @@ it from here:
   `os.fork`), starts a thread that outlives its check, or changes shared state
   (`_kernel_state`) is refused, with the reason.
 
+`vet_ahead(requests)` vets several pieces in one child, one after the other, as the
+kernel would load them: the child's imports (most of a second) are paid once. Its
+verdicts are kept only when the child answered for every piece and ended cleanly.
+
 The answer is None (the piece passed: the kernel loads it, still under `guarded`) or
 (kind, text) as `attempt_piece` answers: "load", "refused" or "slot". Verdicts are
 kept in this process's memory for the kernel's life, keyed by a hash of the piece's
@@ -49,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import _piece_guard
@@ -105,26 +110,73 @@ def vet(name: str, path: Path, function: str, at_save: bool = False):
 
 def _run_child(name: str, path: Path, function: str, at_save: bool):
     piece = f"your piece '{name}'"
+    with _child([(name, path, function, at_save)]) as started:
+        if isinstance(started, str):
+            return _unvetted(piece, started)
+        child, progress = started
+        watched = _Watch(child, progress).run(_piece_guard.PIECE_SECONDS, 1)
+        return _verdict(piece, child, watched)
+
+
+def vet_ahead(requests) -> None:
+    """Vet in one child, one after the other, every piece of `requests` ((name, path,
+    function) each, loaded as the kernel loads them, not at a save) that has no verdict
+    yet: one start of the engine's imports instead of one per piece, so a lesson that
+    loads several pieces waits about a second, not a second per piece. The verdicts are
+    kept only when the child ran every piece and ended cleanly; otherwise none is kept,
+    and each piece is vetted on its own when it is loaded, which names the one at fault.
+    Never raises."""
+    todo, keys = [], []
+    for name, path, function in requests:
+        try:
+            key = _key(name, Path(path), function, False)
+        except OSError:
+            continue
+        if key not in _VERDICTS and key not in keys:
+            todo.append((name, Path(path), function, False))
+            keys.append(key)
+    if len(todo) < 2 or not hasattr(os, "killpg"):
+        return                                # one piece: `vet` starts its own child
+    with _child(todo) as started:
+        if isinstance(started, str):
+            return
+        child, progress = started
+        watched = _Watch(child, progress).run(_piece_guard.PIECE_SECONDS, len(todo))
+        left = _end(child, kill=bool(watched.late or watched.written > OUTPUT_LIMIT))
+        watched.read_rest()
+    answers = [watched.answer(i) for i in range(len(todo))]
+    if (not left and child.returncode == 0 and len(watched.verdicts) == len(todo)
+            and not watched.pending and ... not in answers):
+        _VERDICTS.update(zip(keys, answers))
+
+
+@contextmanager
+def _child(requests):
+    """(child, the read end of its progress pipe) for a child vetting `requests` in a
+    scratch folder, or why no child could start; the pipe and the folder are let go after."""
     progress, report = os.pipe()
+    pieces = [[name, str(Path(path).resolve()), function, bool(at_save)]
+              for name, path, function, at_save in requests]
     with tempfile.TemporaryDirectory(prefix="backprop-vetting-") as scratch:
         try:
             child = subprocess.Popen(
-                [sys.executable, "-I", "-c", _CHILD, json.dumps(_import_path()), name,
-                 str(path.resolve()), function, "1" if at_save else "0", str(report),
-                 str(MEMORY_BYTES)],
+                [sys.executable, "-I", "-c", _CHILD, json.dumps(_import_path()), str(report),
+                 str(MEMORY_BYTES), json.dumps(pieces)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 pass_fds=(report,), cwd=scratch, start_new_session=True)
         except OSError as err:
             os.close(progress)
-            return _unvetted(piece, f"no process could be started: {err}")
+            yield f"no process could be started: {err}"
+            return
         finally:
             os.close(report)
         try:
-            watched = _Watch(child, progress).run(_piece_guard.PIECE_SECONDS)
+            yield child, progress
         finally:
+            if child.returncode is None:      # left early (an exception): end it here
+                _end(child, kill=True)
             os.close(progress)
             child.stdout.close()
-        return _verdict(piece, child, watched)
 
 
 def _import_path() -> list[str]:
@@ -156,21 +208,23 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 class _Watch:
-    """The child's progress (r: imported, c/e: a compilation starts/ends, v: the verdict)
-    and output, read until it answers, exits or runs out of time."""
+    """The child's progress (r: imported, c/e: a compilation starts/ends, v: a piece's
+    verdict, one line) and output, read until it has answered for every piece, exits or
+    runs out of time. Each piece's time, compile time and wait start again at zero."""
 
     def __init__(self, child, progress: int):
         self.child, self.progress, self.output = child, progress, child.stdout.fileno()
-        self.messages, self.shown, self.written = b"", b"", 0
+        self.verdicts: list[bytes] = []
+        self.pending, self.shown, self.written = b"", b"", 0
         self.ready = self.compiling = False
         self.waited = self.computed = self.compiled = 0.0
         self.late = None
 
-    def run(self, seconds: float) -> "_Watch":
+    def run(self, seconds: float, count: int) -> "_Watch":
         start = last = time.monotonic()
         cpu = last_cpu = 0.0
         open_fds = [self.progress, self.output]
-        while b"\n" not in self.messages.partition(b"v")[2]:
+        while len(self.verdicts) < count:
             readable, _, _ = select.select(open_fds, [], [], _TICK)
             now, cpu = time.monotonic(), _cpu_seconds(self.child.pid)
             if self.ready:
@@ -197,21 +251,41 @@ class _Watch:
         if not data:
             open_fds.remove(fd)
         elif fd == self.progress:
-            self.messages += data
-            for mark in data.partition(b"v")[0].decode("ascii", "replace"):
-                self.ready = self.ready or mark == "r"
-                self.compiling = {"c": True, "e": False}.get(mark, self.compiling)
+            self._progress(data)
         else:
             self.written += len(data)
             self.shown = (self.shown + data)[-2000:]
 
-    def answer(self):
-        """The verdict the child reported, or ... when it reported none."""
-        text = self.messages.partition(b"v")[2]
-        if b"\n" not in text:
+    def _progress(self, data: bytes) -> None:
+        self.pending += data
+        while self.pending:
+            if self.pending[:1] == b"v":
+                line, newline, rest = self.pending[1:].partition(b"\n")
+                if not newline:
+                    return                    # the rest of the line is still on its way
+                self.verdicts.append(line)
+                self.pending = rest
+                self.waited = self.computed = self.compiled = 0.0
+                continue
+            mark, self.pending = chr(self.pending[0]), self.pending[1:]
+            self.ready = self.ready or mark == "r"
+            self.compiling = {"c": True, "e": False}.get(mark, self.compiling)
+
+    def read_rest(self) -> None:
+        """What the child wrote after its last awaited verdict (it has ended)."""
+        os.set_blocking(self.progress, False)
+        try:
+            while data := os.read(self.progress, 1 << 16):
+                self.pending += data
+        except (BlockingIOError, OSError):
+            pass
+
+    def answer(self, i: int = 0):
+        """Piece i's verdict as the child reported it, or ... when it reported none."""
+        if i >= len(self.verdicts):
             return ...
         try:
-            answer = json.loads(text.partition(b"\n")[0])
+            answer = json.loads(self.verdicts[i])
             return None if answer is None else (str(answer[0]), str(answer[1]))
         except (ValueError, TypeError, IndexError):
             return ...

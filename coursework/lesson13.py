@@ -23,13 +23,15 @@ from contextlib import contextmanager
 import numpy as np
 
 from ._core import ExerciseError, attempt, passed
-from .pieces import piece_for_slot, piece_or_engine
+from .pieces import piece_for_slot, piece_or_engine, vet_saved_pieces
 from .slots import (ADAPTERS, TRAINER_SLOTS, SegmentAdamW, accumulated_gradient, engine_clip,
                     seconds)
 
 EX_STEP = "13.1 (train_step)"
 
 # piece name -> (exercise that saves it, what it replaces in the trainer)
+# the pieces this lesson loads further down, where they run: vetted with the slots' pieces
+LATER_PIECES = ("checkpoint_peak", "to_bf16")
 TRAINER_PIECES = {name: (exercise, role) for name, (exercise, role, _) in TRAINER_SLOTS.items()}
 
 
@@ -134,6 +136,7 @@ def plug_in_pieces(engine_for=()) -> Trainer:
         raise ValueError(f"ENGINE_FOR names {', '.join(map(repr, unknown))}, which is not a "
                          f"slot of the trainer; the slots are "
                          f"{', '.join(map(repr, TRAINER_SLOTS))}.")
+    vet_saved_pieces([name for name in (*TRAINER_SLOTS, *LATER_PIECES) if name not in engine_for])
     pieces, skipped = {}, {}
     for name, (exercise, _, kernel) in TRAINER_SLOTS.items():
         if kernel is not None:

@@ -53,7 +53,7 @@ import numpy as np
 
 from ._core import ExerciseError
 from ._piece_guard import PieceRefused, _Deadline, guarded
-from ._vetting import UNVETTED, vet
+from ._vetting import UNVETTED, vet, vet_ahead
 
 COURSE = Path(__file__).resolve().parents[1] / "course"
 _SOLUTION_RUN_DIR: Path | None = None
@@ -467,6 +467,16 @@ def piece_for_slot(name: str):
     if kind is None:
         return fn, None
     return None, f"yours does not load: {text}" if kind == "load" else f"yours was skipped: {text}"
+
+
+def vet_saved_pieces(names) -> None:
+    """Vet the saved pieces among `names` together, in one child process
+    (`_vetting.vet_ahead`), so that the loads that follow find their verdicts ready: a
+    lesson that plugs in several pieces starts the engine's imports once, not per piece."""
+    folder = pieces_dir()
+    index = _read_index(folder)
+    vet_ahead([(name, folder / f"{name}.py", index[name]["function"]) for name in names
+               if name in index and (folder / f"{name}.py").is_file()])
 
 
 def piece_or_engine(name: str, exercise: str, engine_version, fallback: str = "the engine's"):

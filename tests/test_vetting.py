@@ -171,7 +171,7 @@ def test_a_verdict_is_kept_in_memory_only_and_a_changed_file_is_vetted_again(fol
 
 def test_a_piece_that_forges_the_child_s_verdict_and_hangs_is_refused(folder):
     """The child's answer counts only when the child then ends by itself."""
-    forge = ("import os, sys\nos.write(int(sys.argv[6]), b'vnull\\n')\n"
+    forge = ("import os, sys\nos.write(int(sys.argv[2]), b'vnull\\n')\n"
              "while True:\n    pass\n")
     fn, owner = _owner_within_seconds(folder, forge + RIGHT)
     assert owner.startswith(SKIPPED + "did not let the process end after its check"), owner
@@ -228,3 +228,63 @@ def test_a_piece_that_waits_forever_is_stopped_on_the_clock(folder):
     fn, owner = _owner_within_seconds(folder, body)
     assert owner.startswith(SKIPPED + "ran longer than 2 s and was stopped (it waited 6 s"), \
         owner
+
+
+# ------------------------------------------------------------------ several pieces, one child
+FUNCTION = "central_difference_gradient"
+THREAD = ("import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], "
+          "daemon=True, name='spinner').start()\n")
+
+
+def _saved(folder, bodies: dict) -> list:
+    for name, body in bodies.items():
+        _save_raw(folder, name, body, function=FUNCTION)
+    return [(name, folder / f"{name}.py", FUNCTION) for name in bodies]
+
+
+def _children(monkeypatch) -> list:
+    """The children vetting starts from here on, one entry each."""
+    started, popen = [], _vetting.subprocess.Popen
+
+    def counted(*args, **kwargs):
+        started.append(args)
+        return popen(*args, **kwargs)
+    monkeypatch.setattr(_vetting.subprocess, "Popen", counted)
+    return started
+
+
+def test_pieces_vetted_ahead_share_one_child_and_their_loads_start_none(folder, monkeypatch):
+    requests = _saved(folder, {"piece_a": RIGHT, "piece_b": THREAD + RIGHT, "piece_c": RIGHT})
+    started = _children(monkeypatch)
+    _vetting.vet_ahead(requests)
+    assert len(started) == 1
+    verdicts = [_vetting.vet(*request) for request in requests]
+    assert len(started) == 1                       # every load found its verdict ready
+    assert verdicts[0] is None and verdicts[2] is None     # b's thread is b's alone
+    assert verdicts[1][0] == "refused" and "starts a thread (spinner)" in verdicts[1][1]
+
+
+@pytest.mark.parametrize("trouble", ["a hang", "an extra verdict", "an exit"])
+def test_a_batch_that_does_not_end_cleanly_keeps_no_verdict_and_each_piece_is_vetted_alone(
+        folder, monkeypatch, trouble):
+    body = {"a hang": "while True:\n    pass\n",
+            "an extra verdict": "import os, sys\nos.write(int(sys.argv[2]), b'vnull\\n')\n",
+            "an exit": "import os\nos._exit(0)\n"}[trouble]
+    requests = _saved(folder, {"piece_a": RIGHT, "piece_b": body + RIGHT, "piece_c": RIGHT})
+    started = _children(monkeypatch)
+    _vetting.vet_ahead(requests)
+    assert len(started) == 1 and _vetting._VERDICTS == {}
+    assert _vetting.vet(*requests[0]) is None and _vetting.vet(*requests[2]) is None
+    assert len(started) == 3
+    if trouble != "an extra verdict":            # a forged verdict fools one piece's child
+        assert _vetting.vet(*requests[1])[0] == "refused"
+
+
+def test_lesson_13_vets_every_piece_it_loads_in_its_one_batch():
+    """The pieces lesson 13 loads after plugging in the slots are in LATER_PIECES."""
+    import re
+    from pathlib import Path
+    from coursework import lesson13
+    source = Path(lesson13.__file__).read_text()
+    loaded = set(re.findall(r'piece_or_engine\("(\w+)"', source))
+    assert loaded and loaded <= set(lesson13.LATER_PIECES)
