@@ -208,6 +208,76 @@ def _xent_case(exercise, fn, logits, targets):
     return loss, buf
 
 
+def _xent_loss_diagnosis(loss, logits, targets, buf) -> str:
+    """The slip behind a wrong loss on ordinary logits, named without the formula."""
+    n = logits.shape[0]
+    rows = np.arange(n)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_total = np.log(np.exp(shifted).sum(axis=1))
+    per_row = log_total - shifted[rows, targets]
+    if math.isclose(loss, float(np.mean(log_total + logits.max(axis=1) - buf[rows, targets])),
+                    rel_tol=1e-9):
+        return ("the target's logit was read after the row had been overwritten with its "
+                "gradient; read it first.")
+    if math.isclose(loss, float(np.mean(log_total - logits[rows, targets])), rel_tol=1e-9):
+        return ("the shift subtracted before exp never came back into the loss: the loss of "
+                "a row does not depend on how its logits were shifted.")
+    if math.isclose(loss, float(np.median(per_row)), rel_tol=1e-9):
+        return "this is the median of the row losses; the loss is their mean."
+    if math.isclose(loss, float(per_row[0]), rel_tol=1e-9):
+        return "this is the first row's loss alone; the loss is the mean over all N rows."
+    return (f"the row losses should average to {float(np.mean(per_row)):.8g} (the first row's "
+            f"is {float(per_row[0]):.8g}): work out one row by hand, as the negative log of "
+            f"the target's softmax probability, and compare it with your loop's.")
+
+
+def _xent_gradient_diagnosis(buf, want_grad, targets) -> str:
+    """The slip behind a wrong gradient left in the buffer, named without the formula."""
+    n = buf.shape[0]
+    probs = want_grad * n
+    onehot = np.zeros_like(probs)
+    onehot[np.arange(n), targets] = 1.0
+    probs += onehot
+    if np.allclose(buf, want_grad * n, rtol=1e-9, atol=1e-12):
+        hint = ("this is the gradient of the summed loss: divide every entry by N, the "
+                "number of rows, because the loss you return is the mean.")
+    elif np.allclose(buf, probs / n, rtol=1e-9, atol=1e-12):
+        hint = "subtract 1/N at each row's target: the gradient is (softmax - onehot) / N."
+    elif np.allclose(buf, probs, rtol=1e-9, atol=1e-12):
+        hint = ("the buffer holds the probabilities: subtract the one-hot target and "
+                "divide by N to turn them into the gradient.")
+    elif np.allclose(buf, -want_grad, rtol=1e-9, atol=1e-12):
+        hint = "the sign is flipped: the gradient is (softmax - onehot) / N."
+    else:
+        err = np.abs(buf - want_grad)
+        i = np.unravel_index(int(np.argmax(err)), err.shape)
+        hint = (f"at {tuple(int(k) for k in i)} you have {buf[i]:.6g}, expected "
+                f"{want_grad[i]:.6g}. Work that entry out by hand from its row and "
+                f"compare it with each quantity your loop computes on the way.")
+    return hint
+
+
+def _xent_stability_cases(rng):
+    """(logits, targets, the slip it exposes): rows a shift for the whole batch, a shift
+    smaller than the row's maximum, or a log taken of a probability gets wrong."""
+    v = 11
+    levels = np.array([[1000.0], [-1000.0]]) + rng.normal(0.0, 2.0, size=(2, v))
+    spread = np.linspace(0.0, 800.0, v)[None, :]
+    return [
+        (levels, np.array([3, 7]),
+         "two rows, one with logits near +1000 and one near -1000, give inf or nan or the "
+         "wrong loss: a shift shared by the whole batch leaves the low row's exps all 0. "
+         "Each row needs a shift of its own."),
+        (spread.copy(), np.array([v - 1]),
+         "a row whose logits rise from 0 to 800 (its first logit the smallest) gives inf or "
+         "nan: a shift below the row's largest logit lets that exp overflow."),
+        (spread.copy(), np.array([0]),
+         "a row whose target logit is 800 below its largest gives an infinite loss: the "
+         "target's probability underflows to 0 before its log is taken. Its loss is a plain "
+         "800 (and a little): work in the log domain, not through the probability."),
+    ]
+
+
 def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
     """The mean loss is returned; the buffer ends up holding (softmax - onehot) / N."""
     rng = np.random.default_rng(102)
@@ -230,34 +300,14 @@ def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
         elif math.isclose(loss, -want_loss, rel_tol=1e-9):
             hint = "the sign is flipped: the loss is log(sum exp) + max - logits[target]."
         else:
-            hint = ("per row, loss = log(sum_j exp(l_j - m)) + m - l_target with m the row "
-                    "max; read l_target before you overwrite the row.")
+            hint = _xent_loss_diagnosis(loss, logits, targets, buf)
         raise ExerciseError(EX_XENT, f"the loss is {loss:.8g}, expected {want_loss:.8g}; {hint}")
     if np.allclose(buf, logits):
         raise ExerciseError(EX_XENT, "the loss is right but `logits` still holds the logits. "
                                      "The fused kernel overwrites them with the gradient "
                                      "(softmax - onehot) / N, so no second (N, V) array exists.")
     if not np.allclose(buf, want_grad, rtol=1e-9, atol=1e-12):
-        probs = want_grad * n
-        onehot = np.zeros_like(probs)
-        onehot[np.arange(n), targets] = 1.0
-        probs += onehot
-        if np.allclose(buf, want_grad * n, rtol=1e-9, atol=1e-12):
-            hint = ("this is the gradient of the summed loss: divide every entry by N, the "
-                    "number of rows, because the loss you return is the mean.")
-        elif np.allclose(buf, probs / n, rtol=1e-9, atol=1e-12):
-            hint = "subtract 1/N at each row's target: the gradient is (softmax - onehot) / N."
-        elif np.allclose(buf, probs, rtol=1e-9, atol=1e-12):
-            hint = ("the buffer holds the probabilities: subtract the one-hot target and "
-                    "divide by N to turn them into the gradient.")
-        elif np.allclose(buf, -want_grad, rtol=1e-9, atol=1e-12):
-            hint = "the sign is flipped: the gradient is (softmax - onehot) / N."
-        else:
-            err = np.abs(buf - want_grad)
-            i = np.unravel_index(int(np.argmax(err)), err.shape)
-            hint = (f"at {tuple(int(k) for k in i)} you have {buf[i]:.6g}, expected "
-                    f"{want_grad[i]:.6g}. Every entry is exp(l - m) / sum / N, minus 1/N "
-                    f"at the target.")
+        hint = _xent_gradient_diagnosis(buf, want_grad, targets)
         raise ExerciseError(EX_XENT, f"the gradient left in `logits` is wrong; {hint}")
     # numerical stability: logits of a thousand overflow exp in float64
     big = logits * 50.0 + 1000.0
@@ -270,8 +320,14 @@ def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
     if not (math.isclose(float(loss), want_loss, rel_tol=1e-9)
             and np.allclose(buf, want_grad, rtol=1e-9, atol=1e-12)):
         raise ExerciseError(EX_XENT, "with logits near 1000 the result drifts from the "
-                                     "reference; subtract the row maximum m before exp and add "
-                                     "it back in the loss: log(sum exp(l - m)) + m - l_target.")
+                                     "reference: the shift subtracted before exp must come "
+                                     "back into the loss, exactly once.")
+    for case_logits, case_targets, why in _xent_stability_cases(rng):
+        want_loss, want_grad = softmax_cross_entropy_reference(case_logits, case_targets)
+        loss, buf = _xent_case(EX_XENT, softmax_cross_entropy_fused, case_logits, case_targets)
+        if not (math.isclose(float(loss), want_loss, rel_tol=1e-9)
+                and np.allclose(buf, want_grad, rtol=1e-9, atol=1e-12)):
+            raise ExerciseError(EX_XENT, why)
     # float32 buffer, more rows than threads, int32 targets
     l32 = rng.normal(0.0, 3.0, size=(32, 50)).astype(np.float32)
     t32 = rng.integers(0, 50, size=32).astype(np.int32)
@@ -284,7 +340,7 @@ def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
                                      "sum of exps in a float64 local variable.")
     save_piece("softmax_cross_entropy", softmax_cross_entropy_fused, EX_XENT)
     passed(EX_XENT, "loss and in-place gradient match the reference, also for logits near "
-                    "1000 and in float32.")
+                    "1000, rows far apart, a spread of 800, and in float32.")
 
 
 # --------------------------------------------------------------- 10.3
@@ -326,17 +382,19 @@ def _flash_case(fn, B, T, H, C, seed, tile=None):
                                       "after.")
     if not np.allclose(out, want_out, rtol=1e-9, atol=1e-12):
         if np.allclose(lse, want_lse, rtol=1e-9, atol=1e-12):
-            hint = ("the log-sum-exp is right, so the sum is; the output is not. When a tile "
-                    "raises the maximum from m to m', multiply the running output by "
-                    "exp(m - m') too, before adding this tile's exp(s - m') @ v.")
+            hint = ("the log-sum-exp is right, so the running sum is; the output is not. "
+                    "When a tile raises the running maximum, the output accumulated so far "
+                    "is still weighted for the old maximum: it needs the same correction "
+                    "the running sum gets.")
         else:
             hint = _flash_diagnosis(out, want_out, qkv.shape[1])
         raise ExerciseError(EX_FLASH, f"{where}: the output differs from the full softmax; "
                                       f"{hint}")
     if not np.allclose(lse, want_lse, rtol=1e-9, atol=1e-12):
-        raise ExerciseError(EX_FLASH, f"{where}: the output is right but lse is not; lse_i is "
-                                      "m + log(l) with m the final running maximum and l the "
-                                      "final running sum of row i.")
+        raise ExerciseError(EX_FLASH, f"{where}: the output is right but lse is not. lse is "
+                                      "the log of the row's sum of exps of its raw, unshifted "
+                                      "scores; a sum kept relative to the running maximum "
+                                      "needs that maximum back in lse.")
 
 
 def _flash_diagnosis(out, want_out, T):
@@ -351,10 +409,10 @@ def _flash_diagnosis(out, want_out, T):
                 "(j > i) to -inf before the exp.")
     return (f"rows 0 to {first - 1} are right and row {first} is the first wrong one: the "
             f"rows that see a single tile of keys come out right, so the merge of a second "
-            f"tile is wrong. When a tile raises the maximum from m to m', rescale the running "
-            f"sum l by exp(m - m') (and the running output with it) before adding the tile's "
-            f"terms; and check that the loop over key tiles reaches column i (T = {T} is not "
-            f"always a multiple of the tile).")
+            f"tile is wrong. When a tile raises the running maximum, the running sum and the "
+            f"running output were accumulated for the old maximum and must be brought to the "
+            f"new one before the tile's terms are added; and check that the loop over key "
+            f"tiles reaches column i (T = {T} is not always a multiple of the tile).")
 
 
 def check_online_softmax(online_softmax_attention) -> None:

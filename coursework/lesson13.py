@@ -161,14 +161,17 @@ class PhaseLog:
     def __init__(self):
         self.order: list[str] = []
         self.seconds: dict[str, float] = {}
+        self.current: str | None = None          # the phase open now, if any
 
     @contextmanager
     def __call__(self, name: str):
         self.order.append(name)
+        self.current = name
         t0 = time.perf_counter()
         try:
             yield
         finally:
+            self.current = None
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
@@ -182,9 +185,11 @@ class FlatAdamW:
         self.inner = AdamW(model.params.flat, decay_segments(model.params), lr=1e-3,
                            betas=betas, weight_decay=weight_decay)
         self.steps = 0
+        self.rates: list[float] = []             # the lr of each step, as it was handed
 
     def step(self, lr: float) -> None:
         self.steps += 1
+        self.rates.append(lr)
         self.inner.step(self.model.grads.flat, lr=lr)
 
 
@@ -259,16 +264,26 @@ def _batches(n=3):
             for _ in range(n)]
 
 
+LR, MAX_NORM = 3e-2, 0.05                        # what the check hands each step
+
+
 def _run(step_fn, exercise=None, clip=engine_clip):
     model, opt = _setup()
     results, logs = [], []
     for step, (x, y) in enumerate(_batches()):
         phase = PhaseLog()
+        phase.clips = []                         # (the phase open, max_norm) of each clip call
+
+        def watched_clip(grads, *args, _phase=phase, **kwargs):
+            max_norm = args[0] if args else kwargs.get("max_norm")
+            _phase.clips.append((_phase.current, max_norm))
+            return clip(grads, *args, **kwargs)
         if exercise is None:
-            out = step_fn(model, opt, clip, x, y, 3e-2, 0.05, phase)
+            out = step_fn(model, opt, watched_clip, x, y, LR, MAX_NORM, phase)
         else:
             try:
-                out = attempt(exercise, step_fn, model, opt, clip, x, y, 3e-2, 0.05, phase)
+                out = attempt(exercise, step_fn, model, opt, watched_clip, x, y, LR, MAX_NORM,
+                              phase)
             except RuntimeError as err:
                 if "forward" in str(err):
                     raise ExerciseError(exercise, f"the model said: {err}. The loss phase "
@@ -278,6 +293,25 @@ def _run(step_fn, exercise=None, clip=engine_clip):
         results.append(out)
         logs.append(phase)
     return model, opt, results, logs
+
+
+def _where(phase: str | None) -> str:
+    return f'inside `phase("{phase}")`' if phase else "outside every phase"
+
+
+def _handed_values_hint(opt, logs) -> str | None:
+    """A step that passes on other values than the lr and max_norm it was handed."""
+    for lr in opt.rates:
+        if lr != LR:
+            return (f"optimizer.step got lr={lr!r}, but this step was handed lr={LR!r}: "
+                    f"pass on the learning rate the loop gives the step (it changes with "
+                    f"the schedule).")
+    for log in logs:
+        for _, max_norm in log.clips:
+            if max_norm != MAX_NORM:
+                return (f"clip got max_norm={max_norm!r}, but this step was handed "
+                        f"max_norm={MAX_NORM!r}: pass on the limit the loop gives the step.")
+    return None
 
 
 def _zero_norm_hint(model) -> str:
@@ -333,7 +367,10 @@ def check_train_step(train_step) -> None:
                                      f"model.forward(x, y) returned.")
     if norms[0] == 0.0:
         raise ExerciseError(EX_STEP, _zero_norm_hint(model))
-    if all(math.isclose(n, 0.05, rel_tol=1e-4) for n in norms):
+    handed = _handed_values_hint(opt, logs)
+    if handed:
+        raise ExerciseError(EX_STEP, handed)
+    if all(math.isclose(n, MAX_NORM, rel_tol=1e-4) for n in norms):
         raise ExerciseError(EX_STEP, "you returned the norm after clipping (it always equals "
                                      "max_norm here); return what clip(...) returned, the norm "
                                      "before clipping: that is the number to log.")
@@ -358,6 +395,14 @@ def check_train_step(train_step) -> None:
                                          f"`with phase(\"backward\"):` and "
                                          f"`with phase(\"optimizer\"):`, in that order, once "
                                          f"each, so the trainer can time them.")
+    for i, log in enumerate(logs):
+        elsewhere = [p for p, _ in log.clips if p != "optimizer"]
+        if elsewhere:
+            raise ExerciseError(EX_STEP, f"the weights are right, but in step {i + 1} `clip` "
+                                         f"ran {_where(elsewhere[0])}: the trainer times "
+                                         f"clipping with the update, so the phase bars would "
+                                         f"count it elsewhere. Move it into the optimizer "
+                                         f"phase.")
     passed(EX_STEP, "zero, loss, backward, clip and step, in order; 3 steps equal the "
                     "reference.")
 

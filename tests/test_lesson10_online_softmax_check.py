@@ -76,6 +76,11 @@ def online_without_sum_rescale(qkv, n_head, tile=16):
     return _online(qkv, n_head, tile, rescale_sum=False)
 
 
+def online_lse_without_max(qkv, n_head, tile=16):
+    out, lse = online_right(qkv, n_head, tile)
+    return out, np.log(np.exp(lse - lse.max(-1, keepdims=True)))
+
+
 def full_matrix(qkv, n_head, tile=16):
     return lesson10.attention_reference(qkv, n_head)
 
@@ -95,12 +100,22 @@ def test_right_answer_passes_and_becomes_the_trainers_piece():
     assert np.allclose(out, want_out) and np.allclose(lse, want_lse)
 
 
+def test_hints_name_the_slip_without_the_update_rule():
+    for fn in (online_without_rescale, online_without_sum_rescale, online_lse_without_max):
+        with pytest.raises(ExerciseError) as info:
+            lesson10.check_online_softmax(fn)
+        assert "exp(m - m')" not in str(info.value) and "m + log(l)" not in str(info.value)
+
+
 def test_typical_mistakes_are_named():
-    _fails_with(online_without_rescale, "multiply the running output by")
+    _fails_with(online_without_rescale, "the output accumulated so far is still weighted for "
+                                        "the old maximum")
     _fails_with(online_without_mask, "row 0 attends to key 0 alone")
-    _fails_with(online_without_sum_rescale, "rescale the running sum l by exp(m - m')")
+    _fails_with(online_without_sum_rescale, "the running sum and the running output were "
+                                            "accumulated for the old maximum")
     _fails_with(online_without_sum_rescale, "is the first wrong one")
     _fails_with(full_matrix, "(T x T) matrix")
+    _fails_with(online_lse_without_max, "needs that maximum back in lse")
 
     def stub(qkv, n_head, tile=16):
         raise NotImplementedError()

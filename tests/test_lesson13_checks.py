@@ -124,7 +124,57 @@ def step_loss_only(model, optimizer, clip, x, y, lr, max_norm, phase):
     return step_right(model, optimizer, clip, x, y, lr, max_norm, phase)[0]
 
 
-@pytest.mark.parametrize("fn", [step_right, step_right_forward_backward])
+def step_zero_at_the_end(model, optimizer, clip, x, y, lr, max_norm, phase):
+    """Right, written differently: the buffer is left empty for the next step."""
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), max_norm=max_norm)
+        optimizer.step(lr)
+    model.zero_grad()
+    return loss, norm
+
+
+def step_clip_in_backward(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+        norm = clip(model.named_grads(), max_norm)
+    with phase("optimizer"):
+        optimizer.step(lr)
+    return loss, norm
+
+
+def step_fixed_max_norm(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), 1.0)
+        optimizer.step(lr)
+    return loss, norm
+
+
+def step_swapped(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), lr)
+        optimizer.step(max_norm)
+    return loss, norm
+
+
+@pytest.mark.parametrize("fn", [step_right, step_right_forward_backward,
+                                step_zero_at_the_end])
 def test_13_1_passes(fn, capsys):
     lesson13.check_train_step(fn)
     assert "Exercise 13.1 (train_step) passed." in capsys.readouterr().out
@@ -147,7 +197,10 @@ def test_13_1_names_the_wrong_order(index, phrase):
     (step_no_phases, "went through the phases []"),
     (step_zero_after_backward, "zeroed after the backward had filled it"),
     (step_clip_before_backward, "clipping ran before the backward"),
-    (step_double_lr, "the update made from it differs"),
+    (step_double_lr, "optimizer.step got lr=0.06, but this step was handed lr=0.03"),
+    (step_swapped, "optimizer.step got lr=0.05"),
+    (step_fixed_max_norm, "clip got max_norm=1.0, but this step was handed max_norm=0.05"),
+    (step_clip_in_backward, 'in step 1 `clip` ran inside `phase("backward")`'),
     (step_backward_first, "comes before the backward phase"),
     (step_norm_after, "the norm after clipping"),
     (step_twice, "ran 6 times"),
@@ -158,7 +211,7 @@ def test_13_1_names_the_mistake(fn, phrase):
 
 
 @pytest.mark.parametrize("fn", [step_zero_after_backward, step_clip_before_backward,
-                                step_double_lr] + [wrong for wrong, _ in lesson13._variants()])
+                                step_double_lr, step_fixed_max_norm, step_clip_in_backward] + [wrong for wrong, _ in lesson13._variants()])
 def test_13_1_hints_never_print_the_step(fn):
     message = fails_with(lesson13.check_train_step, fn, words=("Exercise 13.1",))
     for code in ("model.zero_grad()", "model.forward(x, y)", "model.backward()",

@@ -259,6 +259,86 @@ def xent_no_max(logits, targets):
     return float(losses.mean())
 
 
+def xent_shifted_by(shift):
+    def xent(logits, targets):
+        n = logits.shape[0]
+        m = shift(logits)
+        e = np.exp(logits - m)
+        s = e.sum(axis=1, keepdims=True)
+        rows = np.arange(n)
+        losses = np.log(s[:, 0]) + m[:, 0] - logits[rows, targets]
+        logits[...] = e / s / n
+        logits[rows, targets] -= 1.0 / n
+        return float(losses.mean())
+    return xent
+
+
+def xent_log_of_probability(logits, targets):
+    n = logits.shape[0]
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    rows = np.arange(n)
+    losses = -np.log(p[rows, targets])
+    logits[...] = p / n
+    logits[rows, targets] -= 1.0 / n
+    return float(losses.mean())
+
+
+def xent_target_read_late(logits, targets):
+    n = logits.shape[0]
+    rows = np.arange(n)
+    m = logits.max(axis=1, keepdims=True)
+    e = np.exp(logits - m)
+    s = e.sum(axis=1, keepdims=True)
+    logits[...] = e / s / n
+    logits[rows, targets] -= 1.0 / n
+    return float(np.mean(np.log(s[:, 0]) + m[:, 0] - logits[rows, targets]))
+
+
+def xent_shift_kept(logits, targets):
+    n = logits.shape[0]
+    rows = np.arange(n)
+    m = logits.max(axis=1, keepdims=True)
+    e = np.exp(logits - m)
+    s = e.sum(axis=1, keepdims=True)
+    losses = np.log(s[:, 0]) - logits[rows, targets]
+    logits[...] = e / s / n
+    logits[rows, targets] -= 1.0 / n
+    return float(losses.mean())
+
+
+def xent_median(logits, targets):
+    probe = logits.copy()
+    xent_right(logits, targets)
+    n = probe.shape[0]
+    shifted = probe - probe.max(axis=1, keepdims=True)
+    per_row = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(n), targets]
+    return float(np.median(per_row))
+
+
+@njit(parallel=True)
+def xent_numba_log_softmax(logits, targets):
+    """Right, written differently: a compiled loop over rows, the log-softmax of the target."""
+    n, v = logits.shape
+    losses = np.empty(n)
+    for i in prange(n):
+        top = logits[i].max()
+        total = 0.0
+        for j in range(v):
+            total += np.exp(logits[i, j] - top)
+        log_total = np.log(total)
+        losses[i] = log_total - (logits[i, targets[i]] - top)
+        for j in range(v):
+            logits[i, j] = np.exp(logits[i, j] - top - log_total) / n
+        logits[i, targets[i]] -= 1.0 / n
+    return losses.sum() / n
+
+
+def test_10_2_passes_a_loss_written_differently(capsys):
+    lesson10.check_softmax_cross_entropy(xent_numba_log_softmax)
+    assert "Exercise 10.2 (softmax_cross_entropy_fused) passed." in capsys.readouterr().out
+
+
 def test_10_2_passes_the_fused_loss_and_saves_it(capsys):
     lesson10.check_softmax_cross_entropy(xent_right)
     assert "Exercise 10.2 (softmax_cross_entropy_fused) passed." in capsys.readouterr().out
@@ -276,9 +356,17 @@ def test_10_2_stub_says_not_done():
     (xent_probs, "holds the probabilities"),
     (xent_untouched, "still holds the logits"),
     (xent_no_max, "Subtract each row's maximum"),
+    (xent_shifted_by(lambda l: np.full((l.shape[0], 1), l.max())),
+     "a shift shared by the whole batch"),
+    (xent_shifted_by(lambda l: l[:, :1].copy()), "a shift below the row's largest logit"),
+    (xent_log_of_probability, "the target's probability underflows to 0"),
+    (xent_target_read_late, "read after the row had been overwritten"),
+    (xent_shift_kept, "never came back into the loss"),
+    (xent_median, "the median of the row losses"),
 ])
 def test_10_2_names_the_mistake(fn, phrase):
-    expect(lesson10.check_softmax_cross_entropy, fn, "10.2", phrase)
+    message = expect(lesson10.check_softmax_cross_entropy, fn, "10.2", phrase)
+    assert "log(sum" not in message and "exp(l - m)" not in message    # no formula handed over
 
 
 # ------------------------------------------------------------------ 11.1
