@@ -124,53 +124,34 @@ def step_loss_only(model, optimizer, clip, x, y, lr, max_norm, phase):
     return step_right(model, optimizer, clip, x, y, lr, max_norm, phase)[0]
 
 
-def step_zero_at_the_end(model, optimizer, clip, x, y, lr, max_norm, phase):
-    """Right, written differently: the buffer is left empty for the next step."""
-    with phase("loss"):
-        loss = model.forward(x, y)
-    with phase("backward"):
-        model.backward()
-    with phase("optimizer"):
-        norm = clip(model.named_grads(), max_norm=max_norm)
-        optimizer.step(lr)
-    model.zero_grad()
-    return loss, norm
+def step_with(zero_at_end=False, clip_in="optimizer", limit=None, rate=None):
+    """The right step with one thing changed: zeroing after the update (right, written
+    differently), clipping in another phase, or another limit or learning rate than the
+    ones handed (`limit` and `rate` pick them from (lr, max_norm))."""
+    def step(model, optimizer, clip, x, y, lr, max_norm, phase):
+        if not zero_at_end:
+            model.zero_grad()
+        with phase("loss"):
+            loss = model.forward(x, y)
+        for name in ("backward", "optimizer"):
+            with phase(name):
+                if name == "backward":
+                    model.backward()
+                if name == clip_in:
+                    norm = clip(model.named_grads(),
+                                max_norm=limit(lr, max_norm) if limit else max_norm)
+                if name == "optimizer":
+                    optimizer.step(rate(lr, max_norm) if rate else lr)
+        if zero_at_end:
+            model.zero_grad()
+        return loss, norm
+    return step
 
 
-def step_clip_in_backward(model, optimizer, clip, x, y, lr, max_norm, phase):
-    model.zero_grad()
-    with phase("loss"):
-        loss = model.forward(x, y)
-    with phase("backward"):
-        model.backward()
-        norm = clip(model.named_grads(), max_norm)
-    with phase("optimizer"):
-        optimizer.step(lr)
-    return loss, norm
-
-
-def step_fixed_max_norm(model, optimizer, clip, x, y, lr, max_norm, phase):
-    model.zero_grad()
-    with phase("loss"):
-        loss = model.forward(x, y)
-    with phase("backward"):
-        model.backward()
-    with phase("optimizer"):
-        norm = clip(model.named_grads(), 1.0)
-        optimizer.step(lr)
-    return loss, norm
-
-
-def step_swapped(model, optimizer, clip, x, y, lr, max_norm, phase):
-    model.zero_grad()
-    with phase("loss"):
-        loss = model.forward(x, y)
-    with phase("backward"):
-        model.backward()
-    with phase("optimizer"):
-        norm = clip(model.named_grads(), lr)
-        optimizer.step(max_norm)
-    return loss, norm
+step_zero_at_the_end = step_with(zero_at_end=True)
+step_clip_in_backward = step_with(clip_in="backward")
+step_fixed_max_norm = step_with(limit=lambda lr, max_norm: 1.0)
+step_swapped = step_with(limit=lambda lr, max_norm: lr, rate=lambda lr, max_norm: max_norm)
 
 
 @pytest.mark.parametrize("fn", [step_right, step_right_forward_backward,

@@ -259,17 +259,21 @@ def xent_no_max(logits, targets):
     return float(losses.mean())
 
 
-def xent_shifted_by(shift):
+def xent_with(shift=lambda l: l.max(axis=1, keepdims=True), read_target_late=False,
+              add_shift_back=True):
+    """The fused loss with one thing changed: the shift, when the target's logit is read,
+    or the shift left out of the loss."""
     def xent(logits, targets):
         n = logits.shape[0]
+        rows = np.arange(n)
         m = shift(logits)
+        target = None if read_target_late else logits[rows, targets].copy()
         e = np.exp(logits - m)
         s = e.sum(axis=1, keepdims=True)
-        rows = np.arange(n)
-        losses = np.log(s[:, 0]) + m[:, 0] - logits[rows, targets]
         logits[...] = e / s / n
         logits[rows, targets] -= 1.0 / n
-        return float(losses.mean())
+        target = logits[rows, targets] if read_target_late else target
+        return float(np.mean(np.log(s[:, 0]) + (m[:, 0] if add_shift_back else 0) - target))
     return xent
 
 
@@ -280,29 +284,6 @@ def xent_log_of_probability(logits, targets):
     rows = np.arange(n)
     losses = -np.log(p[rows, targets])
     logits[...] = p / n
-    logits[rows, targets] -= 1.0 / n
-    return float(losses.mean())
-
-
-def xent_target_read_late(logits, targets):
-    n = logits.shape[0]
-    rows = np.arange(n)
-    m = logits.max(axis=1, keepdims=True)
-    e = np.exp(logits - m)
-    s = e.sum(axis=1, keepdims=True)
-    logits[...] = e / s / n
-    logits[rows, targets] -= 1.0 / n
-    return float(np.mean(np.log(s[:, 0]) + m[:, 0] - logits[rows, targets]))
-
-
-def xent_shift_kept(logits, targets):
-    n = logits.shape[0]
-    rows = np.arange(n)
-    m = logits.max(axis=1, keepdims=True)
-    e = np.exp(logits - m)
-    s = e.sum(axis=1, keepdims=True)
-    losses = np.log(s[:, 0]) - logits[rows, targets]
-    logits[...] = e / s / n
     logits[rows, targets] -= 1.0 / n
     return float(losses.mean())
 
@@ -356,12 +337,12 @@ def test_10_2_stub_says_not_done():
     (xent_probs, "holds the probabilities"),
     (xent_untouched, "still holds the logits"),
     (xent_no_max, "Subtract each row's maximum"),
-    (xent_shifted_by(lambda l: np.full((l.shape[0], 1), l.max())),
+    (xent_with(shift=lambda l: np.full((l.shape[0], 1), l.max())),
      "a shift shared by the whole batch"),
-    (xent_shifted_by(lambda l: l[:, :1].copy()), "a shift below the row's largest logit"),
+    (xent_with(shift=lambda l: l[:, :1].copy()), "a shift below the row's largest logit"),
     (xent_log_of_probability, "the target's probability underflows to 0"),
-    (xent_target_read_late, "read after the row had been overwritten"),
-    (xent_shift_kept, "never came back into the loss"),
+    (xent_with(read_target_late=True), "read after the row had been overwritten"),
+    (xent_with(add_shift_back=False), "never came back into the loss"),
     (xent_median, "the median of the row losses"),
 ])
 def test_10_2_names_the_mistake(fn, phrase):
