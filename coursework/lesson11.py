@@ -5,7 +5,8 @@
      zero, and the result bit-for-bit the same on every run and for any
      number of threads. The check recognises "last write wins" and numpy's
      buffered `d[ids] += g` (both drop repeated ids), garbage in untouched
-     rows, and runs that differ (a race).
+     rows, a row missing some of its tokens' additions (lost updates), and
+     runs that differ (a race).
 11.2 the memory of an embedding gradient for one batch: dense, the whole
      (V, C) table, or row-sparse, the distinct rows the batch touched plus
      one id each. The check recognises a row per token (repeats counted
@@ -69,6 +70,37 @@ def _diagnose(ids, g, vocab_size, got):
     return None
 
 
+def _check_repeatable(embedding_backward, ids, g, vocab_size, got, runs: int = 4) -> None:
+    """A wrong result that changes from run to run is a race, whatever it looks like."""
+    for _ in range(runs):
+        again = np.asarray(attempt(EX_SCATTER, embedding_backward, ids, g, vocab_size))
+        if again.shape == got.shape and again.tobytes() != got.tobytes():
+            raise ExerciseError(EX_SCATTER, "the sums are wrong and differ from run to run on "
+                                            "the same 7 tokens: updates were lost. If threads "
+                                            "add into the same row at the same time, one "
+                                            "read-modify-write overwrites the other; give each "
+                                            "thread its own columns (prange over column "
+                                            "blocks, tokens in order inside).")
+
+
+def _lost_update_hint(ids, g, got, row):
+    """A row that holds only some of its tokens' gradients lost the others: either the
+    loop skipped them or two threads' read-modify-writes of the row collided."""
+    positions = np.flatnonzero(ids == row)
+    if positions.size > 12:
+        return None
+    for mask in range((1 << positions.size) - 1):     # every proper subset, the empty one too
+        kept = [t for i, t in enumerate(positions.tolist()) if mask >> i & 1]
+        if np.allclose(got[row], g[kept].sum(axis=0), rtol=1e-12, atol=1e-12):
+            missing = sorted(set(positions.tolist()) - set(kept))
+            return (f"row {row} holds the gradients of tokens at positions {kept} but not "
+                    f"{missing}: updates were lost. If threads add into the same row at the "
+                    f"same time, one read-modify-write overwrites the other; give each thread "
+                    f"its own columns (prange over column blocks, tokens in order inside). "
+                    f"Without threads, check that the loop visits every token.")
+    return None
+
+
 def _check_table_shape(got, want, g) -> None:
     """The result has the table's shape; the forward's shape or a transpose is named."""
     if got.shape == want.shape:
@@ -102,10 +134,13 @@ def _check_exact_sums(embedding_backward, rng) -> None:
                                         f"not. Start from np.zeros((vocab_size, C)), not "
                                         f"np.empty.")
     if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
+        _check_repeatable(embedding_backward, ids, g, V, got)
         hint = _diagnose(ids, g, V, got)
         if hint is None:
             err = np.abs(got - want).max(axis=1)
             row = int(np.argmax(err))
+            hint = _lost_update_hint(ids, g, got, row)
+        if hint is None:
             hint = (f"row {row} (token {row} appears {int(np.sum(ids == row))} times) is off. "
                     f"Row v must be the sum of g[t] over every t with ids[t] == v.")
         raise ExerciseError(EX_SCATTER, hint)

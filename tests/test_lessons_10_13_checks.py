@@ -422,6 +422,22 @@ def scatter_loses_updates(ids, g, vocab_size):
     return d
 
 
+def scatter_skips_last_token(ids, g, vocab_size):
+    d = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    for t in range(len(ids) - 1):
+        d[ids[t]] += g[t]
+    return d
+
+
+def scatter_races_on_few_tokens(ids, g, vocab_size):
+    """What a race does on 7 tokens: which repeated id loses an addition changes per call."""
+    _calls["n"] += 1
+    d = scatter_serial_numpy(ids, g, vocab_size)
+    lost = [t for t in range(len(ids)) if np.sum(ids == ids[t]) > 1][_calls["n"] % 2]
+    d[ids[lost]] -= g[lost]
+    return d
+
+
 def test_11_1_passes_column_blocks_and_saves_it(capsys):
     lesson11.check_embedding_backward(scatter_right, repeats=2)
     out = capsys.readouterr().out
@@ -446,6 +462,8 @@ def test_11_1_stub_says_not_done():
     (scatter_float64, "make the table with dtype=g.dtype"),
     (scatter_order_changes, "different bits"),
     (scatter_loses_updates, "updates were lost"),
+    (scatter_skips_last_token, "check that the loop visits every token"),
+    (scatter_races_on_few_tokens, "differ from run to run"),
 ])
 def test_11_1_names_the_mistake(fn, phrase):
     expect(lesson11.check_embedding_backward, fn, "11.1", phrase, repeats=2)
