@@ -1,11 +1,12 @@
 """The child process `_vetting` starts: it loads pieces and checks each in its slot.
 
-`main([fd, memory_bytes, pieces])` (`pieces` a JSON list of [name, path, function,
-at_save]) imports what a check needs once, limits its address space to what the imports
-mapped plus `memory_bytes`, says "r" on the descriptor `fd` when it is ready, "c" and
-"e" around every numba compilation (the parent's deadline does not count those), and
-after each piece "v" and its verdict as JSON on one line: null, or [kind, text] as
-`pieces.attempt_piece` gives them. The pieces run one after the other in this one
+`main([fd, memory_bytes])` imports what a check needs, then waits (it may be started
+ahead of need) for one line on stdin: the pieces, a JSON list of [name, path, function,
+at_save], with the kernel's import path and environment as they are now. It then limits
+its address space to what the imports mapped plus `memory_bytes`, says "r" on the
+descriptor `fd` when it is ready, "c" and "e" around every numba compilation (the
+parent's deadline does not count those), and after each piece "v" and its verdict as
+JSON on one line: null, or [kind, text] as `pieces.attempt_piece` gives them. The pieces run one after the other in this one
 process, as the notebook's kernel would load them. The parent kills this process at its
 deadline; it never has to stop on its own.
 """
@@ -76,18 +77,37 @@ class _Threads:
         return alive + list(self.raw)
 
 
+def _wait_for_request() -> dict | None:
+    """The pieces to vet, with the kernel's import path and environment, read from stdin
+    (None when the kernel ended first); stdin then reads nothing more."""
+    line = sys.stdin.buffer.readline()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    if not line:
+        return None
+    request = json.loads(line)
+    sys.path[:0] = [p for p in request["path"] if p not in sys.path]
+    os.environ.clear()
+    os.environ.update(request["environ"], BACKPROP_VETTING_CHILD="1")
+    return request
+
+
 def main(args: list[str]) -> None:
-    fd, memory, requests = int(args[0]), int(args[1]), json.loads(args[2])
+    fd, memory = int(args[0]), int(args[1])
     from pathlib import Path
 
     import engine  # noqa: F401  (the kernel has the engine imported when it loads a piece)
-    from coursework import pieces, slots
-    if any(name in slots.TRAINER_SLOTS or name in slots.IN_SLOT_ONLY for name, *_ in requests):
-        import engine.trainer.model  # noqa: F401  (its import is start, not the piece's run)
+    import engine.trainer.model  # noqa: F401  (a trainer slot's import is not its piece's run)
+    from coursework import pieces
+    request = _wait_for_request()
+    if request is None:
+        os._exit(0)
     _say_when_compiling(fd)
     _limit_memory(memory)
     threads = _Threads()
     os.write(fd, b"r")
+    requests = request["pieces"]
     for name, path, function, at_save in requests:
         threads.next_piece()
         _, kind, text = pieces.attempt_piece(name, Path(path), function, bool(at_save),

@@ -28,6 +28,12 @@ it from here:
 kernel would load them: the child's imports (most of a second) are paid once. Its
 verdicts are kept only when the child answered for every piece and ended cleanly.
 
+A child imports the engine before it learns which pieces to vet, so one can be started
+ahead of need: `start_spare()` (when the course's checks are imported, and after every
+vetting) leaves one child waiting, and the next vetting hands it its pieces, with the
+kernel's import path and environment as they are then, instead of waiting for the
+imports. A spare is used once; it ends with the kernel (its stdin closes).
+
 The answer is None (the piece passed: the kernel loads it, still under `guarded`) or
 (kind, text) as `attempt_piece` answers: "load", "refused" or "slot". Verdicts are
 kept in this process's memory for the kernel's life, keyed by a hash of the piece's
@@ -44,6 +50,7 @@ held by the kernel's own guard alone.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -52,6 +59,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,9 +73,11 @@ WAIT_FACTOR = 3.0           # clock seconds a piece may take per CPU second it m
 OUTPUT_LIMIT = 1_000_000    # bytes the child may write to its own stdout and stderr
 MEMORY_BYTES = 4 << 30      # address space the child may add to what its imports mapped
 _TICK = 0.05                # seconds between two looks at the child
-# the kernel's import path travels (a piece may import a module beside the notebook)
+# the repository's path, enough for the child's imports; the kernel's own import path
+# travels with the pieces (a piece may import a module beside the notebook)
 _CHILD = ("import json, sys; sys.path[:0] = [p for p in json.loads(sys.argv[1]) "
           "if p not in sys.path]; from coursework._vet_child import main; main(sys.argv[2:])")
+IN_CHILD = "BACKPROP_VETTING_CHILD"     # set in a child's environment: it starts no child
 _VERDICTS: dict = {}        # key -> verdict, for this kernel's life
 
 
@@ -152,31 +162,119 @@ def vet_ahead(requests) -> None:
 
 @contextmanager
 def _child(requests):
-    """(child, the read end of its progress pipe) for a child vetting `requests` in a
-    scratch folder, or why no child could start; the pipe and the folder are let go after."""
-    progress, report = os.pipe()
+    """(child, the read end of its progress pipe) for a child vetting `requests`, or why
+    no child could start. The spare child is taken when it was started as a child would
+    be started now; a new spare is started after, for the next vetting."""
     pieces = [[name, str(Path(path).resolve()), function, bool(at_save)]
               for name, path, function, at_save in requests]
-    with tempfile.TemporaryDirectory(prefix="backprop-vetting-") as scratch:
+    with _SPARE_LOCK:
+        started = _take_spare() or _start_child()
+    if isinstance(started, str):
+        yield started
+        return
+    try:
+        _hand(started, pieces)
+        yield started.process, started.progress
+    finally:
+        _let_go(started)
+        start_spare()
+
+
+class _Started:
+    """A child process, its progress pipe, its scratch folder, and how it was started."""
+
+    def __init__(self, process, progress: int, scratch, recipe):
+        self.process, self.progress, self.scratch, self.recipe = process, progress, scratch, recipe
+
+
+def _recipe() -> tuple:
+    """What decides how a child starts: a spare started otherwise is not used."""
+    return sys.executable, _CHILD, MEMORY_BYTES, os.getpid()
+
+
+def _start_child():
+    """A new child, importing what a check needs, then waiting for its pieces on stdin;
+    or why none could start."""
+    if os.environ.get(IN_CHILD):
+        return "this process is itself a vetting child"
+    progress, report = os.pipe()
+    scratch = tempfile.TemporaryDirectory(prefix="backprop-vetting-")
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-c", _CHILD, json.dumps([str(ROOT)]), str(report),
+             str(MEMORY_BYTES)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=(report,), cwd=scratch.name, start_new_session=True,
+            env={**os.environ, IN_CHILD: "1"})
+    except OSError as err:
+        os.close(progress)
+        scratch.cleanup()
+        return f"no process could be started: {err}"
+    finally:
+        os.close(report)
+    return _Started(process, progress, scratch, _recipe())
+
+
+def _hand(started: _Started, pieces: list) -> None:
+    """Give the child its pieces with the kernel's import path and environment as they are
+    now. A child that has already ended says why when it is watched."""
+    request = {"path": _import_path(), "environ": dict(os.environ), "pieces": pieces}
+    try:
+        started.process.stdin.write(json.dumps(request).encode() + b"\n")
+        started.process.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _let_go(started: _Started) -> None:
+    if started.process.returncode is None:      # left early (an exception): end it here
+        _end(started.process, kill=True)
+    for stream in (started.process.stdin, started.process.stdout):
         try:
-            child = subprocess.Popen(
-                [sys.executable, "-I", "-c", _CHILD, json.dumps(_import_path()), str(report),
-                 str(MEMORY_BYTES), json.dumps(pieces)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                pass_fds=(report,), cwd=scratch, start_new_session=True)
-        except OSError as err:
-            os.close(progress)
-            yield f"no process could be started: {err}"
+            stream.close()
+        except OSError:
+            pass
+    os.close(started.progress)
+    started.scratch.cleanup()
+
+
+_SPARE_LOCK = threading.Lock()
+_SPARE: list = []           # at most one child started ahead of need, idle until used
+
+
+def start_spare() -> None:
+    """Start a child ahead of need, so that the next vetting finds the engine imported
+    (about half a second, a second with the trainer) instead of waiting for it. Never
+    raises; does nothing in a vetting child, or where a spare is already waiting."""
+    if not hasattr(os, "killpg"):
+        return
+    with _SPARE_LOCK:
+        if _SPARE and _SPARE[0].recipe == _recipe() and _SPARE[0].process.poll() is None:
             return
-        finally:
-            os.close(report)
-        try:
-            yield child, progress
-        finally:
-            if child.returncode is None:      # left early (an exception): end it here
-                _end(child, kill=True)
-            os.close(progress)
-            child.stdout.close()
+        _drop_spare()
+        started = _start_child()
+        if not isinstance(started, str):
+            _SPARE.append(started)
+
+
+def _take_spare():
+    """The waiting spare when it was started as a child would be started now and still
+    waits; else None (and any spare is ended)."""
+    if _SPARE and _SPARE[0].recipe == _recipe() and _SPARE[0].process.poll() is None:
+        return _SPARE.pop()
+    _drop_spare()
+    return None
+
+
+def _drop_spare() -> None:
+    while _SPARE:
+        _let_go(_SPARE.pop())
+
+
+@atexit.register
+def _end_spare_at_exit() -> None:
+    with _SPARE_LOCK:
+        _drop_spare()
 
 
 def _import_path() -> list[str]:

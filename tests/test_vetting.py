@@ -243,13 +243,13 @@ def _saved(folder, bodies: dict) -> list:
 
 
 def _children(monkeypatch) -> list:
-    """The children vetting starts from here on, one entry each."""
-    started, popen = [], _vetting.subprocess.Popen
+    """The children handed pieces to vet from here on, one entry each."""
+    started, hand = [], _vetting._hand
 
-    def counted(*args, **kwargs):
-        started.append(args)
-        return popen(*args, **kwargs)
-    monkeypatch.setattr(_vetting.subprocess, "Popen", counted)
+    def counted(child, pieces):
+        started.append([p[0] for p in pieces])
+        return hand(child, pieces)
+    monkeypatch.setattr(_vetting, "_hand", counted)
     return started
 
 
@@ -288,3 +288,86 @@ def test_lesson_13_vets_every_piece_it_loads_in_its_one_batch():
     source = Path(lesson13.__file__).read_text()
     loaded = set(re.findall(r'piece_or_engine\("(\w+)"', source))
     assert loaded and loaded <= set(lesson13.LATER_PIECES)
+
+
+# ------------------------------------------------------------------ a child started ahead
+def _spare_pid():
+    with _vetting._SPARE_LOCK:
+        return _vetting._SPARE[0].process.pid if _vetting._SPARE else None
+
+
+def test_a_vetting_takes_the_spare_child_and_leaves_a_new_one(folder, monkeypatch):
+    _vetting.start_spare()
+    spare = _spare_pid()
+    assert spare is not None
+    used = []
+    hand = _vetting._hand
+    monkeypatch.setattr(_vetting, "_hand", lambda child, p: (used.append(child.process.pid),
+                                                             hand(child, p)))
+    _owner_within_seconds(folder, RIGHT)
+    assert used == [spare]
+    assert _spare_pid() not in (None, spare)
+
+
+def test_the_spare_sees_the_kernel_s_path_and_environment_as_they_are_when_it_is_used(
+        folder, tmp_path, monkeypatch):
+    _vetting.start_spare()
+    beside = tmp_path / "later"
+    beside.mkdir()
+    (beside / "later_helpers.py").write_text("import os\nSTEP = float(os.environ['MY_STEP'])\n")
+    monkeypatch.syspath_prepend(str(beside))
+    monkeypatch.setenv("MY_STEP", "1e-6")
+    fn, owner = _owner_within_seconds(folder, "from later_helpers import STEP\n" + RIGHT)
+    assert owner == "yours (00.1)", owner
+
+
+def test_a_spare_started_otherwise_is_not_used(folder, monkeypatch):
+    _vetting.start_spare()
+    spare = _spare_pid()
+    monkeypatch.setattr(_vetting, "MEMORY_BYTES", _vetting.MEMORY_BYTES + 4096)
+    started = _children(monkeypatch)
+    _owner_within_seconds(folder, RIGHT)
+    assert len(started) == 1
+    assert not _pid_alive(spare)
+
+
+def test_a_child_starts_no_spare_of_its_own(monkeypatch):
+    monkeypatch.setenv(_vetting.IN_CHILD, "1")
+    with _vetting._SPARE_LOCK:
+        _vetting._drop_spare()
+    _vetting.start_spare()
+    assert _spare_pid() is None
+
+
+def test_the_spare_ends_with_the_kernel():
+    import subprocess
+    import sys
+    code = ("import coursework._vetting as v; print(v._SPARE[0].process.pid, flush=True); "
+            "import os; os._exit(0)")      # no atexit: the spare must see its stdin close
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=str(_vetting.ROOT))
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _pid_alive(pid)
+
+
+def _pid_alive(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:                                  # a zombie of this process has ended
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return _status(pid) not in ("Z", "X")
+
+
+def _status(pid) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "X"
