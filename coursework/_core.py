@@ -157,6 +157,30 @@ def assigned_names(code: str) -> set[str]:
     return names
 
 
+def function_syntax(fn):
+    """The syntax tree of a learner's function (a numba kernel's Python source), or None
+    when its source cannot be read back."""
+    import ast
+    import inspect
+    import textwrap
+    try:
+        source = textwrap.dedent(inspect.getsource(getattr(fn, "py_func", fn)))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+
+
+def is_call(node, name: str) -> bool:
+    """Is `node` a call of `name` or of `something.name`?"""
+    import ast
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    return (isinstance(f, ast.Name) and f.id == name) or (isinstance(f, ast.Attribute)
+                                                         and f.attr == name)
+
+
 def name_unfinished_exercises(functions: dict[str, str], shell=None) -> None:
     """In IPython, show a NameError or NotImplementedError that comes from an unfinished
     exercise of `functions` as the one line of `UnfinishedExercise`; every other error shows

@@ -17,12 +17,13 @@ import ast
 import inspect
 import io
 import math
-import textwrap
 import time
 import tokenize
 
 import numpy as np
 from numba import njit, prange
+
+from ._core import function_syntax, is_call
 
 SLOW_VS_NUMPY = 3.0
 SLOW_VS_PLAIN = 2.5
@@ -104,23 +105,6 @@ def refusal(times: dict, causes: list[str], repeats: int) -> str | None:
 
 
 # ------------------------------------------------------------------ causes in the code
-def _function_node(fn):
-    try:
-        source = textwrap.dedent(inspect.getsource(getattr(fn, "py_func", fn)))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
-        return None
-    return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
-
-
-def _called(node, name: str) -> bool:
-    if not isinstance(node, ast.Call):
-        return False
-    f = node.func
-    return (isinstance(f, ast.Name) and f.id == name) or (isinstance(f, ast.Attribute)
-                                                         and f.attr == name)
-
-
 _ALLOCATORS = ("empty", "zeros", "ones", "empty_like", "zeros_like", "ones_like", "array",
                "copy", "full", "full_like")
 
@@ -137,13 +121,13 @@ def _row_sized(node, arrays: set[str]) -> bool:
 
 def slow_causes(fn) -> list[str]:
     """What in the kernel's code makes it slow: the known causes, named."""
-    node = _function_node(fn)
+    node = function_syntax(fn)
     if node is None:
         return []
     params = [a.arg for a in node.args.args]
     arrays_2d = {params[0], params[2]} if len(params) >= 3 else set()
     loops = [n for n in ast.walk(node) if isinstance(n, ast.For)]
-    pranges = [n for n in loops if _called(n.iter, "prange")]
+    pranges = [n for n in loops if is_call(n.iter, "prange")]
     causes = []
     nested = [inner for outer in loops for inner in ast.walk(outer)
               if inner is not outer and inner in pranges]
@@ -167,7 +151,7 @@ def slow_causes(fn) -> list[str]:
                 break
     inside = [sub for loop in loops for sub in ast.walk(loop)]
     if any(_row_sized(sub, arrays_2d) for sub in inside) or any(
-            any(_called(sub, name) for name in _ALLOCATORS) for sub in inside):
+            any(is_call(sub, name) for name in _ALLOCATORS) for sub in inside):
         causes.append("temporaries: inside the loop it computes on whole rows (like x[i] + b) "
                       "or makes arrays, so every row allocates arrays and passes over them "
                       "again; compute one element at a time, u = x[i, j] + b[j]")

@@ -18,12 +18,13 @@
 """
 from __future__ import annotations
 
+import ast
 import math
 
 import numpy as np
 
 from engine.timing import median_seconds
-from ._core import ExerciseError, attempt, passed
+from ._core import ExerciseError, attempt, function_syntax, is_call, passed
 from .pieces import save_piece
 
 EX_SCATTER = "11.1 (embedding_backward)"
@@ -158,6 +159,18 @@ def _check_same_bits(embedding_backward, rng, repeats: int) -> tuple[int, int]:
         raise ExerciseError(EX_SCATTER, f"float32 gradients gave a {runs[0].dtype} table; "
                                         f"make the table with dtype=g.dtype.")
     want2 = scatter_add_reference(ids2, g2.astype(np.float64), V2)
+    # one id for every token: if threads add into one row at once, they collide every time
+    same = np.zeros(N2, np.int32)
+    for _ in range(max(2, repeats)):
+        one_row = np.asarray(attempt(EX_SCATTER, embedding_backward, same, g2, V2))
+        if not np.allclose(one_row[0], g2.astype(np.float64).sum(axis=0), rtol=1e-4, atol=1e-2):
+            lost = float(np.abs(one_row[0] - g2.astype(np.float64).sum(axis=0)).max())
+            raise ExerciseError(EX_SCATTER, f"with all {N2} tokens on one id the row's sums are "
+                                            f"off by up to {lost:.3g}: updates were lost. If "
+                                            f"threads add into the same row at the same time, "
+                                            f"one read-modify-write overwrites the other. Give "
+                                            f"each thread its own columns (prange over column "
+                                            f"blocks, tokens in order inside).")
     if not np.allclose(runs[0], want2, rtol=1e-4, atol=1e-3):
         lost = float(np.abs(runs[0] - want2).max())
         raise ExerciseError(EX_SCATTER, f"with {N2} tokens over {V2} ids the sums are off by up "
@@ -190,10 +203,61 @@ def _check_same_bits(embedding_backward, rng, repeats: int) -> tuple[int, int]:
     return len(runs), threads
 
 
+def racing_rows(fn) -> str | None:
+    """The line of the kernel where threads that split the tokens add into a row picked by
+    a token's id, or None. Two tokens with the same id on two threads then update one row
+    at once; whether that loses an update in a given run depends on the threads' timing
+    (on a busy machine they may not overlap at all), so the code is read, not only run."""
+    node = function_syntax(fn)
+    if node is None or not node.args.args:
+        return None
+    ids = node.args.args[0].arg
+    for loop in ast.walk(node):
+        if not (isinstance(loop, ast.For) and is_call(loop.iter, "prange")
+                and isinstance(loop.target, ast.Name)):
+            continue
+        token, picked = loop.target.id, {ids}
+        for sub in ast.walk(loop):           # names bound to ids[token]: row = ids[t]
+            if (isinstance(sub, ast.Assign) and len(sub.targets) == 1
+                    and isinstance(sub.targets[0], ast.Name) and _reads_id(sub.value, ids, token)):
+                picked.add(sub.targets[0].id)
+        for sub in ast.walk(loop):
+            target = (sub.target if isinstance(sub, ast.AugAssign) else
+                      sub.targets[0] if isinstance(sub, ast.Assign) and len(sub.targets) == 1
+                      else None)
+            if isinstance(target, ast.Subscript) and _row_by_id(target.slice, picked, ids, token):
+                return ast.unparse(sub).strip()
+    return None
+
+
+def _reads_id(node, ids: str, token: str) -> bool:
+    """Does `node` read ids[...token...]?"""
+    return any(isinstance(s, ast.Subscript) and isinstance(s.value, ast.Name)
+               and s.value.id == ids and any(isinstance(n, ast.Name) and n.id == token
+                                            for n in ast.walk(s.slice))
+               for s in ast.walk(node))
+
+
+def _row_by_id(index, picked: set, ids: str, token: str) -> bool:
+    """Is the written element's row chosen by a token's id (ids[t], or a name set from it)?"""
+    first = index.elts[0] if isinstance(index, ast.Tuple) else index
+    return _reads_id(first, ids, token) or (isinstance(first, ast.Name) and first.id in picked
+                                            and first.id != ids)
+
+
 def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
     """Exact sums of repeated ids, zero untouched rows, bit-for-bit reproducible."""
     rng = np.random.default_rng(11)
     _check_exact_sums(embedding_backward, rng)
+    racing = racing_rows(embedding_backward)
+    if racing is not None:
+        raise ExerciseError(EX_SCATTER, f"the sums came out right this time, but `{racing}` "
+                                        f"runs inside a prange over the tokens: two tokens with "
+                                        f"the same id, on two threads, update the same row at "
+                                        f"once, and one update can overwrite the other (a race: "
+                                        f"whether it strikes depends on the threads' timing). "
+                                        f"Give each thread its own columns (prange over column "
+                                        f"blocks, tokens in order inside).")
     runs, threads = _check_same_bits(embedding_backward, rng, repeats)
     # time it against np.add.at at the tiny trainer's shape: B*T = 2048 tokens, C = 128
     ids3 = rng.integers(0, 100, size=2048)

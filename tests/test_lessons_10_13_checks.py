@@ -515,21 +515,40 @@ def test_11_1_a_table_per_thread_is_told_to_fix_the_number_of_chunks():
            "a fixed number of token chunks, not one per thread", repeats=2)
 
 
-def test_11_1_racy_threads_are_caught_when_they_race():
-    """A token-split prange kernel may or may not race in one run; if its result
-    is ever wrong or unrepeatable, the check must say so with the race hint."""
-    @njit(parallel=True)
-    def racy(ids, g, vocab_size):
-        d = np.zeros((vocab_size, g.shape[1]), g.dtype)
-        for t in prange(ids.size):
-            for j in range(g.shape[1]):
-                d[ids[t], j] += g[t, j]
-        return d
+@njit(parallel=True)
+def scatter_racy(ids, g, vocab_size):
+    d = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    for t in prange(ids.size):
+        for j in range(g.shape[1]):
+            d[ids[t], j] += g[t, j]
+    return d
+
+
+@njit(parallel=True)
+def scatter_racy_by_row(ids, g, vocab_size):
+    d = np.zeros((vocab_size, g.shape[1]), g.dtype)
+    for t in prange(ids.size):
+        row = ids[t]
+        d[row] = d[row] + g[t]
+    return d
+
+
+def test_11_1_racy_threads_are_caught_whether_or_not_they_race():
+    """A token-split prange kernel may or may not lose an update in one run; the check
+    says it races either way, with one thread (where it cannot race) too."""
+    RACE = ("updates were lost", "different bits", "threads give different",
+            "differ from run to run", "a race")
+    for fn in (scatter_racy, scatter_racy_by_row):
+        with pytest.raises(ExerciseError) as err:
+            lesson11.check_embedding_backward(fn, repeats=3)
+        assert any(p in str(err.value) for p in RACE), str(err.value)
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
     try:
-        lesson11.check_embedding_backward(racy, repeats=3)
-    except ExerciseError as err:
-        assert any(p in str(err) for p in ("updates were lost", "different bits",
-                                           "threads give different")), str(err)
+        expect(lesson11.check_embedding_backward, scatter_racy, "11.1",
+               "runs inside a prange over the tokens", repeats=2)
+    finally:
+        numba.set_num_threads(threads)
 
 
 # ------------------------------------------------------------------ 11.2

@@ -227,7 +227,9 @@ print(f"shuffled order: {shuffled!r}")
 # (`prange` over blocks), and inside, walk all tokens in order. A block of 16 float32
 # columns is one 64-byte cache line, so two threads never even share a line of the table.
 #
-# The check compares with `np.add.at`, runs your kernel several times and with 1 and with
+# The check compares with `np.add.at`, reads your kernel for a `prange` over the tokens
+# that adds into a row picked by a token's id (a race, whether or not it strikes in one
+# run), runs it several times (once with every token on the same id) and with 1 and with
 # all threads, and times it at the trainer's shape. Passing saves it as your piece
 # `embedding_backward`.
 
