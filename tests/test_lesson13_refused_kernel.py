@@ -12,7 +12,7 @@ import inspect
 
 import pytest
 
-from check_tools import fails_with
+from check_tools import fails_with, fixed_times
 from coursework import lesson10, lesson13
 
 KERNEL = '''
@@ -41,17 +41,6 @@ def kernel_from_a_cell(tmp_path, loops: str, name: str):
     namespace = {"__name__": "notebook"}
     exec(compile(source, str(path), "exec"), namespace)
     return namespace["bias_gelu_fused"]
-
-
-def fixed_times(yours_ms: float):
-    """A stand-in for lesson10.measure: the same times whatever it measures, with the
-    learner's kernel at `yours_ms` in both regimes against numpy's 10 ms and the plain
-    loop's 5 ms (refused from 30.1 ms on: past 3x numpy and 2.5x the plain loop)."""
-    def measure(fn, reference, rng, repeats, with_trainer=True):
-        t = {"yours": yours_ms / 1e3, "numpy": 10e-3, "plain": 5e-3, "trainer": 2e-3,
-             "copy": 1e-3}
-        return {"in cache": dict(t), "out of cache": dict(t)}
-    return measure
 
 
 @pytest.fixture()
