@@ -104,6 +104,20 @@ def test_the_json_gives_trainable_parameters_and_the_text_says_them(capsys):
     assert "trainable  294,912 (295k): LoRA rank 8 on c_attn" in capsys.readouterr().out
 
 
+def test_measuring_a_lora_step_without_peft_names_what_to_install(monkeypatch):
+    from engine.budget import torch_step
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        None if name in ("peft", "bitsandbytes") else find_spec(name, *a)))
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8)
+    assert "peft not installed" in torch_step.torch_missing(cfg)
+    assert "LoRA hf step" in torch_step.torch_missing(cfg)
+    said = torch_step.torch_missing(cfg.with_(qlora=True))
+    assert "peft and bitsandbytes not installed" in said and "QLoRA hf step" in said
+    assert torch_step.torch_missing(cfg.with_(lora_rank=0)) in (
+        None, torch_step.torch_missing(bm.preset("llama2-7b", **HF)))
+
+
 def test_qlora_stores_the_blocks_linear_weights_in_four_bits_and_an_absmax_per_64():
     cfg = bm.preset("llama2-7b", **HF, lora_rank=8, qlora=True)
     P, T = parameter_count(cfg), lora.trainable_parameters(cfg)
@@ -119,8 +133,7 @@ def test_qlora_stores_the_blocks_linear_weights_in_four_bits_and_an_absmax_per_6
 # ------------------------------------------------ measured with peft here
 needs_peft = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")),
-    reason="torch, transformers and peft are not installed (pip install -e "
-           "'.[transformers]' peft)")
+    reason="torch, transformers and peft are not installed (pip install -e '.[lora]')")
 
 
 def _small_gpt2(**pdrop) -> dict:
@@ -196,7 +209,7 @@ QLORA_TABLE = [
 ]
 needs_bitsandbytes = pytest.mark.skipif(
     importlib.util.find_spec("bitsandbytes") is None,
-    reason="bitsandbytes is not installed (pip install bitsandbytes)")
+    reason="bitsandbytes is not installed (pip install -e '.[lora]')")
 CASES = ([pytest.param(*case, id=case[0]) for case in CPU_TABLE]
          + [pytest.param(*case, id=case[0], marks=needs_bitsandbytes) for case in QLORA_TABLE])
 

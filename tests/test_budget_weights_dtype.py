@@ -107,8 +107,7 @@ def test_the_flag_reaches_the_json(capsys):
 # ------------------------------------------------ measured with peft here
 needs_peft = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")),
-    reason="torch, transformers and peft are not installed (pip install -e "
-           "'.[transformers]' peft)")
+    reason="torch, transformers and peft are not installed (pip install -e '.[lora]')")
 
 WIDE = {**LLAMA, "hidden_size": 128, "intermediate_size": 352, "vocab_size": 2000}
 # (name, config.json, knobs): a model loaded in bf16, trained under autocast to bf16

@@ -16,8 +16,9 @@ lists what is alive then; each thing alive is a term of `STEP_TERMS`:
     gradients of earlier micro-batches  gradients         a later micro-     from stage 2
                                                           batch's forward and
                                                           backward
-    saved by the forward                activations       the forward's end, never
-                                                          the loss's backward
+    saved by the forward                activations       the forward's end  never
+                                                          to the first
+                                                          block's backward
     the loop's output                   activations       where the loop     never
                                                           holds it
     the forward's output                activations       the forward's end  never
@@ -31,8 +32,8 @@ lists what is alive then; each thing alive is a term of `STEP_TERMS`:
                                                           backward
     optimizer temporaries               step transient    the optimizer step never
 
-`ALIVE_IN` holds the same facts as data; `tests/test_budget_moments.py` checks
-that every moment a model builds uses only terms alive in it.
+Each term's `alive_in` holds its column as data; `tests/test_budget_moments.py`
+checks that every moment a model builds holds only terms alive in it.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ STEP_TERMS = {t.name: t for t in (
     _term("gradients of earlier micro-batches", "gradients",
           (FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED, BACKWARD_END), 2),
     _term("saved by the forward", "activations", (SAVED_ALL, REBUILT, FORWARD_END,
-                                                  LOSS_BACKWARD, HEAD_BACKWARD)),
+                                                  LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED)),
     _term("the loop's output", "activations", (FORWARD_END, *_BACKWARD, OPTIMIZER_STEP)),
     _term("the forward's output", "activations", (FORWARD_END,)),
     _term("recompute", "recompute transient", (REBUILT, RECOMPUTED)),

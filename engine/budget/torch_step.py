@@ -45,12 +45,14 @@ CPU_MAX_TOKENS = 512
 
 def torch_missing(cfg: BudgetConfig) -> str | None:
     """None when the packages `cfg`'s step needs are importable, else which are not."""
-    needed = ["torch"] + (["transformers"] if cfg.activation_model == "hf" else [])
+    needed = (["torch"] + (["transformers"] if cfg.activation_model == "hf" else [])
+              + (["peft"] if cfg.lora_rank else []) + (["bitsandbytes"] if cfg.qlora else []))
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if not missing:
         return None
+    step = ("QLoRA " if cfg.qlora else "LoRA " if cfg.lora_rank else "") + cfg.activation_model
     return (f"{' and '.join(missing)} not installed; `pip install "
-            f"{' '.join(missing)}` to measure a {cfg.activation_model} step")
+            f"{' '.join(missing)}` to measure a {step} step")
 
 
 def cpu_shape(cfg: BudgetConfig) -> BudgetConfig:
