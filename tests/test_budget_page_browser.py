@@ -181,6 +181,31 @@ def test_keyboard_screen_reader_and_phone(page, base):
     _screenshot(page, "page-390x844-whole.png", full_page=True)
 
 
+def test_lora_beside_the_full_fine_tune_from_the_rank_box(page, base):
+    from playwright.sync_api import expect
+    from engine.budget import lora
+    open_page(page, base, "preset=llama3.2-1b&lora_rank=16")
+    cfg = bm.preset("llama3.2-1b", activation_model="hf", lora_rank=16,
+                    device=settings.DEFAULT_DEVICE)
+    expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(cfg))
+    page.locator("details:has(#lora) > summary").click()
+    table = page.locator("#lora table.budget-lora")
+    expect(table).to_be_visible()
+    expect(table.locator("th").nth(1)).to_have_text("full fine-tuning")
+    expect(table).to_contain_text("LoRA r=16 (set)")
+    expect(table).to_contain_text(bm.human_count(lora.trainable_parameters(cfg)))
+    _screenshot(page, "page-1280x800-lora.png", full_page=True)
+    page.locator("#lora_rank").fill("64")
+    page.locator("#lora_rank").press("Enter")
+    expect(page).to_have_url(re.compile(r"lora_rank=64"))
+    expect(table).to_contain_text("LoRA r=64 (set)")
+    expect(page.locator(".budget-peak-bytes")).to_have_text(
+        peak_of(cfg.with_(lora_rank=64)))
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
+    _screenshot(page, "page-390x844-lora.png", full_page=True)
+
+
 def contrast(foreground: str, background: str) -> float:
     """WCAG contrast ratio of two CSS rgb() colours."""
     def luminance(css: str) -> float:
