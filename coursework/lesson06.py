@@ -215,6 +215,12 @@ def check_micro_batch_that_fits(micro_batch_that_fits) -> None:
                        f"than {memory:,}. A batch that fills the memory exactly fits (<=, "
                        f"not <)."),
         ]
+        if want == 0:
+            slips.insert(0, (1, f"not even one sequence fits ({one:,} bytes > {memory:,}): the "
+                             f"answer is 0, not a micro-batch of 1 that cannot run."))
+        elif want > 2 and got == 1 << (want.bit_length() - 1):
+            slips.append((got, f"B={got} is the largest power of two that fits, but the "
+                               f"question is the largest micro-batch of any size."))
         hint = next((h for v, h in slips if v == got), None)
         if hint is None and got > want:
             hint = f"B={got} needs {got * one:,} bytes, more than {memory:,}."

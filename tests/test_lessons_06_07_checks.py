@@ -176,6 +176,10 @@ def _one(N, d, L, k, e):
     (lambda m, N, d, L, k, e: m / _one(N, d, L, k, e), ("whole number of sequences", "//")),
     (lambda m, N, d, L, k, e: (m // _one(N, d, L, k, e)) or None, ("return None", "0")),
     (lambda m, N, d, L, k, e: 2 * (m // _one(N, d, L, k, e)) + 1, ("needs", "more than")),
+    (lambda m, N, d, L, k, e: max(1, m // _one(N, d, L, k, e)), ("not even one sequence",
+                                                                 "the answer is 0")),
+    (lambda m, N, d, L, k, e: 1 << ((m // _one(N, d, L, k, e)).bit_length() - 1)
+     if m >= _one(N, d, L, k, e) else 0, ("largest power of two", "of any size")),
     (_stub, ("06.3", "not done yet")),
 ])
 def test_06_3_typical_wrong_designs_are_named(wrong, words):
