@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -65,3 +67,41 @@ def serving(folder: Path, *args: str, port: int, host: str = "127.0.0.1"):
 def open_files(pid: int) -> int:
     """How many file descriptors process `pid` holds (Linux /proc)."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class Flood:
+    """What `flooding` left: the half-open sockets and the 200 requests' statuses."""
+
+    def __init__(self):
+        self.slow: list = []
+        self.results: list = []
+
+
+@contextmanager
+def flooding(base: str, half_open: int = 400, parallel: int = 200):
+    """`half_open` connections that send half a request head and stop, and `parallel`
+    requests for settings nobody asked for before, all under way while the body runs;
+    the requests are awaited after it. Yields a Flood."""
+    port = int(base.rsplit(":", 1)[1])
+    flood = Flood()
+    for _ in range(half_open):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and never the rest
+        flood.slow.append(s)
+
+    def ask(i: int) -> None:
+        try:
+            flood.results.append(get(base + f"/api/budget?preset=gpt2-medium&micro_batch="
+                                            f"{i + 1}", timeout=60)[0])
+        except OSError as exc:
+            flood.results.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(parallel)]
+    for t in threads:
+        t.start()
+    try:
+        yield flood
+    finally:
+        for t in threads:
+            t.join(timeout=120)
+

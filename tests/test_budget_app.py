@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 from engine import budget as bm
 from widgets import budget_app
 
-from budget_page_tools import ROOT, get, get_json, open_files, serving
+from budget_page_tools import ROOT, flooding, get, get_json, open_files, serving
 from lab_tools import free_port
 
 LLAMA_FILE = ROOT / "tests" / "fixtures" / "llama2_7b_config.json"
@@ -200,12 +199,6 @@ def test_server_answers_its_own_host_with_headers_everywhere_and_stops_on_sigter
         get(base + "/", timeout=5)
 
 
-def _half_open(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and never the rest
-    return s
-
-
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux's /proc")
 def test_a_flood_leaves_a_visitor_answered_and_nothing_held(page):
     """400 half-open connections and 200 parallel requests for distinct settings: a
@@ -213,23 +206,9 @@ def test_a_flood_leaves_a_visitor_answered_and_nothing_held(page):
     before: an answer or a prompt 503, which the page retries); the half-open ones are
     closed by the server; once the flood ends the server holds what it held before."""
     base, server = page
-    port = int(base.rsplit(":", 1)[1])
     get(base + "/api/budget")  # the default answer, cached as the page opens
     before = open_files(server.pid)
-    slow = [_half_open(port) for _ in range(400)]
-    results = []
-
-    def flood(i: int) -> None:
-        try:
-            results.append(get(base + f"/api/budget?preset=gpt2-medium&micro_batch={i + 1}",
-                               timeout=60)[0])
-        except OSError as exc:
-            results.append(type(exc).__name__)
-
-    threads = [threading.Thread(target=flood, args=(i,)) for i in range(200)]
-    for t in threads:
-        t.start()
-    try:
+    with flooding(base) as flood:
         for what in ("/", "/api/budget", "/static/page.js"):
             started = time.monotonic()
             status, _, _ = get(base + what, timeout=10)
@@ -237,9 +216,7 @@ def test_a_flood_leaves_a_visitor_answered_and_nothing_held(page):
         started = time.monotonic()  # settings of its own: an answer, or "busy" at once
         status, _, _ = get(base + "/api/budget?preset=gpt2-small&micro_batch=3", timeout=10)
         assert status in (200, 503) and time.monotonic() - started < 2.0
-    finally:
-        for t in threads:
-            t.join(timeout=120)
+    results, slow = flood.results, flood.slow
     assert len(results) == 200 and set(results) <= {200, 503}, set(results)
     slow[0].settimeout(20)
     assert slow[0].recv(1024) == b""  # closed by the server: a head must come in time
