@@ -128,22 +128,22 @@ def _run_child(name: str, path: Path, function: str, at_save: bool):
         return _verdict(piece, child, watched)
 
 
-def vet_ahead(requests) -> None:
+def vet_ahead(requests, at_save: bool = False) -> None:
     """Vet in one child, one after the other, every piece of `requests` ((name, path,
-    function) each, loaded as the kernel loads them, not at a save) that has no verdict
-    yet: one start of the engine's imports instead of one per piece, so a lesson that
-    loads several pieces waits about a second, not a second per piece. The verdicts are
-    kept only when the child ran every piece and ended cleanly; otherwise none is kept,
-    and each piece is vetted on its own when it is loaded, which names the one at fault.
-    Never raises."""
+    function) each, loaded as the kernel loads them, or as a save checks them when
+    `at_save`) that has no verdict yet: one child instead of one per piece, so a lesson
+    that loads several pieces waits for one child's work, not one per piece. The
+    verdicts are kept only when the child ran every piece and ended cleanly; otherwise
+    none is kept, and each piece is vetted on its own when it is loaded or saved, which
+    names the one at fault. Never raises."""
     todo, keys = [], []
     for name, path, function in requests:
         try:
-            key = _key(name, Path(path), function, False)
+            key = _key(name, Path(path), function, at_save)
         except OSError:
             continue
         if key not in _VERDICTS and key not in keys:
-            todo.append((name, Path(path), function, False))
+            todo.append((name, Path(path), function, at_save))
             keys.append(key)
     if len(todo) < 2 or not hasattr(os, "killpg"):
         return                                # one piece: `vet` starts its own child

@@ -381,26 +381,13 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
     source cannot stand alone (a function typed into a plain Python prompt, or made
     inside another function) or the
     folder is not writable (a message says so; the passed answer stands)."""
-    if "<locals>" in getattr(getattr(fn, "py_func", fn), "__qualname__", ""):
-        return None                    # a function made inside another one: no piece
-    try:
-        source, stuck = standalone_source(fn)
-    except (OSError, TypeError):
+    made = _piece_text(name, fn, exercise)
+    if made is None:
         return None
-    if stuck:
-        raise ExerciseError(exercise, f"your answer is right in the notebook, but it reads "
-                                      f"{', '.join(repr(n) for n in stuck)} from the notebook "
-                                      f"(a value set in another cell). Later lessons and the "
-                                      f"trainer load the piece on its own, where "
-                                      f"{'that name does' if len(stuck) == 1 else 'those names do'}"
-                                      f" not exist (a numba kernel would fail with a NameError "
-                                      f"at its first call). Define the value inside the "
-                                      f"function and run the check again.")
-    function = getattr(getattr(fn, "py_func", fn), "__name__", name)
-    header = _piece_header(name, function, exercise)
+    function, text = made
     with tempfile.TemporaryDirectory(prefix="backprop-piece-check-") as scratch:
         candidate = Path(scratch) / f"{name}.py"
-        candidate.write_text(header + source)
+        candidate.write_text(text)
         verdict = vet(name, candidate, function, at_save=True)
         if verdict is UNVETTED:     # no child: the check runs here, as the only line
             verdict = attempt_piece(name, candidate, function, at_save=True)[1:]
@@ -420,7 +407,7 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
     path = folder / f"{name}.py"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, header + source)
+        _write_atomic(path, text)
         with index_lock(folder):
             index = _read_index(folder)
             index[name] = {"function": function, "exercise": exercise}
@@ -431,6 +418,46 @@ def save_piece(name: str, fn, exercise: str) -> Path | None:
               f"version; set BACKPROP_PIECES_DIR to a writable folder to keep your pieces.)")
         return None
     return path
+
+
+def vet_before_saving(items) -> None:
+    """Vet the pieces of `items` ((name, function, exercise) each), about to be saved one
+    after the other, together in one child (`_vetting.vet_ahead`): each `save_piece` then
+    finds its verdict ready. A piece that cannot be saved is left for its save to say why."""
+    with tempfile.TemporaryDirectory(prefix="backprop-piece-check-") as scratch:
+        requests = []
+        for name, fn, exercise in items:
+            try:
+                made = _piece_text(name, fn, exercise)
+            except ExerciseError:
+                continue
+            if made is not None:
+                candidate = Path(scratch) / f"{name}.py"
+                candidate.write_text(made[1])
+                requests.append((name, candidate, made[0]))
+        vet_ahead(requests, at_save=True)
+
+
+def _piece_text(name: str, fn, exercise: str) -> tuple[str, str] | None:
+    """(the function's name, the piece file's text) for `fn`, or None when its source
+    cannot stand alone; ExerciseError when it reads a value from the notebook."""
+    if "<locals>" in getattr(getattr(fn, "py_func", fn), "__qualname__", ""):
+        return None                    # a function made inside another one: no piece
+    try:
+        source, stuck = standalone_source(fn)
+    except (OSError, TypeError):
+        return None
+    if stuck:
+        raise ExerciseError(exercise, f"your answer is right in the notebook, but it reads "
+                                      f"{', '.join(repr(n) for n in stuck)} from the notebook "
+                                      f"(a value set in another cell). Later lessons and the "
+                                      f"trainer load the piece on its own, where "
+                                      f"{'that name does' if len(stuck) == 1 else 'those names do'}"
+                                      f" not exist (a numba kernel would fail with a NameError "
+                                      f"at its first call). Define the value inside the "
+                                      f"function and run the check again.")
+    function = getattr(getattr(fn, "py_func", fn), "__name__", name)
+    return function, _piece_header(name, function, exercise) + source
 
 
 def load_piece(name: str):

@@ -83,12 +83,16 @@ def save_solution_pieces(names, scratch: Path) -> list[str]:
     """Save the reference solution of each piece in `names` through `save_piece` into the
     current pieces folder; returns the names saved, in order."""
     spaces: dict = {}
-    saved = []
     for name in names:
-        lesson, function, exercise = SOLUTION_PIECES[name]
+        lesson = SOLUTION_PIECES[name][0]
         if lesson not in spaces:
             spaces[lesson] = solution_namespace(lesson, scratch)
-        if pieces.save_piece(name, spaces[lesson][function], exercise) is None:
+    items = [(name, spaces[SOLUTION_PIECES[name][0]][SOLUTION_PIECES[name][1]],
+              SOLUTION_PIECES[name][2]) for name in names]
+    pieces.vet_before_saving(items)      # one child for all, not one per save
+    saved = []
+    for name, fn, exercise in items:
+        if pieces.save_piece(name, fn, exercise) is None:
             raise RuntimeError(f"the reference solution of {name!r} ({exercise}) could not "
                                f"be saved in {pieces.pieces_dir()}")
         saved.append(name)

@@ -371,3 +371,17 @@ def _status(pid) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "X"
+
+
+def test_pieces_vetted_before_saving_share_one_child_and_their_saves_start_none(
+        tmp_path, folder, monkeypatch):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = _define(tmp_path / "a", RIGHT, NAME)
+    second = _define(tmp_path / "b", RIGHT.replace("eps=1e-6", "eps=1e-5"), NAME)
+    started = _children(monkeypatch)
+    pieces.vet_before_saving([(NAME, first, "00.1"), ("another_piece", second, "00.1")])
+    assert len(started) == 1 and sorted(started[0]) == ["another_piece", NAME]
+    assert pieces.save_piece(NAME, first, "00.1") is not None
+    assert pieces.save_piece("another_piece", second, "00.1") is not None
+    assert len(started) == 1                       # both saves found their verdicts ready

@@ -27,7 +27,7 @@ SOLUTIONS = ROOT / "course" / "solutions"
 VETTING_OFF = """\
 import coursework._vetting as _v, coursework.pieces as _p
 _v.vet = _p.vet = lambda *args, **kwargs: None
-_v.vet_ahead = _p.vet_ahead = lambda requests: None
+_v.vet_ahead = _p.vet_ahead = lambda *args, **kwargs: None
 """
 
 
