@@ -6,9 +6,9 @@ at_save], with the kernel's import path and environment as they are now. It then
 its address space to what the imports mapped plus `memory_bytes`, says "r" on the
 descriptor `fd` when it is ready, "c" and "e" around every numba compilation (the
 parent's deadline does not count those), and after each piece "v" and its verdict as
-JSON on one line: null, or [kind, text] as `pieces.attempt_piece` gives them. The pieces run one after the other in this one
-process, as the notebook's kernel would load them. The parent kills this process at its
-deadline; it never has to stop on its own.
+JSON on one line: null, or [kind, text] as `pieces.attempt_piece` gives them. The pieces
+run one after the other in this one process, as the notebook's kernel would load them.
+The parent kills this process at its deadline; it never has to stop on its own.
 """
 from __future__ import annotations
 

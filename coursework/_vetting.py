@@ -62,6 +62,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import _piece_guard
@@ -180,11 +181,13 @@ def _child(requests):
         start_spare()
 
 
+@dataclass
 class _Started:
     """A child process, its progress pipe, its scratch folder, and how it was started."""
-
-    def __init__(self, process, progress: int, scratch, recipe):
-        self.process, self.progress, self.scratch, self.recipe = process, progress, scratch, recipe
+    process: subprocess.Popen
+    progress: int
+    scratch: tempfile.TemporaryDirectory
+    recipe: tuple
 
 
 def _recipe() -> tuple:
@@ -249,7 +252,7 @@ def start_spare() -> None:
     if not hasattr(os, "killpg"):
         return
     with _SPARE_LOCK:
-        if _SPARE and _SPARE[0].recipe == _recipe() and _SPARE[0].process.poll() is None:
+        if _spare_ready():
             return
         _drop_spare()
         started = _start_child()
@@ -257,10 +260,14 @@ def start_spare() -> None:
             _SPARE.append(started)
 
 
+def _spare_ready() -> bool:
+    """Whether a spare waits that was started as a child would be started now."""
+    return bool(_SPARE) and _SPARE[0].recipe == _recipe() and _SPARE[0].process.poll() is None
+
+
 def _take_spare():
-    """The waiting spare when it was started as a child would be started now and still
-    waits; else None (and any spare is ended)."""
-    if _SPARE and _SPARE[0].recipe == _recipe() and _SPARE[0].process.poll() is None:
+    """The waiting spare when `_spare_ready`; else None (and any spare is ended)."""
+    if _spare_ready():
         return _SPARE.pop()
     _drop_spare()
     return None

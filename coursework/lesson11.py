@@ -30,6 +30,10 @@ from .pieces import save_piece
 EX_SCATTER = "11.1 (embedding_backward)"
 EX_SPARSE = "11.2 (gradient_bytes)"
 EX_DECAY = "11.3 (decay_factors)"
+# what every race hint ends with: why updates are lost, and the split that avoids it
+RACE_FIX = ("If threads add into the same row at the same time, one read-modify-write "
+            "overwrites the other; give each thread its own columns (prange over column "
+            "blocks, tokens in order inside).")
 
 
 def scatter_add_reference(ids, g, vocab_size):
@@ -77,28 +81,22 @@ def _check_repeatable(embedding_backward, ids, g, vocab_size, got, runs: int = 4
         again = np.asarray(attempt(EX_SCATTER, embedding_backward, ids, g, vocab_size))
         if again.shape == got.shape and again.tobytes() != got.tobytes():
             raise ExerciseError(EX_SCATTER, "the sums are wrong and differ from run to run on "
-                                            "the same 7 tokens: updates were lost. If threads "
-                                            "add into the same row at the same time, one "
-                                            "read-modify-write overwrites the other; give each "
-                                            "thread its own columns (prange over column "
-                                            "blocks, tokens in order inside).")
+                                            "the same 7 tokens: updates were lost. " + RACE_FIX)
 
 
 def _lost_update_hint(ids, g, got, row):
     """A row that holds only some of its tokens' gradients lost the others: either the
     loop skipped them or two threads' read-modify-writes of the row collided."""
-    positions = np.flatnonzero(ids == row)
-    if positions.size > 12:
+    positions = np.flatnonzero(ids == row).tolist()
+    if len(positions) > 12:
         return None
-    for mask in range((1 << positions.size) - 1):     # every proper subset, the empty one too
-        kept = [t for i, t in enumerate(positions.tolist()) if mask >> i & 1]
+    for mask in range((1 << len(positions)) - 1):     # every proper subset, the empty one too
+        kept = [t for i, t in enumerate(positions) if mask >> i & 1]
         if np.allclose(got[row], g[kept].sum(axis=0), rtol=1e-12, atol=1e-12):
-            missing = sorted(set(positions.tolist()) - set(kept))
+            missing = sorted(set(positions) - set(kept))
             return (f"row {row} holds the gradients of tokens at positions {kept} but not "
-                    f"{missing}: updates were lost. If threads add into the same row at the "
-                    f"same time, one read-modify-write overwrites the other; give each thread "
-                    f"its own columns (prange over column blocks, tokens in order inside). "
-                    f"Without threads, check that the loop visits every token.")
+                    f"{missing}: updates were lost. {RACE_FIX} Without threads, check that "
+                    f"the loop visits every token.")
     return None
 
 
@@ -160,24 +158,18 @@ def _check_same_bits(embedding_backward, rng, repeats: int) -> tuple[int, int]:
                                         f"make the table with dtype=g.dtype.")
     want2 = scatter_add_reference(ids2, g2.astype(np.float64), V2)
     # one id for every token: if threads add into one row at once, they collide every time
-    same = np.zeros(N2, np.int32)
+    same, whole = np.zeros(N2, np.int32), g2.astype(np.float64).sum(axis=0)
     for _ in range(max(2, repeats)):
         one_row = np.asarray(attempt(EX_SCATTER, embedding_backward, same, g2, V2))
-        if not np.allclose(one_row[0], g2.astype(np.float64).sum(axis=0), rtol=1e-4, atol=1e-2):
-            lost = float(np.abs(one_row[0] - g2.astype(np.float64).sum(axis=0)).max())
+        if not np.allclose(one_row[0], whole, rtol=1e-4, atol=1e-2):
+            lost = float(np.abs(one_row[0] - whole).max())
             raise ExerciseError(EX_SCATTER, f"with all {N2} tokens on one id the row's sums are "
-                                            f"off by up to {lost:.3g}: updates were lost. If "
-                                            f"threads add into the same row at the same time, "
-                                            f"one read-modify-write overwrites the other. Give "
-                                            f"each thread its own columns (prange over column "
-                                            f"blocks, tokens in order inside).")
+                                            f"off by up to {lost:.3g}: updates were lost. "
+                                            + RACE_FIX)
     if not np.allclose(runs[0], want2, rtol=1e-4, atol=1e-3):
         lost = float(np.abs(runs[0] - want2).max())
         raise ExerciseError(EX_SCATTER, f"with {N2} tokens over {V2} ids the sums are off by up "
-                                        f"to {lost:.3g}: updates were lost. If threads add into "
-                                        f"the same row at the same time, one read-modify-write "
-                                        f"overwrites the other. Give each thread its own columns "
-                                        f"(prange over column blocks, tokens in order inside).")
+                                        f"to {lost:.3g}: updates were lost. " + RACE_FIX)
     if len({r.tobytes() for r in runs}) > 1:
         raise ExerciseError(EX_SCATTER, f"{len(runs)} runs on the same input gave different "
                                         f"bits: the order of the additions changes from run to "
@@ -216,7 +208,7 @@ def racing_rows(fn) -> str | None:
         if not (isinstance(loop, ast.For) and is_call(loop.iter, "prange")
                 and isinstance(loop.target, ast.Name)):
             continue
-        token, picked = loop.target.id, {ids}
+        token, picked = loop.target.id, set()
         for sub in ast.walk(loop):           # names bound to ids[token]: row = ids[t]
             if (isinstance(sub, ast.Assign) and len(sub.targets) == 1
                     and isinstance(sub.targets[0], ast.Name) and _reads_id(sub.value, ids, token)):
@@ -241,8 +233,7 @@ def _reads_id(node, ids: str, token: str) -> bool:
 def _row_by_id(index, picked: set, ids: str, token: str) -> bool:
     """Is the written element's row chosen by a token's id (ids[t], or a name set from it)?"""
     first = index.elts[0] if isinstance(index, ast.Tuple) else index
-    return _reads_id(first, ids, token) or (isinstance(first, ast.Name) and first.id in picked
-                                            and first.id != ids)
+    return _reads_id(first, ids, token) or (isinstance(first, ast.Name) and first.id in picked)
 
 
 def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:

@@ -83,12 +83,12 @@ def save_solution_pieces(names, scratch: Path) -> list[str]:
     """Save the reference solution of each piece in `names` through `save_piece` into the
     current pieces folder; returns the names saved, in order."""
     spaces: dict = {}
+    items = []
     for name in names:
-        lesson = SOLUTION_PIECES[name][0]
+        lesson, function, exercise = SOLUTION_PIECES[name]
         if lesson not in spaces:
             spaces[lesson] = solution_namespace(lesson, scratch)
-    items = [(name, spaces[SOLUTION_PIECES[name][0]][SOLUTION_PIECES[name][1]],
-              SOLUTION_PIECES[name][2]) for name in names]
+        items.append((name, spaces[lesson][function], exercise))
     pieces.vet_before_saving(items)      # one child for all, not one per save
     saved = []
     for name, fn, exercise in items:

@@ -17,6 +17,7 @@ import argparse
 import statistics
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import nbformat
@@ -48,7 +49,6 @@ def run_once(path: Path, vetting: bool) -> tuple[float, list[float]]:
 def _cell_seconds(cell) -> float:
     timing = cell.metadata.get("execution", {})
     try:
-        from datetime import datetime
         begin = datetime.fromisoformat(timing["iopub.execute_input"].replace("Z", "+00:00"))
         end = datetime.fromisoformat(timing["shell.execute_reply"].replace("Z", "+00:00"))
         return (end - begin).total_seconds()
