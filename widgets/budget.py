@@ -367,7 +367,7 @@ class BudgetWidget:
         idle = idle_knobs(values)
         greyed: dict[str, list] = {title: [] for title in self.idle_hints}
         for field, rule in idle.items():
-            reason = rule.why(values)
+            reason = rule.reason
             default = B.knob(field).default
             if rule.resets and values[field] != default:
                 self._set(field, default)

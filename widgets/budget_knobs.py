@@ -7,8 +7,8 @@ a free-form string; the knob's help is the control's tooltip. What the widget ad
 its own: a short label, a tab per group of knobs, and the few controls whose choices
 follow other knobs (heads among the divisors of the width, the device list).
 
-`IDLE` says which knobs do nothing in which mode. Such a knob is greyed out with its
-reason; when the mode refuses the value it holds (gradients in fp32 under a real
+The budget's compatibility table (`engine.budget.compat`) says which knobs do nothing
+in which mode. Such a knob is greyed out with its reason; when the mode refuses the value it holds (gradients in fp32 under a real
 framework's step), the widget puts it back to the knob's default and says so, so a
 message never names a control that cannot be pressed.
 """
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
 
 import ipywidgets as w
 from traitlets import observe
 
 from engine import budget as B
+from engine.budget import compat
 from engine.budget.devices import NO_DEVICE
 
 # Short labels: the table's help is the long form, shown on hover.
@@ -135,74 +135,18 @@ def zeros_hint(knobs: list[B.Knob]) -> str:
 # ------------------------------------------------------------ knobs that do nothing
 @dataclass(frozen=True)
 class Idle:
-    """A knob that does nothing in some mode: `why(values)` is the reason, or None where
-    the knob matters. With `resets`, the mode refuses any value but the knob's default,
-    and the widget puts it back."""
-    field: str
-    why: Callable[[dict], str | None]
-    resets: bool = False
-
-
-def _model(v: dict) -> str:
-    return v["activation_model"]
-
-
-def _real(v: dict) -> bool:
-    return _model(v) in B.REAL_STEP_MODELS
-
-
-def _when(test: Callable[[dict], bool], reason) -> Callable[[dict], str | None]:
-    """A `why` from a test and its reason (a string, or a function of the values)."""
-    return lambda v: (reason(v) if callable(reason) else reason) if test(v) else None
-
-
-LOOP_KNOBS = ("optimizer_impl", "outputs", "use_cache", "padded_batch", "backend")
-LLAMA_TRAITS = {"n_kv_head": "GPT-2 blocks have one key/value head per head",
-                "d_head": "GPT-2 blocks split the width evenly among the heads",
-                **dict.fromkeys(("qkv_bias", "qk_norm", "sliding_window"),
-                                "a trait of LLaMA-shaped blocks")}
-
-# For one knob, the first rule that applies decides; resetting rules come first.
-IDLE = (
-    Idle("grad_precision", _when(_real, lambda v: f"a {_model(v)} step keeps fp32 gradients "
-                                 f"of its fp32 weights; autocast stores fp32"), resets=True),
-    Idle("grad_precision", _when(lambda v: v["precision"] == "fp32",
-                                 "fp32 weights have fp32 gradients either way")),
-    Idle("dropout", _when(lambda v: _model(v) == "engine",
-                          "the engine's reference GPT has no dropout"), resets=True),
-    Idle("attention", _when(lambda v: _model(v) == "engine", "the engine's reference GPT "
-                            "keeps its attention probabilities (standard)"), resets=True),
-    Idle("attention", _when(lambda v: _model(v) == "rule",
-                            "the rule of thumb counts k tensors, whatever the kernel")),
-    Idle("tensors_per_layer", _when(lambda v: _model(v) != "rule", "k is the rule of "
-                                    "thumb's; activations of: rule")),
-    Idle("n_params", _when(_real, lambda v: f"the {_model(v)} model follows every tensor "
-                           f"of the shape"), resets=True),
-    *(Idle(f, _when(lambda v: v["architecture"] != "llama", why), resets=True)
-      for f, why in LLAMA_TRAITS.items()),
-    *(Idle(f, _when(lambda v: not _real(v), lambda v: f"the {_model(v)} model has no "
-                    f"framework loop (activations of: pytorch or hf)"), resets=True)
-      for f in LOOP_KNOBS),
-    *(Idle(f, _when(lambda v: _model(v) == "pytorch", "the plain PyTorch GPT takes no "
-                    "attention mask and builds no key/value cache"), resets=True)
-      for f in ("use_cache", "padded_batch")),
-    Idle("lora_rank", _when(lambda v: _model(v) != "hf", "LoRA adapters are peft's, over "
-                            "a transformers model (activations of: hf)"), resets=True),
-    *(Idle(f, _when(lambda v: not v["lora_rank"], "no adapters: LoRA rank is 0 (full "
-                    "fine-tuning)"), resets=True) for f in ("lora_targets", "lora_dropout")),
-    Idle("zero", _when(lambda v: v["devices"] == 1, "one device: nothing to shard")),
-    Idle("mfu", _when(lambda v: v["device"] == NO_DEVICE and not v["device_flops"],
-                      "no device chosen: no step time to estimate")),
-)
+    """A knob that does nothing with the current values, and why (from the budget's
+    compatibility table, `engine.budget.compat`). With `resets`, those values refuse
+    any value but the knob's default, and the widget puts it back."""
+    reason: str
+    resets: bool
 
 
 def idle_knobs(values: dict) -> dict[str, Idle]:
-    """The knobs that do nothing with these values, each with the rule that says why."""
-    found: dict[str, Idle] = {}
-    for rule in IDLE:
-        if rule.field in values and rule.field not in found and rule.why(values):
-            found[rule.field] = rule
-    return found
+    """The knobs that do nothing with these values, each with why."""
+    cfg = B.BudgetConfig(**{k: v for k, v in values.items() if k in B.KNOBS})
+    return {field: Idle(rule.why(cfg), rule.refuses)
+            for field, rule in compat.idle_knobs(cfg).items() if field in values}
 
 
 # ------------------------------------------------------- what a message names

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field, replace
 
+from . import compat
 from . import frameworks
-from . import weights_dtype
-from .lora import targeted
 from .devices import DEVICES, NO_DEVICE, find_device
+from .linears import targeted
 from .knobs import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BACKENDS, DEFAULT,
                     GRAD_PRECISIONS, KNOBS, OPTIMIZER_IMPLS, OPTIMIZERS, OUTPUTS, PRECISIONS,
                     REAL_STEP_MODELS, RECOMPUTE, SWITCH, ZERO_STAGES, default, problems)
@@ -142,48 +142,21 @@ class BudgetConfig:
     def validate(self) -> "BudgetConfig":
         """Return self, or raise BudgetError naming the knob, its value and the fix."""
         self._validate_numbers()
+        refused = compat.refusal(self)  # which knob applies under which model or recipe
+        if refused:
+            raise BudgetError(refused)
         self._validate_shape()
         self._validate_device()
-        if self.recompute == "selective" and self.activation_model == "rule":
-            raise BudgetError(
-                "recompute='selective' needs to know which tensors belong to the attention "
-                "core, and the rule of thumb ('rule') does not; choose activation_model "
-                "'transformer', or recompute 'none' or 'full'.")
-        self._validate_loop()
-        if self.activation_model in REAL_STEP_MODELS:
-            self._validate_real_step()
-        if self.activation_model == "engine":
-            self._validate_engine()
-        self._validate_lora()
-        trouble = weights_dtype.problem(self)
-        if trouble:
-            raise BudgetError(trouble)
+        self._validate_targets()
         return self
 
-    def _validate_lora(self) -> None:
-        """LoRA is peft's, over a transformers model (engine.budget.lora)."""
-        if not self.lora_rank:
-            for knob in ("lora_targets", "lora_dropout", "qlora"):
-                if getattr(self, knob):
-                    raise BudgetError(f"{knob}={getattr(self, knob)!r} describes LoRA adapters, "
-                                      f"but lora_rank is 0 (full fine-tuning); set lora_rank "
-                                      f"(e.g. 8), or leave {knob} unset.")
-            return
-        if self.activation_model != "hf":
-            raise BudgetError(f"lora_rank={self.lora_rank}: LoRA adapters are peft's, over a "
-                              f"Hugging Face transformers model; choose activation_model "
-                              f"'hf', or set lora_rank to 0.")
-        if self.qlora and self.precision != "fp32":
-            raise BudgetError(
-                f"qlora with precision={self.precision!r}: under autocast bitsandbytes hands "
-                f"each frozen 4-bit layer's output back in its input's dtype (fp32 after a "
-                f"norm), so the MLP keeps fp32 tensors where LoRA keeps 16-bit ones; measured "
-                f"on the CPU but not modelled. Choose precision 'fp32' (the 4-bit layers "
-                f"still compute in bf16).")
-        try:
-            targeted(self)
-        except ValueError as exc:
-            raise BudgetError(str(exc)) from None
+    def _validate_targets(self) -> None:
+        """Every LoRA target names a linear layer of the block, as peft requires."""
+        if self.lora_rank:
+            try:
+                targeted(self)
+            except ValueError as exc:
+                raise BudgetError(str(exc)) from None
 
     def _validate_numbers(self) -> None:
         """Every number within its knob's bounds, every choice one of its values
@@ -194,11 +167,6 @@ class BudgetConfig:
 
     def _validate_shape(self) -> None:
         """Heads divide the width, key/value heads the heads, the sequence fits."""
-        if self.d_head and self.architecture != "llama":
-            raise BudgetError(
-                f"d_head={self.d_head}: a GPT-2 block splits its width evenly among its "
-                f"heads; a head size of its own is a LLaMA setting (architecture 'llama'), "
-                f"or set d_head to 0.")
         if self.d_model % self.n_head and not self.d_head:
             divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
             raise BudgetError(
@@ -218,11 +186,6 @@ class BudgetConfig:
                 f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head}: each "
                 f"key/value head serves an equal group of query heads; allowed: {divisors} "
                 f"(0 means one per head).")
-        if self.architecture == "gpt2" and self.kv_heads != self.n_head:
-            raise BudgetError(
-                f"n_kv_head={self.n_kv_head}: GPT-2 blocks keep one key/value head per "
-                f"head; choose architecture 'llama' for grouped-query attention, or set "
-                f"n_kv_head to 0.")
 
     def _validate_device(self) -> None:
         if not isinstance(self.device, str):
@@ -234,58 +197,6 @@ class BudgetConfig:
                 f"any case, or a short name such as h200, mi300x, rtx-3090); name one of "
                 f"those, or give both device_memory (bytes) and device_flops (FLOP/s) for "
                 f"your own.")
-
-    def _validate_engine(self) -> None:
-        """The engine's reference GPT is one model: GPT-2, tied, 4d MLP, no dropout."""
-        if self.attention != "standard":
-            raise BudgetError(
-                "the engine's reference GPT keeps its attention probabilities "
-                "(standard attention); with activation_model='engine' set attention "
-                "'standard'.")
-        if self.architecture != "gpt2":
-            raise BudgetError(
-                "the engine's reference GPT is a GPT-2 style model; with "
-                "activation_model='engine' set architecture 'gpt2'.")
-        if self.dropout:
-            raise BudgetError(
-                "the engine's reference GPT has no dropout; with activation_model="
-                "'engine' set dropout off.")
-        if self.d_ff and self.d_ff != 4 * self.d_model:
-            raise BudgetError(
-                f"the engine's reference GPT has an MLP of width 4*d_model="
-                f"{4 * self.d_model}, not d_ff={self.d_ff}; set d_ff to 0 or "
-                f"{4 * self.d_model}.")
-        if not self.tied_embedding:
-            raise BudgetError("the engine's reference GPT ties its output head to the "
-                              "token embedding; set tied_embedding=True.")
-
-    def _validate_loop(self) -> None:
-        """The knobs of a practitioner's loop belong to the real-step models: a
-        textbook count has no optimizer code, no caller and no backend."""
-        model = self.activation_model
-        loop = {"optimizer_impl": DEFAULT, "outputs": DEFAULT, "use_cache": DEFAULT,
-                "padded_batch": False, "backend": "cuda"}
-        if model not in REAL_STEP_MODELS:
-            for knob, neutral in loop.items():
-                if getattr(self, knob) != neutral:
-                    raise BudgetError(
-                        f"{knob}={getattr(self, knob)!r} describes a real framework's step; "
-                        f"the {model} model has none. Choose activation_model 'pytorch' or "
-                        f"'hf', or leave {knob} at {neutral!r}.")
-        elif model == "pytorch":
-            for knob, neutral in (("use_cache", DEFAULT), ("padded_batch", False)):
-                if getattr(self, knob) != neutral:
-                    raise BudgetError(
-                        f"{knob}={getattr(self, knob)!r}: the plain PyTorch GPT takes no "
-                        f"attention mask and builds no key/value cache; choose "
-                        f"activation_model 'hf', or leave {knob} at {neutral!r}.")
-        if self.architecture != "llama":
-            for knob in ("qkv_bias", "qk_norm", "sliding_window"):
-                if getattr(self, knob):
-                    raise BudgetError(
-                        f"{knob}={getattr(self, knob)!r} is a trait of LLaMA-shaped blocks "
-                        f"(Qwen2, Qwen3, Mistral); choose architecture 'llama', or turn "
-                        f"{knob} off.")
 
     @property
     def resolved_optimizer_impl(self) -> str | None:
@@ -301,28 +212,6 @@ class BudgetConfig:
     def autocast(self) -> bool:
         """A real framework's step in 16 bits: torch.autocast over fp32 weights."""
         return self.activation_model in REAL_STEP_MODELS and self.precision != "fp32"
-
-    def _validate_real_step(self) -> None:
-        model = self.activation_model
-        if self.recompute == "selective":
-            raise BudgetError(
-                f"recompute='selective' is not a switch of a {model} step: what it buys "
-                f"(no T x T probabilities kept) is what attention 'flash' (SDPA) does; "
-                f"choose attention 'flash' with recompute 'none', or recompute 'full' "
-                f"(checkpoint every block).")
-        if self.n_params:
-            raise BudgetError(
-                f"n_params={self.n_params} replaces the shape by a count, but the {model} "
-                f"model follows every tensor of the shape; set n_params to 0.")
-        if self.grad_precision != "storage":
-            raise BudgetError(
-                f"grad_precision={self.grad_precision!r}: a {model} step keeps fp32 "
-                f"gradients of its fp32 weights (autocast computes in 16 bits but stores "
-                f"fp32); set grad_precision 'storage'.")
-        if model == "pytorch" and self.architecture != "gpt2":
-            raise BudgetError(
-                "the plain PyTorch model is nanoGPT's GPT-2 block; with activation_model="
-                "'pytorch' set architecture 'gpt2' (or activation_model 'hf' for LLaMA).")
 
     def with_(self, **changes) -> "BudgetConfig":
         """A copy with some knobs changed (validated)."""

@@ -44,86 +44,22 @@ keeps no input as a frozen fp32 one. Modelled in an fp32 step (the 4-bit layers
 compute in bf16 and return fp32), measured on the CPU through bitsandbytes'
 PyTorch fallback.
 
-Targets resolve as peft resolves a list of names: a module matches a name when
-its own name is that name or ends with `.` and that name, so GPT-2's `c_proj`
-is the attention's projection and the MLP's. No targets given: peft's own
-default for the family (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`):
-`c_attn` for GPT-2, `q_proj,v_proj` for the LLaMA-shaped families.
+Which layers a target list picks: `linears`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from .kept import Saved
+from .linears import BLOCK_LINEARS, Linear, matches, target_names, targeted, width
 from .weights_dtype import bf16_weights
 
 FP32 = 4
-# peft's default target_modules when none are given, by the budget's architecture
-DEFAULT_TARGETS = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj")}
-
-
-@dataclass(frozen=True)
-class Linear:
-    """One linear layer of a block, as peft names it inside the block, with the
-    op of `real_step` whose saved entry is its input ("" when no entry is: an
-    input some other op keeps anyway, SDPA's output under SDPA)."""
-    name: str
-    fan_in: str     # BudgetConfig property or field giving its input width
-    fan_out: str
-    reads: str
-
-
-BLOCK_LINEARS = {
-    "gpt2": (Linear("attn.c_attn", "d_model", "qkv_width", "qkv matmul"),
-             Linear("attn.c_proj", "d_model", "d_model", "projection matmul"),
-             Linear("mlp.c_fc", "d_model", "ffn", "fc matmul"),
-             Linear("mlp.c_proj", "ffn", "d_model", "fc-proj matmul")),
-    "llama": (Linear("self_attn.q_proj", "d_model", "q_width", "q/k/v matmuls"),
-              Linear("self_attn.k_proj", "d_model", "kv_width", "q/k/v matmuls"),
-              Linear("self_attn.v_proj", "d_model", "kv_width", "q/k/v matmuls"),
-              Linear("self_attn.o_proj", "q_width", "d_model", "projection matmul"),
-              Linear("mlp.gate_proj", "d_model", "ffn", "gate/up matmuls"),
-              Linear("mlp.up_proj", "d_model", "ffn", "gate/up matmuls"),
-              Linear("mlp.down_proj", "ffn", "d_model", "down matmul")),
-}
-
-
-def _width(cfg, what: str) -> int:
-    if what == "qkv_width":
-        return 3 * cfg.d_model
-    if what == "kv_width":
-        return cfg.kv_heads * cfg.head_dim
-    return getattr(cfg, what)
-
-
-def target_names(cfg) -> tuple[str, ...]:
-    """The names of `cfg.lora_targets` (a comma list), or peft's family default."""
-    given = tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip())
-    return given or DEFAULT_TARGETS[cfg.architecture]
-
-
-def matches(module: str, target: str) -> bool:
-    """peft's rule for a list of names: the name itself, or a `.`-separated suffix."""
-    return module == target or module.endswith("." + target)
-
-
-def targeted(cfg) -> tuple[Linear, ...]:
-    """The block's linear layers that get adapters, in the block's order; a
-    ValueError naming a target that matches no layer (peft refuses it too)."""
-    linears = BLOCK_LINEARS[cfg.architecture]
-    for target in target_names(cfg):
-        if not any(matches(l.name, target) for l in linears):
-            names = ", ".join(l.name for l in linears)
-            raise ValueError(
-                f"lora_targets={cfg.lora_targets!r}: {target!r} matches no linear layer of "
-                f"a {cfg.architecture} block ({names}; a name matches itself or a "
-                f"'.'-separated suffix, as in peft).")
-    return tuple(l for l in linears if any(matches(l.name, t) for t in target_names(cfg)))
 
 
 def adapter_shapes(cfg) -> list[tuple[str, int, int]]:
     """(name, fan_in, fan_out) of every adapted layer of one block."""
-    return [(l.name, _width(cfg, l.fan_in), _width(cfg, l.fan_out)) for l in targeted(cfg)]
+    return [(l.name, width(cfg, l.fan_in), width(cfg, l.fan_out)) for l in targeted(cfg)]
 
 
 def trainable_parameters(cfg) -> int:
@@ -154,7 +90,7 @@ def input_requires_grad(cfg) -> bool:
 def _adapter_terms(cfg, layer: Linear, mask_bytes: int, needs_mask: bool) -> list[Saved]:
     """What one adapter keeps: its dropped input and mask under lora_dropout (or,
     under autocast, its own 16-bit copy of the input), and its low-rank output."""
-    n, fan_in = cfg.micro_batch * cfg.seq_len, _width(cfg, layer.fan_in)
+    n, fan_in = cfg.micro_batch * cfg.seq_len, width(cfg, layer.fan_in)
     lo, items = (2 if cfg.autocast else FP32), []
     if cfg.lora_dropout:  # dropout runs on peft's fp32 cast of the input, A on its own cast
         items.append(Saved(f"lora {layer.name}", "input after lora_dropout", n * fan_in, lo))
@@ -188,12 +124,12 @@ def weight_copies(cfg, first: bool) -> list[Saved]:
     if not cfg.autocast:
         return []
     bf16 = bf16_weights(cfg)  # a bf16 weight is used as it is: no copy
-    frozen = 0 if cfg.qlora or bf16 else sum(_width(cfg, l.fan_in) * _width(cfg, l.fan_out)
+    frozen = 0 if cfg.qlora or bf16 else sum(width(cfg, l.fan_in) * width(cfg, l.fan_out)
                  for l in BLOCK_LINEARS[cfg.architecture]
                  if not (first and _needs_no_gradient(cfg, l)))
     # an A whose input needs no gradient keeps no weight (its cached copy goes when
     # autocast ends)
-    unkept = sum(cfg.lora_rank * _width(cfg, l.fan_in) for l in targeted(cfg)
+    unkept = sum(cfg.lora_rank * width(cfg, l.fan_in) for l in targeted(cfg)
                  if first and _needs_no_gradient(cfg, l))
     return [Saved("frozen matmuls", "weights, 16-bit copies", frozen, 2),
             Saved("lora adapters", "A and B, 16-bit copies", _adapter_weights(cfg) - unkept, 2)]
@@ -342,7 +278,7 @@ def quantized_weights(cfg) -> list[int]:
     layers (transformers leaves the embeddings and the output head unquantized)."""
     if not cfg.qlora:
         return []
-    one = [_width(cfg, l.fan_in) * _width(cfg, l.fan_out) for l in BLOCK_LINEARS[cfg.architecture]]
+    one = [width(cfg, l.fan_in) * width(cfg, l.fan_out) for l in BLOCK_LINEARS[cfg.architecture]]
     return one * cfg.n_layer
 
 

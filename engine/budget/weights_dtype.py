@@ -34,7 +34,7 @@ Modelled only where measured: LLaMA-shaped models (LLaMA, Qwen2, Mistral,
 Qwen3 configs) under precision bf16. GPT-2 in bf16 differs more (its
 LayerNorm keeps bf16 input and statistics on the CPU but runs on CUDA's fp32
 list, and its eager softmax follows the bf16 mask), and bf16 weights without
-autocast run every op in bf16: each is refused by name until it is measured.
+autocast run every op in bf16: each is refused by name until it is measured (`compat`).
 """
 from __future__ import annotations
 
@@ -70,27 +70,3 @@ def training_bytes(cfg, fp32_bytes: dict[str, int]) -> dict[str, int]:
     if not trains_bf16(cfg):
         return fp32_bytes
     return {k: v * BF16 // 4 for k, v in fp32_bytes.items()}
-
-
-def problem(cfg) -> str | None:
-    """None when `cfg`'s weights dtype is modelled, else a sentence naming what
-    was not measured and what to choose instead."""
-    if not bf16_weights(cfg):
-        return None
-    head = "weights_dtype='bf16'"
-    if cfg.activation_model != "hf":
-        return (f"{head} models a Hugging Face model loaded with torch_dtype=bfloat16; "
-                f"choose activation_model 'hf' (not {cfg.activation_model!r}), or "
-                f"weights_dtype 'fp32'.")
-    if cfg.precision != "bf16":
-        return (f"{head} with precision={cfg.precision!r}: only the Trainer's bf16=True "
-                f"(torch.autocast to bf16 over the bf16 weights) was measured; choose "
-                f"precision 'bf16', or weights_dtype 'fp32'.")
-    if cfg.qlora:
-        return (f"{head} with qlora: the 4-bit layers' step over bf16 weights was not "
-                f"measured; leave qlora unset, or weights_dtype 'fp32'.")
-    if cfg.architecture != "llama":
-        return (f"{head} with architecture={cfg.architecture!r}: only LLaMA-shaped "
-                f"models were measured (GPT-2's LayerNorm and eager softmax change dtype "
-                f"with the weights); choose architecture 'llama', or weights_dtype 'fp32'.")
-    return None
