@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 
+import re
+
 import pytest
 
 import engine.budget as bm
@@ -50,12 +52,76 @@ def test_cuda_lists_the_norms_and_softmaxes_as_fp32_and_the_cpu_does_not(op):
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))
-def test_both_run_matmuls_in_16_bits_and_losses_in_fp32(name):
+def test_both_run_matmuls_in_16_bits_and_nll_loss_in_fp32(name):
     record = backend(name)
     assert record.output_bytes("matmul", 2, autocast=True) == 2
     assert record.output_bytes("scaled_dot_product_attention", 2, autocast=True) == 2
-    assert record.output_bytes("cross_entropy", 2, autocast=True) == 4
+    assert record.output_bytes("nll_loss", 2, autocast=True) == 4
     assert record.output_bytes("softmax", 4, autocast=False) == 4  # no autocast: the input's
+
+
+def test_only_the_cpu_casts_cross_entropys_input_to_fp32():
+    assert backend("cpu").output_bytes("cross_entropy", 2, autocast=True) == 4
+    assert backend("cuda").output_bytes("cross_entropy", 2, autocast=True) == 2
+
+
+def _autocast_header() -> str:
+    torch = pytest.importorskip("torch", reason="the autocast lists are read from torch")
+    from pathlib import Path
+    header = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    if not header.exists():
+        pytest.skip(f"this torch ships no {header.name} to read CUDA's lists from")
+    return header.read_text()
+
+
+def _macro(header: str, name: str) -> set[str]:
+    start = header.index(f"#define {name}(_)")
+    body = header[start:header.index("\n\n", start)]
+    return {m.split(",")[0].strip() for m in re.findall(r"_\(([^)]*)\)", body)}
+
+
+def test_cudas_autocast_lists_explain_the_16_bit_log_softmax():
+    """CUDA's fp32 list holds nll_loss but not cross_entropy_loss, and log_softmax is
+    in the set-dtype list, whose policy leaves a dtype already given alone: so
+    cross_entropy's own `log_softmax(x, dim, x.scalar_type())` runs in 16 bits."""
+    header = _autocast_header()
+    fp32 = _macro(header, "AT_FORALL_FP32")
+    assert "nll_loss" in fp32 and "cross_entropy_loss" not in fp32
+    assert "log_softmax" in _macro(header, "AT_FORALL_FP32_SET_OPT_DTYPE")
+    assert "if the output\n                      // type is already set, don't touch it" in header
+
+
+def test_cudas_cross_entropy_keeps_16_bit_log_probs_and_an_fp32_copy():
+    """CUDA's decomposition run under the CPU's autocast (the same two policies: an
+    explicit dtype left alone, nll_loss on the fp32 list), its saved tensors against
+    `outside_saved(..., "cuda")`'s loss entries; F.cross_entropy on the CPU keeps one
+    fp32 tensor, as `outside_saved(..., "cpu")` says."""
+    torch = pytest.importorskip("torch", reason="the loss's saved tensors are torch's")
+    import torch.nn.functional as F
+    from engine.budget.real_step import loss_log_probs
+    cfg = bm.preset("gpt2-small", activation_model="pytorch", precision="bf16",
+                    micro_batch=2, seq_len=16, vocab_size=300, n_layer=1)
+    n, V = cfg.micro_batch * cfg.seq_len, cfg.vocab_size
+    logits = torch.randn(n, V, requires_grad=True)
+    y = torch.randint(0, V, (n,))
+
+    def saved_bytes(loss_of) -> int:
+        seen = {}
+        def pack(t):
+            if t.shape == (n, V):
+                seen[t.data_ptr()] = t.numel() * t.element_size()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", torch.bfloat16):
+                loss_of(logits.to(torch.bfloat16))
+        return sum(seen.values())
+
+    cuda_way = saved_bytes(lambda l: F.nll_loss(torch.log_softmax(l, -1, dtype=l.dtype), y))
+    assert cuda_way == sum(x.bytes for x in loss_log_probs(cfg, "cuda")) == n * V * (2 + 4)
+    cpu_way = saved_bytes(lambda l: F.cross_entropy(l, y))
+    assert cpu_way == sum(x.bytes for x in loss_log_probs(cfg, "cpu")) == n * V * 4
+    hf = cfg.with_(activation_model="hf")  # transformers upcasts its logits: fp32 on both
+    assert sum(x.bytes for x in loss_log_probs(hf, "cuda")) == n * V * 4
 
 
 def test_an_unknown_backend_or_op_is_refused_by_name():

@@ -20,14 +20,29 @@ choices differ, and each changes the bytes a step holds:
   autocast's lists torch.autocast runs some ops in fp32 whatever their input
                    (`AT_FORALL_FP32`, `AT_FORALL_FP32_SET_OPT_DTYPE` in
                    aten/src/ATen/autocast_mode.h). CUDA's list holds layer_norm,
-                   softmax, log_softmax, pow, exp, rsqrt and the losses; the CPU's
+                   softmax, log_softmax, pow, exp, rsqrt and nll_loss; the CPU's
                    holds the losses (nll_loss, cross_entropy) but none of the
                    others, which run in their input's dtype (bf16 in, bf16 out).
                    Matmuls and SDPA run in 16 bits on both.
+  cross_entropy    CUDA's list does not hold `cross_entropy_loss`: it runs as the
+                   ops it is written in, `log_softmax(x, dim, x.scalar_type())`
+                   then `nll_loss` (aten/src/ATen/native/LossNLL.cpp). That
+                   log_softmax is handed a dtype, and autocast's
+                   `fp32_set_opt_dtype` policy leaves a dtype that is already set
+                   alone, so on 16-bit logits it runs in 16 bits and keeps its
+                   16-bit output; `nll_loss` is on the fp32 list, so autocast
+                   hands it an fp32 copy of that output, which it keeps too. The
+                   CPU's list casts cross_entropy's input first: one fp32
+                   log_softmax output, read by both. A loss written
+                   `F.cross_entropy(logits, y)` on 16-bit logits (nanoGPT's)
+                   therefore keeps one more 16-bit B x T x V tensor on CUDA.
 
 Measured on this CPU (torch 2.13) by running each op under
 `torch.autocast("cpu", torch.bfloat16)` and by walking the autograd graph of
-SDPA with dropout; the CUDA facts are the ten measured H200 steps'.
+SDPA with dropout; the CUDA facts are the ten measured H200 steps' and the lists
+of the installed torch's `ATen/autocast_mode.h` (`tests/test_budget_backend.py`
+reads them, and runs CUDA's cross_entropy decomposition under the CPU's autocast,
+where the same two policies apply).
 """
 from __future__ import annotations
 
@@ -70,7 +85,7 @@ class Backend:
 BACKENDS = {b.name: b for b in (
     Backend("cuda", mask_bytes=1, sdpa_dropout_math=False, math_bytes=FP32,
             autocast_fp32_ops=frozenset({"layer_norm", "softmax", "log_softmax", "pow", "exp",
-                                         "rsqrt", "nll_loss", "cross_entropy"})),
+                                         "rsqrt", "nll_loss"})),
     Backend("cpu", mask_bytes=0, sdpa_dropout_math=True, math_bytes=FP32,
             autocast_fp32_ops=frozenset({"nll_loss", "cross_entropy"})),
 )}

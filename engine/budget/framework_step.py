@@ -31,8 +31,8 @@ from .config import REAL_STEP_MODELS, BudgetConfig
 from .counts import bytes_per_parameter, fixed_bytes
 from .kept import Activations, Saved
 from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
-                        kept_output_terms, mask_bytes, outside_saved, sdpa_gets_mask,
-                        vocab_fp32_bytes)
+                        kept_output_terms, log_probs_bytes, mask_bytes, outside_saved,
+                        sdpa_gets_mask, vocab_fp32_bytes)
 from .sharding import per_device_fixed
 from .weights_dtype import BF16, bf16_weights, hidden_bytes, trains_bf16, training_bytes
 
@@ -139,17 +139,23 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
                ("autocast cache", "autocast cache: 16-bit weight copies",
                 autocast_cache_bytes(cfg)),
                *_output(cfg, device, first_step, M.FORWARD_END)]
-    if cfg.autocast:
+    fp32_log_probs = log_probs_bytes(cfg, device) == FP32
+    if cfg.autocast and fp32_log_probs:
         fwd_end.append(("loss", "logits, fp32 copy for the loss", vocab))
+    if fp32_log_probs:  # log_softmax's backward: its output's gradient and the logits'
+        loss_grads = [("loss", "gradient of the log_softmax output", vocab),
+                      ("loss", "gradient of the logits (fp32)", vocab)]
+        at_head = saved
+    else:  # nll_loss's fp32 gradient first; the 16-bit ones follow as its copy goes
+        loss_grads = [("loss", "gradient of nll_loss's fp32 input", vocab)]
+        at_head = saved - vocab  # 16-bit log-probs and fp32 copy gone, 16-bit gradient
     found = [M.moment(M.FORWARD_END, fwd_end),
              M.moment(M.LOSS_BACKWARD, [
-                 *resident, *earlier, ("saved by the forward", saved),
-                 ("loss", "gradient of the log_softmax output", vocab),
-                 ("loss", "gradient of the logits (fp32)", vocab)]),
+                 *resident, *earlier, ("saved by the forward", saved), *loss_grads]),
              M.moment(M.HEAD_BACKWARD, [
                  *resident, *earlier,
                  ("saved by the forward", "saved by the forward (the log_softmax output's "
-                  "place now the gradient of the logits)", saved),
+                  "place now the gradient of the logits)", at_head),
                  ("backward's last gradients", "the head's new weight gradient",
                   _head_weights(cfg) * grad_bytes)])]
     if cfg.recompute == "full":

@@ -343,10 +343,32 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
         if kv_cache_kept_unsaved(cfg, device):
             items.append(Saved("the caller's output", "key/value cache attention did not keep",
                                kv_cache_kept_unsaved(cfg, device), 1))
-    items.append(Saved("cross-entropy", "log_softmax output (fp32)", n * V, FP32))
+    items += loss_log_probs(cfg, device)
     if cfg.activation_model == "hf":  # the labels, shifted by one: a new int64 tensor
         items.append(Saved("cross-entropy", "shifted labels (int64)", n, INDEX))
     return items
+
+
+def log_probs_bytes(cfg: BudgetConfig, device: str = "cuda") -> int:
+    """Bytes per element of the log-probabilities the loss's log_softmax makes:
+    fp32, but 16 bits for `F.cross_entropy` on 16-bit logits on CUDA (nanoGPT's
+    loss; `backends`). transformers upcasts the logits itself (`logits.float()`)."""
+    if cfg.activation_model == "hf":
+        return FP32
+    return backend_of(device).output_bytes("cross_entropy", compute_bytes(cfg), cfg.autocast)
+
+
+def loss_log_probs(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
+    """What the loss keeps over the vocabulary: log_softmax's fp32 output, read by
+    nll_loss too; or, where log_softmax runs in 16 bits, its 16-bit output and the
+    fp32 copy autocast hands nll_loss, each kept by its own op."""
+    n, V = cfg.micro_batch * cfg.seq_len, cfg.vocab_size
+    lp = log_probs_bytes(cfg, device)
+    if lp == FP32:
+        return [Saved("cross-entropy", "log_softmax output (fp32)", n * V, FP32)]
+    return [Saved("cross-entropy", "log_softmax output (16-bit: cross_entropy passes the "
+                  "logits' dtype)", n * V, lp),
+            Saved("cross-entropy", "nll_loss's input, autocast's fp32 copy", n * V, FP32)]
 
 
 def _final_rms(cfg: BudgetConfig) -> list[Saved]:
