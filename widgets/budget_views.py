@@ -11,6 +11,7 @@ import html
 from dataclasses import replace
 
 from engine import budget as B
+from engine.budget.fit import without_adapters
 
 CATEGORY_COLORS = {
     "weights": "#4c72b0", "master weights": "#8172b3", "gradients": "#55a868",
@@ -307,8 +308,7 @@ def lora_html(b: B.Budget) -> str:
     if c.activation_model != "hf":
         return ("<span class='budget-hint'>Full fine-tuning against LoRA: choose "
                 "activations of <b>hf</b> (peft's adapters over a transformers model).</span>")
-    base = dict(lora_rank=0, lora_targets="", lora_dropout=0.0)
-    full = lora_terms(replace(c, **base))
+    full = lora_terms(without_adapters(c))
     ranks = sorted({*LORA_RANKS, c.lora_rank} - {0})
     try:
         columns = {r: lora_terms(replace(c, lora_rank=r)) for r in ranks}

@@ -8,7 +8,7 @@ from . import frameworks
 from . import weights_dtype
 from .lora import targeted
 from .devices import DEVICES, NO_DEVICE, find_device
-from .knobs import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BACKENDS, DEFAULT,
+from .knobs import (ACTIVATION_MODELS, ADAPTER_KNOBS, ARCHITECTURES, ATTENTIONS, BACKENDS, DEFAULT,
                     GRAD_PRECISIONS, KNOBS, OPTIMIZER_IMPLS, OPTIMIZERS, OUTPUTS, PRECISIONS,
                     REAL_STEP_MODELS, RECOMPUTE, SWITCH, ZERO_STAGES, default, problems)
 
@@ -163,7 +163,7 @@ class BudgetConfig:
     def _validate_lora(self) -> None:
         """LoRA is peft's, over a transformers model (engine.budget.lora)."""
         if not self.lora_rank:
-            for knob in ("lora_targets", "lora_dropout", "qlora"):
+            for knob in ADAPTER_KNOBS:
                 if getattr(self, knob):
                     raise BudgetError(f"{knob}={getattr(self, knob)!r} describes LoRA adapters, "
                                       f"but lora_rank is 0 (full fine-tuning); set lora_rank "

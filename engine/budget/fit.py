@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .activations import activations
 from .config import BudgetConfig, BudgetError
 from .counts import parameter_count
-from .knobs import MAX_BATCH, MAX_COUNT, ZERO_STAGES
+from .knobs import ADAPTER_KNOBS, MAX_BATCH, MAX_COUNT, ZERO_STAGES, default
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,10 @@ def fit_answers(cfg: BudgetConfig, usable: int) -> dict:
 
 
 def without_adapters(cfg: BudgetConfig) -> BudgetConfig:
-    """The same step as a full fine-tune: every parameter trained, no adapters."""
-    return cfg.with_(lora_rank=0, lora_targets="", lora_dropout=0.0)
+    """The same step as a full fine-tune: every parameter trained, no adapters, and every
+    knob that describes adapters (knobs.ADAPTER_KNOBS, QLoRA's 4-bit weights among them)
+    at its default."""
+    return cfg.with_(lora_rank=0, **{knob: default(knob) for knob in ADAPTER_KNOBS})
 
 
 def device_fit(cfg: BudgetConfig, name: str, memory: int, flops_per_second: float,

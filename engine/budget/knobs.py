@@ -37,6 +37,10 @@ BACKENDS = ("cuda", "cpu")
 WEIGHTS_DTYPES = ("fp32", "bf16")
 # "default": the framework's own choice (engine.budget.frameworks), stated in the output.
 DEFAULT = "default"
+# The knobs that describe LoRA's adapters: meaningless without a rank (validation refuses
+# them at lora_rank 0), and reset to their defaults where a step is compared with full
+# fine-tuning (engine.budget.fit.without_adapters). A new adapter knob belongs here.
+ADAPTER_KNOBS = ("lora_targets", "lora_dropout", "qlora")
 
 FRONT_ENDS = frozenset({"cli", "widget", "page"})
 CLI_ONLY = frozenset({"cli"})
