@@ -8,6 +8,7 @@ from .devices import GiB
 from .lora import target_names
 from .weights_dtype import bf16_weights, trains_bf16, training_bytes
 from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
+from .sharding import engine_name, shards_gradients
 from .total import Budget
 
 
@@ -97,7 +98,9 @@ def describe(b: Budget) -> str:
     bpp = training_bytes(c, bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
                                                 c.autocast))
     sharded = c.devices > 1 and c.zero > 0
-    lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices)"
+    lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices"
+                              + (f"; gradients as {engine_name(c)}"
+                                 if b.real_step and shards_gradients(c) else "") + ")"
                               if c.devices > 1 else
                               f" (ZeRO stage {c.zero} shards nothing on one device: set the "
                               f"number of data-parallel devices)" if c.zero else "")]

@@ -10,7 +10,7 @@ from .devices import device_figures, find_device
 from .fit import DeviceFit, device_fit
 from .frameworks import FRAMEWORKS, resolved_optimizer_impl, resolved_outputs
 from .moments import REBUILT, SAVED_ALL
-from .sharding import communication, per_device_fixed
+from .sharding import communication, engine_name, per_device_fixed, shards_gradients
 
 
 # --------------------------------------------------------------- the budget
@@ -105,6 +105,9 @@ class Budget:
             "loop": self.loop(),
             "model_fixed": self.fixed,
             "data_parallel": {"devices": self.config.devices, "zero": self.config.zero,
+                              "gradients_as": (engine_name(self.config)
+                                               if self.real_step
+                                               and shards_gradients(self.config) else None),
                               "tokens_per_step_all_devices":
                                   self.tokens_per_step_all_devices,
                               "communication": list(self.communication)},
