@@ -176,15 +176,15 @@ def _optimizer_temporaries(cfg: BudgetConfig, tensors) -> list[tuple]:
 
 
 def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device: str,
-             first_step: bool) -> tuple:
-    """Every moment of one step (step 1 when `first_step`)."""
+             first_step: bool, tensors) -> tuple:
+    """Every moment of one step (step 1 when `first_step`); `tensors` are the trained
+    parameters (optimizer_step.trainable_tensors)."""
     weights = fixed["weights"] + fixed["master weights"]
     state = [] if first_step else [("optimizer state", fixed["optimizer state"])]
     resident = [("weights", weights), *state]
     vocab = vocab_fp32_bytes(cfg)
     grad_bytes = training_bytes(cfg, bytes_per_parameter(
         cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast))["gradients"]
-    tensors = opt.trainable_tensors(cfg)
     grads = _gradients(cfg, fixed, grad_bytes, tensors)
     fwd_end = [*resident, *grads[M.FORWARD_END],
                ("saved by the forward", "saved by the forward (but the loss's)", saved - vocab),
@@ -230,9 +230,11 @@ def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
     blocks, outside, one_block = _kept(cfg, device)
     items = tuple(blocks + outside)
     saved = sum(x.bytes for x in items)
+    tensors = opt.trainable_tensors(cfg)
     return M.StepMoments(items=items,
-                         moments=_moments(cfg, fixed, saved, one_block, device, False),
-                         first_step=_moments(cfg, fixed, saved, one_block, device, True))
+                         moments=_moments(cfg, fixed, saved, one_block, device, False, tensors),
+                         first_step=_moments(cfg, fixed, saved, one_block, device, True,
+                                             tensors))
 
 
 def real_step_activations(cfg: BudgetConfig, device: str | None = None) -> Activations:
