@@ -119,3 +119,11 @@ def test_the_output_names_the_engine():
     assert fsdp.as_dict()["data_parallel"]["gradients_as"].startswith("FSDP")
     one = bm.budget(cfg.with_(devices=1))
     assert one.as_dict()["data_parallel"]["gradients_as"] is None
+
+
+def test_a_textbook_model_refuses_an_engine_it_does_not_model():
+    with pytest.raises(bm.BudgetError, match="zero_engine='fsdp' describes a real framework"):
+        bm.preset("gpt2-small", devices=8, zero=2, zero_engine="fsdp")
+    cli = bm.main(["--preset", "gpt2-small", "--devices", "8", "--zero", "2",
+                   "--zero-engine", "fsdp"])
+    assert cli == 2

@@ -265,7 +265,8 @@ class BudgetConfig:
         textbook count has no optimizer code, no caller and no backend."""
         model = self.activation_model
         loop = {"optimizer_impl": DEFAULT, "outputs": DEFAULT, "use_cache": DEFAULT,
-                "padded_batch": False, "backend": "cuda"}
+                "padded_batch": False, "backend": "cuda",
+                "zero_engine": KNOBS["zero_engine"].default}
         if model not in REAL_STEP_MODELS:
             for knob, neutral in loop.items():
                 if getattr(self, knob) != neutral:
