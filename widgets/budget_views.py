@@ -11,6 +11,9 @@ import html
 from dataclasses import replace
 
 from engine import budget as B
+from engine.budget.fit import without_adapters
+from engine.budget.counts import fixed_bytes_per_parameter
+from engine.budget.report import per_parameter as per_parameter_figure
 
 CATEGORY_COLORS = {
     "weights": "#4c72b0", "master weights": "#8172b3", "gradients": "#55a868",
@@ -26,15 +29,16 @@ def readout_html(b: B.Budget) -> str:
     """The peak of one device (exact bytes in span.budget-peak-bytes), its items as a
     table, when the peak happens and its largest tensor, and the sizes behind them."""
     c = b.config
-    per_parameter = sum(B.bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
-                                              c.autocast).values())
+    per_parameter = per_parameter_figure(fixed_bytes_per_parameter(c))
+    covers = (" (every weight, the adapters' gradients and optimizer state)"
+              if c.lora_rank else "")
     one_device = "one device" if c.devices > 1 else "the device"
     return (f"<div class='budget-headline'><b>peak of {one_device}: "
             f"<span class='budget-peak'>{B.human_bytes(b.peak)}</span></b> "
             f"(<span class='budget-peak-bytes'>{b.peak:,}</span> bytes)</div>"
             + memory_html(b) + peak_moment_html(b)
             + f"<div class='budget-hint'>{B.human_count(b.parameters)} parameters, "
-              f"{per_parameter} bytes of fixed memory per parameter; one "
+              f"{per_parameter} bytes of fixed memory per parameter{covers}; one "
               f"B x N x d tensor {B.human_bytes(b.one_tensor_bytes)}. "
               f"1 GB = 10<sup>9</sup> bytes.</div>")
 
@@ -307,8 +311,7 @@ def lora_html(b: B.Budget) -> str:
     if c.activation_model != "hf":
         return ("<span class='budget-hint'>Full fine-tuning against LoRA: choose "
                 "activations of <b>hf</b> (peft's adapters over a transformers model).</span>")
-    base = dict(lora_rank=0, lora_targets="", lora_dropout=0.0)
-    full = lora_terms(replace(c, **base))
+    full = lora_terms(without_adapters(c))
     ranks = sorted({*LORA_RANKS, c.lora_rank} - {0})
     try:
         columns = {r: lora_terms(replace(c, lora_rank=r)) for r in ranks}

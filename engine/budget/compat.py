@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .knobs import DEFAULT, KNOBS, REAL_STEP_MODELS
+from .knobs import ADAPTER_KNOBS, DEFAULT, KNOBS, REAL_STEP_MODELS
 
 Test = Callable[[object], bool]
 
@@ -78,9 +78,8 @@ def _bf16_weights(cfg) -> bool:
 
 
 # The knobs of a practitioner's loop, each with the value that means "no loop".
-LOOP_KNOBS = ("optimizer_impl", "outputs", "use_cache", "padded_batch", "backend")
-# What LoRA alone means: set only with a rank.
-LORA_ONLY = ("lora_targets", "lora_dropout", "qlora")
+LOOP_KNOBS = ("optimizer_impl", "outputs", "use_cache", "padded_batch", "backend",
+              "zero_engine")
 LLAMA_TRAITS = ("qkv_bias", "qk_norm", "sliding_window")
 
 
@@ -189,7 +188,7 @@ RULES = (
          "k is the rule of thumb's; activations of: rule", refuses=False),
     # LoRA: peft's adapters over a transformers model
     *(Rule(k, lambda c: not c.lora_rank, "no adapters: LoRA rank is 0 (full fine-tuning)",
-           _lora_only_refusal(k)) for k in LORA_ONLY),
+           _lora_only_refusal(k)) for k in ADAPTER_KNOBS),
     Rule("lora_rank", lambda c: _model(c) != "hf", "LoRA adapters are peft's, over a "
          "transformers model (activations of: hf)",
          lambda c: (f"lora_rank={c.lora_rank}: LoRA adapters are peft's, over a Hugging Face "

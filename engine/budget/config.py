@@ -90,6 +90,7 @@ class BudgetConfig:
     grad_precision: str = default("grad_precision")
     devices: int = default("devices")
     zero: int = default("zero")
+    zero_engine: str = default("zero_engine")
     device: str = default("device")
     device_memory: int = default("device_memory")
     device_flops: int = default("device_flops")

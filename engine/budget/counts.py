@@ -184,3 +184,25 @@ def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
         per = fixed["weights"] // (P + T)
         fixed["weights"] += quantized_bytes(cfg) - sum(quantized_weights(cfg)) * per
     return fixed
+
+
+def total_parameter_count(cfg: BudgetConfig) -> int:
+    """Every parameter the step holds: the model's and, under LoRA, the adapters'."""
+    return parameter_count(cfg) + (trainable_parameters(cfg) if cfg.lora_rank else 0)
+
+
+def fixed_bytes_per_parameter(cfg: BudgetConfig) -> float:
+    """The whole model's fixed bytes (weights, master weights, gradients and optimizer
+    state, `fixed_bytes`) over every parameter (`total_parameter_count`): the
+    recipe's true bytes per parameter. Mixed-precision AdamW 16, a bf16 model's full
+    fine-tune 8; under LoRA each frozen weight costs its dtype's 4 or 2 bytes and each
+    adapter weight 16, so a little above 4 or 2; under QLoRA each 4-bit weight half a
+    byte and its share of an fp32 absmax per 64, the embeddings and head 4."""
+    return sum(fixed_bytes(cfg).values()) / total_parameter_count(cfg)
+
+
+def fixed_bytes_per_parameter_by_buffer(cfg: BudgetConfig) -> dict[str, float]:
+    """`fixed_bytes_per_parameter` buffer by buffer (whole numbers stay ints)."""
+    total = total_parameter_count(cfg)
+    return {k: v // total if v % total == 0 else v / total
+            for k, v in fixed_bytes(cfg).items()}

@@ -17,12 +17,14 @@ shown beside the estimate so the reader can judge.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import math
+from dataclasses import dataclass, replace
 
 from .activations import activations
 from .config import BudgetConfig, BudgetError
 from .counts import parameter_count
-from .knobs import MAX_BATCH, MAX_COUNT, ZERO_STAGES
+from .knobs import ADAPTER_KNOBS, MAX_BATCH, MAX_COUNT, ZERO_STAGES, default
 
 
 @dataclass(frozen=True)
@@ -54,34 +56,75 @@ class DeviceFit:
 
 def step_peak(cfg: BudgetConfig) -> int:
     """One device's peak over the first step and every later one."""
+    return max(moment_bytes(cfg))
+
+
+@functools.lru_cache(maxsize=8192)
+def moment_bytes(cfg: BudgetConfig) -> tuple[int, ...]:
+    """The bytes of every moment of one device's step, the steady state's then step 1's
+    (BudgetConfig is frozen and compares by its knobs: one evaluation per setting)."""
     step = activations(cfg).step
-    return max(step.peak_moment.bytes, step.first_step_peak_moment.bytes)
+    return tuple(m.bytes for m in (*step.moments, *step.first_step))
 
 
-def largest_fitting(fits, low: int, high: int) -> int | None:
+def clear_caches() -> None:
+    """Forget every step evaluated (a benchmark's uncached run starts here)."""
+    moment_bytes.cache_clear()
+    _answers.cache_clear()
+
+
+def largest_fitting(fits, low: int, high: int, guess: int | None = None) -> int | None:
     """The largest n in [low, high] with fits(n), for a fits that is true up to some
-    n and false beyond; None when fits(low) is false."""
-    if not fits(low):
-        return None
-    if fits(high):
-        return high
+    n and false beyond; None when fits(low) is false. A `guess` near the answer makes
+    it quick (a gallop from there, then bisection): the answer does not depend on it."""
+    if guess is None:
+        if not fits(low):
+            return None
+        if fits(high):
+            return high
+    else:
+        found = _bracket(fits, low, high, min(max(guess, low), high))
+        if not isinstance(found, tuple):
+            return found
+        low, high = found
     while high - low > 1:   # fits(low), not fits(high)
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid) else (low, mid)
     return low
 
 
-def smallest_fitting(fits, low: int, high: int) -> int | None:
+def _bracket(fits, low: int, high: int, guess: int):
+    """From `guess`, steps doubling outwards until the edge is between two of them:
+    (last that fits, first that does not), or the answer itself at an end."""
+    if fits(guess):
+        last, step = guess, 1
+        while True:
+            ahead = last + step
+            if ahead >= high:
+                return high if fits(high) else (last, high)
+            if not fits(ahead):
+                return last, ahead
+            last, step = ahead, 2 * step
+    first_not, step = guess, 1
+    while True:
+        behind = first_not - step
+        if behind <= low:
+            return (low, first_not) if fits(low) else None
+        if fits(behind):
+            return behind, first_not
+        first_not, step = behind, 2 * step
+
+
+def smallest_fitting(fits, low: int, high: int, guess: int | None = None) -> int | None:
     """The smallest n in [low, high] with fits(n), for a fits that is false below
     some n and true from there; None when fits(high) is false."""
-    if not fits(high):
+    if guess is not None and guess >= high and not fits(high):
         return None
-    if fits(low):
+    last_short = largest_fitting(lambda n: not fits(n), low, high,
+                                 None if guess is None else guess - 1)
+    if last_short is None:
         return low
-    while high - low > 1:   # not fits(low), fits(high)
-        mid = (low + high) // 2
-        low, high = (low, mid) if fits(mid) else (mid, high)
-    return high
+    return None if last_short == high else last_short + 1
 
 
 def largest_micro_batch(cfg: BudgetConfig, fixed_per_device: int, memory: int,
@@ -94,20 +137,85 @@ def largest_micro_batch(cfg: BudgetConfig, fixed_per_device: int, memory: int,
         1, max_batch)
 
 
-def _fits(cfg: BudgetConfig, usable: int, **changes) -> bool:
+def _peaks(cfg: BudgetConfig, **changes) -> tuple[int, ...] | None:
+    """`moment_bytes` of `cfg` with `changes`; None for a setting the model cannot take
+    (too many devices, a sequence beyond the positions): it never fits."""
     try:
-        return step_peak(cfg.with_(**changes)) <= usable
-    except BudgetError:     # a setting the model cannot take (too many devices) never fits
-        return False
+        return moment_bytes(replace(cfg, **changes))   # activations() validates it
+    except BudgetError:
+        return None
+
+
+def _fits(cfg: BudgetConfig, usable: int, **changes) -> bool:
+    peaks = _peaks(cfg, **changes)
+    return peaks is not None and max(peaks) <= usable
+
+
+# Every moment of a step is a sum of tensors whose sizes are polynomials in the knob a
+# search moves (a micro-batch's tensors grow linearly with B, the T x T ones with T^2,
+# each device's shard as 1/N), so two or three evaluations predict where each moment
+# crosses the usable bytes. The prediction is only the search's starting point: the
+# answer is the one a bisection finds, confirmed by evaluating around it.
+def _affine_guess(at_1, at_2, usable: int) -> int | None:
+    """The largest x with every moment (a + s*x, from x = 1 and 2) at most `usable`."""
+    if at_1 is None or at_2 is None or len(at_1) != len(at_2):
+        return None
+    bound = MAX_COUNT * MAX_BATCH
+    for m1, m2 in zip(at_1, at_2):
+        slope = m2 - m1
+        if slope > 0:
+            bound = min(bound, (usable - (m1 - slope)) // slope)
+    return bound
+
+
+def _quadratic_guess(points, usable: int) -> int | None:
+    """The largest x with every moment (a quadratic in x through x = 1, 2, 3) at most
+    `usable`."""
+    if any(p is None for p in points) or len({len(p) for p in points}) != 1:
+        return None
+    bound = float(MAX_COUNT)
+    for m1, m2, m3 in zip(*points):
+        a = (m3 - 2 * m2 + m1) / 2
+        b = (m2 - m1) - 3 * a
+        c = m1 - a - b
+        if a > 0:
+            disc = b * b - 4 * a * (c - usable)
+            bound = min(bound, (-b + math.sqrt(disc)) / (2 * a) if disc >= 0 else 0)
+        elif b > 0:
+            bound = min(bound, (usable - c) / b)
+    return int(bound)
+
+
+def _reciprocal_guess(at_1, at_2, usable: int) -> int | None:
+    """The smallest n with every moment (a + c/n, from n = 1 and 2) at most `usable`."""
+    if at_1 is None or at_2 is None or len(at_1) != len(at_2):
+        return None
+    need = 1
+    for m1, m2 in zip(at_1, at_2):
+        c, a = 2 * (m1 - m2), 2 * m2 - m1
+        if a >= usable:
+            return MAX_BATCH        # this moment never fits: the search confirms it
+        if c > 0:
+            need = max(need, -(-c // (usable - a)))
+    return need
 
 
 def fewest_devices(cfg: BudgetConfig, usable: int) -> dict | None:
     """The fewest data-parallel devices that fit this step (at its micro-batch),
     with the lowest ZeRO stage that gets there: {"devices": n, "zero": stage}."""
     most = min(MAX_BATCH, parameter_count(cfg))
+    if _fits(cfg, usable, devices=1, zero=0):   # one device, which shards nothing
+        return {"devices": 1, "zero": ZERO_STAGES[0]}
     found = []
     for stage in ZERO_STAGES:
-        n = smallest_fitting(lambda d: _fits(cfg, usable, devices=d, zero=stage), 1, most)
+        # one device shards nothing, whatever the stage: one setting to evaluate
+        def fits(d, stage=stage):
+            return _fits(cfg, usable, devices=d, zero=stage if d > 1 else 0)
+        if not fits(most):
+            continue
+        guess = _reciprocal_guess(_peaks(cfg, devices=1, zero=0),
+                                  _peaks(cfg, devices=2, zero=stage), usable)
+        n = smallest_fitting(fits, 1, most, guess)
         if n is not None:
             found.append((n, stage))
     if not found:
@@ -119,19 +227,35 @@ def fewest_devices(cfg: BudgetConfig, usable: int) -> dict | None:
 def fit_answers(cfg: BudgetConfig, usable: int) -> dict:
     """Whether the step fits in `usable` bytes, the largest micro-batch, the longest
     sequence and the fewest devices that do."""
-    return dict(
-        fits=_fits(cfg, usable),
-        largest_micro_batch=largest_fitting(
-            lambda b: _fits(cfg, usable, micro_batch=b), 1, MAX_BATCH),
-        longest_sequence=largest_fitting(
-            lambda n: _fits(cfg, usable, micro_batch=1, seq_len=n), 1,
-            cfg.block_size or MAX_COUNT),
-        fewest_devices=fewest_devices(cfg, usable))
+    fits, batch, sequence, fewest = _answers(cfg, usable)
+    return dict(fits=fits, largest_micro_batch=batch, longest_sequence=sequence,
+                fewest_devices=dict(fewest) if fewest else None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _answers(cfg: BudgetConfig, usable: int) -> tuple:
+    """fit_answers as a tuple, once per setting (a LoRA step and its table's columns
+    share the full fine-tune's)."""
+    # each search asks first whether its smallest setting fits, before any guess
+    batch = largest_fitting(
+        lambda b: _fits(cfg, usable, micro_batch=b), 1, MAX_BATCH,
+        _affine_guess(_peaks(cfg, micro_batch=1), _peaks(cfg, micro_batch=2), usable)
+    ) if _fits(cfg, usable, micro_batch=1) else None
+    longest = cfg.block_size or MAX_COUNT
+    sequence = largest_fitting(
+        lambda n: _fits(cfg, usable, micro_batch=1, seq_len=n), 1, longest,
+        _quadratic_guess([_peaks(cfg, micro_batch=1, seq_len=n) for n in (1, 2, 3)], usable)
+    ) if _fits(cfg, usable, micro_batch=1, seq_len=1) else None
+    fewest = fewest_devices(cfg, usable)
+    return (_fits(cfg, usable), batch, sequence,
+            tuple(fewest.items()) if fewest else None)
 
 
 def without_adapters(cfg: BudgetConfig) -> BudgetConfig:
-    """The same step as a full fine-tune: every parameter trained, no adapters."""
-    return cfg.with_(lora_rank=0, lora_targets="", lora_dropout=0.0)
+    """The same step as a full fine-tune: every parameter trained, no adapters, and every
+    knob that describes adapters (knobs.ADAPTER_KNOBS, QLoRA's 4-bit weights among them)
+    at its default."""
+    return cfg.with_(lora_rank=0, **{knob: default(knob) for knob in ADAPTER_KNOBS})
 
 
 def device_fit(cfg: BudgetConfig, name: str, memory: int, flops_per_second: float,

@@ -33,7 +33,8 @@ from .kept import Activations, Saved
 from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
                         kept_output_terms, log_probs_bytes, mask_bytes, outside_saved,
                         sdpa_gets_mask, vocab_fp32_bytes)
-from .sharding import per_device_fixed
+from .sharding import (gradients_in_flight, per_device_fixed, shard, shards_gradients,
+                       shards_optimizer)
 from .weights_dtype import BF16, bf16_weights, hidden_bytes, trains_bf16, training_bytes
 
 
@@ -122,18 +123,70 @@ def _head_weights(cfg: BudgetConfig) -> int:
     return 0 if cfg.lora_rank else cfg.vocab_size * cfg.d_model
 
 
+def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict:
+    """Moment -> the (term, what, bytes) entries of the gradients one device holds then,
+    beyond the head's new weight gradient. On one device, or under ZeRO 0 and 1, the
+    gradients of earlier micro-batches, every gradient from the first block's backward
+    on, and at the end of the backward every other gradient beside the embedding's
+    (optimizer_step.backward_end_terms). Under ZeRO 2 and 3 this device's shard from
+    the head's backward on, and what the engine holds whole beyond it
+    (sharding.gradients_in_flight)."""
+    later = cfg.accumulation > 1
+    earlier = [("gradients of earlier micro-batches", fixed["gradients"])] if later else []
+    tied = cfg.tied_embedding and not cfg.lora_rank
+    autocast = cfg.autocast and not bf16_weights(cfg)
+    numels = [t.numel for t in tensors]
+    if not shards_gradients(cfg):
+        end = opt.backward_end_terms(numels, grad_bytes, tensors[0].numel, tied, later,
+                                     autocast)
+        every = [("gradients", fixed["gradients"])]
+        return {M.FORWARD_END: earlier, M.LOSS_BACKWARD: earlier, M.HEAD_BACKWARD: earlier,
+                M.RECOMPUTED: every, M.BACKWARD_END: _tag(end, "backward's last gradients"),
+                M.OPTIMIZER_STEP: every}
+    # Each micro-batch's gradients are reduced into the shard as they are made, so
+    # every micro-batch ends its backward as the first does.
+    end = opt.backward_end_terms(numels, grad_bytes, tensors[0].numel, tied, False, autocast)
+    end = [(what, size) for what, size in end
+           if not what.startswith("gradients of every other")]
+    shard = [("gradients", "gradients: this device's shard", fixed["gradients"])]
+    flight = gradients_in_flight(cfg, tensors, grad_bytes, _head_weights(cfg))
+    held = {at: [("gradients in flight", what, size) for what, size in flight.get(at, [])]
+            for at in (M.FORWARD_END, M.LOSS_BACKWARD, M.HEAD_BACKWARD, M.RECOMPUTED,
+                       M.BACKWARD_END, M.OPTIMIZER_STEP)}
+    return {M.FORWARD_END: earlier + held[M.FORWARD_END],
+            M.LOSS_BACKWARD: earlier + held[M.LOSS_BACKWARD],
+            M.HEAD_BACKWARD: shard + held[M.HEAD_BACKWARD],
+            M.RECOMPUTED: shard + held[M.RECOMPUTED],
+            M.BACKWARD_END: shard + held[M.BACKWARD_END] + _tag(end, "backward's last gradients"),
+            M.OPTIMIZER_STEP: shard + held[M.OPTIMIZER_STEP]}
+
+
+def _optimizer_temporaries(cfg: BudgetConfig, tensors) -> list[tuple]:
+    """The optimizer's temporaries (optimizer_step); under ZeRO 1 and up each device
+    steps over its shard of the parameters, so they shrink with it."""
+    impl = cfg.resolved_optimizer_impl
+    if not impl:
+        return []
+    found = opt.optimizer_temporaries(cfg.optimizer, impl, opt.param_groups(cfg, tensors),
+                                      BF16 if trains_bf16(cfg) else FP32)
+    if shards_optimizer(cfg):
+        found = [(f"{what} (this device's shard)", shard(size, cfg.devices))
+                 for what, size in found]
+    return _tag(found, "optimizer temporaries")
+
+
 def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device: str,
-             first_step: bool) -> tuple:
-    """Every moment of one step (step 1 when `first_step`)."""
+             first_step: bool, tensors) -> tuple:
+    """Every moment of one step (step 1 when `first_step`); `tensors` are the trained
+    parameters (optimizer_step.trainable_tensors)."""
     weights = fixed["weights"] + fixed["master weights"]
     state = [] if first_step else [("optimizer state", fixed["optimizer state"])]
     resident = [("weights", weights), *state]
-    earlier = ([("gradients of earlier micro-batches", fixed["gradients"])]
-               if cfg.accumulation > 1 else [])
     vocab = vocab_fp32_bytes(cfg)
     grad_bytes = training_bytes(cfg, bytes_per_parameter(
         cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast))["gradients"]
-    fwd_end = [*resident, *earlier,
+    grads = _gradients(cfg, fixed, grad_bytes, tensors)
+    fwd_end = [*resident, *grads[M.FORWARD_END],
                ("saved by the forward", "saved by the forward (but the loss's)", saved - vocab),
                ("loss", "log_softmax output (fp32)", vocab),
                ("autocast cache", "autocast cache: 16-bit weight copies",
@@ -151,9 +204,10 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
         at_head = saved - vocab  # 16-bit log-probs and fp32 copy gone, 16-bit gradient
     found = [M.moment(M.FORWARD_END, fwd_end),
              M.moment(M.LOSS_BACKWARD, [
-                 *resident, *earlier, ("saved by the forward", saved), *loss_grads]),
+                 *resident, *grads[M.LOSS_BACKWARD], ("saved by the forward", saved),
+                 *loss_grads]),
              M.moment(M.HEAD_BACKWARD, [
-                 *resident, *earlier,
+                 *resident, *grads[M.HEAD_BACKWARD],
                  ("saved by the forward", "saved by the forward (the log_softmax output's "
                   "place now the gradient of the logits)", at_head),
                  ("backward's last gradients", "the head's new weight gradient",
@@ -161,24 +215,16 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     if cfg.recompute == "full":
         n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
         found.append(M.moment(M.RECOMPUTED, [
-            *resident, ("gradients", fixed["gradients"]),
+            *resident, *grads[M.RECOMPUTED],
             ("recompute", "the first block's recomputed tensors", one_block),
             ("saved by the forward", "its checkpointed input", n * h * hidden_bytes(cfg)),
             *_output(cfg, device, first_step, M.RECOMPUTED)]))
-    tensors = opt.trainable_tensors(cfg)
-    end = opt.backward_end_terms([t.numel for t in tensors], grad_bytes, tensors[0].numel,
-                                 cfg.tied_embedding and not cfg.lora_rank,
-                                 cfg.accumulation > 1, cfg.autocast and not bf16_weights(cfg))
-    found.append(M.moment(M.BACKWARD_END, [*resident, *_tag(end, "backward's last gradients"),
+    found.append(M.moment(M.BACKWARD_END, [*resident, *grads[M.BACKWARD_END],
                                            *_output(cfg, device, first_step, M.BACKWARD_END)]))
-    impl = cfg.resolved_optimizer_impl
-    temporaries = opt.optimizer_temporaries(
-        cfg.optimizer, impl, opt.param_groups(cfg, tensors),
-        BF16 if trains_bf16(cfg) else FP32) if impl else []
     found.append(M.moment(M.OPTIMIZER_STEP, [
-        ("weights", weights), ("gradients", fixed["gradients"]),
+        ("weights", weights), *grads[M.OPTIMIZER_STEP],
         ("optimizer state", fixed["optimizer state"]),
-        *_tag(temporaries, "optimizer temporaries"),
+        *_optimizer_temporaries(cfg, tensors),
         *_output(cfg, device, first_step, M.OPTIMIZER_STEP)]))
     return tuple(found)
 
@@ -191,9 +237,11 @@ def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
     blocks, outside, one_block = _kept(cfg, device)
     items = tuple(blocks + outside)
     saved = sum(x.bytes for x in items)
+    tensors = opt.trainable_tensors(cfg)
     return M.StepMoments(items=items,
-                         moments=_moments(cfg, fixed, saved, one_block, device, False),
-                         first_step=_moments(cfg, fixed, saved, one_block, device, True))
+                         moments=_moments(cfg, fixed, saved, one_block, device, False, tensors),
+                         first_step=_moments(cfg, fixed, saved, one_block, device, True,
+                                             tensors))
 
 
 def real_step_activations(cfg: BudgetConfig, device: str | None = None) -> Activations:

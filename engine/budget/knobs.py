@@ -31,12 +31,19 @@ RECOMPUTE = ("none", "selective", "full")
 ARCHITECTURES = ("gpt2", "llama")
 GRAD_PRECISIONS = ("storage", "fp32")
 ZERO_STAGES = (0, 1, 2, 3)
+# Whose ZeRO-2/3 a real step's gradients follow (engine.budget.sharding): DeepSpeed's
+# bucketed reduce or FSDP's reduce-scatter of each block as its backward ends.
+ZERO_ENGINES = ("deepspeed", "fsdp")
 OUTPUTS = ("kept", "freed")
 SWITCH = ("on", "off")
 BACKENDS = ("cuda", "cpu")
 WEIGHTS_DTYPES = ("fp32", "bf16")
 # "default": the framework's own choice (engine.budget.frameworks), stated in the output.
 DEFAULT = "default"
+# The knobs that describe LoRA's adapters: meaningless without a rank (validation refuses
+# them at lora_rank 0), and reset to their defaults where a step is compared with full
+# fine-tuning (engine.budget.fit.without_adapters). A new adapter knob belongs here.
+ADAPTER_KNOBS = ("lora_targets", "lora_dropout", "qlora")
 
 FRONT_ENDS = frozenset({"cli", "widget", "page"})
 CLI_ONLY = frozenset({"cli"})
@@ -211,6 +218,11 @@ KNOBS = {k.field: k for k in (
     _k("zero", "--zero", int, 0, "ZeRO stage over the devices: 0 replicate, 1 shard the "
        "optimizer state, 2 and the gradients, 3 and the weights", "parallel",
        choices=ZERO_STAGES),
+    _k("zero_engine", "--zero-engine", str, "deepspeed", "how ZeRO stages 2 and 3 hold "
+       "the gradients in a pytorch or hf step: deepspeed (reduced in buckets of "
+       "reduce_bucket_size, 5e8 elements, DeepSpeed's defaults) or fsdp (each block's "
+       "gradients reduce-scattered as its backward ends)", "parallel",
+       choices=ZERO_ENGINES, fronts=CLI_ONLY),
     # the device
     _k("device", "--device", str, "none", "the accelerator to check against (a full or "
        "short name in any case: h200, mi300x, rtx-3090)", "device"),

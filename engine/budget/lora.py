@@ -71,10 +71,10 @@ def trainable_parameters(cfg) -> int:
 def adapter_tensors(cfg, tensor):
     """The trainable tensors in the order the model registers them (`tensor(name,
     numel, decays)` makes each; all are in the Trainer's weight-decay group)."""
-    r, out = cfg.lora_rank, []
+    r, out, shapes = cfg.lora_rank, [], adapter_shapes(cfg)
     prefix = "h" if cfg.architecture == "gpt2" else "layers"
     for i in range(cfg.n_layer):
-        for name, fan_in, fan_out in adapter_shapes(cfg):
+        for name, fan_in, fan_out in shapes:
             out += [tensor(f"{prefix}.{i}.{name}.lora_A.weight", r * fan_in, True),
                     tensor(f"{prefix}.{i}.{name}.lora_B.weight", fan_out * r, True)]
     return out

@@ -16,6 +16,9 @@ lists what is alive then; each thing alive is a term of `STEP_TERMS`:
     gradients of earlier micro-batches  gradients         a later micro-     from stage 2
                                                           batch's forward and
                                                           backward
+    gradients in flight                 gradients         wherever the ZeRO  never (the
+                                                          engine holds them  unsharded part
+                                                          (sharding.py)      beyond a shard)
     saved by the forward                activations       the forward's end  never
                                                           to the first
                                                           block's backward
@@ -77,6 +80,7 @@ STEP_TERMS = {t.name: t for t in (
                                      SAVED_ALL, REBUILT), 2),
     _term("gradients of earlier micro-batches", "gradients",
           (FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED, BACKWARD_END), 2),
+    _term("gradients in flight", "gradients", EVERY),
     _term("saved by the forward", "activations", (SAVED_ALL, REBUILT, FORWARD_END,
                                                   LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED)),
     _term("the loop's output", "activations", (FORWARD_END, *_BACKWARD, OPTIMIZER_STEP)),

@@ -7,7 +7,10 @@ from .config import MASTER_BYTES
 from .devices import GiB
 from .lora import target_names
 from .weights_dtype import bf16_weights, trains_bf16, training_bytes
-from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
+from .counts import (bytes_per_parameter, fixed_bytes_per_parameter,
+                     fixed_bytes_per_parameter_by_buffer, tokens_per_micro_batch,
+                     tokens_per_step, total_parameter_count, trainable_parameter_count)
+from .sharding import engine_name, shards_gradients
 from .total import Budget
 
 
@@ -97,7 +100,9 @@ def describe(b: Budget) -> str:
     bpp = training_bytes(c, bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
                                                 c.autocast))
     sharded = c.devices > 1 and c.zero > 0
-    lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices)"
+    lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices"
+                              + (f"; gradients as {engine_name(c)}"
+                                 if b.real_step and shards_gradients(c) else "") + ")"
                               if c.devices > 1 else
                               f" (ZeRO stage {c.zero} shards nothing on one device: set the "
                               f"number of data-parallel devices)" if c.zero else "")]
@@ -106,13 +111,15 @@ def describe(b: Budget) -> str:
         note = f"({bpp[k]} bytes/{'param' if k == 'weights' else per}"
         if k == "weights" and bf16_weights(c) and c.lora_rank:  # peft's adapters in fp32
             note = f"(2 bytes/frozen param, {bpp[k]} bytes/trainable param"
+        if k == "weights" and c.qlora:
+            note = (f"({per_parameter(fixed_bytes_per_parameter_by_buffer(c)[k])} bytes/param: "
+                    f"the blocks' linear weights in 4 bits with an fp32 absmax per 64")
         if sharded and v != b.fixed[k]:
             note += f"; 1/{c.devices} of {human_bytes(b.fixed[k])}"
         lines.append(f"  {k:<22}{human_bytes(v):>12}   {note})")
     lines.append(f"  {'fixed total':<22}{human_bytes(b.fixed_total):>12}   "
-                 + (f"(of {human_bytes(sum(b.fixed.values()))} for the whole model)" if sharded
-                    else "(every parameter's weights, the adapters' training state)"
-                    if c.lora_rank else f"({sum(bpp.values())} bytes/param)"))
+                 + (f"(of {human_bytes(sum(b.fixed.values()))} for the whole model, " if sharded
+                    else "(") + describe_per_parameter(c) + ")")
     lines.append(f"  {'one B x N x d tensor':<22}{human_bytes(b.one_tensor_bytes):>12}")
     lines.append(f"  {'activations (saved)':<22}{human_bytes(b.activations.saved):>12}")
     if b.activations.transient and not b.real_step:
@@ -134,6 +141,21 @@ def describe(b: Budget) -> str:
     if b.device:
         lines += ["", *describe_device(b)]
     return "\n".join(lines)
+
+
+def per_parameter(value: float) -> str:
+    """A bytes-per-parameter figure: 16, 4.02, 1.01."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.3g}"
+
+
+def describe_per_parameter(c) -> str:
+    """The recipe's fixed bytes over every parameter ("16 bytes/param"), and under LoRA
+    what they cover, the adapters counted among the parameters."""
+    figure = f"{per_parameter(fixed_bytes_per_parameter(c))} bytes/param"
+    if not c.lora_rank:
+        return figure
+    return (f"{figure}: every weight, the adapters' gradients and optimizer state, over "
+            f"{human_count(total_parameter_count(c))} parameters with the adapters")
 
 
 MODEL_NAMES = {"rule": "rule of thumb", "transformer": "transformer op list",

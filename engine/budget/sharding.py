@@ -30,11 +30,39 @@ gradient bytes and W the weight bytes of the whole model:
 A ring collective on N devices sends (N-1)/N of the buffer per device for a
 reduce-scatter or an all-gather, 2(N-1)/N for an all-reduce (one of each).
 One device communicates nothing.
+
+Gradients as the engines hold them (stages 2 and 3, the pytorch and hf steps)
+------------------------------------------------------------------------------
+A device never holds every gradient unsharded: autograd makes each parameter's
+gradient whole, and the engine reduces it and keeps only this device's shard while
+the backward goes on. What is whole at a moment beyond the shard depends on the
+engine (`zero_engine`):
+  deepspeed  gradients are copied into a contiguous bucket as autograd makes them
+             and reduced whenever it fills, then dropped. The assumption is
+             DeepSpeed's defaults (its configuration docs; deepspeed/runtime/zero/
+             config.py): `reduce_bucket_size` 5e8 elements, `contiguous_gradients`
+             on, `overlap_comm` off at stage 2 and on at stage 3. Stage 2 allocates
+             one bucket of 5e8 elements in each backward (two with `overlap_comm`
+             on) and frees it after; stage 3 allocates one when it starts and keeps
+             it. A parameter larger than the bucket is reduced from its own gradient.
+  fsdp       each block is a unit (the transformer auto-wrap policy practitioners
+             use); when a unit's backward ends its gradients are reduce-scattered
+             into the shard while the next unit's backward runs: one block's whole
+             gradients beyond the shard. The embeddings, the final norm and the head
+             are the root unit, reduce-scattered at the end of the backward, so the
+             head's gradient stays whole from the head's backward to the end.
+Either way a tied head's gradient contribution waits in autograd for the
+embedding's until the end of the backward. The textbook models (rule,
+transformer, engine) keep the paper's shard alone.
 """
 from __future__ import annotations
 
 from .config import BudgetConfig
+from . import moments as M
 from .moments import SHARDED  # the fixed buffers each ZeRO stage splits (the term table's)
+
+# DeepSpeed's zero_optimization.reduce_bucket_size default, in elements (see above).
+REDUCE_BUCKET_ELEMENTS = 500_000_000
 
 
 def shard(total: int, devices: int) -> int:
@@ -75,3 +103,63 @@ def communication(cfg: BudgetConfig, fixed: dict[str, int]) -> list[dict]:
                      "times_per_step": times,
                      "sent_per_device": times * factor * (n - 1) * size // n})
     return rows
+
+
+# ------------------------------------------- ZeRO-2 and ZeRO-3 gradients in a real step
+def shards_gradients(cfg: BudgetConfig) -> bool:
+    """Whether each device keeps only a shard of the gradients (ZeRO 2 or 3 over several)."""
+    return cfg.devices > 1 and cfg.zero >= 2
+
+
+def shards_optimizer(cfg: BudgetConfig) -> bool:
+    """Whether each device steps the optimizer over its own shard (ZeRO 1 and up)."""
+    return cfg.devices > 1 and cfg.zero >= 1
+
+
+def block_of(name: str) -> str | None:
+    """The block a parameter belongs to ("h.3", "layers.3"), None for the root's."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] in ("h", "layers") and parts[1].isdigit():
+        return ".".join(parts[:2])
+    return None
+
+
+def engine_name(cfg: BudgetConfig) -> str:
+    """How the output names the engine whose gradients a sharded step follows."""
+    if cfg.zero_engine == "fsdp":
+        return "FSDP: each block's gradients reduce-scattered as its backward ends"
+    return (f"DeepSpeed: reduced in buckets of {REDUCE_BUCKET_ELEMENTS:.0e} elements "
+            f"(reduce_bucket_size)").replace("e+0", "e")
+
+
+def gradients_in_flight(cfg: BudgetConfig, tensors, grad_bytes: int,
+                        head: int) -> dict[str, list[tuple[str, int]]]:
+    """Moment -> the (what, bytes) of whole gradients one device holds beyond its shard
+    under ZeRO 2 or 3 (see the module's doc), besides the gradient autograd is making
+    (the head's at the head's backward, the token embedding's at the end). `tensors`:
+    the trained parameters (optimizer_step.ParamTensor), the backward's last first;
+    `head`: the head's weight elements when it is trained (0 under LoRA)."""
+    tied_head = [("a tied head's gradient contribution, waiting for the embedding's",
+                  head * grad_bytes)] if cfg.tied_embedding else []
+    if cfg.zero_engine == "fsdp":
+        blocks: dict[str, int] = {}
+        for t in tensors:
+            unit = block_of(t.name)
+            if unit is not None:
+                blocks[unit] = blocks.get(unit, 0) + t.numel
+        block = [("one block's gradients, whole until its reduce-scatter ends",
+                  max(blocks.values(), default=0) * grad_bytes)]
+        root = sum(t.numel for t in tensors[1:] if block_of(t.name) is None)
+        return {M.RECOMPUTED: [*block, ("the head's gradient (the root unit's, whole until "
+                                        "the end of the backward)", head * grad_bytes)],
+                M.BACKWARD_END: [*block, ("the root unit's other gradients (head, norms), "
+                                          "whole until the end of the backward",
+                                          root * grad_bytes)]}
+    bucket = [("DeepSpeed's gradient bucket (reduce_bucket_size elements)",
+               REDUCE_BUCKET_ELEMENTS * grad_bytes)]
+    found = {M.HEAD_BACKWARD: bucket, M.RECOMPUTED: [*bucket, *tied_head],
+             M.BACKWARD_END: bucket}
+    if cfg.zero == 3:  # allocated once at the start: alive in every moment
+        for at in (M.FORWARD_END, M.LOSS_BACKWARD, M.OPTIMIZER_STEP):
+            found[at] = bucket
+    return found

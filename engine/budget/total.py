@@ -4,13 +4,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from .config import BudgetConfig, BudgetError
-from .counts import bytes_per_parameter, fixed_bytes, flops, parameter_breakdown, parameter_count, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
+from .counts import fixed_bytes, fixed_bytes_per_parameter, fixed_bytes_per_parameter_by_buffer, flops, parameter_breakdown, parameter_count, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
 from .activations import Activations, activations, tensor_bytes
 from .devices import device_figures, find_device
 from .fit import DeviceFit, device_fit
 from .frameworks import FRAMEWORKS, resolved_optimizer_impl, resolved_outputs
 from .moments import REBUILT, SAVED_ALL
-from .sharding import communication, per_device_fixed
+from .sharding import communication, engine_name, per_device_fixed, shards_gradients
 
 
 # --------------------------------------------------------------- the budget
@@ -91,10 +91,8 @@ class Budget:
             "tokens": {"per_micro_batch": tokens_per_micro_batch(self.config),
                        "per_step": tokens_per_step(self.config)},
             "flops": self.flops,
-            "bytes_per_parameter": bytes_per_parameter(self.config.precision,
-                                                       self.config.optimizer,
-                                                       self.config.grad_precision,
-                                                       self.config.autocast),
+            "bytes_per_parameter": fixed_bytes_per_parameter_by_buffer(self.config),
+            "fixed_bytes_per_parameter": fixed_bytes_per_parameter(self.config),
             "memory": {**self.memory(), "activations": self.activations.saved,
                        "fixed_total": self.fixed_total,
                        "activations_peak": self.activations.peak, "peak": self.peak,
@@ -105,6 +103,9 @@ class Budget:
             "loop": self.loop(),
             "model_fixed": self.fixed,
             "data_parallel": {"devices": self.config.devices, "zero": self.config.zero,
+                              "gradients_as": (engine_name(self.config)
+                                               if self.real_step
+                                               and shards_gradients(self.config) else None),
                               "tokens_per_step_all_devices":
                                   self.tokens_per_step_all_devices,
                               "communication": list(self.communication)},
