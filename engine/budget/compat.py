@@ -81,6 +81,8 @@ def _bf16_weights(cfg) -> bool:
 LOOP_KNOBS = ("optimizer_impl", "outputs", "use_cache", "padded_batch", "backend")
 # What LoRA alone means: set only with a rank.
 LORA_ONLY = ("lora_targets", "lora_dropout", "qlora")
+# Recipes that change LoRA's adapters or train more beside them: set only with a rank.
+LORA_RECIPES = ("dora", "modules_to_save")
 LLAMA_TRAITS = ("qkv_bias", "qk_norm", "sliding_window")
 
 
@@ -202,6 +204,9 @@ RULES = (
                     f"(fp32 after a norm), so the MLP keeps fp32 tensors where LoRA keeps "
                     f"16-bit ones; measured on the CPU but not modelled. Choose precision "
                     f"'fp32' (the 4-bit layers still compute in bf16).")),
+    # recipes built on LoRA's adapters (engine.budget.dora, engine.budget.trained_modules)
+    *(Rule(k, lambda c: not c.lora_rank, "no adapters: LoRA rank is 0 (full fine-tuning)",
+           _lora_only_refusal(k)) for k in LORA_RECIPES),
     # a model loaded in bf16: modelled only where measured
     Rule("weights_dtype", lambda c: _model(c) != "hf",
          "a model loaded in bf16 is a Hugging Face model (activations of: hf)",

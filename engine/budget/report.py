@@ -5,7 +5,8 @@ from decimal import Decimal
 
 from .config import MASTER_BYTES
 from .devices import GiB
-from .lora import target_names
+from . import recipes
+from .linears import target_names
 from .weights_dtype import bf16_weights, trains_bf16, training_bytes
 from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
 from .total import Budget
@@ -52,11 +53,13 @@ def human_seconds(t: float) -> str:
 
 def _trainable(c) -> list[str]:
     """Under LoRA, the line of the parameters the optimizer updates."""
-    if not c.lora_rank:
+    if not recipes.freezes_base(c):
         return []
     count = trainable_parameter_count(c)
+    more = [r.name for r in recipes.applied(c) if r.name != "lora"]
     return [f"trainable  {count:,} ({human_count(count)}): LoRA rank {c.lora_rank} on "
-            f"{','.join(target_names(c))}, the model's own parameters frozen"]
+            f"{','.join(target_names(c))}, the model's own parameters frozen"
+            + (f" (with {', '.join(more)})" if more else "")]
 
 
 def describe(b: Budget) -> str:
@@ -101,10 +104,11 @@ def describe(b: Budget) -> str:
                               if c.devices > 1 else
                               f" (ZeRO stage {c.zero} shards nothing on one device: set the "
                               f"number of data-parallel devices)" if c.zero else "")]
-    per = "param" if not c.lora_rank else "trainable param"
+    frozen = recipes.freezes_base(c)
+    per = "param" if not frozen else "trainable param"
     for k, v in b.fixed_per_device.items():
         note = f"({bpp[k]} bytes/{'param' if k == 'weights' else per}"
-        if k == "weights" and bf16_weights(c) and c.lora_rank:  # peft's adapters in fp32
+        if k == "weights" and bf16_weights(c) and frozen:  # peft's adapters in fp32
             note = f"(2 bytes/frozen param, {bpp[k]} bytes/trainable param"
         if sharded and v != b.fixed[k]:
             note += f"; 1/{c.devices} of {human_bytes(b.fixed[k])}"
@@ -112,7 +116,7 @@ def describe(b: Budget) -> str:
     lines.append(f"  {'fixed total':<22}{human_bytes(b.fixed_total):>12}   "
                  + (f"(of {human_bytes(sum(b.fixed.values()))} for the whole model)" if sharded
                     else "(every parameter's weights, the adapters' training state)"
-                    if c.lora_rank else f"({sum(bpp.values())} bytes/param)"))
+                    if frozen else f"({sum(bpp.values())} bytes/param)"))
     lines.append(f"  {'one B x N x d tensor':<22}{human_bytes(b.one_tensor_bytes):>12}")
     lines.append(f"  {'activations (saved)':<22}{human_bytes(b.activations.saved):>12}")
     if b.activations.transient and not b.real_step:

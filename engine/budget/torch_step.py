@@ -132,7 +132,7 @@ def _hf_model(cfg: BudgetConfig):
         import torch
         model.to(torch.bfloat16)
     if cfg.qlora and model.device.type != "meta":  # quantized as transformers loads it
-        from .lora import quantized
+        from .qlora import quantized
         model = quantized(model)
     if cfg.recompute == "full":  # checkpoint every block (the method's newer name first)
         kwargs = {"use_reentrant": False}
