@@ -131,7 +131,8 @@ def fit_answers(cfg: BudgetConfig, usable: int) -> dict:
 
 def without_adapters(cfg: BudgetConfig) -> BudgetConfig:
     """The same step as a full fine-tune: every parameter trained, no adapters."""
-    return cfg.with_(lora_rank=0, lora_targets="", lora_dropout=0.0)
+    return cfg.with_(lora_rank=0, lora_targets="", lora_dropout=0.0, qlora=False, dora=False,
+                     modules_to_save="")
 
 
 def device_fit(cfg: BudgetConfig, name: str, memory: int, flops_per_second: float,

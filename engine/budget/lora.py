@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .kept import Saved
-from .linears import BLOCK_LINEARS, Linear, target_names, targeted, width
+from .linears import ALL_LINEAR, BLOCK_LINEARS, Linear, target_names, targeted, width
 from . import real_step
 from .recipes import Recipe, Rows
 from .weights_dtype import bf16_weights, frozen_weight_bytes
@@ -104,7 +104,7 @@ def _adapter_weights(cfg) -> int:
     return sum(cfg.lora_rank * (i + o) for _, i, o in adapter_shapes(cfg))
 
 
-def _needs_no_gradient(cfg, layer: Linear) -> bool:
+def needs_no_gradient(cfg, layer: Linear) -> bool:
     """In the first block (without `input_requires_grad`): the layer reads an input
     made before any adapter's output, which needs no gradient."""
     order = [l.reads for l in BLOCK_LINEARS[cfg.architecture]]
@@ -121,11 +121,11 @@ def weight_copies(cfg, first: bool) -> list[Saved]:
     bf16 = bf16_weights(cfg)  # a bf16 weight is used as it is: no copy
     frozen = 0 if bf16 else sum(width(cfg, l.fan_in) * width(cfg, l.fan_out)
                  for l in BLOCK_LINEARS[cfg.architecture]
-                 if not (first and _needs_no_gradient(cfg, l)))
+                 if not (first and needs_no_gradient(cfg, l)))
     # an A whose input needs no gradient keeps no weight (its cached copy goes when
     # autocast ends)
     unkept = sum(cfg.lora_rank * width(cfg, l.fan_in) for l in targeted(cfg)
-                 if first and _needs_no_gradient(cfg, l))
+                 if first and needs_no_gradient(cfg, l))
     return [Saved("frozen matmuls", "weights, 16-bit copies", frozen, 2),
             Saved("lora adapters", "A and B, 16-bit copies", _adapter_weights(cfg) - unkept, 2)]
 
@@ -273,12 +273,17 @@ RECIPE = Recipe(
 def peft_model(model, cfg):
     """`model` with `cfg`'s adapters, as peft's recipes build it: checkpointing
     (when `cfg.recompute` is "full") with `enable_input_require_grads()` before
-    `get_peft_model`."""
+    `get_peft_model`; DoRA (`use_dora`) and `modules_to_save` as `cfg` says."""
     from peft import LoraConfig, get_peft_model
     if input_requires_grad(cfg):
         model.enable_input_require_grads()
+    # peft resolves all-linear itself: the step measured is peft's meaning of it
+    targets = (ALL_LINEAR if cfg.lora_targets.strip() == ALL_LINEAR
+               else list(target_names(cfg)))
     config = LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank,
-                        target_modules=list(target_names(cfg)), lora_dropout=cfg.lora_dropout,
+                        target_modules=targets, lora_dropout=cfg.lora_dropout,
                         fan_in_fan_out=cfg.architecture == "gpt2", bias="none",
-                        task_type="CAUSAL_LM")
+                        use_dora=cfg.dora, task_type="CAUSAL_LM",
+                        modules_to_save=[m.strip() for m in cfg.modules_to_save.split(",")
+                                         if m.strip()] or None)
     return get_peft_model(model, config)

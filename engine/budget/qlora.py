@@ -1,16 +1,33 @@
 """QLoRA (peft's LoRA over bitsandbytes' 4-bit weights): what storing the frozen
-model's linear layers in 4 bits changes in LoRA's step.
+model's linear layers in 4 bits changes in LoRA's step, as practitioners load it:
+`BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+bnb_4bit_compute_dtype=torch.bfloat16)`, then `prepare_model_for_kbit_training`, then
+peft's adapters, trained in fp32 or under bf16 autocast (the Trainer's `bf16=True`).
 
-The blocks' linear weights are bitsandbytes' 4-bit NF4, two weights a byte and an
-fp32 absmax per block of 64 (the embeddings, norms and output head stay as loaded).
-Its matmul (`MatMul4Bit`) keeps only the packed weight, already resident, and
-dequantizes it in the backward, so a frozen 4-bit layer keeps no input as a frozen
-fp32 one, and under autocast no 16-bit copy of its weight either (the rows LoRA
-gives the frozen matmuls' weight copies go). Modelled in an fp32 step (the 4-bit
-layers compute in bf16 and return fp32), measured on the CPU through bitsandbytes'
-PyTorch fallback (`tests/test_budget_lora.py`).
+1. The blocks' linear weights are bitsandbytes' 4-bit NF4, two weights a byte and an
+   fp32 absmax per block of 64. `prepare_model_for_kbit_training` casts every other
+   parameter (embeddings, norms, the output head) to fp32, whatever dtype the model
+   was loaded in: the budget's fp32 weights.
+2. `Linear4bit.forward` casts its input to the compute dtype (bf16), multiplies
+   (`MatMul4Bit`, which keeps only the packed weight, already resident, and
+   dequantizes it in the backward) and casts the output back to the input's dtype.
+   So a frozen 4-bit layer keeps no input, as a frozen fp32 one, and under autocast
+   no 16-bit copy of its weight either (the rows LoRA gives the frozen matmuls'
+   weight copies go).
+3. Under autocast a 4-bit layer's input is fp32 (a norm's output, the residual
+   stream), so its output is fp32 where autocast's matmul makes 16 bits: the MLP's
+   elementwise ops between the up-projections and the down-projection (LLaMA's SiLU
+   and product, GPT-2's GELU written as five ops) keep fp32 tensors. Attention
+   keeps what LoRA's does: rotary's fp32 Q and K, and the 16-bit copies SDPA and
+   eager attention's matmuls make, are the same bytes.
+
+Measured on the CPU through bitsandbytes' PyTorch fallback (`tests/test_budget_lora.py`,
+`tests/test_budget_recipes_lora.py`); the same ops run on CUDA (an assumption there:
+no GPU measured it, and CUDA's autocast already runs GELU's pow in fp32).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from .linears import BLOCK_LINEARS, width
 from .recipes import Recipe, Rows
@@ -36,11 +53,27 @@ def quantized_bytes(cfg) -> int:
     return sum((n + 1) // 2 + -(-n // NF4_BLOCK) * FP32 for n in quantized_weights(cfg))
 
 
+# The MLP's elementwise ops between its up-projections and its down-projection: under
+# autocast they read a 4-bit layer's fp32 output where LoRA's read a 16-bit one.
+MLP_ELEMENTWISE = ("SiLU", "SiLU(gate) * up", "GELU: x ** 3", "GELU: tanh", "GELU: product")
+
+
+def _rewritten(cfg, items: list) -> list:
+    """No frozen matmul keeps a weight copy; under autocast the MLP keeps fp32 tensors."""
+    out = []
+    for x in items:
+        if x.op == FROZEN_COPIES:
+            continue
+        if cfg.autocast and x.op in MLP_ELEMENTWISE:
+            x = replace(x, itemsize=FP32)
+        out.append(x)
+    return out
+
+
 def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
-    """A 4-bit weight is dequantized inside its matmul: no frozen matmul keeps a copy."""
-    def drop(items):
-        return [x for x in items if x.op != FROZEN_COPIES]
-    return Rows(drop(rows.block), drop(rows.first), rows.outside, rows.checkpointed)
+    """Each block's rows as the 4-bit layers change them (see the module's doc)."""
+    return Rows(_rewritten(cfg, rows.block), _rewritten(cfg, rows.first), rows.outside,
+                rows.checkpointed)
 
 
 def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) -> dict:
@@ -49,7 +82,8 @@ def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) 
     return {**fixed, "weights": fixed["weights"] + stored}
 
 
-RECIPE = Recipe("qlora", lambda cfg: bool(cfg.qlora), rows=rows, fixed=fixed)
+RECIPE = Recipe("qlora", lambda cfg: bool(cfg.lora_rank and cfg.qlora), rows=rows,
+                fixed=fixed)
 
 
 def quantized(model):

@@ -6,6 +6,7 @@ from decimal import Decimal
 from .config import MASTER_BYTES
 from .devices import GiB
 from . import recipes
+from .knobs import KNOBS
 from .linears import target_names
 from .weights_dtype import bf16_weights, trains_bf16, training_bytes
 from .counts import bytes_per_parameter, tokens_per_micro_batch, tokens_per_step, trainable_parameter_count
@@ -51,15 +52,20 @@ def human_seconds(t: float) -> str:
     return f"{t:.3g} s"
 
 
+LORA_RECIPE_KNOBS = ("dora", "qlora", "modules_to_save")
+
+
 def _trainable(c) -> list[str]:
     """Under LoRA, the line of the parameters the optimizer updates."""
     if not recipes.freezes_base(c):
         return []
     count = trainable_parameter_count(c)
-    more = [r.name for r in recipes.applied(c) if r.name != "lora"]
+    # the recipes built on LoRA, each with its setting (the defaults included)
+    said = ", ".join(f"{KNOBS[k].flag} " + (("on" if v else "off") if isinstance(v, bool)
+                                             else v or "none")
+                     for k, v in ((k, getattr(c, k)) for k in LORA_RECIPE_KNOBS))
     return [f"trainable  {count:,} ({human_count(count)}): LoRA rank {c.lora_rank} on "
-            f"{','.join(target_names(c))}, the model's own parameters frozen"
-            + (f" (with {', '.join(more)})" if more else "")]
+            f"{','.join(target_names(c))}, the model's own parameters frozen ({said})"]
 
 
 def describe(b: Budget) -> str:
