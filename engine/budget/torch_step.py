@@ -237,8 +237,9 @@ def _same_shape_as_predicted(run: BudgetConfig) -> int:
     its parameter count with the budget's; BudgetError when they differ, so the step
     measured is the step predicted (tied or untied head, head_dim, biases, norms).
     Returns the bytes of the model's buffers (a causal mask), which the budget does not
-    count but the step allocates. LoRA adapters are left out of the comparison: the
-    budget counts the frozen model they sit on."""
+    count but the step allocates. LoRA adapters and peft's trained copies of whole
+    modules are left out of the comparison: the budget counts the frozen model they
+    sit on."""
     import torch
 
     from .counts import parameter_count
