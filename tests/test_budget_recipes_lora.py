@@ -121,6 +121,9 @@ DORA_TABLE = [
      dict(lora_rank=64, recompute="full", attention="flash", precision="bf16")),
     ("bf16: llama gqa r64 all-linear, checkpointing, sdpa", LLAMA,
      dict(lora_rank=64, recompute="full", attention="flash", precision="bf16", **ALL)),
+    # q, k and v with biases: each keeps its output less the bias, fp32 by promotion
+    ("bf16: qwen2 r32 all-linear, sdpa", {**LLAMA, "model_type": "qwen2"},
+     dict(lora_rank=32, attention="flash", precision="bf16", qkv_bias=True, **ALL)),
 ]
 # Checkpointed steps whose recomputed block the model does not yet follow: each DoRA
 # layer makes B @ A over an identity again while the block is rebuilt, and where that
