@@ -5,7 +5,7 @@ import pytest
 
 import engine.budget as bm
 from engine.budget.counts import fixed_bytes_per_parameter, total_parameter_count
-from engine.budget.lora import NF4_BLOCK, quantized_weights
+from engine.budget.qlora import NF4_BLOCK, quantized_weights
 from widgets import budget_views as W
 
 LLAMA = dict(activation_model="hf")

@@ -124,8 +124,8 @@ def test_qlora_stores_the_blocks_linear_weights_in_four_bits_and_an_absmax_per_6
     Q = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)   # every block's seven matrices
     assert fixed_bytes(cfg)["weights"] == Q // 2 + Q // 64 * 4 + (P - Q + T) * 4
     assert fixed_bytes(cfg)["weights"] == 4_709_171_200  # 4.7 GB where fp32 holds 27 GB
-    with pytest.raises(bm.BudgetError, match="qlora with precision='bf16'"):
-        cfg.with_(precision="bf16")
+    with pytest.raises(bm.BudgetError, match="qlora with precision='fp16'"):
+        cfg.with_(precision="fp16")
     with pytest.raises(bm.BudgetError, match="lora_rank is 0"):
         cfg.with_(lora_rank=0)
 

@@ -83,13 +83,15 @@ peft's LoRA adapters on `lora_targets` (`lora`): weights stay, gradients and
 optimizer state shrink to the adapters', and the activations change by what
 autograd no longer keeps (frozen layers' inputs) and what the adapters add
 (their low-rank outputs, `lora_dropout`'s copies and masks); `qlora` stores the
-blocks' linear weights in bitsandbytes' 4-bit NF4.
+blocks' linear weights in bitsandbytes' 4-bit NF4, `dora` adds DoRA's magnitudes,
+`modules_to_save` trains whole modules beside the adapters (`recipes`).
 
 Modules: config (BudgetConfig, presets), counts (parameters, FLOPs, fixed
 memory), kept (Saved, Activations), activations (the rule, transformer and
 engine activation models),
 real_step (a real PyTorch or transformers step: what it keeps, its peak's
-moment), lora (LoRA and QLoRA fine-tuning), torch_step (that step measured in PyTorch; optional, imported on
+moment), recipes (fine-tuning recipes as rewriters of that step: lora, dora, qlora,
+trained_modules), torch_step (that step measured in PyTorch; optional, imported on
 use), measure (the tape's measured bytes), sharding (ZeRO, collectives), devices (device figures),
 fit (fits, largest micro-batch, step time), hf (config.json), total (the
 Budget and its sweeps), report (units, text), cli (`python -m engine.budget`).

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .knobs import ADAPTER_KNOBS, DEFAULT, KNOBS, REAL_STEP_MODELS
+from .linears import OUTSIDE_MODULES, trained_modules
 
 Test = Callable[[object], bool]
 
@@ -194,13 +195,29 @@ RULES = (
          lambda c: (f"lora_rank={c.lora_rank}: LoRA adapters are peft's, over a Hugging Face "
                     f"transformers model; choose activation_model 'hf', or set lora_rank "
                     f"to 0.")),
-    Rule("qlora", lambda c: c.precision != "fp32",
-         "under autocast the 4-bit layers' fp32 outputs were not modelled",
-         lambda c: (f"qlora with precision={c.precision!r}: under autocast bitsandbytes "
-                    f"hands each frozen 4-bit layer's output back in its input's dtype "
-                    f"(fp32 after a norm), so the MLP keeps fp32 tensors where LoRA keeps "
-                    f"16-bit ones; measured on the CPU but not modelled. Choose precision "
-                    f"'fp32' (the 4-bit layers still compute in bf16).")),
+    Rule("precision", lambda c: c.qlora,
+         "the 4-bit layers were measured in fp32 and under bf16 autocast",
+         lambda c: ("qlora with precision='fp16': the 4-bit layers (bf16 compute) were "
+                    "measured in fp32 steps and under bf16 autocast, not fp16; choose "
+                    "precision 'bf16' or 'fp32'."),
+         allowed=lambda c, v: v != "fp16", greys=False),
+    # recipes built on LoRA's adapters (engine.budget.dora, engine.budget.trained_modules)
+    Rule("modules_to_save", lambda c: c.tied_embedding,
+         "a trained copy of a tied head or embedding would untie it: not measured",
+         lambda c: (f"modules_to_save={c.modules_to_save!r} with a tied head: peft's trained "
+                    f"copy would untie the head from the embedding, which was not measured; "
+                    f"leave modules_to_save empty, or use an untied model.")),
+    Rule("modules_to_save", lambda c: bool(c.modules_to_save),
+         "the modules outside the blocks peft can train",
+         lambda c: (f"modules_to_save={c.modules_to_save!r}: a {c.architecture} model's "
+                    f"modules outside the blocks are "
+                    f"{', '.join(OUTSIDE_MODULES[c.architecture])}; name those (a comma "
+                    f"list), or leave modules_to_save empty."),
+         allowed=lambda c, v: set(trained_modules(c)) <= set(OUTSIDE_MODULES[c.architecture]),
+         greys=False),
+    Rule("dora", lambda c: c.qlora, "DoRA over 4-bit weights was not measured",
+         lambda c: ("dora with qlora: DoRA over bitsandbytes' 4-bit layers was not measured; "
+                    "leave dora off, or qlora off.")),
     # a model loaded in bf16: modelled only where measured
     Rule("weights_dtype", lambda c: _model(c) != "hf",
          "a model loaded in bf16 is a Hugging Face model (activations of: hf)",

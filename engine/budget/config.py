@@ -104,6 +104,8 @@ class BudgetConfig:
     lora_targets: str = default("lora_targets")
     lora_dropout: float = default("lora_dropout")
     qlora: bool = default("qlora")
+    dora: bool = default("dora")
+    modules_to_save: str = default("modules_to_save")
     weights_dtype: str = default("weights_dtype")
     name: str = field(default="custom", compare=False)
 

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
-from .lora import quantized_bytes, quantized_weights, trainable_parameters
-from .weights_dtype import bf16_weights, frozen_weight_bytes, training_bytes
+from . import recipes
+from .lora import trainable_parameters
+from .weights_dtype import training_bytes
 
 
 # ----------------------------------------------------------------- parameters
@@ -85,7 +86,7 @@ def attention_flops_per_token(cfg: BudgetConfig) -> int:
 def adapter_weights(cfg: BudgetConfig) -> int:
     """LoRA's adapter weights (each A and B multiplies an activation once per token);
     0 for a full fine-tune."""
-    return trainable_parameters(cfg) if cfg.lora_rank else 0
+    return trainable_parameters(cfg) if recipes.freezes_base(cfg) else 0
 
 
 def forward_flops_per_token(cfg: BudgetConfig) -> int:
@@ -99,7 +100,7 @@ def backward_flops_per_token(cfg: BudgetConfig) -> int:
     each as costly as the forward product. A frozen weight (LoRA's base model)
     gets no gradient, so its matmul makes the input's gradient only. (Layers before
     the first adapter need not even that; the count keeps it, a small overcount.)"""
-    if not cfg.lora_rank:
+    if not recipes.freezes_base(cfg):
         return 2 * forward_flops_per_token(cfg)
     return (2 * matmul_weights(cfg) + 2 * attention_flops_per_token(cfg)
             + 4 * adapter_weights(cfg))
@@ -162,33 +163,29 @@ def bytes_per_parameter(precision: str, optimizer: str,
 
 
 def trainable_parameter_count(cfg: BudgetConfig) -> int:
-    """The parameters the optimizer updates: LoRA's adapters (`engine.budget.lora`),
-    else every parameter."""
-    if not cfg.lora_rank:
+    """The parameters the optimizer updates: every parameter, or under a recipe that
+    freezes the model the tensors it trains (`recipes`: LoRA's adapters and more)."""
+    if not recipes.freezes_base(cfg):
         return parameter_count(cfg)
-    return trainable_parameters(cfg)
+    from .optimizer_step import trainable_tensors
+    return sum(t.numel for t in trainable_tensors(cfg))
 
 
 def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     """Bytes of weights, master weights, gradients and optimizer state (the
-    whole model, before any sharding). Under LoRA the weights are the frozen
-    model's and the adapters'; the rest is the adapters' alone."""
-    P, T = parameter_count(cfg), trainable_parameter_count(cfg)
-    frozen = P if cfg.lora_rank else 0
-    fixed = {k: (T + (frozen if k == "weights" else 0)) * b
-             for k, b in training_bytes(cfg, bytes_per_parameter(
-                 cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast)).items()}
-    if bf16_weights(cfg) and cfg.lora_rank:  # the frozen model's weights 2 bytes each
-        fixed["weights"] = frozen * frozen_weight_bytes(cfg) + T * fixed["weights"] // (P + T)
-    if cfg.qlora:  # the blocks' linear weights in 4 bits instead
-        per = fixed["weights"] // (P + T)
-        fixed["weights"] += quantized_bytes(cfg) - sum(quantized_weights(cfg)) * per
-    return fixed
+    whole model, before any sharding): every parameter trained, as the fine-tuning
+    recipes rewrite it (`recipes`: under LoRA the frozen model's weights, and the
+    rest the trained tensors' alone)."""
+    per = training_bytes(cfg, bytes_per_parameter(cfg.precision, cfg.optimizer,
+                                                  cfg.grad_precision, cfg.autocast))
+    P = parameter_count(cfg)
+    return recipes.fixed(cfg, {k: P * b for k, b in per.items()}, per, P,
+                         trainable_parameter_count(cfg))
 
 
 def total_parameter_count(cfg: BudgetConfig) -> int:
     """Every parameter the step holds: the model's and, under LoRA, the adapters'."""
-    return parameter_count(cfg) + (trainable_parameters(cfg) if cfg.lora_rank else 0)
+    return parameter_count(cfg) + (trainable_parameter_count(cfg) if recipes.freezes_base(cfg) else 0)
 
 
 def fixed_bytes_per_parameter(cfg: BudgetConfig) -> float:

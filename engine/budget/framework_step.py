@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import lora
 from . import moments as M
 from . import optimizer_step as opt
+from . import recipes
 from .config import REAL_STEP_MODELS, BudgetConfig
 from .counts import bytes_per_parameter, fixed_bytes
 from .kept import Activations, Saved
@@ -63,13 +63,13 @@ def checkpoint_kept(cfg: BudgetConfig, device: str) -> list[Saved]:
 
 
 def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int]:
-    """Saved entries (blocks then outside), and the bytes of one block."""
-    block, outside = block_saved(cfg, device), outside_saved(cfg, device)
+    """Saved entries (blocks then outside), and the bytes of one block: the base
+    model's rows as the fine-tuning recipes rewrite them (`recipes`)."""
+    block = block_saved(cfg, device)
     held = checkpoint_kept(cfg, device) if cfg.recompute == "full" else None
-    if cfg.lora_rank:
-        return lora.kept(cfg, mask_bytes(cfg, device, FP32), block, outside, held)
-    blocks = held or [replace(x, count=cfg.n_layer) for x in block]
-    return blocks, outside, sum(x.bytes for x in block)
+    rows = recipes.rows(cfg, recipes.Rows(block, block, outside_saved(cfg, device), held),
+                        device)
+    return rows.blocks(cfg.n_layer), rows.outside, sum(x.bytes for x in rows.block)
 
 
 def autocast_cache_bytes(cfg: BudgetConfig) -> int:
@@ -77,8 +77,11 @@ def autocast_cache_bytes(cfg: BudgetConfig) -> int:
     the biases always, the matmul weights too when checkpointing saves none of them."""
     if not cfg.autocast:
         return 0
-    if cfg.lora_rank:
-        return lora.autocast_cache_bytes(cfg)
+    return recipes.autocast_cache(cfg, _base_autocast_cache_bytes(cfg))
+
+
+def _base_autocast_cache_bytes(cfg: BudgetConfig) -> int:
+    """The full fine-tune's: every weight and bias cast once."""
     if bf16_weights(cfg):  # a bf16 weight or bias is used as it is: nothing cast
         return 0
     lo = compute_bytes(cfg)
@@ -119,8 +122,9 @@ def _head_weights(cfg: BudgetConfig) -> int:
     alive, but by then the node has released the 16-bit copy of the weight it saved,
     the same bytes: the sum is unchanged. The moment outgrows the loss's backward when
     the width exceeds twice the micro-batch's tokens, and the end of the backward under
-    accumulation with an untied head."""
-    return 0 if cfg.lora_rank else cfg.vocab_size * cfg.d_model
+    accumulation with an untied head. A recipe may say otherwise (LoRA's frozen head
+    makes none)."""
+    return recipes.head_gradient(cfg, cfg.vocab_size * cfg.d_model)
 
 
 def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict:
@@ -133,7 +137,7 @@ def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict
     (sharding.gradients_in_flight)."""
     later = cfg.accumulation > 1
     earlier = [("gradients of earlier micro-batches", fixed["gradients"])] if later else []
-    tied = cfg.tied_embedding and not cfg.lora_rank
+    tied = cfg.tied_embedding and not recipes.freezes_base(cfg)
     autocast = cfg.autocast and not bf16_weights(cfg)
     numels = [t.numel for t in tensors]
     if not shards_gradients(cfg):

@@ -43,7 +43,7 @@ DEFAULT = "default"
 # The knobs that describe LoRA's adapters: meaningless without a rank (validation refuses
 # them at lora_rank 0), and reset to their defaults where a step is compared with full
 # fine-tuning (engine.budget.fit.without_adapters). A new adapter knob belongs here.
-ADAPTER_KNOBS = ("lora_targets", "lora_dropout", "qlora")
+ADAPTER_KNOBS = ("lora_targets", "lora_dropout", "qlora", "dora", "modules_to_save")
 
 FRONT_ENDS = frozenset({"cli", "widget", "page"})
 CLI_ONLY = frozenset({"cli"})
@@ -193,13 +193,21 @@ KNOBS = {k.field: k for k in (
     _k("lora_targets", "--lora-targets", str, "", "the layers that get adapters, as peft's "
        "target_modules: a comma list of names or '.'-separated suffixes (GPT-2: c_attn, "
        "c_proj, c_fc; LLaMA: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-       "down_proj); empty: peft's default, c_attn or q_proj,v_proj", "policy"),
+       "down_proj), or all-linear (every linear layer but the output head); default "
+       "(empty): peft's, c_attn or q_proj,v_proj", "policy"),
     _k("lora_dropout", "--lora-dropout", float, 0.0, "peft's lora_dropout, the probability "
        "of dropping an adapter's input", "policy", low=0.0, high=1.0,
        zero_means="no dropout"),
     _k("qlora", "--qlora", bool, False, "the frozen model's linear layers in bitsandbytes' "
        "4-bit NF4 under the adapters (QLoRA: blocks of 64 weights, an fp32 absmax each)",
        "policy", fronts=CLI_ONLY),
+    # recipes built on LoRA's adapters (engine.budget.dora, engine.budget.trained_modules)
+    _k("dora", "--dora", bool, False, "peft's DoRA (use_dora=True): each adapted layer "
+       "also trains a magnitude per output column and rescales its output by it "
+       "(default: off, plain LoRA)", "policy", fronts=CLI_ONLY),
+    _k("modules_to_save", "--modules-to-save", str, "", "peft's modules_to_save: a comma "
+       "list of modules outside the blocks trained in full beside the adapters (lm_head, "
+       "embed_tokens; GPT-2: wte); default: none", "policy", fronts=CLI_ONLY),
     # what the practitioner's loop does beyond the model
     _k("outputs", "--outputs", str, DEFAULT, "whether the loop holds the model's output "
        "(the logits) through backward (default: the framework's usual loop)", "step",

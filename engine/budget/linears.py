@@ -7,7 +7,9 @@ Targets resolve as peft resolves a list of names: a module matches a name when
 its own name is that name or ends with `.` and that name, so GPT-2's `c_proj`
 is the attention's projection and the MLP's. No targets given: peft's own
 default for the family (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`):
-`c_attn` for GPT-2, `q_proj,v_proj` for the LLaMA-shaped families.
+`c_attn` for GPT-2, `q_proj,v_proj` for the LLaMA-shaped families. `all-linear` is
+peft's shorthand for every linear layer (`nn.Linear`, GPT-2's `Conv1D`) but the output
+head: every linear layer of the blocks.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 # peft's default target_modules when none are given, by the budget's architecture
 DEFAULT_TARGETS = {"gpt2": ("c_attn",), "llama": ("q_proj", "v_proj")}
+ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,16 @@ BLOCK_LINEARS = {
 }
 
 
+# The modules outside the blocks that peft's `modules_to_save` can train, by the names
+# a practitioner writes: the token embedding, then the output head.
+OUTSIDE_MODULES = {"gpt2": ("wte", "lm_head"), "llama": ("embed_tokens", "lm_head")}
+
+
+def trained_modules(cfg) -> tuple[str, ...]:
+    """The names in `cfg.modules_to_save` (a comma list)."""
+    return tuple(m.strip() for m in cfg.modules_to_save.split(",") if m.strip())
+
+
 def width(cfg, what: str) -> int:
     if what == "qkv_width":
         return 3 * cfg.d_model
@@ -52,7 +65,10 @@ def width(cfg, what: str) -> int:
 
 
 def target_names(cfg) -> tuple[str, ...]:
-    """The names of `cfg.lora_targets` (a comma list), or peft's family default."""
+    """The names of `cfg.lora_targets` (a comma list, or every block linear layer's
+    for `all-linear`), or peft's family default."""
+    if cfg.lora_targets.strip() == ALL_LINEAR:
+        return tuple(l.name for l in BLOCK_LINEARS[cfg.architecture])
     given = tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip())
     return given or DEFAULT_TARGETS[cfg.architecture]
 

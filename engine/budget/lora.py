@@ -36,23 +36,18 @@ adapters' fp32 and A casts it back, so each adapter keeps its own 16-bit copy
 of its input. A model loaded in bf16 keeps no frozen weight copies
 (`engine.budget.weights_dtype`).
 
-QLoRA (`qlora`): the blocks' linear weights are bitsandbytes' 4-bit NF4, two
-weights a byte and an fp32 absmax per block of 64 (the embeddings, norms and
-output head stay fp32). Its matmul (`MatMul4Bit`) keeps only the packed weight,
-already resident, and dequantizes it in the backward, so a frozen 4-bit layer
-keeps no input as a frozen fp32 one. Modelled in an fp32 step (the 4-bit layers
-compute in bf16 and return fp32), measured on the CPU through bitsandbytes'
-PyTorch fallback.
-
-Which layers a target list picks: `linears`.
+Which layers a target list picks: `linears`. The recipes that build on LoRA's
+adapters: `dora`, `qlora`, `trained_modules` (`recipes` applies them in order).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from .kept import Saved
-from .linears import BLOCK_LINEARS, Linear, matches, target_names, targeted, width
-from .weights_dtype import bf16_weights
+from .linears import ALL_LINEAR, BLOCK_LINEARS, Linear, target_names, targeted, width
+from . import real_step
+from .recipes import Recipe, Rows
+from .weights_dtype import bf16_weights, frozen_weight_bytes
 
 FP32 = 4
 
@@ -109,7 +104,7 @@ def _adapter_weights(cfg) -> int:
     return sum(cfg.lora_rank * (i + o) for _, i, o in adapter_shapes(cfg))
 
 
-def _needs_no_gradient(cfg, layer: Linear) -> bool:
+def needs_no_gradient(cfg, layer: Linear) -> bool:
     """In the first block (without `input_requires_grad`): the layer reads an input
     made before any adapter's output, which needs no gradient."""
     order = [l.reads for l in BLOCK_LINEARS[cfg.architecture]]
@@ -124,13 +119,13 @@ def weight_copies(cfg, first: bool) -> list[Saved]:
     if not cfg.autocast:
         return []
     bf16 = bf16_weights(cfg)  # a bf16 weight is used as it is: no copy
-    frozen = 0 if cfg.qlora or bf16 else sum(width(cfg, l.fan_in) * width(cfg, l.fan_out)
+    frozen = 0 if bf16 else sum(width(cfg, l.fan_in) * width(cfg, l.fan_out)
                  for l in BLOCK_LINEARS[cfg.architecture]
-                 if not (first and _needs_no_gradient(cfg, l)))
+                 if not (first and needs_no_gradient(cfg, l)))
     # an A whose input needs no gradient keeps no weight (its cached copy goes when
     # autocast ends)
     unkept = sum(cfg.lora_rank * width(cfg, l.fan_in) for l in targeted(cfg)
-                 if first and _needs_no_gradient(cfg, l))
+                 if first and needs_no_gradient(cfg, l))
     return [Saved("frozen matmuls", "weights, 16-bit copies", frozen, 2),
             Saved("lora adapters", "A and B, 16-bit copies", _adapter_weights(cfg) - unkept, 2)]
 
@@ -235,85 +230,60 @@ def lora_outside(cfg, outside: list[Saved]) -> list[Saved]:
     return out
 
 
-def lora_blocks(cfg, one: list[Saved], first: list[Saved]) -> list[Saved]:
-    """Every block's entries: the first block's `first`, the other L - 1 `one`'s."""
-    if cfg.n_layer == 1:
-        return [replace(x, count=1) for x in first]
-    if one == first:
-        return [replace(x, count=cfg.n_layer) for x in one]
-    return ([replace(x, count=cfg.n_layer - 1) for x in one]
-            + [replace(x, op=f"{x.op} (first block)", count=1) for x in first])
-
-
-def kept(cfg, mask: int, block: list[Saved], outside: list[Saved], checkpointed=None):
-    """(the blocks' entries, the entries outside them, one block's bytes) under
-    LoRA, from the full fine-tune's `block` and `outside` (`real_step`) and, under
-    checkpointing, what the checkpoints keep (`checkpointed`); `mask`: the bytes
-    of a dropout mask element of an fp32 input on the step's backend."""
-    block = [x for x in block if x.op != "block matmuls"]  # the weights' copies: below
+def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
+    """The rows under LoRA, from the full fine-tune's (`real_step`): each block's
+    entries rewritten (`lora_block`, the matmuls' weight copies replaced by
+    `weight_copies`), the first block's apart when nothing before its first adapter
+    needs a gradient, and the entries outside the blocks (`lora_outside`)."""
+    mask = real_step.mask_bytes(cfg, device, FP32)  # a dropout mask element of an fp32 input
+    block = [x for x in rows.block if x.op != "block matmuls"]  # the weights' copies: below
     starts = not input_requires_grad(cfg)
     one = lora_block(cfg, block, mask, first=False) + weight_copies(cfg, first=False)
     first = lora_block(cfg, block, mask, first=starts) + weight_copies(cfg, first=starts)
-    outside = lora_outside(cfg, outside)
-    if checkpointed:  # each block keeps only its input
+    outside = lora_outside(cfg, rows.outside)
+    if rows.checkpointed is not None and cfg.architecture == "gpt2":
+        # enable_input_require_grads makes the token embedding's output a leaf
+        # that requires a gradient: its AccumulateGrad node holds it until the
+        # graph goes (LLaMA's is the first block's input, kept anyway)
         n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
-        blocks = list(checkpointed)
-        if cfg.architecture == "gpt2":
-            # enable_input_require_grads makes the token embedding's output a leaf
-            # that requires a gradient: its AccumulateGrad node holds it until the
-            # graph goes (LLaMA's is the first block's input, kept anyway)
-            outside.append(Saved("token embedding", "output, a leaf requiring a gradient",
-                                 n * h, FP32, until_end=True))
-    else:
-        blocks = lora_blocks(cfg, one, first)
-    return blocks, outside, sum(x.bytes for x in one)
+        outside.append(Saved("token embedding", "output, a leaf requiring a gradient",
+                             n * h, FP32, until_end=True))
+    return Rows(one, first, outside, rows.checkpointed)
 
 
-# ------------------------------------------------------------------- QLoRA
-NF4_BLOCK = 64  # bitsandbytes' 4-bit blocksize: one fp32 absmax per 64 weights
+# ------------------------------------------------------- the fixed bytes
+def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) -> dict:
+    """The frozen model's weights (in the dtype it was loaded in) beside the trained
+    tensors' weights, gradients and optimizer state."""
+    frozen = parameters * (frozen_weight_bytes(cfg) if bf16_weights(cfg)
+                                     else per_parameter["weights"])
+    return {k: trained * b + (frozen if k == "weights" else 0)
+            for k, b in per_parameter.items()}
 
 
-def quantized_weights(cfg) -> list[int]:
-    """Element counts of the weights QLoRA stores in 4 bits: every block's linear
-    layers (transformers leaves the embeddings and the output head unquantized)."""
-    if not cfg.qlora:
-        return []
-    one = [width(cfg, l.fan_in) * width(cfg, l.fan_out) for l in BLOCK_LINEARS[cfg.architecture]]
-    return one * cfg.n_layer
-
-
-def quantized_bytes(cfg) -> int:
-    """Bytes of the 4-bit weights: two per byte, and an fp32 absmax per block of 64."""
-    return sum((n + 1) // 2 + -(-n // NF4_BLOCK) * FP32 for n in quantized_weights(cfg))
-
-
-def quantized(model):
-    """`model` loaded back with its linear layers in bitsandbytes' 4-bit NF4, as
-    QLoRA's recipes load it (`BitsAndBytesConfig(load_in_4bit=True,
-    bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)`)."""
-    import tempfile
-
-    import torch
-    from transformers import BitsAndBytesConfig
-    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                           bnb_4bit_compute_dtype=torch.bfloat16)
-    with tempfile.TemporaryDirectory() as folder:
-        model.save_pretrained(folder)
-        return type(model).from_pretrained(
-            folder, quantization_config=q, device_map="cpu",
-            attn_implementation=model.config._attn_implementation)
+RECIPE = Recipe(
+    "lora", lambda cfg: bool(cfg.lora_rank), rows=rows,
+    tensors=lambda cfg, tensors, make: adapter_tensors(cfg, make), fixed=fixed,
+    autocast_cache=lambda cfg, _: autocast_cache_bytes(cfg),
+    head_gradient=lambda cfg, _: 0,  # the head is frozen
+    freezes_base=True)
 
 
 # --------------------------------------------------------------- peft's model
 def peft_model(model, cfg):
     """`model` with `cfg`'s adapters, as peft's recipes build it: checkpointing
     (when `cfg.recompute` is "full") with `enable_input_require_grads()` before
-    `get_peft_model`."""
+    `get_peft_model`; DoRA (`use_dora`) and `modules_to_save` as `cfg` says."""
     from peft import LoraConfig, get_peft_model
     if input_requires_grad(cfg):
         model.enable_input_require_grads()
+    # peft resolves all-linear itself: the step measured is peft's meaning of it
+    targets = (ALL_LINEAR if cfg.lora_targets.strip() == ALL_LINEAR
+               else list(target_names(cfg)))
     config = LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank,
-                        target_modules=list(target_names(cfg)), lora_dropout=cfg.lora_dropout,
+                        target_modules=targets, lora_dropout=cfg.lora_dropout,
                         fan_in_fan_out=cfg.architecture == "gpt2", bias="none",
-                        task_type="CAUSAL_LM")
+                        use_dora=cfg.dora, task_type="CAUSAL_LM",
+                        modules_to_save=[m.strip() for m in cfg.modules_to_save.split(",")
+                                         if m.strip()] or None)
     return get_peft_model(model, config)

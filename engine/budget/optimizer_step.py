@@ -71,7 +71,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .lora import adapter_tensors
+from . import recipes
 
 FP32 = 4
 IMPLS = ("for-loop", "foreach", "fused")
@@ -153,10 +153,9 @@ def parameter_tensors(cfg) -> list[ParamTensor]:
 
 def trainable_tensors(cfg) -> list[ParamTensor]:
     """The tensors the optimizer updates, the last of the backward's gradients
-    first: LoRA's adapters (`engine.budget.lora`), else `parameter_tensors`."""
-    if not cfg.lora_rank:
-        return parameter_tensors(cfg)
-    return adapter_tensors(cfg, ParamTensor)
+    first: `parameter_tensors` as the fine-tuning recipes rewrite them (`recipes`:
+    LoRA's adapters instead, DoRA's magnitudes beside them, trained modules)."""
+    return recipes.tensors(cfg, parameter_tensors(cfg), ParamTensor)
 
 
 def param_groups(cfg, tensors: list[ParamTensor]) -> list[list[int]]:

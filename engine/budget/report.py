@@ -5,7 +5,9 @@ from decimal import Decimal
 
 from .config import MASTER_BYTES
 from .devices import GiB
-from .lora import target_names
+from . import recipes
+from .knobs import KNOBS
+from .linears import target_names
 from .weights_dtype import bf16_weights, trains_bf16, training_bytes
 from .counts import (bytes_per_parameter, fixed_bytes_per_parameter,
                      fixed_bytes_per_parameter_by_buffer, tokens_per_micro_batch,
@@ -53,13 +55,20 @@ def human_seconds(t: float) -> str:
     return f"{t:.3g} s"
 
 
+LORA_RECIPE_KNOBS = ("dora", "qlora", "modules_to_save")
+
+
 def _trainable(c) -> list[str]:
     """Under LoRA, the line of the parameters the optimizer updates."""
-    if not c.lora_rank:
+    if not recipes.freezes_base(c):
         return []
     count = trainable_parameter_count(c)
+    # the recipes built on LoRA, each with its setting (the defaults included)
+    said = ", ".join(f"{KNOBS[k].flag} " + (("on" if v else "off") if isinstance(v, bool)
+                                             else v or "none")
+                     for k, v in ((k, getattr(c, k)) for k in LORA_RECIPE_KNOBS))
     return [f"trainable  {count:,} ({human_count(count)}): LoRA rank {c.lora_rank} on "
-            f"{','.join(target_names(c))}, the model's own parameters frozen"]
+            f"{','.join(target_names(c))}, the model's own parameters frozen ({said})"]
 
 
 def describe(b: Budget) -> str:
@@ -106,10 +115,11 @@ def describe(b: Budget) -> str:
                               if c.devices > 1 else
                               f" (ZeRO stage {c.zero} shards nothing on one device: set the "
                               f"number of data-parallel devices)" if c.zero else "")]
-    per = "param" if not c.lora_rank else "trainable param"
+    frozen = recipes.freezes_base(c)
+    per = "param" if not frozen else "trainable param"
     for k, v in b.fixed_per_device.items():
         note = f"({bpp[k]} bytes/{'param' if k == 'weights' else per}"
-        if k == "weights" and bf16_weights(c) and c.lora_rank:  # peft's adapters in fp32
+        if k == "weights" and bf16_weights(c) and frozen:  # peft's adapters in fp32
             note = f"(2 bytes/frozen param, {bpp[k]} bytes/trainable param"
         if k == "weights" and c.qlora:
             note = (f"({per_parameter(fixed_bytes_per_parameter_by_buffer(c)[k])} bytes/param: "
@@ -152,7 +162,7 @@ def describe_per_parameter(c) -> str:
     """The recipe's fixed bytes over every parameter ("16 bytes/param"), and under LoRA
     what they cover, the adapters counted among the parameters."""
     figure = f"{per_parameter(fixed_bytes_per_parameter(c))} bytes/param"
-    if not c.lora_rank:
+    if not recipes.freezes_base(c):
         return figure
     return (f"{figure}: every weight, the adapters' gradients and optimizer state, over "
             f"{human_count(total_parameter_count(c))} parameters with the adapters")

@@ -132,8 +132,12 @@ def _hf_model(cfg: BudgetConfig):
         import torch
         model.to(torch.bfloat16)
     if cfg.qlora and model.device.type != "meta":  # quantized as transformers loads it
-        from .lora import quantized
-        model = quantized(model)
+        from peft import prepare_model_for_kbit_training
+
+        from .qlora import quantized
+        model = prepare_model_for_kbit_training(
+            quantized(model), use_gradient_checkpointing=cfg.recompute == "full",
+            gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.recompute == "full":  # checkpoint every block (the method's newer name first)
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):
@@ -233,14 +237,16 @@ def _same_shape_as_predicted(run: BudgetConfig) -> int:
     its parameter count with the budget's; BudgetError when they differ, so the step
     measured is the step predicted (tied or untied head, head_dim, biases, norms).
     Returns the bytes of the model's buffers (a causal mask), which the budget does not
-    count but the step allocates. LoRA adapters are left out of the comparison: the
-    budget counts the frozen model they sit on."""
+    count but the step allocates. LoRA adapters and peft's trained copies of whole
+    modules are left out of the comparison: the budget counts the frozen model they
+    sit on."""
     import torch
 
     from .counts import parameter_count
     with torch.device("meta"):
         model = _build(run)
-    built = sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+    built = sum(p.numel() for name, p in model.named_parameters()
+                if "lora_" not in name and "modules_to_save" not in name)
     counted = parameter_count(run)
     if built != counted:
         raise BudgetError(

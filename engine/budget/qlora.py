@@ -1,0 +1,105 @@
+"""QLoRA (peft's LoRA over bitsandbytes' 4-bit weights): what storing the frozen
+model's linear layers in 4 bits changes in LoRA's step, as practitioners load it:
+`BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+bnb_4bit_compute_dtype=torch.bfloat16)`, then `prepare_model_for_kbit_training`, then
+peft's adapters, trained in fp32 or under bf16 autocast (the Trainer's `bf16=True`).
+
+1. The blocks' linear weights are bitsandbytes' 4-bit NF4, two weights a byte and an
+   fp32 absmax per block of 64. `prepare_model_for_kbit_training` casts every other
+   parameter (embeddings, norms, the output head) to fp32, whatever dtype the model
+   was loaded in: the budget's fp32 weights.
+2. `Linear4bit.forward` casts its input to the compute dtype (bf16), multiplies
+   (`MatMul4Bit`, which keeps only the packed weight, already resident, and
+   dequantizes it in the backward) and casts the output back to the input's dtype.
+   So a frozen 4-bit layer keeps no input, as a frozen fp32 one, and under autocast
+   no 16-bit copy of its weight either (the rows LoRA gives the frozen matmuls'
+   weight copies go).
+3. Under autocast a 4-bit layer's input is fp32 (a norm's output, the residual
+   stream), so its output is fp32 where autocast's matmul makes 16 bits: the MLP's
+   elementwise ops between the up-projections and the down-projection (LLaMA's SiLU
+   and product, GPT-2's GELU written as five ops) keep fp32 tensors. Attention
+   keeps what LoRA's does: rotary's fp32 Q and K, and the 16-bit copies SDPA and
+   eager attention's matmuls make, are the same bytes.
+
+Measured on the CPU through bitsandbytes' PyTorch fallback (`tests/test_budget_lora.py`,
+`tests/test_budget_recipes_lora.py`); the same ops run on CUDA (an assumption there:
+no GPU measured it, and CUDA's autocast already runs GELU's pow in fp32).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .linears import BLOCK_LINEARS, width
+from .recipes import Recipe, Rows
+from .weights_dtype import frozen_weight_bytes
+
+FP32 = 4
+NF4_BLOCK = 64  # bitsandbytes' 4-bit blocksize: one fp32 absmax per 64 weights
+# LoRA's row of the frozen matmuls' 16-bit weight copies (`lora.weight_copies`)
+FROZEN_COPIES = "frozen matmuls"
+
+
+def quantized_weights(cfg) -> list[int]:
+    """Element counts of the weights QLoRA stores in 4 bits: every block's linear
+    layers (transformers leaves the embeddings and the output head unquantized)."""
+    if not cfg.qlora:
+        return []
+    one = [width(cfg, l.fan_in) * width(cfg, l.fan_out) for l in BLOCK_LINEARS[cfg.architecture]]
+    return one * cfg.n_layer
+
+
+def quantized_bytes(cfg) -> int:
+    """Bytes of the 4-bit weights: two per byte, and an fp32 absmax per block of 64."""
+    return sum((n + 1) // 2 + -(-n // NF4_BLOCK) * FP32 for n in quantized_weights(cfg))
+
+
+# The MLP's elementwise ops between its up-projections and its down-projection: under
+# autocast they read a 4-bit layer's fp32 output where LoRA's read a 16-bit one.
+MLP_ELEMENTWISE = ("SiLU", "SiLU(gate) * up", "GELU: x ** 3", "GELU: tanh", "GELU: product")
+
+
+def _rewritten(cfg, items: list) -> list:
+    """No frozen matmul keeps a weight copy; under autocast the MLP keeps fp32 tensors."""
+    out = []
+    for x in items:
+        if x.op == FROZEN_COPIES:
+            continue
+        if cfg.autocast and x.op in MLP_ELEMENTWISE:
+            x = replace(x, itemsize=FP32)
+        out.append(x)
+    return out
+
+
+def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
+    """Each block's rows as the 4-bit layers change them (see the module's doc)."""
+    return Rows(_rewritten(cfg, rows.block), _rewritten(cfg, rows.first), rows.outside,
+                rows.checkpointed)
+
+
+def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) -> dict:
+    """The blocks' linear weights in 4 bits instead of the dtype they were loaded in."""
+    stored = quantized_bytes(cfg) - sum(quantized_weights(cfg)) * frozen_weight_bytes(cfg)
+    return {**fixed, "weights": fixed["weights"] + stored}
+
+
+RECIPE = Recipe("qlora", lambda cfg: bool(cfg.lora_rank and cfg.qlora), rows=rows,
+                fixed=fixed)
+
+
+def quantized(model):
+    """`model` loaded back with its linear layers in bitsandbytes' 4-bit NF4, as
+    QLoRA's recipes load it (`BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)`)."""
+    import tempfile
+
+    import torch
+    from transformers import BitsAndBytesConfig
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                           bnb_4bit_compute_dtype=torch.bfloat16)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        return type(model).from_pretrained(
+            folder, quantization_config=q, device_map="cpu",
+            attn_implementation=model.config._attn_implementation)
+
+

@@ -1,0 +1,253 @@
+"""The LoRA family as recipes (`engine.budget.recipes`): peft's `all-linear` targets,
+DoRA (`use_dora=True`) and `modules_to_save`, counted by hand without torch, then run
+through peft on this CPU and measured with the profiler's memory events (skipped
+without torch, transformers and peft)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import engine.budget as bm
+from budget_step_tools import assert_cpu_step_as_predicted
+from engine.budget import lora, real_step_activations, recipes
+from engine.budget import optimizer_step as opt
+from engine.budget.counts import fixed_bytes, parameter_count
+
+HF = dict(activation_model="hf", precision="fp32")
+GPT2 = json.loads((Path(__file__).parent / "fixtures" / "gpt2_config.json").read_text())
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 160,
+         "vocab_size": 1000, "max_position_embeddings": 128, "tie_word_embeddings": False}
+SMALL_GPT2 = {**GPT2, "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000,
+              "n_positions": 128, "resid_pdrop": 0, "embd_pdrop": 0, "attn_pdrop": 0}
+needs_peft = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")),
+    reason="torch, transformers and peft are not installed (pip install -e '.[lora]')")
+
+
+def _cpu(data, **knobs):
+    start = dict(micro_batch=2, seq_len=64, optimizer_impl="for-loop", backend="cpu", **HF)
+    return bm.config_from_hf(data, **{**start, **knobs})
+
+
+# ------------------------------------------------------------- the registry
+def test_the_recipes_apply_in_a_fixed_order_and_only_where_set():
+    names = [r.name for r in recipes.registry()]
+    assert names == ["lora", "dora", "qlora", "modules_to_save"]
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8, dora=True)
+    assert [r.name for r in recipes.applied(cfg)] == ["lora", "dora"]
+    assert recipes.applied(bm.preset("llama2-7b", **HF)) == ()
+
+
+# ------------------------------------------------------------- all-linear
+@pytest.mark.parametrize("preset, names", [
+    ("gpt2-small", ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]),
+    ("llama2-7b", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                   "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]),
+])
+def test_all_linear_targets_every_linear_layer_of_the_blocks(preset, names):
+    cfg = bm.preset(preset, **HF, lora_rank=8, lora_targets="all-linear")
+    assert [l.name for l in lora.targeted(cfg)] == names
+
+
+@needs_peft
+@pytest.mark.parametrize("data", [SMALL_GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_all_linear_adapts_the_layers_peft_adapts(data):
+    """peft's own resolution of "all-linear" (every nn.Linear and Conv1D but the
+    output head) trains exactly the tensors the budget lists."""
+    import torch
+
+    from engine.budget.torch_step import _build
+    cfg = _cpu(data, lora_rank=8, lora_targets="all-linear")
+    with torch.device("meta"):
+        model = _build(cfg)
+    trained = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
+    budget = [(t.name, t.numel) for t in opt.trainable_tensors(cfg)]
+    assert [numel for _, numel in trained] == [numel for _, numel in budget]
+    assert all(n.replace(".default", "").endswith(b) for (n, _), (b, _) in zip(trained, budget))
+
+
+# ------------------------------------------------------------------- DoRA
+def test_dora_trains_a_magnitude_per_output_column_of_each_adapted_layer():
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8)
+    dora = cfg.with_(dora=True)
+    # q_proj and v_proj of 32 blocks: 4096 output columns each
+    extra = 32 * 2 * 4096
+    assert sum(t.numel for t in opt.trainable_tensors(dora)) - lora.trainable_parameters(cfg) \
+        == extra
+    names = [t.name for t in opt.trainable_tensors(dora)][:3]
+    assert names == ["layers.0.self_attn.q_proj.lora_A.weight",
+                     "layers.0.self_attn.q_proj.lora_B.weight",
+                     "layers.0.self_attn.q_proj.lora_magnitude_vector.weight"]
+    assert fixed_bytes(dora)["optimizer state"] - fixed_bytes(cfg)["optimizer state"] \
+        == 8 * extra
+    assert fixed_bytes(dora)["weights"] - fixed_bytes(cfg)["weights"] == 4 * extra
+
+
+def test_dora_keeps_each_layers_base_output_and_adapter_output():
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8, seq_len=256, attention="flash")
+    n, L, q, v = 256, 32, 4096, 4096
+    # per block: q_proj's and v_proj's base output and B(A(x)), fp32; the norm, the scale
+    # and the scale - 1 (the first block's q and v read an input needing no gradient)
+    extra = L * 2 * n * (q + v) * 4 + L * 3 * (q + v) * 4 - (q + v) * 4
+    assert (real_step_activations(cfg.with_(dora=True)).saved
+            - real_step_activations(cfg).saved) == extra
+
+
+@pytest.mark.parametrize("changes, says", [
+    (dict(dora=True), "dora=True describes LoRA adapters, but lora_rank is 0"),
+    (dict(modules_to_save="lm_head"), "lora_rank is 0"),
+])
+def test_a_recipe_over_lora_needs_lora(changes, says):
+    with pytest.raises(bm.BudgetError, match=says):
+        bm.preset("llama2-7b", **HF, **changes)
+
+
+ALL = dict(lora_targets="all-linear")
+DORA_TABLE = [
+    ("gpt2 r64 all-linear, eager", SMALL_GPT2, dict(lora_rank=64, **ALL)),
+    ("gpt2 r64 all-linear, lora_dropout, sdpa", SMALL_GPT2,
+     dict(lora_rank=64, lora_dropout=0.1, attention="flash", **ALL)),
+    ("gpt2 r64 all-linear, checkpointing", SMALL_GPT2, dict(lora_rank=64, recompute="full", **ALL)),
+    ("llama gqa r8 q,v, eager", LLAMA, dict(lora_rank=8)),
+    ("llama gqa r64 all-linear, sdpa", LLAMA, dict(lora_rank=64, attention="flash", **ALL)),
+    ("bf16: llama gqa r64 all-linear, lora_dropout, sdpa", LLAMA,
+     dict(lora_rank=64, lora_dropout=0.1, attention="flash", precision="bf16", **ALL)),
+    ("bf16: gpt2 r64 all-linear, eager", SMALL_GPT2, dict(lora_rank=64, precision="bf16", **ALL)),
+    ("bf16: llama gqa r64 q,v, checkpointing, sdpa", LLAMA,
+     dict(lora_rank=64, recompute="full", attention="flash", precision="bf16")),
+    ("bf16: llama gqa r64 all-linear, checkpointing, sdpa", LLAMA,
+     dict(lora_rank=64, recompute="full", attention="flash", precision="bf16", **ALL)),
+    # q, k and v with biases: each keeps its output less the bias, fp32 by promotion
+    ("bf16: qwen2 r32 all-linear, sdpa", {**LLAMA, "model_type": "qwen2"},
+     dict(lora_rank=32, attention="flash", precision="bf16", qkv_bias=True, **ALL)),
+]
+# Checkpointed steps whose recomputed block the model does not yet follow: each DoRA
+# layer makes B @ A over an identity again while the block is rebuilt, and where that
+# transient meets the gradients so far is not modelled (measured: peaks 0.89 and 1.06).
+DORA_GAPS = [
+    ("bf16: gpt2 r16 all-linear, checkpointing", SMALL_GPT2,
+     dict(lora_rank=16, recompute="full", precision="bf16", **ALL)),
+    ("llama gqa r64 all-linear, checkpointing, sdpa", LLAMA,
+     dict(lora_rank=64, recompute="full", attention="flash", **ALL)),
+]
+
+
+@needs_peft
+@pytest.mark.parametrize("name, data, knobs", [pytest.param(*c, id=c[0]) for c in DORA_TABLE]
+                         + [pytest.param(*c, id=c[0], marks=pytest.mark.xfail(
+                             strict=True, reason="the recomputed block's B @ A transient "
+                             "is not modelled yet")) for c in DORA_GAPS])
+def test_each_dora_step_matches_peft_on_this_cpu(name, data, knobs):
+    assert_cpu_step_as_predicted(_cpu(data, dora=True, **knobs))
+
+
+# ---------------------------------------------------------- modules_to_save
+def test_a_trained_head_copy_is_stored_trained_and_keeps_its_input():
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8, seq_len=256)
+    saved = cfg.with_(modules_to_save="lm_head")
+    V, d, n = 32000, 4096, 256
+    assert [t.name for t in opt.trainable_tensors(saved)][-1] == "lm_head.modules_to_save.weight"
+    more = {k: fixed_bytes(saved)[k] - fixed_bytes(cfg)[k] for k in fixed_bytes(cfg)}
+    assert more == {"weights": 4 * V * d, "master weights": 0, "gradients": 4 * V * d,
+                    "optimizer state": 8 * V * d}
+    assert parameter_count(saved) == parameter_count(cfg)  # the model's own count
+    # the head's input (the final norm's output, fp32) is kept again
+    assert real_step_activations(saved).saved - real_step_activations(cfg).saved == n * d * 4
+
+
+def test_a_trained_embedding_makes_the_first_block_keep_what_every_block_keeps():
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8, seq_len=256)
+    saved = cfg.with_(modules_to_save="embed_tokens")
+    assert opt.trainable_tensors(saved)[0].name == "embed_tokens.modules_to_save.weight"
+    blocks = [x for x in real_step_activations(saved).items if "first block" in x.op]
+    assert blocks == []  # no first block of its own
+
+
+@pytest.mark.parametrize("changes, says", [
+    (dict(modules_to_save="lm_head,norm"), "modules outside the blocks are embed_tokens, lm_head"),
+    (dict(modules_to_save="lm_head", tied_embedding=True), "would untie the head"),
+    (dict(dora=True, qlora=True), "dora with qlora"),
+])
+def test_what_the_recipes_cannot_be_is_refused_by_name(changes, says):
+    with pytest.raises(bm.BudgetError, match=says):
+        bm.preset("llama2-7b", **HF, lora_rank=8, **changes)
+
+
+MODULES_TABLE = [
+    ("llama gqa r8 q,v + lm_head, eager", LLAMA, dict(lora_rank=8, modules_to_save="lm_head")),
+    ("llama gqa r8 q,v + embed_tokens, sdpa", LLAMA,
+     dict(lora_rank=8, modules_to_save="embed_tokens", attention="flash")),
+    ("bf16: llama gqa r8 + both, sdpa", LLAMA,
+     dict(lora_rank=8, modules_to_save="lm_head,embed_tokens", precision="bf16",
+          attention="flash")),
+    ("llama gqa r64 all-linear + lm_head, checkpointing, accumulation 2", LLAMA,
+     dict(lora_rank=64, lora_targets="all-linear", modules_to_save="lm_head",
+          recompute="full", attention="flash", accumulation=2)),
+    ("gpt2 untied r8 + lm_head, wte, dropout", {**SMALL_GPT2, "tie_word_embeddings": False,
+                                               "embd_pdrop": 0.1},
+     dict(lora_rank=8, modules_to_save="lm_head,wte")),
+]
+
+
+@needs_peft
+@pytest.mark.parametrize("name, data, knobs", [pytest.param(*c, id=c[0]) for c in MODULES_TABLE])
+def test_each_modules_to_save_step_matches_peft_on_this_cpu(name, data, knobs):
+    assert_cpu_step_as_predicted(_cpu(data, **knobs))
+
+
+# ------------------------------------------------------ QLoRA under autocast
+def test_qlora_under_bf16_autocast_keeps_the_mlp_in_fp32():
+    """Each 4-bit layer hands back its fp32 input's dtype: LLaMA's SiLU keeps an fp32
+    input and the product its two fp32 operands, where LoRA keeps bf16 ones."""
+    cfg = bm.preset("llama2-7b", **{**HF, "precision": "bf16"}, lora_rank=8, seq_len=256,
+                    attention="flash")
+    n, f, L = 256, 11008, 32
+    quantized = cfg.with_(qlora=True)
+    # the frozen matmuls' 16-bit weight copies go (dequantized inside MatMul4Bit)
+    copies = sum(x.bytes for x in real_step_activations(cfg).items
+                 if x.op.startswith("frozen matmuls"))
+    assert copies > 0
+    assert (real_step_activations(quantized).saved - real_step_activations(cfg).saved
+            == L * 3 * n * f * 2 - copies)
+
+
+needs_bitsandbytes = pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is None,
+    reason="bitsandbytes is not installed (pip install -e '.[lora]')")
+BF16 = dict(precision="bf16", qlora=True)
+QLORA_TABLE = [
+    ("llama gqa r64 q,v, checkpointing (prepare_model_for_kbit_training's default), sdpa",
+     LLAMA, dict(lora_rank=64, recompute="full", attention="flash", **BF16)),
+    ("llama gqa r64 all-linear, sdpa", LLAMA,
+     dict(lora_rank=64, lora_targets="all-linear", attention="flash", **BF16)),
+    ("llama gqa r64 q,v, lora_dropout, eager", LLAMA,
+     dict(lora_rank=64, lora_dropout=0.1, **BF16)),
+    ("gpt2 r64 all-linear, eager", SMALL_GPT2,
+     dict(lora_rank=64, lora_targets="all-linear", **BF16)),
+    ("gpt2 r64 c_attn, checkpointing, accumulation 2", SMALL_GPT2,
+     dict(lora_rank=64, recompute="full", accumulation=2, **BF16)),
+]
+
+
+@needs_peft
+@needs_bitsandbytes
+@pytest.mark.parametrize("name, data, knobs", [pytest.param(*c, id=c[0]) for c in QLORA_TABLE])
+def test_each_bf16_qlora_step_matches_peft_and_bitsandbytes_on_this_cpu(name, data, knobs):
+    assert_cpu_step_as_predicted(_cpu(data, **knobs))
+
+
+def test_the_command_line_takes_the_recipes_flags_and_states_their_defaults(capsys):
+    from engine.budget.cli import main
+    base = ["--preset", "llama2-7b", "--activations", "hf", "--lora-rank", "8"]
+    assert main(base) == 0
+    assert "(--dora off, --qlora off, --modules-to-save none)" in capsys.readouterr().out
+    assert main(base + ["--lora-targets", "all-linear", "--dora", "on", "--modules-to-save",
+                        "lm_head", "--device", "h100", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    cfg = bm.preset("llama2-7b", activation_model="hf", lora_rank=8, lora_targets="all-linear",
+                    dora=True, modules_to_save="lm_head")
+    assert got["trainable_parameters"] == sum(t.numel for t in opt.trainable_tensors(cfg))
