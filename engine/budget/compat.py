@@ -81,7 +81,7 @@ def _bf16_weights(cfg) -> bool:
 LOOP_KNOBS = ("optimizer_impl", "outputs", "use_cache", "padded_batch", "backend")
 # What LoRA alone means: set only with a rank.
 LORA_ONLY = ("lora_targets", "lora_dropout", "qlora")
-LLAMA_TRAITS = ("qkv_bias", "qk_norm", "sliding_window")
+LLAMA_TRAITS = ("qkv_bias", "qk_norm", "sliding_window", "attention_bias", "mlp_bias")
 
 
 def _loop_refusal(knob):
@@ -98,7 +98,7 @@ def _pytorch_loop_refusal(knob):
 
 def _llama_trait_refusal(knob):
     return lambda c: (f"{knob}={getattr(c, knob)!r} is a trait of LLaMA-shaped blocks "
-                      f"(Qwen2, Qwen3, Mistral); choose architecture 'llama', or turn "
+                      f"(Qwen2, Qwen3, Mistral, LLaMA's biases); choose architecture 'llama', or turn "
                       f"{knob} off.")
 
 

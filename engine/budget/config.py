@@ -85,6 +85,8 @@ class BudgetConfig:
     d_head: int = default("d_head")
     qkv_bias: bool = default("qkv_bias")
     qk_norm: bool = default("qk_norm")
+    attention_bias: bool = default("attention_bias")
+    mlp_bias: bool = default("mlp_bias")
     sliding_window: int = default("sliding_window")
     model_type: str = default("model_type")
     grad_precision: str = default("grad_precision")

@@ -16,8 +16,8 @@ policy come from the caller.
         qwen2    biases on q, k and v (its modeling code sets them always)
         mistral  sliding_window (null: none)
         qwen3    an RMSNorm over each head of q and of k
-        llama    attention_bias and mlp_bias must be false; qwen3's attention_bias
-                 too (it would add the output projection's bias)
+        llama    attention_bias (biases on q, k, v and the output projection; qwen3
+                 reads it too) and mlp_bias (on gate, up and down), default false
         qwen2 and qwen3 slide only with use_sliding_window, from layer
         max_window_layers on: all layers or none are modelled, a mix is refused.
 
@@ -162,15 +162,20 @@ def _llama_shape(data: dict, kind: str, source: str) -> tuple[dict, bool]:
             shape["d_head"] = head
     biases = {"llama": ("attention_bias", "mlp_bias"), "qwen3": ("attention_bias",)}
     for key in biases.get(kind, ()):
-        if data.get(key, False) is not False:
-            raise BudgetError(f'{source}: "{key}": {json.dumps(data[key])}; the {kind} '
-                              f'block read here has no such biases, so only configs with '
-                              f'"{key}": false are read.')
+        shape[key] = _switch(data, key, source)
     shape["architecture"] = "llama"
     shape["qkv_bias"] = kind == "qwen2"
     shape["qk_norm"] = kind == "qwen3"
     shape["sliding_window"] = _sliding_window(data, kind, shape["n_layer"], source)
     return shape, data.get("tie_word_embeddings", False)
+
+
+def _switch(data: dict, key: str, source: str) -> bool:
+    """A true/false field of the file (false when absent, as in its config class)."""
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise BudgetError(f'{source}: "{key}": {json.dumps(value)} must be true or false.')
+    return value
 
 
 def _sliding_window(data: dict, kind: str, layers: int, source: str) -> int:

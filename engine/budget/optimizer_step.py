@@ -129,12 +129,20 @@ def _llama_tensors(cfg) -> list[ParamTensor]:
 
 
 def _llama_traits(cfg, prefix: str, q: int, kv: int) -> list[ParamTensor]:
-    """Qwen2's q/k/v biases and Qwen3's per-head q/k norm gains (no weight decay)."""
+    """Qwen2's q/k/v biases, LlamaConfig's attention and MLP biases and Qwen3's
+    per-head q/k norm gains (no weight decay)."""
     out = []
-    if getattr(cfg, "qkv_bias", False):
+    if getattr(cfg, "qkv_bias", False) or getattr(cfg, "attention_bias", False):
         out += [ParamTensor(prefix + "q_proj.bias", q, False),
                 ParamTensor(prefix + "k_proj.bias", kv, False),
                 ParamTensor(prefix + "v_proj.bias", kv, False)]
+    if getattr(cfg, "attention_bias", False):
+        out.append(ParamTensor(prefix + "o_proj.bias", cfg.d_model, False))
+    if getattr(cfg, "mlp_bias", False):
+        mlp = prefix.replace("self_attn.", "mlp.")
+        out += [ParamTensor(mlp + "gate_proj.bias", cfg.ffn, False),
+                ParamTensor(mlp + "up_proj.bias", cfg.ffn, False),
+                ParamTensor(mlp + "down_proj.bias", cfg.d_model, False)]
     if getattr(cfg, "qk_norm", False):
         out += [ParamTensor(prefix + "q_norm.weight", cfg.head_dim, False),
                 ParamTensor(prefix + "k_norm.weight", cfg.head_dim, False)]

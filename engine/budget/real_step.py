@@ -298,13 +298,18 @@ def block_weights(cfg: BudgetConfig) -> int:
 
 
 def block_biases(cfg: BudgetConfig) -> int:
-    """Elements of one block's matmul biases (cast and cached, never saved):
-    GPT-2's qkv (3h), projection (h), fc (f) and fc-proj (h); LLaMA has
-    none, Qwen2 those of q, k and v."""
+    """Elements of one block's matmul biases (cast and cached, never saved:
+    `addmm`'s backward reads its two matrices, and the bias's gradient is a sum
+    of the output's): GPT-2's qkv (3h), projection (h), fc (f) and fc-proj (h);
+    LLaMA has none, Qwen2 those of q, k and v, LlamaConfig's `attention_bias`
+    those and the output projection's, its `mlp_bias` gate's, up's and down's."""
     h, f = cfg.d_model, cfg.ffn
     if cfg.architecture == "llama":
+        attention = getattr(cfg, "attention_bias", False)
         qkv = cfg.q_width + 2 * cfg.kv_heads * cfg.head_dim
-        return qkv if getattr(cfg, "qkv_bias", False) else 0
+        return ((qkv if attention or getattr(cfg, "qkv_bias", False) else 0)
+                + (h if attention else 0)
+                + (2 * f + h if getattr(cfg, "mlp_bias", False) else 0))
     return 3 * h + h + f + h
 
 

@@ -98,10 +98,12 @@ def _llama_config(cfg: BudgetConfig, common: dict):
     import transformers
     family = _llama_family(cfg)
     window = getattr(cfg, "sliding_window", 0) or None
-    traits = {"Llama": {}, "Mistral": {"sliding_window": window},
+    biases = {"attention_bias": getattr(cfg, "attention_bias", False)}
+    traits = {"Llama": {**biases, "mlp_bias": getattr(cfg, "mlp_bias", False)},
+              "Mistral": {"sliding_window": window},
               "Qwen2": {"use_sliding_window": window is not None,
                         "sliding_window": window, "max_window_layers": 0},
-              "Qwen3": {"use_sliding_window": window is not None,
+              "Qwen3": {"use_sliding_window": window is not None, **biases,
                         "sliding_window": window, "max_window_layers": 0}}[family]
     config = getattr(transformers, f"{family}Config")(
         num_hidden_layers=cfg.n_layer, hidden_size=cfg.d_model,
