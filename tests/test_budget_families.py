@@ -193,7 +193,7 @@ def test_the_command_line_says_where_the_files_switches_came_from():
 
 @pytest.mark.parametrize("kind, says", [
     ("mixtral", "mixture-of-experts"),
-    ("gemma", "GeGLU"),
+    ("olmo2", "q/k norms over the whole width"),
     ("phi3", "fused q/k/v"),
     ("falcon", "the families read are gpt2, llama, qwen2, mistral, qwen3"),
 ])

@@ -122,8 +122,9 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"starting configuration: {', '.join(PRESET_NAMES)} (default: tiny, "
                          f"or the shape of --hf-config)")
     ap.add_argument("--hf-config", metavar="FILE",
-                    help="read the model shape from a Hugging Face config.json (GPT-2 and "
-                         "LLaMA families); batch and policy from the other flags")
+                    help="read the model shape from a Hugging Face config.json (GPT-2, the "
+                         "LLaMA family: Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 2, Gemma 3 "
+                         "text); batch and policy from the other flags")
     for k in shown_on("cli"):
         _add_knob(ap, k)
     ap.add_argument("--breakdown", action="store_true", help="list every kept tensor and "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
+from .gemma import extra_norm_gains
 from .lora import quantized_bytes, quantized_weights, trainable_parameters
 from .weights_dtype import bf16_weights, frozen_weight_bytes, training_bytes
 
@@ -40,7 +41,7 @@ def _llama_breakdown(cfg: BudgetConfig) -> dict[str, int]:
     L, d, V, f = cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.ffn
     kv, q = cfg.kv_heads * cfg.head_dim, cfg.q_width
     per_layer = {
-        "rms norms": 2 * d,
+        "rms norms": 2 * d + extra_norm_gains(cfg),
         "attention q and output": 2 * d * q,
         "attention k and v": 2 * d * kv,
         "mlp gate, up and down": 3 * d * f,

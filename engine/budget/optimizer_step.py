@@ -71,6 +71,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gemma import norms_around
 from .lora import adapter_tensors
 
 FP32 = 4
@@ -143,6 +144,10 @@ def _llama_traits(cfg, prefix: str, q: int, kv: int) -> list[ParamTensor]:
         out += [ParamTensor(mlp + "gate_proj.bias", cfg.ffn, False),
                 ParamTensor(mlp + "up_proj.bias", cfg.ffn, False),
                 ParamTensor(mlp + "down_proj.bias", cfg.d_model, False)]
+    if norms_around(cfg):  # Gemma 2 and 3
+        layer = prefix.replace("self_attn.", "")
+        out += [ParamTensor(layer + f"{where}_feedforward_layernorm.weight", cfg.d_model, False)
+                for where in ("pre", "post")]
     if getattr(cfg, "qk_norm", False):
         out += [ParamTensor(prefix + "q_norm.weight", cfg.head_dim, False),
                 ParamTensor(prefix + "k_norm.weight", cfg.head_dim, False)]
