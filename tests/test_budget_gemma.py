@@ -96,9 +96,9 @@ def test_a_layer_layout_other_than_the_released_one_is_refused(data):
 
 # ------------------------------------------------- what transformers runs
 def test_gemma2_runs_eager_attention_only():
-    with pytest.raises(bm.BudgetError, match="eager attention only"):
+    with pytest.raises(bm.BudgetError, match="eager mode only"):
         bm.config_from_hf(GEMMA2, **HF, attention="flash")
-    with pytest.raises(bm.BudgetError, match="eager attention only"):
+    with pytest.raises(bm.BudgetError, match="eager mode only"):
         bm.preset("gemma2-2b", **HF, attention="flash")
 
 

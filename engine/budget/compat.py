@@ -141,19 +141,19 @@ RULES = (
     # Gemma (model_type from a config.json or a preset): what transformers runs and
     # what was measured (engine.budget.gemma)
     Rule("attention", lambda c: c.model_type == "gemma2",
-         "transformers runs Gemma 2 in eager attention only",
+         "transformers runs Gemma 2 in eager mode only",
          lambda c: ("attention='flash' with a gemma2 model: transformers runs Gemma 2 in "
-                    "eager attention only (SDPA cannot soft-cap its scores); choose "
+                    "eager mode only (SDPA cannot soft-cap its scores); choose "
                     "attention 'standard'."),
          allowed=lambda c, v: v == "standard", greys=False),
     Rule("attention", lambda c: (c.model_type == "gemma3_text" and c.sliding_window
                                  and c.seq_len >= c.sliding_window),
          "Gemma 3's windowed layers under SDPA from the window's length on were not modelled",
          lambda c: (f"attention='flash' with a gemma3_text model at seq_len={c.seq_len} >= "
-                    f"its sliding_window {c.sliding_window}: SDPA's windowed layers are then "
-                    f"handed a mask, which was not modelled; choose attention 'standard' "
-                    f"(transformers' advice for training Gemma 3), or seq_len below "
-                    f"{c.sliding_window}."),
+                    f"its sliding_window {c.sliding_window}: SDPA's windowed layers (five "
+                    f"in six) are then handed a mask and its global ones not, which was not "
+                    f"modelled; choose attention 'standard' (in eager mode a window keeps "
+                    f"nothing more), or seq_len below {c.sliding_window}."),
          allowed=lambda c, v: v == "standard", greys=False),
     Rule("weights_dtype", lambda c: c.model_type.startswith("gemma"),
          "Gemma loaded in bf16 was not measured",

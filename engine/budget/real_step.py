@@ -273,7 +273,7 @@ def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     if norms_around(cfg):
         items += _norm_after_matmul(cfg, "post-attention norm")
     items += norm("2", 2, "gate/up matmuls")
-    act = "GELU (tanh)" if is_gemma(cfg) else "SiLU"
+    act = "GELU" if is_gemma(cfg) else "SiLU"  # Gemma: gelu_pytorch_tanh
     items += [Saved(act, "input (gate's output)", n * f, lo),
               Saved(f"{act}(gate) * up", f"{act}'s output and up's output", 2 * n * f, lo),
               Saved("down matmul", "input (the product)", n * f, lo)]
