@@ -251,6 +251,17 @@ def test_a_bias_keeps_nothing_for_the_backward_but_its_autocast_copy():
     assert block_biases(cfg) == 896 + 2 * 128 + 896 + 2 * 4864 + 896
 
 
+def test_the_bias_switches_are_flags_of_the_command_line():
+    plain = json.loads(_cli("--preset", "llama2-7b", "--json").stdout)["parameters"]
+    both = _cli("--preset", "llama2-7b", "--attention-bias", "on", "--mlp-bias", "on", "--json")
+    assert both.returncode == 0, both.stderr
+    L, d, f = 32, 4096, 11008
+    assert json.loads(both.stdout)["parameters"] - plain == L * (4 * d + 2 * f + d)
+    refused = _cli("--preset", "gpt2-small", "--mlp-bias", "on")
+    assert refused.returncode == 2 and "--mlp-bias True is a trait of LLaMA-shaped" in (
+        refused.stderr)
+
+
 def test_qwen2_sliding_every_layer_is_read_as_a_window():
     cfg = bm.config_from_hf({**QWEN2, "use_sliding_window": True, "max_window_layers": 0,
                              "sliding_window": 1024})
