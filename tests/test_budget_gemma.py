@@ -183,3 +183,19 @@ CPU_TABLE = [
 def test_each_gemma_step_matches_transformers_on_this_cpu(name, data, knobs):
     start = dict(micro_batch=2, seq_len=64, precision="fp32", optimizer_impl="for-loop", **HF)
     assert_cpu_step_as_predicted(bm.config_from_hf(_small(data), **{**start, **knobs}))
+
+
+QLORA_TABLE = [
+    ("gemma2, eager, qlora", GEMMA2, dict(attention="standard", lora_rank=8, qlora=True)),
+    ("gemma3, sdpa, qlora all linear", GEMMA3, dict(attention="flash", lora_rank=8,
+                                                    qlora=True, lora_targets=ALL)),
+]
+
+
+@needs_transformers
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
+                    reason="bitsandbytes is not installed (pip install bitsandbytes)")
+@pytest.mark.parametrize("name, data, knobs", QLORA_TABLE, ids=[c[0] for c in QLORA_TABLE])
+def test_qlora_over_gemma_matches_transformers_on_this_cpu(name, data, knobs):
+    start = dict(micro_batch=2, seq_len=64, precision="fp32", optimizer_impl="for-loop", **HF)
+    assert_cpu_step_as_predicted(bm.config_from_hf(_small(data), **{**start, **knobs}))
