@@ -109,11 +109,6 @@ def test_gemma3_under_sdpa_is_modelled_below_its_window_only():
     assert bm.config_from_hf(GEMMA3, **HF, attention="standard", seq_len=4096)
 
 
-def test_gemma_loaded_in_bf16_is_refused_as_not_measured():
-    with pytest.raises(bm.BudgetError, match="Gemma's norms over bf16 weights"):
-        bm.preset("gemma3-1b", **HF, weights_dtype="bf16")
-
-
 # ------------------------------------------------------- what the step keeps
 def test_gemma2_keeps_the_soft_capped_scores_and_logits():
     cfg = bm.preset("gemma2-2b", **HF, seq_len=1024)
@@ -123,6 +118,16 @@ def test_gemma2_keeps_the_soft_capped_scores_and_logits():
     assert kept["final logit soft-capping: tanh output"] == n * V * 2
     assert not any("soft-capping" in w for w in whats(block_saved(bm.preset(
         "gemma3-1b", **HF, seq_len=1024)) + outside_saved(bm.preset("gemma3-1b", **HF))))
+
+
+def test_over_bf16_weights_gemmas_norms_keep_x_over_rms_in_fp32_where_llamas_keep_bf16():
+    gemma = bm.preset("gemma3-1b", **HF, weights_dtype="bf16", seq_len=1024)
+    llama = bm.preset("llama3.2-1b", **HF, weights_dtype="bf16", seq_len=1024)
+    for cfg, size in ((gemma, 4), (llama, 2)):
+        normed = [x for x in block_saved(cfg) + outside_saved(cfg)
+                  if x.op in ("rms norm 1", "rms norm 2", "final rms norm")
+                  and "x / rms" in x.tensor]
+        assert len(normed) == 3 and {x.itemsize for x in normed} == {size}
 
 
 def test_norms_around_attention_and_mlp_keep_fp32_copies_of_the_matmuls_outputs():
@@ -172,6 +177,16 @@ CPU_TABLE = [
     ("gemma3, eager, bf16 autocast", GEMMA3, dict(attention="standard", **AUTOCAST)),
     ("gemma3, sdpa, below the window", GEMMA3, dict(attention="flash")),
     ("gemma3, sdpa, checkpointed", GEMMA3, dict(attention="flash", recompute="full")),
+    ("gemma2, eager, bf16 weights", GEMMA2, dict(attention="standard", weights_dtype="bf16",
+                                                 **AUTOCAST)),
+    ("gemma2, eager, bf16 weights, lora all linear, dropout", GEMMA2,
+     dict(attention="standard", weights_dtype="bf16", lora_rank=8, lora_targets=ALL,
+          lora_dropout=0.1, **AUTOCAST)),
+    ("gemma, eager, bf16 weights, checkpointed, lora", GEMMA,
+     dict(attention="standard", weights_dtype="bf16", lora_rank=8, recompute="full",
+          **AUTOCAST)),
+    ("gemma3, sdpa, bf16 weights, lora", GEMMA3, dict(attention="flash", weights_dtype="bf16",
+                                                      lora_rank=8, **AUTOCAST)),
     ("gemma3, sdpa, bf16 autocast, lora", GEMMA3, dict(attention="flash", lora_rank=8,
                                                        lora_targets="q_proj,v_proj,down_proj",
                                                        **AUTOCAST)),

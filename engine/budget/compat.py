@@ -155,11 +155,6 @@ RULES = (
                     f"modelled; choose attention 'standard' (in eager mode a window keeps "
                     f"nothing more), or seq_len below {c.sliding_window}."),
          allowed=lambda c, v: v == "standard", greys=False),
-    Rule("weights_dtype", lambda c: c.model_type.startswith("gemma"),
-         "Gemma loaded in bf16 was not measured",
-         lambda c: (f"{_WEIGHTS_BF16} with a {c.model_type} model: Gemma's norms over bf16 "
-                    f"weights were not measured; choose weights_dtype 'fp32'."),
-         greys=False),
     # a real framework's step has no switch for these
     Rule("recompute", _real, "a real step checkpoints whole blocks (full) or keeps no "
          "probabilities with SDPA (attention 'flash')",

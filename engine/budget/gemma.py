@@ -9,6 +9,8 @@ read from transformers' modeling code and confirmed against its step on the CPU
 - RMSNorm of (1 + gain): `(x.float() * rsqrt(...)) * (1 + w.float())`, then
   `.type_as(x)`. The gain's product keeps x / rms in fp32 (LLaMA's keeps it cast
   back to the input's dtype), and a 16-bit input is first copied to fp32.
+  Over bf16 weights (`weights_dtype`) the input is a bf16 tensor and x / rms
+  still fp32, where LLaMA's norm keeps a bf16 copy.
 - Embeddings scaled by sqrt(width): a product by a constant buffer, which keeps
   nothing. The head is tied to the token table (every released Gemma).
 - Gemma 2 and 3: norms around attention and the MLP (`post_attention_layernorm`

@@ -255,12 +255,15 @@ def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
 
     # over bf16 weights x / rms is cast back to bf16 for the gain, whose product
     # keeps that copy, and the matmuls read the bf16 output as it is
-    x_normed = "x / rms (fp32)" if not bf16_weights(cfg) else "x / rms (bf16 copy)"
+    # (Gemma multiplies by its gain before casting back: x / rms stays fp32)
+    fp32_normed = not bf16_weights(cfg) or is_gemma(cfg)
+    x_normed = "x / rms (fp32)" if fp32_normed else "x / rms (bf16 copy)"
 
     def norm(which: str, readers: int, what: str) -> list[Saved]:
         items = [Saved(f"rms norm {which}", "input (the residual stream, fp32)", n * h, FP32),
                  Saved(f"rms norm {which}", "1/rms, one per token", n, FP32),
-                 Saved(f"rms norm {which}", x_normed, n * h, hidden_bytes(cfg))]
+                 Saved(f"rms norm {which}", x_normed, n * h,
+                       FP32 if fp32_normed else hidden_bytes(cfg))]
         copies = readers if cfg.autocast and not bf16_weights(cfg) else 1
         return items + [Saved(what, "input (the norm's output)" if copies == 1
                               else f"input, one 16-bit copy per matmul", copies * n * h, lo)]
@@ -380,9 +383,10 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
 
 
 def _final_rms(cfg: BudgetConfig) -> list[Saved]:
-    """The final RMSNorm's 1/rms and x / rms (fp32, or a bf16 copy over bf16 weights)."""
+    """The final RMSNorm's 1/rms and x / rms (fp32, or a bf16 copy over bf16 weights
+    but Gemma's)."""
     n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
-    if not bf16_weights(cfg):
+    if not bf16_weights(cfg) or is_gemma(cfg):
         return [Saved("final rms norm", "1/rms and x / rms", n + n * h, FP32)]
     return [Saved("final rms norm", "1/rms", n, FP32),
             Saved("final rms norm", "x / rms (bf16 copy)", n * h, hidden_bytes(cfg))]
