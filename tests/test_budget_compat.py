@@ -58,7 +58,9 @@ STARTS += [bm.preset("gpt2-small", activation_model="hf"),
            bm.preset("llama2-7b", activation_model="hf", lora_rank=8),
            bm.preset("gpt2-small", activation_model="hf", lora_rank=8, precision="bf16"),
            bm.preset("llama2-7b", activation_model="hf", precision="fp32", lora_rank=8,
-                     qlora=True)]
+                     qlora=True),
+           bm.preset("gemma2-2b", activation_model="hf"),
+           bm.preset("gemma3-1b", activation_model="hf")]
 # Rules that an earlier rule always answers first today (qlora is refused under the
 # bf16 precision that bf16 weights need).
 SHADOWED = {("weights_dtype", "the 4-bit layers' step over bf16 weights was not measured")}

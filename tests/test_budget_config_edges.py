@@ -72,3 +72,35 @@ def test_arch_llama_works_from_every_preset(name, capsys):
     assert cli.main(["--preset", name, "--arch", "llama", "--seq", "4096", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["config"]
     assert got["architecture"] == "llama" and got["seq_len"] == 4096
+
+
+# ------------------------------------------------------------ the command line's inputs
+def test_lora_targets_of_commas_alone_are_refused_not_read_as_peft_default(capsys):
+    assert cli.main(["--preset", "llama2-7b", "--activations", "hf", "--lora-rank", "8",
+                     "--lora-targets", ",,,"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--lora-targets ',,,' names no layer" in err and "q_proj" in err
+    assert "\n" not in err
+    with pytest.raises(bm.BudgetError, match="names no layer"):
+        bm.preset("gpt2-small", activation_model="hf", lora_rank=8, lora_targets=" , ")
+
+
+def test_ten_thousand_unknown_lora_targets_give_a_short_error(capsys):
+    targets = ",".join(f"layer_{i}" for i in range(10_000))
+    assert cli.main(["--preset", "llama2-7b", "--activations", "hf", "--lora-rank", "8",
+                     "--lora-targets", targets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'layer_0', 'layer_1', 'layer_2' and 9,997 more match no linear layer" in err
+    assert len(err) < 400 and "\n" not in err
+
+
+@pytest.mark.parametrize("flag, value", [("--device-memory", "0.5"), ("--headroom", "0.25"),
+                                         ("--device-flops", "0.9")])
+def test_a_fraction_of_a_byte_or_flop_is_refused_as_a_unit_slip(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--preset", "gpt2-small", "--device", "H100-80GB-SXM", flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{flag}: '{value}' is below 1" in err and "unit slip" in err and "e.g." in err
+    # with its unit the same number is read
+    assert cli.memory_size("0.5GB") == 500_000_000

@@ -193,7 +193,7 @@ def test_the_command_line_says_where_the_files_switches_came_from():
 
 @pytest.mark.parametrize("kind, says", [
     ("mixtral", "mixture-of-experts"),
-    ("gemma", "GeGLU"),
+    ("olmo2", "q/k norms over the whole width"),
     ("phi3", "fused q/k/v"),
     ("falcon", "the families read are gpt2, llama, qwen2, mistral, qwen3"),
 ])
@@ -205,14 +205,61 @@ def test_other_model_types_are_refused_naming_what_differs(kind, says):
 
 @pytest.mark.parametrize("data, says", [
     ({**QWEN2, "use_sliding_window": True, "max_window_layers": 12}, "all sliding or none"),
-    ({**QWEN3, "attention_bias": True}, '"attention_bias": true'),
-    ({**QWEN2, "model_type": "llama", "mlp_bias": True}, '"mlp_bias": true'),
+    ({**QWEN3, "attention_bias": "yes"}, '"attention_bias": "yes" must be true or false'),
+    ({**QWEN2, "model_type": "llama", "mlp_bias": 1}, '"mlp_bias": 1 must be true or false'),
     ({**GPT2, "resid_pdrop": "0.1"}, "not a dropout probability"),
     ({**GPT2, "use_cache": "yes"}, "must be true or false"),
 ])
 def test_what_a_family_read_here_lacks_is_refused_by_name(data, says):
     with pytest.raises(bm.BudgetError, match=says):
         bm.config_from_hf(data)
+
+
+LLAMA_BIASED = {**QWEN2, "model_type": "llama", "attention_bias": True, "mlp_bias": True}
+
+
+def test_llamas_attention_and_mlp_biases_are_read_and_counted():
+    cfg = bm.config_from_hf(LLAMA_BIASED)
+    plain = bm.config_from_hf({**LLAMA_BIASED, "attention_bias": False, "mlp_bias": False})
+    assert cfg.attention_bias and cfg.mlp_bias and not cfg.qkv_bias
+    d, f, q, kv, L = 896, 4864, 896, 2 * 64, 24
+    assert bm.parameter_count(cfg) - bm.parameter_count(plain) == L * (q + 2 * kv + d
+                                                                      + 2 * f + d)
+    from engine.budget.optimizer_step import parameter_tensors
+    tensors = parameter_tensors(cfg)
+    assert sum(t.numel for t in tensors) == bm.parameter_count(cfg)
+    assert {t.name for t in tensors if t.name.startswith("layers.0.") and "bias" in t.name} == {
+        f"layers.0.{m}.bias" for m in ("self_attn.q_proj", "self_attn.k_proj",
+                                       "self_attn.v_proj", "self_attn.o_proj",
+                                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
+    assert not any(t.decays for t in tensors if t.name.endswith(".bias"))
+    # Qwen3's class has attention_bias only (on q, k, v and o)
+    qwen3 = bm.config_from_hf({**QWEN3, "attention_bias": True})
+    assert bm.parameter_count(qwen3) - 596_049_920 == 28 * (16 * 128 + 2 * 8 * 128 + 1024)
+
+
+def test_a_bias_keeps_nothing_for_the_backward_but_its_autocast_copy():
+    """addmm's backward reads its two matrices, not the bias (saved-tensor hooks
+    count the same bytes with and without them); under autocast the bias's 16-bit
+    cast is cached beside the weights'."""
+    hf = dict(**HF, seq_len=512, attention="flash")
+    cfg = bm.config_from_hf(LLAMA_BIASED, **hf, precision="fp32")
+    plain = bm.config_from_hf({**LLAMA_BIASED, "attention_bias": False, "mlp_bias": False},
+                              **hf, precision="fp32")
+    assert real_step_activations(cfg).saved == real_step_activations(plain).saved
+    from engine.budget.real_step import block_biases
+    assert block_biases(cfg) == 896 + 2 * 128 + 896 + 2 * 4864 + 896
+
+
+def test_the_bias_switches_are_flags_of_the_command_line():
+    plain = json.loads(_cli("--preset", "llama2-7b", "--json").stdout)["parameters"]
+    both = _cli("--preset", "llama2-7b", "--attention-bias", "on", "--mlp-bias", "on", "--json")
+    assert both.returncode == 0, both.stderr
+    L, d, f = 32, 4096, 11008
+    assert json.loads(both.stdout)["parameters"] - plain == L * (4 * d + 2 * f + d)
+    refused = _cli("--preset", "gpt2-small", "--mlp-bias", "on")
+    assert refused.returncode == 2 and "--mlp-bias True is a trait of LLaMA-shaped" in (
+        refused.stderr)
 
 
 def test_qwen2_sliding_every_layer_is_read_as_a_window():
@@ -260,6 +307,13 @@ CPU_TABLE = [
     ("qwen3, sdpa", QWEN3, dict(attention="flash")),
     ("qwen3, eager, batch 4 x 32", QWEN3, dict(attention="standard", micro_batch=4,
                                                seq_len=32)),
+    ("llama attention and mlp biases, eager", LLAMA_BIASED, dict(attention="standard")),
+    ("llama attention and mlp biases, sdpa, checkpointed", LLAMA_BIASED,
+     dict(attention="flash", recompute="full")),
+    ("llama attention and mlp biases, sdpa, bf16 autocast", LLAMA_BIASED,
+     dict(attention="flash", precision="bf16", backend="cpu")),
+    ("qwen3 attention_bias, eager, bf16 autocast", {**QWEN3, "attention_bias": True},
+     dict(attention="standard", precision="bf16", backend="cpu")),
 ]
 
 

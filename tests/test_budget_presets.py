@@ -10,7 +10,8 @@ import pytest
 import engine.budget as bm
 
 # The fields of each released config.json the budget reads (meta-llama/Llama-3.2-1B,
-# Llama-3.2-3B, Llama-3.1-8B, Llama-3.1-70B, Qwen/Qwen2.5-7B, mistralai/Mistral-7B-v0.1)
+# Llama-3.2-3B, Llama-3.1-8B, Llama-3.1-70B, Qwen/Qwen2.5-7B, mistralai/Mistral-7B-v0.1,
+# google/gemma-2-2b, google/gemma-3-1b-pt)
 # and the parameter count its model card publishes.
 LLAMA3 = {"model_type": "llama", "vocab_size": 128256, "max_position_embeddings": 131072,
           "num_key_value_heads": 8, "attention_bias": False, "mlp_bias": False}
@@ -38,6 +39,19 @@ RELEASED = {
                     "intermediate_size": 14336, "vocab_size": 32000,
                     "max_position_embeddings": 32768, "sliding_window": 4096,
                     "tie_word_embeddings": False}, 7_241_732_096),
+    "gemma2-2b": ({"model_type": "gemma2", "num_hidden_layers": 26, "hidden_size": 2304,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                   "intermediate_size": 9216, "vocab_size": 256000,
+                   "max_position_embeddings": 8192, "sliding_window": 4096,
+                   "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                   "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh"},
+                  2_614_341_888),
+    "gemma3-1b": ({"model_type": "gemma3_text", "num_hidden_layers": 26, "hidden_size": 1152,
+                   "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                   "intermediate_size": 6912, "vocab_size": 262144,
+                   "max_position_embeddings": 32768, "sliding_window": 512,
+                   "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                   "hidden_activation": "gelu_pytorch_tanh"}, 999_885_952),
 }
 SHAPE = ("architecture", "model_type", "n_layer", "d_model", "n_head", "kv_heads", "head_dim",
          "ffn", "vocab_size", "block_size", "tied_embedding", "qkv_bias", "qk_norm",
@@ -69,9 +83,9 @@ def test_transformers_builds_each_released_config_with_the_published_count(name)
     import torch
     import transformers
     data, count = RELEASED[name]
-    classes = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}
-    family = classes[data["model_type"]]
-    config = getattr(transformers, f"{family}Config")(
+    from engine.budget.torch_step import CONFIG_CLASS, LLAMA_FAMILY
+    family = LLAMA_FAMILY[data["model_type"]]
+    config = getattr(transformers, CONFIG_CLASS.get(family, f"{family}Config"))(
         **{k: v for k, v in data.items() if k != "model_type"})
     with torch.device("meta"):  # shapes only: no memory, no initialisation
         model = getattr(transformers, f"{family}ForCausalLM")(config)

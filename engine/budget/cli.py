@@ -25,7 +25,7 @@ _RATE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**
 _MAX_DIGITS = 24  # longer than any bound of the knob table: refused before int() reads it
 
 
-def _with_unit(text: str, units: dict, what: str, example: str) -> int:
+def _with_unit(text: str, units: dict, what: str, example: str, unit: str) -> int:
     m = re.fullmatch(r"\s*([0-9]{1,24}(?:\.[0-9]{1,24})?(?:e[0-9]{1,3})?)\s*([a-z]*)\s*",
                      text.lower())
     if not m or m.group(2) not in units:
@@ -35,17 +35,21 @@ def _with_unit(text: str, units: dict, what: str, example: str) -> int:
     value = Decimal(m.group(1)) * units[m.group(2)]  # exact: no float overflow or rounding
     if value > 10 ** 30:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is far larger than any {what}")
+    if 0 < value < 1:  # int() would make it 0, which means "the device's own"
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is below 1, but a plain number counts {unit}: a fraction is a "
+            f"unit slip; write the unit, e.g. {example}")
     return int(value)
 
 
 def memory_size(text: str) -> int:
     """'80GB' -> 80e9 bytes, '24GiB' -> 24 * 2^30; a plain number is bytes."""
-    return _with_unit(text, _SIZE_UNITS, "a memory size", "80GB, 24GiB, 40e9")
+    return _with_unit(text, _SIZE_UNITS, "a memory size", "80GB, 24GiB, 40e9", "bytes")
 
 
 def flop_rate(text: str) -> int:
     """'312T' -> 312e12 FLOP/s; a plain number is FLOP/s."""
-    return _with_unit(text, _RATE_UNITS, "a FLOP/s figure", "312T, 1.5e14")
+    return _with_unit(text, _RATE_UNITS, "a FLOP/s figure", "312T, 1.5e14", "FLOP/s")
 
 
 def whole_number(text: str) -> int:
@@ -118,8 +122,9 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"starting configuration: {', '.join(PRESET_NAMES)} (default: tiny, "
                          f"or the shape of --hf-config)")
     ap.add_argument("--hf-config", metavar="FILE",
-                    help="read the model shape from a Hugging Face config.json (GPT-2 and "
-                         "LLaMA families); batch and policy from the other flags")
+                    help="read the model shape from a Hugging Face config.json (GPT-2, the "
+                         "LLaMA family: Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 2, Gemma 3 "
+                         "text); batch and policy from the other flags")
     for k in shown_on("cli"):
         _add_knob(ap, k)
     ap.add_argument("--breakdown", action="store_true", help="list every kept tensor and "

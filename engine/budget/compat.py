@@ -81,7 +81,7 @@ def _bf16_weights(cfg) -> bool:
 # The knobs of a practitioner's loop, each with the value that means "no loop".
 LOOP_KNOBS = ("optimizer_impl", "outputs", "use_cache", "padded_batch", "backend",
               "zero_engine")
-LLAMA_TRAITS = ("qkv_bias", "qk_norm", "sliding_window")
+LLAMA_TRAITS = ("qkv_bias", "qk_norm", "sliding_window", "attention_bias", "mlp_bias")
 
 
 def _loop_refusal(knob):
@@ -98,7 +98,7 @@ def _pytorch_loop_refusal(knob):
 
 def _llama_trait_refusal(knob):
     return lambda c: (f"{knob}={getattr(c, knob)!r} is a trait of LLaMA-shaped blocks "
-                      f"(Qwen2, Qwen3, Mistral); choose architecture 'llama', or turn "
+                      f"(Qwen2, Qwen3, Mistral, LLaMA's biases); choose architecture 'llama', or turn "
                       f"{knob} off.")
 
 
@@ -138,6 +138,23 @@ RULES = (
                     f"'llama'), or set d_head to 0.")),
     *(Rule(k, _not_llama, "a trait of LLaMA-shaped blocks", _llama_trait_refusal(k))
       for k in LLAMA_TRAITS),
+    # Gemma (model_type from a config.json or a preset): what transformers runs and
+    # what was measured (engine.budget.gemma)
+    Rule("attention", lambda c: c.model_type == "gemma2",
+         "transformers runs Gemma 2 in eager mode only",
+         lambda c: ("attention='flash' with a gemma2 model: transformers runs Gemma 2 in "
+                    "eager mode only (SDPA cannot soft-cap its scores); choose "
+                    "attention 'standard'."),
+         allowed=lambda c, v: v == "standard", greys=False),
+    Rule("attention", lambda c: (c.model_type == "gemma3_text" and c.sliding_window
+                                 and c.seq_len >= c.sliding_window),
+         "Gemma 3's windowed layers under SDPA from the window's length on were not modelled",
+         lambda c: (f"attention='flash' with a gemma3_text model at seq_len={c.seq_len} >= "
+                    f"its sliding_window {c.sliding_window}: SDPA's windowed layers (five "
+                    f"in six) are then handed a mask and its global ones not, which was not "
+                    f"modelled; choose attention 'standard' (in eager mode a window keeps "
+                    f"nothing more), or seq_len below {c.sliding_window}."),
+         allowed=lambda c, v: v == "standard", greys=False),
     # a real framework's step has no switch for these
     Rule("recompute", _real, "a real step checkpoints whole blocks (full) or keeps no "
          "probabilities with SDPA (attention 'flash')",

@@ -85,6 +85,8 @@ class BudgetConfig:
     d_head: int = default("d_head")
     qkv_bias: bool = default("qkv_bias")
     qk_norm: bool = default("qk_norm")
+    attention_bias: bool = default("attention_bias")
+    mlp_bias: bool = default("mlp_bias")
     sliding_window: int = default("sliding_window")
     model_type: str = default("model_type")
     grad_precision: str = default("grad_precision")
@@ -240,6 +242,24 @@ def _llama3(name: str, layers: int, width: int, heads: int, mlp: int,
                         micro_batch=1, seq_len=4096, precision="bf16")
 
 
+def _gemma_presets() -> dict[str, BudgetConfig]:
+    """Gemma 2 2B and Gemma 3 1B (google/gemma-2-2b, google/gemma-3-1b-pt config.json
+    files): GeGLU, head_dim 256, tied head; Gemma 2 soft-caps, Gemma 3 has q/k norms.
+    Transformers trains Gemma 2 in eager mode only (engine.budget.gemma)."""
+    return {
+        "gemma2-2b": BudgetConfig(
+            name="gemma2-2b", architecture="llama", model_type="gemma2", n_layer=26,
+            d_model=2304, n_head=8, n_kv_head=4, d_head=256, d_ff=9216, vocab_size=256000,
+            block_size=8192, tied_embedding=True, sliding_window=4096, micro_batch=1,
+            seq_len=4096, precision="bf16"),
+        "gemma3-1b": BudgetConfig(
+            name="gemma3-1b", architecture="llama", model_type="gemma3_text", n_layer=26,
+            d_model=1152, n_head=4, n_kv_head=1, d_head=256, d_ff=6912, vocab_size=262144,
+            block_size=32768, tied_embedding=True, qk_norm=True, sliding_window=512,
+            micro_batch=1, seq_len=4096, precision="bf16"),
+    }
+
+
 def _presets() -> dict[str, BudgetConfig]:
     return {
         # Source text 002: 7B parameters, 32 layers, d=4096, B=8, N=2048, 16-bit,
@@ -304,6 +324,7 @@ def _presets() -> dict[str, BudgetConfig]:
             d_model=4096, n_head=32, n_kv_head=8, d_ff=14336, vocab_size=32000,
             block_size=32768, tied_embedding=False, sliding_window=4096, micro_batch=1,
             seq_len=4096, precision="bf16"),
+        **_gemma_presets(),
         # The trainer's tiny config (engine/gpt_config.py tiny_config), as our engine runs it.
         "tiny": BudgetConfig(
             name="tiny", n_layer=4, d_model=128, n_head=4, vocab_size=corpus_vocab_size(),
@@ -315,7 +336,7 @@ def _presets() -> dict[str, BudgetConfig]:
 PRESET_NAMES = ("7b-example", "24-layer-example", "gpt2-small", "gpt2-medium", "gpt2-large",
                 "gpt2-xl", "llama2-7b", "llama2-13b", "llama2-70b", "llama3.2-1b",
                 "llama3.2-3b", "llama3.1-8b", "llama3.1-70b", "qwen2.5-7b", "mistral-7b",
-                "7b-class", "tiny")
+                "gemma2-2b", "gemma3-1b", "7b-class", "tiny")
 
 
 def preset(name: str, **changes) -> BudgetConfig:

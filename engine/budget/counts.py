@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
 from . import recipes
+from .gemma import extra_norm_gains
 from .lora import trainable_parameters
 from .weights_dtype import training_bytes
 
@@ -34,18 +35,24 @@ def parameter_breakdown(cfg: BudgetConfig) -> dict[str, int]:
 def _llama_breakdown(cfg: BudgetConfig) -> dict[str, int]:
     """LLaMA: no position table (rotary), RMSNorm gains only, no biases, K and
     V projections of n_kv_head * head_dim columns, SwiGLU's three matrices.
-    Qwen2 adds biases to q, k and v (`qkv_bias`); Qwen3 an RMSNorm gain over
-    one head's size for q and for k (`qk_norm`)."""
+    Qwen2 adds biases to q, k and v (`qkv_bias`); LlamaConfig's
+    `attention_bias` to q, k, v and the output projection, its `mlp_bias` to
+    gate, up and down; Qwen3 an RMSNorm gain over one head's size for q and for
+    k (`qk_norm`)."""
     L, d, V, f = cfg.n_layer, cfg.d_model, cfg.vocab_size, cfg.ffn
     kv, q = cfg.kv_heads * cfg.head_dim, cfg.q_width
     per_layer = {
-        "rms norms": 2 * d,
+        "rms norms": 2 * d + extra_norm_gains(cfg),
         "attention q and output": 2 * d * q,
         "attention k and v": 2 * d * kv,
         "mlp gate, up and down": 3 * d * f,
     }
-    if getattr(cfg, "qkv_bias", False):
+    if getattr(cfg, "qkv_bias", False) or getattr(cfg, "attention_bias", False):
         per_layer["attention q, k and v biases"] = q + 2 * kv
+    if getattr(cfg, "attention_bias", False):
+        per_layer["attention output bias"] = d
+    if getattr(cfg, "mlp_bias", False):
+        per_layer["mlp gate, up and down biases"] = 2 * f + d
     if getattr(cfg, "qk_norm", False):
         per_layer["q and k rms norms"] = 2 * cfg.head_dim
     parts = {"token embedding": V * d, **{k: L * v for k, v in per_layer.items()},

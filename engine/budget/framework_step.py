@@ -29,6 +29,7 @@ from . import optimizer_step as opt
 from . import recipes
 from .config import REAL_STEP_MODELS, BudgetConfig
 from .counts import bytes_per_parameter, fixed_bytes
+from .gemma import layer_kinds
 from .kept import Activations, Saved
 from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
                         kept_output_terms, log_probs_bytes, mask_bytes, outside_saved,
@@ -53,8 +54,9 @@ def checkpoint_kept(cfg: BudgetConfig, device: str) -> list[Saved]:
     if cfg.activation_model != "hf":
         return held
     mask = cfg.micro_batch * cfg.seq_len * cfg.seq_len
-    if cfg.attention == "standard":
-        held.append(Saved("checkpoints", f"the attention mask ({dtype}, B x T x T)", mask, e))
+    if cfg.attention == "standard":  # one per kind of layer (Gemma's windowed and global)
+        held.append(Saved("checkpoints", f"the attention mask ({dtype}, B x T x T)", mask, e,
+                          layer_kinds(cfg)))
     elif sdpa_gets_mask(cfg):
         held.append(Saved("checkpoints", "the attention mask (bool, B x T x T)", mask, 1))
     if device == "cpu":

@@ -16,10 +16,15 @@ policy come from the caller.
         qwen2    biases on q, k and v (its modeling code sets them always)
         mistral  sliding_window (null: none)
         qwen3    an RMSNorm over each head of q and of k
-        llama    attention_bias and mlp_bias must be false; qwen3's attention_bias
-                 too (it would add the output projection's bias)
+        llama    attention_bias (biases on q, k, v and the output projection; qwen3
+                 reads it too) and mlp_bias (on gate, up and down), default false
         qwen2 and qwen3 slide only with use_sliding_window, from layer
         max_window_layers on: all layers or none are modelled, a mix is refused.
+        gemma, gemma2, gemma3_text (head_dim default 256, tied head by default):
+                 see `engine.budget.gemma` for what each adds; their
+                 attention_bias is read as llama's.
+    A multimodal config.json (gemma3, llava, mistral3: a "text_config" beside a
+    vision tower) is refused, naming the text_config that holds the language model.
 
 The switches, each the default of its knob unless the caller sets it
 (`config_and_sources` says where each value came from):
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import BudgetConfig, BudgetError
+from .gemma import GEMMA_TYPES as GEMMA, GLOBAL_EVERY
 
 MAX_CONFIG_BYTES = 1_000_000  # a config.json is a few kB
 
@@ -104,9 +110,6 @@ _NOT_LLAMA = {
     "qwen2_moe": "a mixture-of-experts MLP (a router and experts) replaces SwiGLU",
     "qwen3_moe": "a mixture-of-experts MLP (a router and experts) replaces SwiGLU",
     "ministral": "its layers alternate between sliding-window and full attention",
-    "gemma": "a GeGLU MLP, embeddings scaled by sqrt(width) and RMSNorm of (1 + gain)",
-    "gemma2": "a GeGLU MLP, norms around attention and MLP, soft-capped scores",
-    "gemma3_text": "a GeGLU MLP, q/k norms and alternating sliding-window layers",
     "phi3": "one fused q/k/v matmul and one fused gate/up matmul",
     "granite": "multipliers on the embeddings, residuals, attention scores and logits",
     "olmo": "LayerNorm without a gain instead of RMSNorm",
@@ -114,7 +117,7 @@ _NOT_LLAMA = {
     "cohere": "LayerNorm and attention beside the MLP (a parallel block)",
     "starcoder2": "LayerNorm and a GELU MLP with biases",
 }
-LLAMA_SHAPED = ("llama", "qwen2", "mistral", "qwen3")
+LLAMA_SHAPED = ("llama", "qwen2", "mistral", "qwen3", *GEMMA)
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,16 @@ class Source:
         return f"{self.where}: {self.detail}" if self.detail else self.where
 
 
-def _refuse_kind(kind, source: str):
+def _refuse_kind(kind, source: str, data: dict):
+    text = data.get("text_config")
+    if isinstance(text, dict):  # a multimodal model: a vision tower beside a language model
+        inner = text.get("model_type")
+        raise BudgetError(
+            f'{source}: "model_type": {json.dumps(kind)} is a multimodal model; its '
+            f'"text_config" holds the language model ({json.dumps(inner)}): save that '
+            f"object as a config.json of its own and pass it (the budget then leaves out "
+            f"the vision tower), e.g. python -c \"import json; c = json.load(open("
+            f"'config.json')); json.dump(c['text_config'], open('text_config.json', 'w'))\"")
     known = ", ".join(("gpt2",) + LLAMA_SHAPED)
     why = _NOT_LLAMA.get(kind) if isinstance(kind, str) else None
     differs = f"its block differs from LLaMA's: {why}; " if why else ""
@@ -155,28 +167,67 @@ def _llama_shape(data: dict, kind: str, source: str) -> tuple[dict, bool]:
     # LLaMA 3.x configs may give a head size of their own (heads x head_dim
     # need not equal the width); absent or null means width / heads, except in
     # Qwen3's config class, whose default is 128.
-    head = data.get("head_dim", 128 if kind == "qwen3" else None)
+    head = data.get("head_dim", {"qwen3": 128}.get(kind, 256 if kind in GEMMA else None))
     if head is not None:
         head = _whole({**data, "head_dim": head}, "head_dim", source)
         if head * shape["n_head"] != shape["d_model"]:
             shape["d_head"] = head
-    biases = {"llama": ("attention_bias", "mlp_bias"), "qwen3": ("attention_bias",)}
+    biases = {"llama": ("attention_bias", "mlp_bias"), "qwen3": ("attention_bias",),
+              **{gemma: ("attention_bias",) for gemma in GEMMA}}
     for key in biases.get(kind, ()):
-        if data.get(key, False) is not False:
-            raise BudgetError(f'{source}: "{key}": {json.dumps(data[key])}; the {kind} '
-                              f'block read here has no such biases, so only configs with '
-                              f'"{key}": false are read.')
+        shape[key] = _switch(data, key, source)
+    if kind in GEMMA:
+        _gemma_soft_capping(data, kind, source)
     shape["architecture"] = "llama"
     shape["qkv_bias"] = kind == "qwen2"
-    shape["qk_norm"] = kind == "qwen3"
+    shape["qk_norm"] = kind in ("qwen3", "gemma3_text")
     shape["sliding_window"] = _sliding_window(data, kind, shape["n_layer"], source)
-    return shape, data.get("tie_word_embeddings", False)
+    return shape, data.get("tie_word_embeddings", kind in GEMMA)
+
+
+def _gemma_soft_capping(data: dict, kind: str, source: str) -> None:
+    """Gemma 2 soft-caps its scores and logits (its config class: 50 and 30), Gemma
+    and Gemma 3 neither; the other way round is not modelled."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        value = data.get(key, 1.0 if kind == "gemma2" else None)
+        capped = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        if capped != (kind == "gemma2"):
+            says = "a positive number" if kind == "gemma2" else "null"
+            raise BudgetError(f'{source}: "{key}": {json.dumps(value)}; a {kind} block is '
+                              f"modelled as its config class makes it, with {says} there.")
+
+
+def _gemma_layer_pattern(data: dict, kind: str, layers: int, source: str) -> None:
+    """Gemma 2 and 3 as their config classes lay out their layers: one global layer
+    every GLOBAL_EVERY (2, or Gemma 3's sliding_window_pattern 6), the rest windowed."""
+    every = GLOBAL_EVERY[kind]
+    given = data.get("sliding_window_pattern", every) if kind == "gemma3_text" else every
+    usual = ["sliding_attention" if (i + 1) % every else "full_attention"
+             for i in range(layers)]
+    if given != every or data.get("layer_types", usual) != usual:
+        raise BudgetError(f"{source}: a {kind} config whose layer_types or "
+                          f"sliding_window_pattern differ from its config class's (one "
+                          f"global layer in every {every}) is not modelled; only the "
+                          f"released layouts are read.")
+
+
+def _switch(data: dict, key: str, source: str) -> bool:
+    """A true/false field of the file (false when absent, as in its config class)."""
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise BudgetError(f'{source}: "{key}": {json.dumps(value)} must be true or false.')
+    return value
 
 
 def _sliding_window(data: dict, kind: str, layers: int, source: str) -> int:
     """The window every layer uses (0: none). Mistral's applies to all layers;
     Qwen2's and Qwen3's only with use_sliding_window, to layers from
-    max_window_layers on (or as layer_types lists them)."""
+    max_window_layers on (or as layer_types lists them). Gemma 2 and 3 alternate
+    windowed and full layers: their window is read, and `engine.budget.gemma` says
+    where it changes the step."""
+    if kind in ("gemma2", "gemma3_text"):  # their config classes' default windows
+        _gemma_layer_pattern(data, kind, layers, source)
+        return _whole(data, "sliding_window", source, default=4096)
     if kind == "mistral":
         window = data.get("sliding_window")
         return 0 if window is None else _whole(data, "sliding_window", source)
@@ -242,7 +293,7 @@ def config_and_sources(data: dict, source: str = "config.json",
     elif kind in LLAMA_SHAPED:
         shape, tied = _llama_shape(data, kind, source)
     else:
-        _refuse_kind(kind, source)
+        _refuse_kind(kind, source, data)
     if not isinstance(tied, bool):
         raise BudgetError(f'{source}: "tie_word_embeddings": {json.dumps(tied)} must be '
                           f"true or false.")

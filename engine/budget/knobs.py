@@ -147,6 +147,12 @@ KNOBS = {k.field: k for k in (
        low=1, high=MAX_HEADS, zero_means="width / heads"),
     _k("qkv_bias", "--qkv-bias", bool, False, "biases on the q/k/v projections of a "
        "LLaMA-shaped block (Qwen2)", "model", fronts=CLI_ONLY),
+    # LlamaConfig's bias switches (attention_bias also Qwen3Config's)
+    _k("attention_bias", "--attention-bias", bool, False, "biases on the q, k, v and "
+       "output projections of a LLaMA-shaped block (LlamaConfig's attention_bias)", "model",
+       fronts=CLI_ONLY),
+    _k("mlp_bias", "--mlp-bias", bool, False, "biases on the gate, up and down projections "
+       "of a LLaMA-shaped block (LlamaConfig's mlp_bias)", "model", fronts=CLI_ONLY),
     _k("qk_norm", "--qk-norm", bool, False, "RMSNorm over each head of q and k (Qwen3)",
        "model", fronts=CLI_ONLY),
     _k("sliding_window", "--sliding-window", int, 0, "attention window of a Mistral-style "

@@ -64,13 +64,17 @@ def width(cfg, what: str) -> int:
     return getattr(cfg, what)
 
 
+def target_names_given(cfg) -> tuple[str, ...]:
+    """The names `cfg.lora_targets` lists (a comma list; empty items skipped)."""
+    return tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip())
+
+
 def target_names(cfg) -> tuple[str, ...]:
     """The names of `cfg.lora_targets` (a comma list, or every block linear layer's
     for `all-linear`), or peft's family default."""
     if cfg.lora_targets.strip() == ALL_LINEAR:
         return tuple(l.name for l in BLOCK_LINEARS[cfg.architecture])
-    given = tuple(t.strip() for t in cfg.lora_targets.split(",") if t.strip())
-    return given or DEFAULT_TARGETS[cfg.architecture]
+    return target_names_given(cfg) or DEFAULT_TARGETS[cfg.architecture]
 
 
 def matches(module: str, target: str) -> bool:
@@ -78,15 +82,27 @@ def matches(module: str, target: str) -> bool:
     return module == target or module.endswith("." + target)
 
 
+SHOWN_TARGETS = 3  # unknown targets named in a refusal; the rest are counted
+
+
 def targeted(cfg) -> tuple[Linear, ...]:
     """The block's linear layers that get adapters, in the block's order; a
-    ValueError naming a target that matches no layer (peft refuses it too)."""
+    ValueError naming the targets that match no layer (peft refuses them too),
+    or a list of commas alone (which would silently mean peft's default)."""
     linears = BLOCK_LINEARS[cfg.architecture]
-    for target in target_names(cfg):
-        if not any(matches(l.name, target) for l in linears):
-            names = ", ".join(l.name for l in linears)
-            raise ValueError(
-                f"lora_targets={cfg.lora_targets!r}: {target!r} matches no linear layer of "
-                f"a {cfg.architecture} block ({names}; a name matches itself or a "
-                f"'.'-separated suffix, as in peft).")
+    names = ", ".join(l.name for l in linears)
+    if cfg.lora_targets.strip() and not target_names_given(cfg):
+        raise ValueError(
+            f"lora_targets={cfg.lora_targets[:40]!r} names no layer (only commas and "
+            f"spaces); name the layers ({names}), or leave lora_targets empty for peft's "
+            f"default ({','.join(DEFAULT_TARGETS[cfg.architecture])}).")
+    unknown = [t for t in target_names(cfg) if not any(matches(l.name, t) for l in linears)]
+    if unknown:
+        shown = ", ".join(repr(t[:40]) for t in unknown[:SHOWN_TARGETS])
+        more = (f" and {len(unknown) - SHOWN_TARGETS:,} more" if len(unknown) > SHOWN_TARGETS
+                else "")
+        verb = "matches" if len(unknown) == 1 else "match"
+        raise ValueError(
+            f"lora_targets {shown}{more} {verb} no linear layer of a {cfg.architecture} "
+            f"block ({names}; a name matches itself or a '.'-separated suffix, as in peft).")
     return tuple(l for l in linears if any(matches(l.name, t) for t in target_names(cfg)))

@@ -72,6 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import recipes
+from .gemma import norms_around
 
 FP32 = 4
 IMPLS = ("for-loop", "foreach", "fused")
@@ -129,12 +130,24 @@ def _llama_tensors(cfg) -> list[ParamTensor]:
 
 
 def _llama_traits(cfg, prefix: str, q: int, kv: int) -> list[ParamTensor]:
-    """Qwen2's q/k/v biases and Qwen3's per-head q/k norm gains (no weight decay)."""
+    """Qwen2's q/k/v biases, LlamaConfig's attention and MLP biases and Qwen3's
+    per-head q/k norm gains (no weight decay)."""
     out = []
-    if getattr(cfg, "qkv_bias", False):
+    if getattr(cfg, "qkv_bias", False) or getattr(cfg, "attention_bias", False):
         out += [ParamTensor(prefix + "q_proj.bias", q, False),
                 ParamTensor(prefix + "k_proj.bias", kv, False),
                 ParamTensor(prefix + "v_proj.bias", kv, False)]
+    if getattr(cfg, "attention_bias", False):
+        out.append(ParamTensor(prefix + "o_proj.bias", cfg.d_model, False))
+    if getattr(cfg, "mlp_bias", False):
+        mlp = prefix.replace("self_attn.", "mlp.")
+        out += [ParamTensor(mlp + "gate_proj.bias", cfg.ffn, False),
+                ParamTensor(mlp + "up_proj.bias", cfg.ffn, False),
+                ParamTensor(mlp + "down_proj.bias", cfg.d_model, False)]
+    if norms_around(cfg):  # Gemma 2 and 3
+        layer = prefix.replace("self_attn.", "")
+        out += [ParamTensor(layer + f"{where}_feedforward_layernorm.weight", cfg.d_model, False)
+                for where in ("pre", "post")]
     if getattr(cfg, "qk_norm", False):
         out += [ParamTensor(prefix + "q_norm.weight", cfg.head_dim, False),
                 ParamTensor(prefix + "k_norm.weight", cfg.head_dim, False)]

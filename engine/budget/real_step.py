@@ -33,6 +33,7 @@ dropout kernel keeps a bool mask) and a float of the input's dtype on the CPU.
 from __future__ import annotations
 
 from .backends import backend as backend_of
+from .gemma import is_gemma, norms_around, rotary_tables, soft_capped
 from .kept import Saved
 from .moments import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, RECOMPUTED
 from .config import BudgetConfig
@@ -129,8 +130,11 @@ def _attention_core(cfg: BudgetConfig, device: str) -> list[Saved]:
     # CUDA, the scores' 16 bits on the CPU
     p = FP32 if cfg.activation_model == "hf" else backend_of(device).output_bytes(
         "softmax", lo, cfg.autocast)
-    items = [Saved("softmax", f"probabilities P ({'fp32' if p == FP32 else '16-bit'})",
-                   n_scores, p)]
+    items = []
+    if soft_capped(cfg):  # Gemma 2: tanh(scores / cap) * cap, before the mask and softmax
+        items.append(Saved("soft-capping: tanh", "output (the scores' dtype)", n_scores, lo))
+    items.append(Saved("softmax", f"probabilities P ({'fp32' if p == FP32 else '16-bit'})",
+                       n_scores, p))
     if cfg.dropout:  # P @ V keeps dropout's output (cast to 16 bits under autocast)
         # dropout reads P cast to V's dtype (GPT-2) or Q's (LLaMA: Q rotated by
         # fp32 cos/sin is fp32 under autocast, bf16 over bf16 weights); nanoGPT's P as
@@ -241,7 +245,8 @@ def gpt2_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
 
 
 def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
-    """One LLaMA block of transformers (`LlamaDecoderLayer`)."""
+    """One LLaMA block of transformers (`LlamaDecoderLayer`), or Gemma's
+    (`engine.budget.gemma`)."""
     n, h, f = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.ffn
     k, lo = cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
     # RMSNorm keeps x, 1/rms and x/rms (fp32); under autocast each of the
@@ -250,12 +255,15 @@ def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
 
     # over bf16 weights x / rms is cast back to bf16 for the gain, whose product
     # keeps that copy, and the matmuls read the bf16 output as it is
-    x_normed = "x / rms (fp32)" if not bf16_weights(cfg) else "x / rms (bf16 copy)"
+    # (Gemma multiplies by its gain before casting back: x / rms stays fp32)
+    fp32_normed = not bf16_weights(cfg) or is_gemma(cfg)
+    x_normed = "x / rms (fp32)" if fp32_normed else "x / rms (bf16 copy)"
 
     def norm(which: str, readers: int, what: str) -> list[Saved]:
         items = [Saved(f"rms norm {which}", "input (the residual stream, fp32)", n * h, FP32),
                  Saved(f"rms norm {which}", "1/rms, one per token", n, FP32),
-                 Saved(f"rms norm {which}", x_normed, n * h, hidden_bytes(cfg))]
+                 Saved(f"rms norm {which}", x_normed, n * h,
+                       FP32 if fp32_normed else hidden_bytes(cfg))]
         copies = readers if cfg.autocast and not bf16_weights(cfg) else 1
         return items + [Saved(what, "input (the norm's output)" if copies == 1
                               else f"input, one 16-bit copy per matmul", copies * n * h, lo)]
@@ -265,11 +273,26 @@ def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     items += _attention(cfg, device, k, qkv_fused=False)
     # LLaMA's only dropout is attention_dropout (inside _attention): no
     # residual or embedding dropout exists in LlamaDecoderLayer.
+    if norms_around(cfg):
+        items += _norm_after_matmul(cfg, "post-attention norm")
     items += norm("2", 2, "gate/up matmuls")
-    items += [Saved("SiLU", "input (gate's output)", n * f, lo),
-              Saved("SiLU(gate) * up", "SiLU's output and up's output", 2 * n * f, lo),
+    act = "GELU" if is_gemma(cfg) else "SiLU"  # Gemma: gelu_pytorch_tanh
+    items += [Saved(act, "input (gate's output)", n * f, lo),
+              Saved(f"{act}(gate) * up", f"{act}'s output and up's output", 2 * n * f, lo),
               Saved("down matmul", "input (the product)", n * f, lo)]
+    if norms_around(cfg):
+        items += _norm_after_matmul(cfg, "post-feedforward norm")
     return items
+
+
+def _norm_after_matmul(cfg: BudgetConfig, which: str) -> list[Saved]:
+    """A Gemma RMSNorm over a matmul's output (Gemma 2 and 3): its fp32 input (the
+    output itself in fp32, `x.float()`'s copy of it under autocast), 1/rms and
+    x / rms in fp32 (the (1 + gain) product keeps it)."""
+    n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
+    return [Saved(which, "input (fp32)", n * h, FP32),
+            Saved(which, "1/rms, one per token", n, FP32),
+            Saved(which, "x / rms (fp32)", n * h, FP32)]
 
 
 def _qk_norms(cfg: BudgetConfig) -> list[Saved]:
@@ -277,14 +300,17 @@ def _qk_norms(cfg: BudgetConfig) -> list[Saved]:
     (before rotary). Each keeps its input in fp32 (pow and the product read
     it; under autocast `.to(float32)` makes that fp32 copy of the 16-bit
     matmul output), 1/rms per head, and x / rms cast back to the input's
-    dtype (the gain's product reads it)."""
+    dtype (the gain's product reads it; Gemma 3's norm multiplies before casting,
+    so it keeps x / rms in fp32)."""
     n, lo = cfg.micro_batch * cfg.seq_len, compute_bytes(cfg)
+    normed = FP32 if is_gemma(cfg) else lo
     items = []
     for which, heads in (("q", cfg.n_head), ("k", cfg.kv_heads)):
         width = heads * cfg.head_dim
         items += [Saved(f"{which}_norm", "input (fp32)", n * width, FP32),
                   Saved(f"{which}_norm", "1/rms, one per head and token", n * heads, FP32),
-                  Saved(f"{which}_norm", "x / rms (the input's dtype)", n * width, lo)]
+                  Saved(f"{which}_norm", "x / rms (fp32)" if normed == FP32
+                        else "x / rms (the input's dtype)", n * width, normed)]
     return items
 
 
@@ -298,13 +324,18 @@ def block_weights(cfg: BudgetConfig) -> int:
 
 
 def block_biases(cfg: BudgetConfig) -> int:
-    """Elements of one block's matmul biases (cast and cached, never saved):
-    GPT-2's qkv (3h), projection (h), fc (f) and fc-proj (h); LLaMA has
-    none, Qwen2 those of q, k and v."""
+    """Elements of one block's matmul biases (cast and cached, never saved:
+    `addmm`'s backward reads its two matrices, and the bias's gradient is a sum
+    of the output's): GPT-2's qkv (3h), projection (h), fc (f) and fc-proj (h);
+    LLaMA has none, Qwen2 those of q, k and v, LlamaConfig's `attention_bias`
+    those and the output projection's, its `mlp_bias` gate's, up's and down's."""
     h, f = cfg.d_model, cfg.ffn
     if cfg.architecture == "llama":
+        attention = getattr(cfg, "attention_bias", False)
         qkv = cfg.q_width + 2 * cfg.kv_heads * cfg.head_dim
-        return qkv if getattr(cfg, "qkv_bias", False) else 0
+        return ((qkv if attention or getattr(cfg, "qkv_bias", False) else 0)
+                + (h if attention else 0)
+                + (2 * f + h if getattr(cfg, "mlp_bias", False) else 0))
     return 3 * h + h + f + h
 
 
@@ -338,6 +369,8 @@ def outside_saved(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     items.append(Saved("head matmul", "input (the final norm's output)", n * h, lo))
     if cfg.autocast and not bf16_weights(cfg):  # a bf16 weight is used as it is
         items.append(Saved("head matmul", "weight, 16-bit copy", V * h, lo))
+    if soft_capped(cfg):  # Gemma 2: tanh(logits / cap) * cap
+        items.append(Saved("final logit soft-capping", "tanh output", n * V, lo))
     if outputs_kept(cfg):  # the caller holds the returned logits (and the cache)
         items.append(Saved("the caller's output", "logits", n * V, lo))
         if kv_cache_kept_unsaved(cfg, device):
@@ -372,9 +405,10 @@ def loss_log_probs(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
 
 
 def _final_rms(cfg: BudgetConfig) -> list[Saved]:
-    """The final RMSNorm's 1/rms and x / rms (fp32, or a bf16 copy over bf16 weights)."""
+    """The final RMSNorm's 1/rms and x / rms (fp32, or a bf16 copy over bf16 weights
+    but Gemma's)."""
     n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
-    if not bf16_weights(cfg):
+    if not bf16_weights(cfg) or is_gemma(cfg):
         return [Saved("final rms norm", "1/rms and x / rms", n + n * h, FP32)]
     return [Saved("final rms norm", "1/rms", n, FP32),
             Saved("final rms norm", "x / rms (bf16 copy)", n * h, hidden_bytes(cfg))]
@@ -383,9 +417,10 @@ def _final_rms(cfg: BudgetConfig) -> list[Saved]:
 def _rotary(cfg: BudgetConfig) -> Saved:
     """cos and sin, made once for all blocks in the hidden states' dtype: fp32,
     or bf16 when the model is loaded in bf16 (`engine.budget.weights_dtype`)."""
-    size = hidden_bytes(cfg)
+    size, tables = hidden_bytes(cfg), rotary_tables(cfg)
     return Saved("rotary embedding", f"cos and sin ({'fp32' if size == FP32 else 'bf16'}, "
-                 f"all blocks)", 2 * cfg.seq_len * cfg.head_dim, size, until_end=True)
+                 f"all blocks{', local and global' if tables > 1 else ''})",
+                 2 * tables * cfg.seq_len * cfg.head_dim, size, until_end=True)
 
 
 def logits_bytes(cfg: BudgetConfig) -> int:

@@ -74,7 +74,8 @@ def _trainable(c) -> list[str]:
 def describe(b: Budget) -> str:
     """The human-readable report the command line prints."""
     c = b.config
-    shape = (f"{c.architecture} L={c.n_layer} d={c.d_model} heads={c.n_head}"
+    family = f" ({c.model_type})" if c.model_type not in ("", c.architecture) else ""
+    shape = (f"{c.architecture}{family} L={c.n_layer} d={c.d_model} heads={c.n_head}"
              + (f" kv-heads={c.kv_heads}" if c.kv_heads != c.n_head else "")
              + f" V={c.vocab_size} d_ff={c.ffn} positions={c.positions} "
              f"{'tied' if c.tied_embedding else 'untied'} head")

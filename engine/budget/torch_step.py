@@ -71,7 +71,10 @@ def cpu_shape(cfg: BudgetConfig) -> BudgetConfig:
 
 # ------------------------------------------------------------------ models
 # transformers' class prefix of each LLaMA-shaped model_type `hf.py` reads
-LLAMA_FAMILY = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3"}
+LLAMA_FAMILY = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3",
+                "gemma": "Gemma", "gemma2": "Gemma2", "gemma3_text": "Gemma3"}
+# a config class not named after its model class
+CONFIG_CLASS = {"Gemma3": "Gemma3TextConfig"}
 
 
 def _use_cache(cfg: BudgetConfig) -> bool:
@@ -98,12 +101,17 @@ def _llama_config(cfg: BudgetConfig, common: dict):
     import transformers
     family = _llama_family(cfg)
     window = getattr(cfg, "sliding_window", 0) or None
-    traits = {"Llama": {}, "Mistral": {"sliding_window": window},
+    biases = {"attention_bias": getattr(cfg, "attention_bias", False)}
+    traits = {"Llama": {**biases, "mlp_bias": getattr(cfg, "mlp_bias", False)},
+              "Mistral": {"sliding_window": window},
               "Qwen2": {"use_sliding_window": window is not None,
                         "sliding_window": window, "max_window_layers": 0},
-              "Qwen3": {"use_sliding_window": window is not None,
-                        "sliding_window": window, "max_window_layers": 0}}[family]
-    config = getattr(transformers, f"{family}Config")(
+              "Qwen3": {"use_sliding_window": window is not None, **biases,
+                        "sliding_window": window, "max_window_layers": 0},
+              "Gemma": biases,
+              "Gemma2": {**biases, "sliding_window": window},
+              "Gemma3": {**biases, "sliding_window": window}}[family]
+    config = getattr(transformers, CONFIG_CLASS.get(family, f"{family}Config"))(
         num_hidden_layers=cfg.n_layer, hidden_size=cfg.d_model,
         num_attention_heads=cfg.n_head, num_key_value_heads=cfg.kv_heads,
         head_dim=cfg.head_dim, intermediate_size=cfg.ffn,
