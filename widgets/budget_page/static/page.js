@@ -2,6 +2,8 @@
 // (api/knobs), sends the settings to api/budget and shows the answer. Never a stale
 // answer: on an error the old numbers are removed and the message offers the
 // controls it names; each change is a step in the browser's history (Back undoes it).
+// Never a lost keystroke: an answer leaves alone the control that has the focus and
+// every control edited after its request left.
 'use strict';
 const form = document.getElementById('knobs');
 const controls = document.getElementById('controls');
@@ -13,6 +15,8 @@ const GROUPS = {model: "the model's dimensions", batch: 'the batch', policy: 'tr
 const FOLDED = new Set(['model', 'step']);  // groups shown folded at first
 const CONFIG = '(pasted config.json)';
 let meta = null, asked = 0, shownQuery = '', pasted = '';
+let edits = 0, committed = '';
+const editedAt = {};  // a control's name -> the edit count when it was last edited
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -51,7 +55,9 @@ function control(k) {
   if (k.kind === 'bool' || (k.kind === 'choice' && k.choices.length <= 5)) {
     wrap.append(buttonRow(k));
   } else if (k.kind === 'choice') {
+    // An empty choice until the first answer: a change made before it sends no device.
     const select = el('select', {id: k.field, name: k.field, 'aria-describedby': 'help-' + k.field},
+                      el('option', {value: '', hidden: ''}, ''),
                       ...k.choices.map(c => el('option', {value: c}, c)));
     wrap.append(el('label', {for: k.field}, k.label), select, helpLine(k));
   } else {
@@ -100,10 +106,10 @@ function hardware(params) {  // the machine's settings, kept when the model chan
   return params;
 }
 
-function setControls(vals) {
+function setControls(vals, keep = () => false) {
   for (const [field, value] of Object.entries(vals)) {
     const item = form.elements[field];
-    if (!item) continue;
+    if (!item || keep(field)) continue;
     if (item instanceof RadioNodeList || item.type === 'radio') {
       form.querySelectorAll(`input[name="${field}"]`).forEach(r => { r.checked = r.value === value; });
     } else item.value = value;
@@ -157,8 +163,13 @@ function fail(text, query, options) {
   document.getElementById('verdict').textContent = text;
 }
 
+function focusedField() {
+  const active = document.activeElement;
+  return active && form.contains(active) ? active.name || active.id : null;
+}
+
 async function show(query, {push = true, again = false} = {}) {
-  const mine = ++asked;
+  const mine = ++asked, sentEdits = edits;
   answer.classList.add('waiting');
   answer.setAttribute('aria-busy', 'true');
   if (push && query !== shownQuery) history.pushState(null, '', '?' + query);
@@ -186,13 +197,23 @@ async function show(query, {push = true, again = false} = {}) {
   message.replaceChildren();
   for (const id of PANELS) document.getElementById(id).innerHTML = data.panels[id];
   answer.hidden = false;
-  setControls(data.values);
+  // The server's normalisations, but never over the visitor's typing: not the control
+  // with the focus, nor one edited since this request left.
+  const focused = focusedField();
+  setControls(data.values, f => f === focused || (editedAt[f] || 0) > sentEdits);
   document.getElementById('verdict').textContent = data.panels.verdict;
   shownQuery = data.query;
   history.replaceState(null, '', '?' + data.query);
+  if (edits === sentEdits) committed = values().toString();
 }
 
-function commit() { show(values().toString()); }
+function commit() {
+  // Enter and then leaving the box both say "commit": one step in the history.
+  const query = values().toString();
+  if (query === committed) return;
+  committed = query;
+  show(query);
+}
 
 async function start() {
   try {
@@ -211,6 +232,10 @@ async function start() {
   show(params.toString(), {push: false});
 }
 
+form.addEventListener('input', event => {
+  const t = event.target;
+  editedAt[t.name || t.id] = ++edits;
+});
 form.addEventListener('change', event => {
   const t = event.target;
   if (t.id === 'config') return;  // pasted text is used by its button
