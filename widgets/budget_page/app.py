@@ -7,6 +7,8 @@ same security headers on every response, errors included.
     GET /api/knobs       the controls, from engine.budget's knob table
     GET /api/budget?...  what engine.budget says for the settings: 200 with the
                          panels, 400 naming the knob and its fix, 503 when busy
+                         (`hf_model=owner/name`: a Hub model's config.json, fetched
+                         on a worker thread, once per model)
     GET /assumptions     what the budget assumes (engine.budget's own text)
 
 Every route but the budget's is async: it runs on the event loop, so a crowd waiting
@@ -98,8 +100,11 @@ async def budget_route(request: Request) -> Response:
     if _cross_site(request):
         return JSONResponse({"ok": False, "error": "This calculator answers its own page "
                              "only; open it at its address."}, status_code=403)
+    params = dict(request.query_params)
     try:
-        cfg, query = settings.config_from_params(dict(request.query_params))
+        if "hf_model" in params:  # the network, at most once per model: off the event loop
+            await run_in_threadpool(settings.hub_model, params["hf_model"])
+        cfg, query = settings.config_from_params(params)
         panels = answers.cached(cfg) or await _compute(cfg)
     except B.BudgetError as exc:
         message = str(exc)

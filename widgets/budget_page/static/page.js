@@ -13,7 +13,8 @@ const PANELS = ['fit', 'readout', 'bar', 'parallel', 'breakdown', 'lora'];
 const GROUPS = {model: "the model's dimensions", batch: 'the batch', policy: 'training policy',
                 step: 'the training loop', parallel: 'data parallel', device: 'the device'};
 const FOLDED = new Set(['model', 'step']);  // groups shown folded at first
-const CONFIG = '(pasted config.json)';
+const CONFIG = '(pasted config.json)', HUB = '(Hub model)';
+const KEPT_FOR_OWN_MODEL = ['seq_len'];  // a model of your own keeps the page's length
 let meta = null, asked = 0, shownQuery = '', pasted = '';
 let edits = 0, committed = '';
 const editedAt = {};  // a control's name -> the edit count when it was last edited
@@ -75,7 +76,8 @@ function control(k) {
 function build() {
   const select = form.elements.preset;
   select.replaceChildren(...meta.presets.map(p => el('option', {value: p}, p)),
-                         el('option', {value: CONFIG, hidden: ''}, CONFIG));
+                         el('option', {value: CONFIG, hidden: ''}, CONFIG),
+                         el('option', {value: HUB, hidden: ''}, HUB));
   const groups = {};
   for (const k of meta.knobs) (groups[k.group] ||= []).push(control(k));
   for (const [group, items] of Object.entries(groups)) {
@@ -91,8 +93,10 @@ function build() {
 
 function values() {
   const params = new URLSearchParams();
-  if (form.elements.preset.value === CONFIG) params.set('config', pasted);
-  else params.set('preset', form.elements.preset.value);
+  const model = form.elements.preset.value;
+  if (model === CONFIG) params.set('config', pasted);
+  else if (model === HUB) params.set('hf_model', form.elements.hf_model.value.trim());
+  else params.set('preset', model);
   for (const k of meta.knobs) {
     const v = form.elements[k.field] && form.elements[k.field].value;
     if (v !== undefined && v !== '') params.set(k.field, v);
@@ -100,9 +104,9 @@ function values() {
   return params;
 }
 
-function hardware(params) {  // the machine's settings, kept when the model changes
+function hardware(params, more = []) {  // the machine's settings, kept when the model changes
   const current = values();
-  for (const f of meta.hardware) if (current.has(f)) params.set(f, current.get(f));
+  for (const f of [...meta.hardware, ...more]) if (current.has(f)) params.set(f, current.get(f));
   return params;
 }
 
@@ -123,6 +127,9 @@ function setModel(params) {
     pasted = params.get('config');
     form.elements.config.value = pasted;
     form.elements.preset.value = CONFIG;
+  } else if (params.has('hf_model')) {
+    form.elements.hf_model.value = params.get('hf_model');
+    form.elements.preset.value = HUB;
   } else if (params.has('preset')) form.elements.preset.value = params.get('preset');
 }
 
@@ -238,9 +245,9 @@ form.addEventListener('input', event => {
 });
 form.addEventListener('change', event => {
   const t = event.target;
-  if (t.id === 'config') return;  // pasted text is used by its button
+  if (t.id === 'config' || t.id === 'hf_model') return;  // used by their buttons
   if (t.id === 'preset') {
-    if (t.value === CONFIG) return;
+    if (t.value === CONFIG || t.value === HUB) return;
     return show(hardware(new URLSearchParams({preset: t.value})).toString());
   }
   if (t.type === 'radio') setControls({[t.name]: t.value});
@@ -252,7 +259,24 @@ document.getElementById('use-config').addEventListener('click', () => {
   try { text = JSON.stringify(JSON.parse(text)); } catch (e) { /* the server names the fault */ }
   pasted = text;
   form.elements.preset.value = CONFIG;
-  show(hardware(new URLSearchParams({config: text})).toString());
+  show(hardware(new URLSearchParams({config: text}), KEPT_FOR_OWN_MODEL).toString());
+});
+function useHubModel() {
+  form.elements.preset.value = HUB;
+  const id = form.elements.hf_model.value.trim();
+  show(hardware(new URLSearchParams({hf_model: id}), KEPT_FOR_OWN_MODEL).toString());
+}
+document.getElementById('use-hub').addEventListener('click', useHubModel);
+form.elements.hf_model.addEventListener('keydown', e => {
+  if (e.key === 'Enter') { e.preventDefault(); useHubModel(); }
+});
+// An answer's offer (turn on gradient checkpointing) sets its knob and asks again.
+document.getElementById('fit').addEventListener('click', event => {
+  const offer = event.target.closest('button[data-knob]');
+  if (!offer) return;
+  setControls({[offer.dataset.knob]: offer.dataset.value});
+  editedAt[offer.dataset.knob] = ++edits;
+  commit();
 });
 window.addEventListener('popstate', () => {
   const params = new URLSearchParams(location.search);
