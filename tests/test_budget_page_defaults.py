@@ -74,3 +74,12 @@ def test_an_error_offers_only_the_settings_it_names_as_settings():
     assert set(settings.named_knobs("with activation_model='pytorch' set architecture "
                                     "'gpt2'")) == {"architecture", "activation_model"}
     assert settings.named_knobs("use seq_len <= 1024") == ["seq_len"]
+
+
+@pytest.mark.parametrize("card, mib", [("L4", 23_034), ("H100-80GB-SXM", 81_559),
+                                       ("H200-141GB", 143_771), ("RTX-4090", 24_564),
+                                       ("A10G", 23_028), ("L40S", 46_068)])
+def test_a_card_holds_the_memory_nvidia_smi_reports(card, mib):
+    assert bm.DEVICES[card].memory == mib * 2**20
+    cfg, _ = config_of(preset="gpt2-small", device=card)
+    assert f"of {bm.human_bytes(mib * 2**20)}" in answers._panels(cfg)["verdict"]
