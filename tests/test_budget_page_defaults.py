@@ -83,3 +83,14 @@ def test_a_card_holds_the_memory_nvidia_smi_reports(card, mib):
     assert bm.DEVICES[card].memory == mib * 2**20
     cfg, _ = config_of(preset="gpt2-small", device=card)
     assert f"of {bm.human_bytes(mib * 2**20)}" in answers._panels(cfg)["verdict"]
+
+
+@pytest.mark.parametrize("recipe", [{}, {"lora_rank": 16}, {"lora_rank": 16,
+                                                              "weights_dtype": "bf16"}])
+def test_the_small_print_gives_the_budgets_own_bytes_per_parameter(recipe):
+    cfg, _ = config_of(preset="llama2-7b", **recipe)
+    b = bm.budget(cfg)
+    said = answers._panels(cfg)["readout"]
+    per = sum(b.fixed.values()) / b.parameters
+    assert f"{per:.3g} bytes of fixed memory per parameter" in said
+    assert recipe == {} or "16 bytes of fixed memory" not in said

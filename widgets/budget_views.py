@@ -26,8 +26,9 @@ def readout_html(b: B.Budget) -> str:
     """The peak of one device (exact bytes in span.budget-peak-bytes), its items as a
     table, when the peak happens and its largest tensor, and the sizes behind them."""
     c = b.config
-    per_parameter = sum(B.bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
-                                              c.autocast).values())
+    # The budget's own fixed bytes over the parameters: right under LoRA, QLoRA and a
+    # model loaded in bf16, where a table of bytes per parameter is not.
+    per_parameter = f"{sum(b.fixed.values()) / b.parameters:.3g}"
     one_device = "one device" if c.devices > 1 else "the device"
     return (f"<div class='budget-headline'><b>peak of {one_device}: "
             f"<span class='budget-peak'>{B.human_bytes(b.peak)}</span></b> "
