@@ -36,12 +36,17 @@ def get_json(url: str, **kw):
 
 
 @contextmanager
-def serving(folder: Path, *args: str, port: int, host: str = "127.0.0.1"):
-    """The page on `host`:`port` (`args` say more); yields (base URL, process)."""
+def serving(folder: Path, *args: str, port: int, host: str = "127.0.0.1",
+            delay: float = 0.0, env: dict | None = None):
+    """The page on `host`:`port` (`args` say more; `env`, variables beside this
+    process's); with `delay`, every budget answer held back that many seconds
+    (tests/budget_page_slow.py). Yields (base URL, process)."""
     log = open(folder / "budget-page.log", "w")
+    start = ([sys.executable, str(ROOT / "tests" / "budget_page_slow.py"), str(delay)] if delay
+             else [sys.executable, "-m", "widgets.budget_app"])
     server = subprocess.Popen(
-        [sys.executable, "-m", "widgets.budget_app", "--port", str(port), "--no-browser",
-         *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [*start, "--port", str(port), "--no-browser", *args], cwd=ROOT, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})})
     base = f"http://{host}:{port}"
     try:
         deadline = time.monotonic() + 90

@@ -115,10 +115,12 @@ def test_a_bad_setting_is_named_with_its_fix(query, knob, says):
 
 
 def test_a_pasted_config_is_read_as_the_command_line_reads_the_file():
+    """... with the page's defaults: SDPA, and MODEL_SEQ_LEN tokens, not the whole context."""
     text = LLAMA_FILE.read_text()
     cfg, query = config_of("config=" + __import__("urllib.parse").parse.quote(text))
     run = subprocess.run([sys.executable, "-m", "engine.budget", "--hf-config", str(LLAMA_FILE),
-                          "--activations", "hf", "--device", settings.DEFAULT_DEVICE, "--json"],
+                          "--activations", "hf", "--device", settings.DEFAULT_DEVICE,
+                          "--attention", "flash", "--seq", str(settings.MODEL_SEQ_LEN), "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert bm.budget(cfg).peak == json.loads(run.stdout)["memory"]["peak"]

@@ -66,7 +66,8 @@ def open_page(page, base, query=""):
 def test_an_error_withdraws_the_numbers_and_offers_the_controls_it_names(page, base):
     from playwright.sync_api import expect
     open_page(page, base, "preset=llama2-7b")
-    start = bm.preset("llama2-7b", activation_model="hf", device=settings.DEFAULT_DEVICE)
+    start = bm.preset("llama2-7b", activation_model="hf", attention="flash",
+                      device=settings.DEFAULT_DEVICE)
     expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(start))
     fit = bm.budget(start).device
     expect(page.locator("#fit")).to_contain_text(f"headroom {bm.human_bytes(fit.headroom)}")
@@ -108,7 +109,7 @@ def test_a_network_fault_says_so_and_offers_a_retry(page, base):
     expect(page.locator(".budget-peak-bytes")).to_have_count(0)
     page.unroute("**/api/budget*")
     page.locator("#retry").click()
-    want = bm.preset("gpt2-small", micro_batch=4, activation_model="hf",
+    want = bm.preset("gpt2-small", micro_batch=4, activation_model="hf", attention="flash",
                      device=settings.DEFAULT_DEVICE)
     expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(want))
     expect(page.locator("#message")).to_be_hidden()
@@ -126,7 +127,9 @@ def test_a_pasted_config_gives_the_command_lines_numbers(page, base):
     page.locator("#use-config").click()
     run = subprocess.run([sys.executable, "-m", "engine.budget", "--hf-config", str(LLAMA_FILE),
                           "--activations", "hf", "--device", settings.DEFAULT_DEVICE,
-                          "--devices", "8", "--zero", "3", "--json"],
+                          "--devices", "8", "--zero", "3", "--attention", "flash",
+                          # the page's sequence length stays with a model of your own
+                          "--seq", str(bm.preset(settings.DEFAULT_PRESET).seq_len), "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     cli = json.loads(run.stdout)
@@ -135,8 +138,8 @@ def test_a_pasted_config_gives_the_command_lines_numbers(page, base):
     assert page.locator("#devices").input_value() == "8"
     assert page.locator("#zero input[value='3']").is_checked()
     page.locator("#preset").select_option("llama2-13b")
-    want = bm.preset("llama2-13b", activation_model="hf", device=settings.DEFAULT_DEVICE,
-                     devices=8, zero=3)
+    want = bm.preset("llama2-13b", activation_model="hf", attention="flash",
+                     device=settings.DEFAULT_DEVICE, devices=8, zero=3)
     expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(want))
 
 
@@ -158,7 +161,7 @@ def test_keyboard_screen_reader_and_phone(page, base):
         return [s.outlineStyle, s.outlineWidth, s.outlineColor, s.backgroundColor]; }""")
     assert ring[0] == "solid" and float(ring[1][:-2]) >= 2 and ring[2] != ring[3], ring
     expect(page.locator("#precision input[value='bf16']")).to_be_checked()
-    want = bm.preset("gpt2-small", precision="bf16", activation_model="hf",
+    want = bm.preset("gpt2-small", precision="bf16", activation_model="hf", attention="flash",
                      device=settings.DEFAULT_DEVICE)
     expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(want))
     expect(page.locator("#answer")).not_to_have_class(re.compile("waiting"))
@@ -193,7 +196,8 @@ def test_a_visitor_opening_the_page_during_a_flood_sees_its_answer_within_2_s(pa
         took = page.wait_for_function(
             "() => document.querySelector('.budget-peak-bytes') && performance.now()",
             timeout=30_000, polling="raf").json_value() / 1e3
-        want = bm.preset("gpt2-small", activation_model="hf", device=settings.DEFAULT_DEVICE)
+        want = bm.preset("gpt2-small", activation_model="hf", attention="flash",
+                         device=settings.DEFAULT_DEVICE)
         expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(want))
     for s in flood.slow:
         s.close()
@@ -205,7 +209,7 @@ def test_lora_beside_the_full_fine_tune_from_the_rank_box(page, base):
     from playwright.sync_api import expect
     from engine.budget import lora
     open_page(page, base, "preset=llama3.2-1b&lora_rank=16")
-    cfg = bm.preset("llama3.2-1b", activation_model="hf", lora_rank=16,
+    cfg = bm.preset("llama3.2-1b", activation_model="hf", attention="flash", lora_rank=16,
                     device=settings.DEFAULT_DEVICE)
     expect(page.locator(".budget-peak-bytes")).to_have_text(peak_of(cfg))
     page.locator("details:has(#lora) > summary").click()

@@ -516,7 +516,7 @@ def test_the_new_device_list_and_headroom_are_on_screen(widget):
     assert "H200-141GB" in c["device"].options
     c["device"].value = "H200-141GB"
     want = B.budget(widget.config())
-    assert "on H200-141GB" in widget.fit.value and want.device.memory == 141 * 2**30
+    assert "on H200-141GB" in widget.fit.value and want.device.memory == 143_771 * 2**20
     assert widget.controls["headroom"].value == B.knob("headroom").default
     tabs = widget.ui.children[1].children[1]
     devices = tabs.children[list(tabs.titles).index("devices")]

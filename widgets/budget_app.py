@@ -9,7 +9,9 @@ extra `page` (`pip install -e '.[page]'`; `make budget-app` installs it):
     python -m widgets.budget_app --listen 0.0.0.0 --allow-host mybox.lan   # serve a network
 
 Every setting of the page is a knob of engine.budget's knob table, and the settings
-live in the URL, so a link reproduces what its sender saw. One process serves every
+live in the URL, so a link reproduces what its sender saw. A model named by its Hub id
+is fetched by this process with huggingface_hub (the extra `hub`; HF_TOKEN in its
+environment for a gated model; HF_HUB_OFFLINE=1 reads only its disk cache). One process serves every
 visitor (no kernel, no process per visitor); it listens on 127.0.0.1 unless `--listen`
 says otherwise and answers only requests whose Host names it; the page loads nothing
 from elsewhere and writes no files; SIGTERM and Ctrl-C stop it with status 0.

@@ -11,6 +11,7 @@ from decimal import Decimal
 from .config import BudgetConfig, BudgetError, PRESET_NAMES, REAL_STEP_MODELS, preset
 from .devices import DEVICES, this_machine
 from .hf import LLAMA_SHAPED, config_and_sources, read_hf_config
+from .hub import hub_config
 from .knobs import DEFAULT, KNOBS, SWITCH, Knob, shown_on
 from .total import budget
 from .report import describe, describe_breakdown
@@ -125,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="read the model shape from a Hugging Face config.json (GPT-2, the "
                          "LLaMA family: Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 2, Gemma 3 "
                          "text); batch and policy from the other flags")
+    ap.add_argument("--hf-model", metavar="ID",
+                    help="read the config.json of a Hugging Face Hub model by its id, e.g. "
+                         "meta-llama/Llama-3.1-8B (needs huggingface_hub; fetched once, "
+                         "then read from its disk cache; HF_TOKEN for a gated model)")
     for k in shown_on("cli"):
         _add_knob(ap, k)
     ap.add_argument("--breakdown", action="store_true", help="list every kept tensor and "
@@ -152,10 +157,13 @@ def config_and_sources_from_args(args: argparse.Namespace) -> tuple[BudgetConfig
     if changes.get("device") == THIS_MACHINE_FLAG:
         del changes["device"]
     sources = {}
-    if args.hf_config is not None:
-        if args.preset is not None:
-            raise BudgetError("give --preset or --hf-config, not both: both set the model.")
-        data = read_hf_config(args.hf_config)
+    hf_model = getattr(args, "hf_model", None)
+    if args.hf_config is not None or hf_model is not None:
+        named = [flag for flag, value in (("--preset", args.preset), ("--hf-config",
+                 args.hf_config), ("--hf-model", hf_model)) if value is not None]
+        if len(named) > 1:
+            raise BudgetError(f"give {' or '.join(named)}, not both: each sets the model.")
+        data = read_hf_config(args.hf_config) if hf_model is None else hub_config(hf_model)
         kind = data.get("model_type")
         block = "llama" if kind in LLAMA_SHAPED else kind
         if "architecture" in changes and changes["architecture"] != block:
@@ -163,7 +171,7 @@ def config_and_sources_from_args(args: argparse.Namespace) -> tuple[BudgetConfig
                 f"--arch {changes['architecture']} contradicts the file's model_type "
                 f"{kind!r} (a {block} block); leave out --arch (the file says the "
                 f"architecture).")
-        cfg, sources = config_and_sources(data, source=args.hf_config, **changes)
+        cfg, sources = config_and_sources(data, source=args.hf_config or hf_model, **changes)
     else:
         start = preset(args.preset or "tiny")
         # The starting model's limits (its learned positions, the engine's own GPT-2
@@ -190,7 +198,8 @@ _SHAPE_FIELDS = {"n_layer", "d_model", "n_head", "vocab_size", "d_ff", "n_params
 # Whole phrases first: the head's switch is a pair of flags, not a value.
 _PHRASES = {"set tied_embedding=True": "leave out --untied (or pass --tied)",
             "set tied_embedding=False": "pass --untied",
-            "device=": "--device "}  # only with '=': "device" is also an English word
+            "device=": "--device ",  # only with '=': "device" is also an English word
+            "hf_model=": "--hf-model ", "hf_model ": "--hf-model "}
 
 
 def _with_flags(message: str) -> str:
@@ -224,7 +233,7 @@ def main(argv=None) -> int:
                 out["measured"] = comparison
             print(json.dumps(out, indent=1))
         else:
-            print(describe(b) + _describe_sources(args.hf_config, sources)
+            print(describe(b) + _describe_sources(args.hf_config or args.hf_model, sources)
                   + (f"\n\n{describe_breakdown(b)}" if args.breakdown else "")
                   + (f"\n\n{describe_comparison(comparison)}" if comparison else ""))
     except BrokenPipeError:  # `... | head` closed the pipe early: not an error of ours

@@ -2,24 +2,30 @@
 
 Figures are the vendors' data-sheet numbers for dense math (no structured
 sparsity). "16-bit" is bf16/fp16 on the tensor (matrix) cores with fp32
-accumulation; "fp32" is plain fp32 math (not TF32). Memory is the figure the
-data sheet quotes ("80 GB"), taken as GiB (80 x 2^30 bytes), which is what
-these parts carry; the driver reports a little less, and the fit verdict sets
-aside `headroom` for the CUDA context and the allocator on top (engine.budget.fit).
+accumulation; "fp32" is plain fp32 math (not TF32). Memory is what the driver
+reports as the card's total, the figure a practitioner reads: nvidia-smi's
+"Memory-Usage" total in MiB (rocm-smi's "VRAM Total Memory" in bytes for the
+MI300X), taken from published nvidia-smi/rocm-smi output of each card. It is a
+little less than the data sheet's "80 GB" or "24 GB" on most cards (ECC and the
+firmware's reservations); the fit verdict sets aside `headroom` for the CUDA
+context and the allocator on top (engine.budget.fit).
 
-    A100 40/80 GB (NVIDIA A100 data sheet): 312 TFLOP/s bf16, 19.5 fp32
-    A10G (AWS's variant of the A10; NVIDIA's A10 data sheet): 125 bf16, 31.2 fp32
-    H100 SXM (NVIDIA H100 data sheet): 989 bf16, 67 fp32
-    H200 SXM (NVIDIA H200 data sheet, 141 GB): 989 bf16, 67 fp32
-    B200 (NVIDIA HGX B200 data sheet, 180 GB per GPU, eight-GPU figures / 8):
-        2,250 bf16, 75 fp32
-    MI300X (AMD Instinct MI300X data sheet, 192 GB): 1,307.4 bf16, 163.4 fp32
-    L40S (NVIDIA L40S data sheet, 48 GB): 362 bf16, 91.6 fp32
-    L4 (NVIDIA L4 data sheet, 24 GB): 121 bf16, 30.3 fp32
-    RTX 3090 (NVIDIA Ampere GA102 whitepaper, 24 GB): 71 bf16 with fp32
-        accumulation, 35.6 fp32
-    RTX 4090 (Ada GPU architecture whitepaper, 24 GB): 165.2 bf16 with fp32
-        accumulation, 82.6 fp32
+    card (data sheet)                        memory reported   bf16 / fp32 TFLOP/s
+    A100 40 GB (NVIDIA A100 data sheet)      40,960 MiB        312 / 19.5
+    A100 80 GB (same)                        81,920 MiB        312 / 19.5
+    A10G (AWS's A10; NVIDIA A10 data sheet)  23,028 MiB        125 / 31.2
+    H100 SXM 80 GB HBM3 (NVIDIA H100)        81,559 MiB        989 / 67
+    H200 SXM 141 GB (NVIDIA H200)            143,771 MiB       989 / 67
+    B200 (NVIDIA HGX B200, 180 GB; eight-GPU
+        figures / 8)                         183,359 MiB       2,250 / 75
+    MI300X (AMD Instinct MI300X, 192 GB)     205,822,885,888 B 1,307.4 / 163.4
+                                             (196,288 MiB)
+    L40S (NVIDIA L40S, 48 GB)                46,068 MiB        362 / 91.6
+    L4 (NVIDIA L4, 24 GB)                    23,034 MiB        121 / 30.3
+    RTX 3090 (Ampere GA102 whitepaper, 24 GB) 24,576 MiB       71 (fp32 accumulation)
+                                                               / 35.6
+    RTX 4090 (Ada whitepaper, 24 GB)         24,564 MiB        165.2 (fp32
+                                                               accumulation) / 82.6
 
 A device is named by its full name, a short one, or the start of exactly one
 full name, in any case and with or without dashes: "H200-141GB", "h200",
@@ -39,6 +45,7 @@ from dataclasses import dataclass
 from ..timing import sgemm_flops
 
 GiB = 2 ** 30
+MiB = 2 ** 20
 
 
 @dataclass(frozen=True)
@@ -54,17 +61,17 @@ class Device:
 
 
 DEVICES = {d.name: d for d in (
-    Device("A100-40GB", 40 * GiB, 312e12, 19.5e12),
-    Device("A100-80GB", 80 * GiB, 312e12, 19.5e12),
-    Device("A10G", 24 * GiB, 125e12, 31.2e12),
-    Device("H100-80GB-SXM", 80 * GiB, 989e12, 67e12, short="h100"),
-    Device("H200-141GB", 141 * GiB, 989e12, 67e12, short="h200"),
-    Device("B200-180GB", 180 * GiB, 2250e12, 75e12, short="b200"),
-    Device("MI300X", 192 * GiB, 1307.4e12, 163.4e12),
-    Device("L40S", 48 * GiB, 362e12, 91.6e12),
-    Device("L4", 24 * GiB, 121e12, 30.3e12),
-    Device("RTX-3090", 24 * GiB, 71e12, 35.6e12),
-    Device("RTX-4090", 24 * GiB, 165.2e12, 82.6e12),
+    Device("A100-40GB", 40_960 * MiB, 312e12, 19.5e12),
+    Device("A100-80GB", 81_920 * MiB, 312e12, 19.5e12),
+    Device("A10G", 23_028 * MiB, 125e12, 31.2e12),
+    Device("H100-80GB-SXM", 81_559 * MiB, 989e12, 67e12, short="h100"),
+    Device("H200-141GB", 143_771 * MiB, 989e12, 67e12, short="h200"),
+    Device("B200-180GB", 183_359 * MiB, 2250e12, 75e12, short="b200"),
+    Device("MI300X", 205_822_885_888, 1307.4e12, 163.4e12),
+    Device("L40S", 46_068 * MiB, 362e12, 91.6e12),
+    Device("L4", 23_034 * MiB, 121e12, 30.3e12),
+    Device("RTX-3090", 24_576 * MiB, 71e12, 35.6e12),
+    Device("RTX-4090", 24_564 * MiB, 165.2e12, 82.6e12),
 )}
 THIS_MACHINE = "this machine"
 NO_DEVICE = "none"

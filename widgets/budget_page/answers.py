@@ -16,6 +16,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from engine import budget as B
+from engine.budget.devices import NO_DEVICE
 
 CACHE_SIZE = 256
 MAX_DRAWINGS = 2            # one per core: more would only queue inside matplotlib
@@ -78,7 +79,7 @@ def _picture(b: B.Budget) -> str:
 def _panels(cfg: B.BudgetConfig) -> dict:
     from widgets import budget_views as W
     b = B.budget(cfg)
-    fit = W.fit_html(b) + fit_answers_html(b)
+    fit = W.fit_html(b) + fit_answers_html(b) + checkpointing_html(b)
     return {"fit": fit, "verdict": plain_text(fit), "readout": W.readout_html(b),
             "bar": _picture(b), "parallel": W.parallel_html(b),
             "breakdown": f"<pre>{html.escape(B.describe_breakdown(b))}</pre>",
@@ -95,6 +96,26 @@ def fit_answers_html(b: B.Budget) -> str:
         return ""
     return ("<div class='fit-more'>No number of these devices fits this micro-batch: "
             "recompute, a shorter sequence or a larger card.</div>")
+
+
+def checkpointing_html(b: B.Budget) -> str:
+    """Where a device is chosen, nothing is recomputed and the activations are most of
+    the peak, gradient checkpointing offered with its peak (the budget at recompute
+    full) and whether that fits, as a button that turns it on."""
+    c, d = b.config, b.device
+    if (d is None or not d.memory or c.recompute != "none"
+            or 2 * b.memory().get("activations", 0) <= b.peak):
+        return ""
+    try:
+        full = B.budget(c.with_(recompute="full", device=NO_DEVICE, device_memory=0,
+                                device_flops=0))
+    except B.BudgetError:  # a step that cannot recompute offers nothing
+        return ""
+    peak = max(full.peak, full.peak_first_step)  # as the verdict reads a peak
+    fits = "fits" if peak + c.headroom <= d.memory else "does not fit"
+    return ("<div class='fit-offer'><button type='button' class='set' data-knob='recompute' "
+            "data-value='full'>turn on gradient checkpointing</button>: "
+            f"{B.human_bytes(peak)}, {fits}.</div>")
 
 
 def plain_text(fragment: str) -> str:

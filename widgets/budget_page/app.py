@@ -1,5 +1,6 @@
-"""The page's web application (Starlette): four routes, the Host allow-list and the
-same security headers on every response, errors included.
+"""The page's web application (Starlette): four routes, the Host allow-list, and the
+security headers every response carries (the server gives them to uvicorn, which adds
+them to each answer it sends, its own 400 and 503 included).
 
     GET /                the page (static: its script builds the controls)
     GET /static/NAME     its script and style, held in memory (no file is opened
@@ -7,6 +8,8 @@ same security headers on every response, errors included.
     GET /api/knobs       the controls, from engine.budget's knob table
     GET /api/budget?...  what engine.budget says for the settings: 200 with the
                          panels, 400 naming the knob and its fix, 503 when busy
+                         (`hf_model=owner/name`: a Hub model's config.json, fetched
+                         on a worker thread, once per model)
     GET /assumptions     what the budget assumes (engine.budget's own text)
 
 Every route but the budget's is async: it runs on the event loop, so a crowd waiting
@@ -32,38 +35,17 @@ from . import answers, settings
 STATIC = Path(__file__).with_name("static")
 _KINDS = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 SECURITY_HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-     b"img-src data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
-     b"base-uri 'none'"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"x-frame-options", b"DENY"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-    (b"cross-origin-resource-policy", b"same-origin"),
-    (b"cache-control", b"no-store"),
+    ("content-security-policy",
+     "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+     "img-src data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+     "base-uri 'none'"),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("x-frame-options", "DENY"),
+    ("cross-origin-opener-policy", "same-origin"),
+    ("cross-origin-resource-policy", "same-origin"),
+    ("cache-control", "no-store"),
 ]
-
-
-class SecurityHeaders:
-    """An ASGI middleware around the whole application (outside Starlette's own error
-    handler), so a 400, 404 or 500 carries the same headers as the page."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start":
-                names = {name for name, _ in SECURITY_HEADERS}
-                message["headers"] = [(n, v) for n, v in message.get("headers", [])
-                                      if n.lower() not in names] + SECURITY_HEADERS
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
 
 
 def _load_static() -> dict[str, tuple[bytes, str]]:
@@ -98,8 +80,11 @@ async def budget_route(request: Request) -> Response:
     if _cross_site(request):
         return JSONResponse({"ok": False, "error": "This calculator answers its own page "
                              "only; open it at its address."}, status_code=403)
+    params = dict(request.query_params)
     try:
-        cfg, query = settings.config_from_params(dict(request.query_params))
+        if "hf_model" in params:  # the network, at most once per model: off the event loop
+            await run_in_threadpool(settings.hub_model, params["hf_model"])
+        cfg, query = settings.config_from_params(params)
         panels = answers.cached(cfg) or await _compute(cfg)
     except B.BudgetError as exc:
         message = str(exc)
@@ -149,4 +134,4 @@ def create_app(allowed_hosts, preset: str = settings.DEFAULT_PRESET):
         Route("/assumptions", assumptions_route)],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))])
     app.state.preset = preset
-    return SecurityHeaders(app)
+    return app

@@ -2,10 +2,14 @@
 
 uvicorn serves the Starlette application in one process (no kernel or process per
 visitor) with:
+  * the security headers on every answer (`headers`), uvicorn's own 503 included;
   * a cap on connections and requests in flight (`limit_concurrency`: 503 beyond it);
   * a deadline for a request's head: uvicorn's own timeouts start only after a first
     response (`timeout_keep_alive`), so a connection that sends nothing, or a request
-    head byte by byte, is closed after HEAD_SECONDS by the small protocol class below;
+    head byte by byte, is closed after HEAD_SECONDS by the small protocol class below,
+    which also gives uvicorn's own 400 (a malformed request) the security headers. It
+    extends uvicorn's HTTP/1.1 protocol, which is not a public interface: pyproject's
+    extra `page` bounds uvicorn to the versions it is tested with;
   * bounded request heads (h11's `max_incomplete_event_size`);
   * SIGTERM and Ctrl-C: uvicorn's graceful stop, then exit status 0.
 The socket is bound here, before uvicorn starts, so a fault names its cause: the
@@ -28,7 +32,7 @@ import h11
 import uvicorn
 
 from . import answers, settings
-from .app import create_app
+from .app import SECURITY_HEADERS, create_app
 
 HEAD_SECONDS = 5            # to send a request's head, from connecting or the last answer
 MAX_CONNECTIONS = 1000      # connections and requests in flight (uvicorn: 503 beyond)
@@ -37,7 +41,17 @@ WILDCARDS = ("0.0.0.0", "::", "")
 
 
 class HeadDeadline(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a deadline for each request's head."""
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's head, and the
+    configured headers on its answer to a malformed request."""
+
+    def send_400_response(self, msg: str) -> None:
+        # h11's 400 is written without the headers uvicorn adds to every other answer.
+        event = h11.Response(status_code=400, reason=b"Bad Request", headers=[
+            *self.server_state.default_headers,
+            (b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")])
+        for part in (event, h11.Data(data=msg.encode("ascii")), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(part))
+        self.transport.close()
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -167,6 +181,7 @@ def main(argv=None) -> int:
     answers.answer(start)  # the first visitor need not wait for matplotlib to load
     config = uvicorn.Config(
         create_app(hosts, args.preset), http=HeadDeadline, lifespan="off",
+        headers=SECURITY_HEADERS,
         limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=HEAD_SECONDS,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES, server_header=False,
         date_header=False, access_log=False, log_level="warning")

@@ -1,7 +1,8 @@
 """The page's settings: a URL query <-> a BudgetConfig, through the one knob table.
 
-A query names a model (a preset, or a pasted config.json read by the same code as
-`--hf-config`) and the knobs changed from it; every knob the table shows on the page
+A query names a model (a preset, a pasted config.json read by the same code as
+`--hf-config`, or a Hub model id read as `--hf-model` reads it) and the knobs changed
+from it; every knob the table shows on the page
 (`engine.budget.knobs.shown_on("page")`) may appear, read by its kind and checked by
 its own bounds (`Knob.problem`, `BudgetConfig.validate`), so a knob added to the table
 is a setting of the page with its help and its limits. A value that is not allowed
@@ -21,7 +22,8 @@ from engine import budget as B
 from engine.budget import devices as D
 from engine.budget.cli import flop_rate, memory_size
 from engine.budget.hf import config_from_hf
-from engine.budget.knobs import KNOBS, Knob, shown_on
+from engine.budget.hub import hub_config
+from engine.budget.knobs import KNOBS, REAL_STEP_MODELS, Knob, shown_on
 
 DEFAULT_PRESET = "gpt2-small"
 # The knob the budget defaults to when a preset does not choose one.
@@ -31,7 +33,13 @@ _TABLE_ACTIVATIONS = KNOBS["activation_model"].default
 # step) and a card of today, so the first verdict is about a device.
 # The H200 is the card the course's own step measurements come from (engine/budget/measured).
 DEFAULT_DEVICE = "H200-141GB" if "H200-141GB" in D.DEVICES else "H100-80GB-SXM"
-PAGE_DEFAULTS = {"activation_model": "hf", "device": DEFAULT_DEVICE}
+# A real framework's step runs SDPA (transformers' default attention since 4.36), not
+# eager attention's kept T x T probabilities.
+PAGE_DEFAULTS = {"activation_model": "hf", "device": DEFAULT_DEVICE, "attention": "flash"}
+# A model of your own (pasted or named) is trained at a fine-tune's usual length, not its
+# whole context (131,072 tokens for Llama 3.1); its context bounds the longest sequence.
+MODEL_SEQ_LEN = 2048
+MODEL_PARAMS = ("preset", "config", "hf_model")
 # Kept when the model changes: the machine a run is planned for is not the model's.
 HARDWARE_GROUPS = ("parallel", "device")
 MAX_CONFIG_CHARS = 16_000   # a config.json is one or two thousand; 3x this, URL-encoded, fits a head
@@ -141,19 +149,29 @@ def read_pasted_config(text: str) -> dict:
     return data
 
 
+@functools.lru_cache(maxsize=64)
+def hub_model(model_id: str) -> dict:
+    """A Hub model's config.json (engine.budget.hub), fetched once per id by this
+    process: later answers for the model ask the network nothing."""
+    return hub_config(model_id)
+
+
 @functools.lru_cache(maxsize=None)
 def _preset(name: str) -> B.BudgetConfig:
     """A preset, built once (frozen, so shared safely): the page reads one per request."""
     return B.preset(name)
 
 
-def _start(params: dict) -> tuple[B.BudgetConfig, dict, dict]:
-    """The model the query names with the page's defaults, its own settings and the
-    model's part of the query."""
+def _start(params: dict) -> tuple[B.BudgetConfig | None, dict | None, dict, str]:
+    """The preset the query names with the page's defaults, or the config.json of the
+    model it names; the model's part of the query; the name the file goes by."""
     if "config" in params:
         data = read_pasted_config(params["config"])
         model_query = {"config": json.dumps(data, separators=(",", ":"))}
-        return None, data, model_query
+        return None, data, model_query, PASTED
+    if "hf_model" in params:
+        return None, hub_model(params["hf_model"]), {"hf_model": params["hf_model"]}, \
+            params["hf_model"]
     name = params.get("preset", DEFAULT_PRESET)
     if name not in B.PRESET_NAMES:
         raise B.BudgetError(f"preset={name[:40]!r} is not a model of this page; choose one "
@@ -162,7 +180,16 @@ def _start(params: dict) -> tuple[B.BudgetConfig, dict, dict]:
     defaults = dict(PAGE_DEFAULTS)
     if start.activation_model != _TABLE_ACTIVATIONS:  # the preset chose its own
         del defaults["activation_model"]
-    return replace(start, **defaults), None, {"preset": name}
+        if start.activation_model not in REAL_STEP_MODELS:
+            del defaults["attention"]
+    return replace(start, **defaults), None, {"preset": name}, name
+
+
+def _model_start(data: dict, source: str) -> B.BudgetConfig:
+    """A config.json's model with the page's defaults, at MODEL_SEQ_LEN tokens or its
+    whole context when that is shorter."""
+    whole = config_from_hf(data, source, **PAGE_DEFAULTS)
+    return whole.with_(seq_len=min(MODEL_SEQ_LEN, whole.block_size or MODEL_SEQ_LEN))
 
 
 def config_from_params(params: dict) -> tuple[B.BudgetConfig, str]:
@@ -170,21 +197,24 @@ def config_from_params(params: dict) -> tuple[B.BudgetConfig, str]:
     normalised query that reproduces it: the model and the knobs that differ from
     the model's start."""
     knobs = page_knobs()
-    unknown = sorted(set(params) - set(knobs) - {"preset", "config"})
+    unknown = sorted(set(params) - set(knobs) - set(MODEL_PARAMS))
     if unknown:
         raise B.BudgetError(f"{unknown[0][:40]!r} is not a setting of this page; the "
-                            f"settings are preset, config, {', '.join(knobs)}.")
-    if "preset" in params and "config" in params:
-        raise B.BudgetError("preset and config both name the model; choose a preset or "
-                            "paste a config.json, not both.")
+                            f"settings are {', '.join(MODEL_PARAMS)}, {', '.join(knobs)}.")
+    models = [m for m in MODEL_PARAMS if m in params]
+    if len(models) > 1:
+        raise B.BudgetError(f"{' and '.join(models)} each name the model; choose a preset, "
+                            f"paste a config.json or give a Hub model id, one of them.")
     changes = {f: read_value(knobs[f], params[f]) for f in knobs if f in params}
-    start, data, model_query = _start(params)
+    start, data, model_query, source = _start(params)
     if data is not None:
-        cfg = config_from_hf(data, PASTED, **{**PAGE_DEFAULTS, **changes})
         try:
-            start = config_from_hf(data, PASTED, **PAGE_DEFAULTS)
+            start = _model_start(data, source)
         except B.BudgetError:  # the page's defaults do not suit this file: all is said
-            start = B.BudgetConfig()
+            start = None
+        length = {"seq_len": start.seq_len} if start else {}
+        cfg = config_from_hf(data, source, **{**PAGE_DEFAULTS, **length, **changes})
+        start = start or B.BudgetConfig()
     else:
         cfg = replace(start, **changes).validate()
     differ = {f: cfg_value(cfg, f) for f in knobs if getattr(cfg, f) != getattr(start, f)}
@@ -205,5 +235,14 @@ def control_values(cfg: B.BudgetConfig) -> dict[str, str]:
 
 def named_knobs(message: str) -> list[str]:
     """The page's settings a message names (its controls are offered beside it)."""
-    fields = [*page_knobs(), "preset", "config"]
-    return [f for f in fields if re.search(rf"(?<![\w-]){f}(?!\w)", message)]
+    fields = [*page_knobs(), *MODEL_PARAMS]
+    return [f for f in fields if re.search(_as_setting(f), message)]
+
+
+def _as_setting(field: str) -> str:
+    """How a message names a setting as a setting: a name with an underscore (no English
+    word has one), or a one-word name written with its value (`zero=7`, `architecture
+    'gpt2'`, `config: ...`): "attention" in a sentence about a model's block is a word."""
+    if "_" in field:
+        return rf"(?<![\w-]){field}(?!\w)"
+    return rf"(?<![\w-]){field}\s*(?:[=:<>'\"])"

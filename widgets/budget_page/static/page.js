@@ -2,6 +2,8 @@
 // (api/knobs), sends the settings to api/budget and shows the answer. Never a stale
 // answer: on an error the old numbers are removed and the message offers the
 // controls it names; each change is a step in the browser's history (Back undoes it).
+// Never a lost keystroke: an answer leaves alone the control that has the focus and
+// every control edited after its request left.
 'use strict';
 const form = document.getElementById('knobs');
 const controls = document.getElementById('controls');
@@ -11,8 +13,11 @@ const PANELS = ['fit', 'readout', 'bar', 'parallel', 'breakdown', 'lora'];
 const GROUPS = {model: "the model's dimensions", batch: 'the batch', policy: 'training policy',
                 step: 'the training loop', parallel: 'data parallel', device: 'the device'};
 const FOLDED = new Set(['model', 'step']);  // groups shown folded at first
-const CONFIG = '(pasted config.json)';
+const CONFIG = '(pasted config.json)', HUB = '(Hub model)';
+const KEPT_FOR_OWN_MODEL = ['seq_len'];  // a model of your own keeps the page's length
 let meta = null, asked = 0, shownQuery = '', pasted = '';
+let edits = 0, committed = '';
+const editedAt = {};  // a control's name -> the edit count when it was last edited
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -51,7 +56,9 @@ function control(k) {
   if (k.kind === 'bool' || (k.kind === 'choice' && k.choices.length <= 5)) {
     wrap.append(buttonRow(k));
   } else if (k.kind === 'choice') {
+    // An empty choice until the first answer: a change made before it sends no device.
     const select = el('select', {id: k.field, name: k.field, 'aria-describedby': 'help-' + k.field},
+                      el('option', {value: '', hidden: ''}, ''),
                       ...k.choices.map(c => el('option', {value: c}, c)));
     wrap.append(el('label', {for: k.field}, k.label), select, helpLine(k));
   } else {
@@ -69,7 +76,8 @@ function control(k) {
 function build() {
   const select = form.elements.preset;
   select.replaceChildren(...meta.presets.map(p => el('option', {value: p}, p)),
-                         el('option', {value: CONFIG, hidden: ''}, CONFIG));
+                         el('option', {value: CONFIG, hidden: ''}, CONFIG),
+                         el('option', {value: HUB, hidden: ''}, HUB));
   const groups = {};
   for (const k of meta.knobs) (groups[k.group] ||= []).push(control(k));
   for (const [group, items] of Object.entries(groups)) {
@@ -85,8 +93,10 @@ function build() {
 
 function values() {
   const params = new URLSearchParams();
-  if (form.elements.preset.value === CONFIG) params.set('config', pasted);
-  else params.set('preset', form.elements.preset.value);
+  const model = form.elements.preset.value;
+  if (model === CONFIG) params.set('config', pasted);
+  else if (model === HUB) params.set('hf_model', form.elements.hf_model.value.trim());
+  else params.set('preset', model);
   for (const k of meta.knobs) {
     const v = form.elements[k.field] && form.elements[k.field].value;
     if (v !== undefined && v !== '') params.set(k.field, v);
@@ -94,16 +104,16 @@ function values() {
   return params;
 }
 
-function hardware(params) {  // the machine's settings, kept when the model changes
+function hardware(params, more = []) {  // the machine's settings, kept when the model changes
   const current = values();
-  for (const f of meta.hardware) if (current.has(f)) params.set(f, current.get(f));
+  for (const f of [...meta.hardware, ...more]) if (current.has(f)) params.set(f, current.get(f));
   return params;
 }
 
-function setControls(vals) {
+function setControls(vals, keep = () => false) {
   for (const [field, value] of Object.entries(vals)) {
     const item = form.elements[field];
-    if (!item) continue;
+    if (!item || keep(field)) continue;
     if (item instanceof RadioNodeList || item.type === 'radio') {
       form.querySelectorAll(`input[name="${field}"]`).forEach(r => { r.checked = r.value === value; });
     } else item.value = value;
@@ -117,6 +127,9 @@ function setModel(params) {
     pasted = params.get('config');
     form.elements.config.value = pasted;
     form.elements.preset.value = CONFIG;
+  } else if (params.has('hf_model')) {
+    form.elements.hf_model.value = params.get('hf_model');
+    form.elements.preset.value = HUB;
   } else if (params.has('preset')) form.elements.preset.value = params.get('preset');
 }
 
@@ -157,8 +170,13 @@ function fail(text, query, options) {
   document.getElementById('verdict').textContent = text;
 }
 
+function focusedField() {
+  const active = document.activeElement;
+  return active && form.contains(active) ? active.name || active.id : null;
+}
+
 async function show(query, {push = true, again = false} = {}) {
-  const mine = ++asked;
+  const mine = ++asked, sentEdits = edits;
   answer.classList.add('waiting');
   answer.setAttribute('aria-busy', 'true');
   if (push && query !== shownQuery) history.pushState(null, '', '?' + query);
@@ -186,13 +204,23 @@ async function show(query, {push = true, again = false} = {}) {
   message.replaceChildren();
   for (const id of PANELS) document.getElementById(id).innerHTML = data.panels[id];
   answer.hidden = false;
-  setControls(data.values);
+  // The server's normalisations, but never over the visitor's typing: not the control
+  // with the focus, nor one edited since this request left.
+  const focused = focusedField();
+  setControls(data.values, f => f === focused || (editedAt[f] || 0) > sentEdits);
   document.getElementById('verdict').textContent = data.panels.verdict;
   shownQuery = data.query;
   history.replaceState(null, '', '?' + data.query);
+  if (edits === sentEdits) committed = values().toString();
 }
 
-function commit() { show(values().toString()); }
+function commit() {
+  // Enter and then leaving the box both say "commit": one step in the history.
+  const query = values().toString();
+  if (query === committed) return;
+  committed = query;
+  show(query);
+}
 
 async function start() {
   try {
@@ -211,11 +239,15 @@ async function start() {
   show(params.toString(), {push: false});
 }
 
+form.addEventListener('input', event => {
+  const t = event.target;
+  editedAt[t.name || t.id] = ++edits;
+});
 form.addEventListener('change', event => {
   const t = event.target;
-  if (t.id === 'config') return;  // pasted text is used by its button
+  if (t.id === 'config' || t.id === 'hf_model') return;  // used by their buttons
   if (t.id === 'preset') {
-    if (t.value === CONFIG) return;
+    if (t.value === CONFIG || t.value === HUB) return;
     return show(hardware(new URLSearchParams({preset: t.value})).toString());
   }
   if (t.type === 'radio') setControls({[t.name]: t.value});
@@ -227,7 +259,24 @@ document.getElementById('use-config').addEventListener('click', () => {
   try { text = JSON.stringify(JSON.parse(text)); } catch (e) { /* the server names the fault */ }
   pasted = text;
   form.elements.preset.value = CONFIG;
-  show(hardware(new URLSearchParams({config: text})).toString());
+  show(hardware(new URLSearchParams({config: text}), KEPT_FOR_OWN_MODEL).toString());
+});
+function useHubModel() {
+  form.elements.preset.value = HUB;
+  const id = form.elements.hf_model.value.trim();
+  show(hardware(new URLSearchParams({hf_model: id}), KEPT_FOR_OWN_MODEL).toString());
+}
+document.getElementById('use-hub').addEventListener('click', useHubModel);
+form.elements.hf_model.addEventListener('keydown', e => {
+  if (e.key === 'Enter') { e.preventDefault(); useHubModel(); }
+});
+// An answer's offer (turn on gradient checkpointing) sets its knob and asks again.
+document.getElementById('fit').addEventListener('click', event => {
+  const offer = event.target.closest('button[data-knob]');
+  if (!offer) return;
+  setControls({[offer.dataset.knob]: offer.dataset.value});
+  editedAt[offer.dataset.knob] = ++edits;
+  commit();
 });
 window.addEventListener('popstate', () => {
   const params = new URLSearchParams(location.search);
