@@ -86,30 +86,6 @@ def autocast_cache_bytes(cfg: BudgetConfig) -> int:
     return all_casts - kept_casts
 
 
-def _tag(pairs, default_term: str) -> list[tuple]:
-    """(term, what, bytes) entries from `optimizer_step`'s (what, bytes) pairs."""
-    out = []
-    for what, size in pairs:
-        if what in M.STEP_TERMS:
-            term = what
-        elif what.startswith("saved by the forward"):
-            term = "saved by the forward"
-        elif what.startswith("gradients of every other"):
-            term = "gradients"
-        else:
-            term = default_term
-        out.append((term, what, size))
-    return out
-
-
-def _output(cfg, device, first_step: bool, at: str) -> list[tuple]:
-    """What the model's output adds at moment `at` (see real_step.kept_output_terms)."""
-    terms = kept_output_terms(cfg, device, first_step).get(at, [])
-    kept = cfg.resolved_outputs == "kept"
-    return [("the loop's output" if kept else "the forward's output", what, size)
-            for what, size in terms]
-
-
 def _head_weights(cfg: BudgetConfig) -> int:
     """The head's weight gradient, made by its matmul's backward (`MmBackward0`) first
     of all the weight gradients, while the forward's saved tensors are alive:
@@ -126,6 +102,7 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
              first_step: bool) -> tuple:
     """Every moment of one step (step 1 when `first_step`)."""
     weights = fixed["weights"] + fixed["master weights"]
+    output = kept_output_terms(cfg, device, first_step)  # what the loop's output adds
     state = [] if first_step else [("optimizer state", fixed["optimizer state"])]
     resident = [("weights", weights), *state]
     earlier = ([("gradients of earlier micro-batches", fixed["gradients"])]
@@ -138,7 +115,7 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
                ("loss", "log_softmax output (fp32)", vocab),
                ("autocast cache", "autocast cache: 16-bit weight copies",
                 autocast_cache_bytes(cfg)),
-               *_output(cfg, device, first_step, M.FORWARD_END)]
+               *output.get(M.FORWARD_END, ())]
     if cfg.autocast:
         fwd_end.append(("loss", "logits, fp32 copy for the loss", vocab))
     found = [M.moment(M.FORWARD_END, fwd_end),
@@ -158,13 +135,13 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
             *resident, ("gradients", fixed["gradients"]),
             ("recompute", "the first block's recomputed tensors", one_block),
             ("saved by the forward", "its checkpointed input", n * h * hidden_bytes(cfg)),
-            *_output(cfg, device, first_step, M.RECOMPUTED)]))
+            *output.get(M.RECOMPUTED, ())]))
     tensors = opt.trainable_tensors(cfg)
     end = opt.backward_end_terms([t.numel for t in tensors], grad_bytes, tensors[0].numel,
                                  cfg.tied_embedding and not cfg.lora_rank,
                                  cfg.accumulation > 1, cfg.autocast and not bf16_weights(cfg))
-    found.append(M.moment(M.BACKWARD_END, [*resident, *_tag(end, "backward's last gradients"),
-                                           *_output(cfg, device, first_step, M.BACKWARD_END)]))
+    found.append(M.moment(M.BACKWARD_END, [*resident, *end,
+                                           *output.get(M.BACKWARD_END, ())]))
     impl = cfg.resolved_optimizer_impl
     temporaries = opt.optimizer_temporaries(
         cfg.optimizer, impl, opt.param_groups(cfg, tensors),
@@ -172,8 +149,8 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     found.append(M.moment(M.OPTIMIZER_STEP, [
         ("weights", weights), ("gradients", fixed["gradients"]),
         ("optimizer state", fixed["optimizer state"]),
-        *_tag(temporaries, "optimizer temporaries"),
-        *_output(cfg, device, first_step, M.OPTIMIZER_STEP)]))
+        *temporaries,
+        *output.get(M.OPTIMIZER_STEP, ())]))
     return tuple(found)
 
 

@@ -72,6 +72,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .lora import adapter_tensors
+from .moments import Alive
 
 FP32 = 4
 IMPLS = ("for-loop", "foreach", "fused")
@@ -172,7 +173,7 @@ def param_groups(cfg, tensors: list[ParamTensor]) -> list[list[int]]:
 # ------------------------------------------------------ the optimizer's step
 def optimizer_temporaries(optimizer: str, impl: str, groups: list[list[int]],
                           state_bytes: int = FP32, weight_decay: bool = False) -> list:
-    """(what, bytes) of what `optimizer` ("adamw", "momentum", "sgd") run by
+    """The "optimizer temporaries" (moments.Alive entries) of what `optimizer` ("adamw", "momentum", "sgd") run by
     `impl` allocates at its peak inside `step()` beyond weights, gradients and
     state, over param groups of `groups` element counts in tensors of
     `state_bytes` each (the optimizer's math runs in the parameters' dtype).
@@ -186,20 +187,24 @@ def optimizer_temporaries(optimizer: str, impl: str, groups: list[list[int]],
         return []
     if optimizer == "adamw":
         if impl == "for-loop":
-            return [("AdamW for-loop: exp_avg_sq.sqrt() and its quotient by the bias "
+            return [_temporary("AdamW for-loop: exp_avg_sq.sqrt() and its quotient by the bias "
                      "correction, beside the previous parameter's quotient",
                      max(map(_denominators_peak, groups), default=0) * state_bytes)]
-        return [("AdamW foreach: torch._foreach_sqrt(exp_avg_sq) over the largest param "
+        return [_temporary("AdamW foreach: torch._foreach_sqrt(exp_avg_sq) over the largest param "
                  "group", largest_group * state_bytes)]
     if optimizer not in ("sgd", "momentum"):
         raise ValueError(f"optimizer {optimizer!r} is unknown; allowed: adamw, momentum, sgd.")
     if not weight_decay:
         return []
     if impl == "for-loop":
-        return [("SGD for-loop: grad.add(param, alpha=weight_decay) for the largest "
+        return [_temporary("SGD for-loop: grad.add(param, alpha=weight_decay) for the largest "
                  "parameter", largest_tensor * state_bytes)]
-    return [("SGD foreach: torch._foreach_add(grads, params) over the largest param group",
+    return [_temporary("SGD foreach: torch._foreach_add(grads, params) over the largest param group",
              largest_group * state_bytes)]
+
+
+def _temporary(what: str, size: int) -> Alive:
+    return Alive("optimizer temporaries", what, size)
 
 
 def _denominators_peak(numels: list[int]) -> int:
@@ -211,23 +216,27 @@ def _denominators_peak(numels: list[int]) -> int:
 # ---------------------------------------------------- the end of the backward
 def backward_end_terms(numels: list[int], grad_bytes: int, embedding: int, tied: bool,
                        later_micro_batch: bool, autocast: bool) -> list:
-    """(what, bytes) of the gradients alive when the backward's last gradient,
+    """The gradients alive (moments.Alive entries) when the backward's last gradient,
     the token embedding's (`embedding` elements), is accumulated: every other
     parameter's gradient (or, in a later micro-batch, every gradient of the
     earlier ones), the embedding's new gradient, and for a tied head the head's
     contribution and, in fp32, their out-of-place sum (see the module's doc)."""
     total = sum(numels)
     if later_micro_batch:
-        terms = [("gradients of earlier micro-batches", total * grad_bytes)]
+        terms = [Alive("gradients of earlier micro-batches",
+                       "gradients of earlier micro-batches", total * grad_bytes)]
     else:
-        terms = [("gradients of every other parameter", (total - embedding) * grad_bytes)]
+        terms = [Alive("gradients", "gradients of every other parameter",
+                       (total - embedding) * grad_bytes)]
     one = embedding * grad_bytes
+
+    def last(what: str) -> Alive:
+        return Alive("backward's last gradients", what, one)
     if not tied:
-        what = ("the token embedding's new gradient (added in place next)" if later_micro_batch
-                else "the token embedding's gradient")
-        return terms + [(what, one)]
-    terms += [("tied weight: the head's gradient contribution", one),
-              ("tied weight: the embedding's gradient contribution", one)]
+        return terms + [last("the token embedding's new gradient (added in place next)"
+                             if later_micro_batch else "the token embedding's gradient")]
+    terms += [last("tied weight: the head's gradient contribution"),
+              last("tied weight: the embedding's gradient contribution")]
     if not autocast:  # the head's contribution is a transposed view: no in-place sum
-        terms.append(("tied weight: the two contributions' out-of-place sum", one))
+        terms.append(last("tied weight: the two contributions' out-of-place sum"))
     return terms

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from .backends import backend as backend_of
 from .kept import Saved
-from .moments import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, RECOMPUTED
+from .moments import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, RECOMPUTED, Alive
 from .config import BudgetConfig
 from .weights_dtype import bf16_weights, hidden_bytes
 
@@ -395,10 +395,11 @@ def kv_cache_kept_unsaved(cfg: BudgetConfig, device: str = "cuda") -> int:
 
 
 def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",
-                      first_step: bool = False) -> dict[str, list[tuple[str, int]]]:
-    """What the model's output adds to each moment of the step, beyond the
-    forward's saved tensors (`outside_saved` already carries a kept output's
-    logits and unkept cache through the loss's backward).
+                      first_step: bool = False) -> dict[str, list[Alive]]:
+    """What the model's output adds to each moment of the step (moments.Alive
+    entries: "the loop's output" where the loop holds it, else "the forward's
+    output"), beyond the forward's saved tensors (`outside_saved` already carries
+    a kept output's logits and unkept cache through the loss's backward).
 
     Freed (`loss = model(**batch).loss`): the output lives until the forward
     returns, so its logits and the cache copies attention did not keep are
@@ -411,12 +412,16 @@ def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",
     logits, cache = logits_bytes(cfg), kv_cache_bytes(cfg)
     if not outputs_kept(cfg):
         unsaved = kv_cache_kept_unsaved(cfg, device)
-        return {FORWARD_END: [("logits", logits)] + (
-            [("key/value cache, until the forward returns", unsaved)] if unsaved else [])}
+        return {FORWARD_END: [Alive("the forward's output", "logits", logits)] + (
+            [Alive("the forward's output", "key/value cache, until the forward returns",
+                   unsaved)] if unsaved else [])}
     output = [("the caller's output: logits", logits)] + (
         [("the caller's output: key/value cache", cache)] if cache else [])
-    terms = {RECOMPUTED: output, BACKWARD_END: output, OPTIMIZER_STEP: output}
+    held = [Alive("the loop's output", what, b) for what, b in output]
+    terms = {RECOMPUTED: held, BACKWARD_END: held, OPTIMIZER_STEP: held}
     if not first_step or cfg.accumulation > 1:
-        terms[FORWARD_END] = [(what.replace("the caller's output", "the previous output"), b)
-                              for what, b in output]
+        terms[FORWARD_END] = [
+            Alive("the loop's output",
+                  what.replace("the caller's output", "the previous output"), b)
+            for what, b in output]
     return terms
