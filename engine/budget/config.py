@@ -205,7 +205,8 @@ class BudgetConfig:
 
     @property
     def resolved_outputs(self) -> str | None:
-        """"kept" or "freed": whether the loop holds the model's output through backward."""
+        """"kept", "freed" or "freed-after-backward": how long the loop holds the model's
+        output (knobs.OUTPUTS)."""
         return frameworks.resolved_outputs(self)[0]
 
     @property

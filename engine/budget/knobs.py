@@ -31,7 +31,10 @@ RECOMPUTE = ("none", "selective", "full")
 ARCHITECTURES = ("gpt2", "llama")
 GRAD_PRECISIONS = ("storage", "fp32")
 ZERO_STAGES = (0, 1, 2, 3)
-OUTPUTS = ("kept", "freed")
+# What the loop does with the model's output (the logits): keeps it until the next
+# forward returns, drops it as the forward returns (the loss only), or deletes it after
+# `backward()` (`del logits`).
+OUTPUTS = ("kept", "freed", "freed-after-backward")
 SWITCH = ("on", "off")
 BACKENDS = ("cuda", "cpu")
 WEIGHTS_DTYPES = ("fp32", "bf16")
@@ -194,8 +197,10 @@ KNOBS = {k.field: k for k in (
        "4-bit NF4 under the adapters (QLoRA: blocks of 64 weights, an fp32 absmax each)",
        "policy", fronts=CLI_ONLY),
     # what the practitioner's loop does beyond the model
-    _k("outputs", "--outputs", str, DEFAULT, "whether the loop holds the model's output "
-       "(the logits) through backward (default: the framework's usual loop)", "step",
+    _k("outputs", "--outputs", str, DEFAULT, "what the loop does with the model's output "
+       "(the logits): kept until the next forward returns, freed as the forward returns "
+       "(only the loss kept), or freed-after-backward (`del logits` after backward()) "
+       "(default: the framework's usual loop: pytorch kept, hf freed)", "step",
        choices=(DEFAULT, *OUTPUTS)),
     _k("padded_batch", "--padded-batch", bool, False, "an attention mask with padding in "
        "the batch", "step"),

@@ -379,6 +379,13 @@ def vocab_fp32_bytes(cfg: BudgetConfig) -> int:
 def outputs_kept(cfg: BudgetConfig) -> bool:
     """Whether the loop holds the model's output through backward ("default":
     its framework's loop; nanoGPT's keeps the logits, the Trainer only the loss)."""
+    return cfg.resolved_outputs in ("kept", "freed-after-backward")
+
+
+def output_outlives_backward(cfg: BudgetConfig) -> bool:
+    """Whether the loop still holds the output after `backward()` returns: until the
+    next forward rebinds its variable ("kept"), not when it deletes it ("freed-after-
+    backward": `loss.backward(); del logits`)."""
     return cfg.resolved_outputs == "kept"
 
 
@@ -408,7 +415,8 @@ def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",
     output still holds the logits and every layer's K and V in its cache,
     through the optimizer step; and the loop's variable is rebound only when
     the next forward returns, so the previous micro-batch's output is alive
-    at the next loss too (from the second micro-batch on)."""
+    at the next loss too (from the second micro-batch on). Freed after the
+    backward (`loss.backward(); del logits`): held through the backward only."""
     logits, cache = logits_bytes(cfg), kv_cache_bytes(cfg)
     if not outputs_kept(cfg):
         unsaved = kv_cache_kept_unsaved(cfg, device)
@@ -418,7 +426,10 @@ def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",
     output = [("the caller's output: logits", logits)] + (
         [("the caller's output: key/value cache", cache)] if cache else [])
     held = [Alive("the loop's output", what, b) for what, b in output]
-    terms = {RECOMPUTED: held, BACKWARD_END: held, OPTIMIZER_STEP: held}
+    terms = {RECOMPUTED: held, BACKWARD_END: held}
+    if not output_outlives_backward(cfg):
+        return terms
+    terms[OPTIMIZER_STEP] = held
     if not first_step or cfg.accumulation > 1:
         terms[FORWARD_END] = [
             Alive("the loop's output",

@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass
 
 from .config import BudgetConfig, BudgetError
-from .real_step import outputs_kept
+from .real_step import output_outlives_backward, outputs_kept
 from .optimizer_step import MOMENTUM, TORCH_SWITCHES
 
 # A CPU measurement runs the step for real: keep it to seconds.
@@ -362,6 +362,7 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
 
     keep = outputs_kept(run)  # the loop holds the model's output through backward
+    keep_after = output_outlives_backward(run)  # ... and after it, until the next forward
 
     def forward():
         """(the loss, what the caller holds: the whole output when the loop keeps it)."""
@@ -389,6 +390,8 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
             del output
             (loss / run.accumulation).backward()
             del loss
+            if not keep_after:  # `del logits` after backward()
+                held[0] = None
         opt.step()
         opt.zero_grad(set_to_none=True)
 
