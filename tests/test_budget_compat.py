@@ -57,6 +57,9 @@ STARTS += [bm.preset("gpt2-small", activation_model="hf"),
            bm.preset("llama2-7b", activation_model="hf", precision="fp32"),
            bm.preset("llama2-7b", activation_model="hf", lora_rank=8),
            bm.preset("gpt2-small", activation_model="hf", lora_rank=8, precision="bf16")]
+# optimizers a library runs tensor by tensor, and a full fine-tune of bf16 weights
+STARTS += [bm.preset("llama2-7b", activation_model="hf", optimizer="adafactor"),
+           bm.preset("llama2-7b", activation_model="hf", weights_dtype="bf16")]
 # Rules that an earlier rule always answers first today (qlora is refused under the
 # bf16 precision that bf16 weights need).
 SHADOWED = {("weights_dtype", "the 4-bit layers' step over bf16 weights was not measured")}

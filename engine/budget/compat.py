@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .knobs import DEFAULT, KNOBS, REAL_STEP_MODELS
+from .knobs import DEFAULT, KNOBS, ONE_IMPLEMENTATION, REAL_STEP_MODELS
 
 Test = Callable[[object], bool]
 
@@ -202,6 +202,28 @@ RULES = (
                     f"(fp32 after a norm), so the MLP keeps fp32 tensors where LoRA keeps "
                     f"16-bit ones; measured on the CPU but not modelled. Choose precision "
                     f"'fp32' (the 4-bit layers still compute in bf16).")),
+    # optimizers a library runs tensor by tensor (transformers' Adafactor,
+    # bitsandbytes' 8-bit AdamW): modelled in a real step, over fp32 trained tensors
+    Rule("optimizer", lambda c: not _real(c), "Adafactor and 8-bit AdamW are modelled "
+         "tensor by tensor in a real step (activations of: pytorch or hf)",
+         lambda c: (f"optimizer={c.optimizer!r} keeps state shaped by each tensor, which "
+                    f"only the real steps follow; choose activation_model 'pytorch' or "
+                    f"'hf' (not {_model(c)!r}), or optimizer 'adamw', 'momentum' or 'sgd'."),
+         allowed=lambda c, v: v not in ONE_IMPLEMENTATION, greys=False),
+    Rule("optimizer", lambda c: _bf16_weights(c) and not c.lora_rank,
+         "Adafactor and 8-bit AdamW over bf16 trained weights were not measured",
+         lambda c: (f"optimizer={c.optimizer!r} with {_WEIGHTS_BF16} and full fine-tuning: "
+                    f"its fp32 copies of bf16 gradients and weights were not measured; "
+                    f"choose optimizer 'adamw', 'momentum' or 'sgd', weights_dtype 'fp32', "
+                    f"or LoRA (lora_rank), whose adapters are fp32."),
+         allowed=lambda c, v: v not in ONE_IMPLEMENTATION, greys=False),
+    Rule("optimizer_impl", lambda c: c.optimizer in ONE_IMPLEMENTATION,
+         lambda c: f"{c.optimizer} has one implementation (one tensor at a time); "
+                   f"torch's foreach and fused switches are AdamW's and SGD's",
+         lambda c: (f"optimizer_impl={c.optimizer_impl!r}: {c.optimizer} runs one tensor "
+                    f"at a time (its library has no foreach or fused switch); leave "
+                    f"optimizer_impl at 'default' or 'for-loop'."),
+         allowed=lambda c, v: v in (DEFAULT, "for-loop")),
     # a model loaded in bf16: modelled only where measured
     Rule("weights_dtype", lambda c: _model(c) != "hf",
          "a model loaded in bf16 is a Hugging Face model (activations of: hf)",

@@ -19,6 +19,11 @@ MASTER_BYTES = {"fp32": 0, "bf16": 4, "fp16": 4}
 # Optimizer state is fp32 in every policy: momentum keeps one buffer, AdamW two.
 OPTIMIZER_BUFFERS = {"sgd": 0, "momentum": 1, "adamw": 2}
 OPTIMIZER_STATE_BYTES = 4
+# Bytes of state per parameter, as a figure: Adafactor keeps a row and a column vector
+# per matrix (about 0), 8-bit AdamW two bytes; their exact state is counted tensor by
+# tensor (`optimizer_step.optimizer_state_bytes`).
+STATE_BYTES_PER_PARAMETER = {**{k: n * OPTIMIZER_STATE_BYTES for k, n in OPTIMIZER_BUFFERS.items()},
+                             "adafactor": 0, "adamw-8bit": 2}
 MASK_BYTES = 1          # a dropout mask element (one byte, as in Korthikanti et al.)
 LOGITS_BYTES = 4        # the softmax of the cross-entropy is kept in fp32
 

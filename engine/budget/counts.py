@@ -1,8 +1,9 @@
 """Parameters, FLOPs and the fixed memory (weights, gradients, optimizer state) of a step."""
 from __future__ import annotations
 
-from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
+from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, PRECISIONS, STATE_BYTES_PER_PARAMETER, STORAGE_BYTES
 from .lora import quantized_bytes, quantized_weights, trainable_parameters
+from .optimizer_step import optimizer_state_bytes
 from .weights_dtype import bf16_weights, frozen_weight_bytes, training_bytes
 
 
@@ -146,8 +147,9 @@ def bytes_per_parameter(precision: str, optimizer: str,
     16-bit copies are made during the step): 4 + 0 + 4 + 8 = 16."""
     if precision not in PRECISIONS:
         raise BudgetError(f"precision={precision!r} is unknown; allowed: {', '.join(PRECISIONS)}.")
-    if optimizer not in OPTIMIZERS:
-        raise BudgetError(f"optimizer={optimizer!r} is unknown; allowed: {', '.join(OPTIMIZERS)}.")
+    if optimizer not in STATE_BYTES_PER_PARAMETER:
+        raise BudgetError(f"optimizer={optimizer!r} is unknown; allowed: "
+                          f"{', '.join(STATE_BYTES_PER_PARAMETER)}.")
     if grad_precision not in GRAD_PRECISIONS:
         raise BudgetError(f"grad_precision={grad_precision!r} is unknown; allowed: "
                           f"{', '.join(GRAD_PRECISIONS)}.")
@@ -157,7 +159,7 @@ def bytes_per_parameter(precision: str, optimizer: str,
         "weights": STORAGE_BYTES[precision],
         "master weights": MASTER_BYTES[precision],
         "gradients": STORAGE_BYTES["fp32" if grad_precision == "fp32" else precision],
-        "optimizer state": OPTIMIZER_BUFFERS[optimizer] * OPTIMIZER_STATE_BYTES,
+        "optimizer state": STATE_BYTES_PER_PARAMETER[optimizer],
     }
 
 
@@ -178,6 +180,9 @@ def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     fixed = {k: (T + (frozen if k == "weights" else 0)) * b
              for k, b in training_bytes(cfg, bytes_per_parameter(
                  cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast)).items()}
+    state = optimizer_state_bytes(cfg)  # counted tensor by tensor (Adafactor, 8-bit AdamW)
+    if state is not None:
+        fixed["optimizer state"] = state
     if bf16_weights(cfg) and cfg.lora_rank:  # the frozen model's weights 2 bytes each
         fixed["weights"] = frozen * frozen_weight_bytes(cfg) + T * fixed["weights"] // (P + T)
     if cfg.qlora:  # the blocks' linear weights in 4 bits instead

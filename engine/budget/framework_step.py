@@ -143,9 +143,8 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     found.append(M.moment(M.BACKWARD_END, [*resident, *end,
                                            *output.get(M.BACKWARD_END, ())]))
     impl = cfg.resolved_optimizer_impl
-    temporaries = opt.optimizer_temporaries(
-        cfg.optimizer, impl, opt.param_groups(cfg, tensors),
-        BF16 if trains_bf16(cfg) else FP32) if impl else []
+    temporaries = opt.step_temporaries(cfg, tensors, impl, device,
+                                       BF16 if trains_bf16(cfg) else FP32) if impl else []
     found.append(M.moment(M.OPTIMIZER_STEP, [
         ("weights", weights), ("gradients", fixed["gradients"]),
         ("optimizer state", fixed["optimizer state"]),

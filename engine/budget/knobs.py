@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 # Choices shared by the code that reads them.
 PRECISIONS = ("fp32", "bf16", "fp16")
+# The textbook's optimizers: a number of fp32 state bytes per parameter, in every model.
 OPTIMIZERS = ("sgd", "momentum", "adamw")
+# Optimizers whose state is shaped tensor by tensor and whose library runs one tensor at
+# a time, with no foreach or fused switch (transformers' Adafactor, bitsandbytes' 8-bit
+# AdamW): modelled in a real step only.
+ONE_IMPLEMENTATION = ("adafactor", "adamw-8bit")
 # torch's names for how an optimizer's step runs over the parameters: one tensor at a
 # time, multi-tensor (foreach) kernels over whole lists, or one fused kernel.
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
@@ -166,8 +171,11 @@ KNOBS = {k.field: k for k in (
     _k("grad_precision", "--grad-precision", str, "storage", "gradients in the weights' "
        "precision, or accumulated in fp32 (mixed-precision AdamW: 16 or 18 bytes/param)",
        "policy", choices=GRAD_PRECISIONS),
-    _k("optimizer", "--optimizer", str, "adamw", "the optimizer (momentum: SGD with "
-       "momentum)", "policy", choices=OPTIMIZERS),
+    _k("optimizer", "--optimizer", str, "adamw", "the optimizer (default adamw; momentum: "
+       "SGD with momentum; adafactor: transformers' Adafactor as the Trainer's "
+       "optim='adafactor' builds it, factored second moments, no first moment; "
+       "adamw-8bit: bitsandbytes' AdamW8bit, blockwise 8-bit state; these two under "
+       "pytorch and hf)", "policy", choices=(*OPTIMIZERS, *ONE_IMPLEMENTATION)),
     _k("optimizer_impl", "--optimizer-impl", str, DEFAULT, "how its step runs, in torch's "
        "names: one parameter at a time, multi-tensor lists, one fused kernel (default: "
        "what the framework's usual loop runs)", "policy", choices=(DEFAULT, *OPTIMIZER_IMPLS)),
