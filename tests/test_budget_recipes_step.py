@@ -209,3 +209,75 @@ def test_each_step_of_these_optimizers_matches_the_cpu(optimizer, model, shape):
     cfg = BudgetConfig(activation_model=model, optimizer=optimizer, backend="cpu",
                        **shape).validate()
     assert_cpu_step_as_predicted(cfg)
+
+
+# ------------------------------------------ bf16 weights trained without autocast
+needs_peft = pytest.mark.skipif(bool(_missing("torch", "transformers", "peft")),
+                                reason="torch, transformers and peft are not installed "
+                                       "(pip install -e '.[lora]')")
+LLAMA_JSON = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 160,
+              "vocab_size": 1000, "max_position_embeddings": 128,
+              "tie_word_embeddings": False}
+WIDE_JSON = {**LLAMA_JSON, "hidden_size": 128, "intermediate_size": 352, "vocab_size": 2000}
+ALL_LLAMA = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+NO_AUTOCAST = dict(activation_model="hf", precision="bf16", weights_dtype="bf16",
+                   autocast_mode="off")
+
+
+def test_autocast_stays_on_by_default_and_off_needs_bf16_weights():
+    cfg = bm.preset("llama3.1-8b", activation_model="hf")
+    assert cfg.autocast_mode == "on" and cfg.autocast
+    off = cfg.with_(weights_dtype="bf16", autocast_mode="off")
+    assert not off.autocast and off.real_16bit
+    # the fixed bytes are the bf16 weights' either way: 2 + 2 + 4 per parameter
+    assert fixed_bytes(off) == fixed_bytes(off.with_(autocast_mode="on"))
+    with pytest.raises(bm.BudgetError, match="autocast_mode='off'.*weights_dtype 'bf16'"):
+        cfg.with_(autocast_mode="off")
+
+
+def test_without_autocast_each_adapter_keeps_peft_s_fp32_copy_of_its_input():
+    cfg = bm.preset("llama3.1-8b", **NO_AUTOCAST, lora_rank=16, lora_targets=ALL_LLAMA)
+    off = bm.real_step_activations(cfg)
+    on = bm.real_step_activations(cfg.with_(autocast_mode="on"))
+    copies = [x for x in off.items if x.tensor == "input, peft's fp32 copy"]
+    assert sum(x.count for x in copies) == 7 * cfg.n_layer   # one per adapter
+    assert all(x.itemsize == 4 and x.elements == cfg.seq_len * cfg.ffn
+               if x.op.endswith("down_proj") else x.itemsize == 4 for x in copies)
+    assert off.saved > on.saved
+    assert bm.budget(cfg).as_dict()["config"]["autocast_mode"] == "off"
+
+
+def test_the_cli_says_the_step_runs_without_autocast(capsys):
+    from engine.budget.cli import main
+    assert main(["--preset", "llama3.2-1b", "--activations", "hf", "--weights-dtype", "bf16",
+                 "--autocast", "off"]) == 0
+    assert "bf16 weights without autocast, every op in bf16" in capsys.readouterr().out
+
+
+NO_AUTOCAST_TABLE = [
+    ("full: llama gqa, eager", LLAMA_JSON, dict()),
+    ("full: llama gqa, checkpointing, sdpa", LLAMA_JSON, dict(recompute="full",
+                                                               attention="flash")),
+    ("full: wide llama, B=1 (optimizer-bound)", WIDE_JSON, dict(micro_batch=1, seq_len=16)),
+    ("lora r64 q,v (peft's default), eager", LLAMA_JSON, dict(lora_rank=64)),
+    ("lora r64 all, sdpa", LLAMA_JSON, dict(lora_rank=64, lora_targets=ALL_LLAMA,
+                                            attention="flash")),
+    ("lora r64 all, lora_dropout, eager", LLAMA_JSON,
+     dict(lora_rank=64, lora_targets=ALL_LLAMA, lora_dropout=0.1)),
+    ("lora r64 all, checkpointing, sdpa", LLAMA_JSON,
+     dict(lora_rank=64, lora_targets=ALL_LLAMA, recompute="full", attention="flash")),
+]
+
+
+@needs_peft
+@pytest.mark.parametrize("name, data, knobs",
+                         [pytest.param(*c, id=c[0]) for c in NO_AUTOCAST_TABLE])
+def test_each_step_on_bf16_weights_without_autocast_matches_the_cpu(name, data, knobs):
+    """A bf16 model trained as loaded (no torch.autocast): measured within 5%. Where
+    LoRA's adapters read the blocks' inputs, the autocast model of the same step
+    misses the fp32 copies (its activations 0.88-0.95 of the measured here)."""
+    from budget_step_tools import assert_cpu_step_as_predicted
+    start = dict(micro_batch=2, seq_len=64, optimizer_impl="for-loop", backend="cpu",
+                 **NO_AUTOCAST)
+    assert_cpu_step_as_predicted(bm.config_from_hf(data, **{**start, **knobs}))

@@ -27,7 +27,7 @@ def readout_html(b: B.Budget) -> str:
     table, when the peak happens and its largest tensor, and the sizes behind them."""
     c = b.config
     per_parameter = sum(B.bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
-                                              c.autocast).values())
+                                              c.real_16bit).values())
     one_device = "one device" if c.devices > 1 else "the device"
     return (f"<div class='budget-headline'><b>peak of {one_device}: "
             f"<span class='budget-peak'>{B.human_bytes(b.peak)}</span></b> "

@@ -231,10 +231,11 @@ RULES = (
                     f"torch_dtype=bfloat16; choose activation_model 'hf' (not "
                     f"{_model(c)!r}), or weights_dtype 'fp32'.")),
     Rule("weights_dtype", lambda c: c.precision != "bf16",
-         "only bf16 weights under bf16 autocast were measured",
-         lambda c: (f"{_WEIGHTS_BF16} with precision={c.precision!r}: only the Trainer's "
-                    f"bf16=True (torch.autocast to bf16 over the bf16 weights) was "
-                    f"measured; choose precision 'bf16', or weights_dtype 'fp32'.")),
+         "bf16 weights compute in bf16 (precision bf16, with or without autocast)",
+         lambda c: (f"{_WEIGHTS_BF16} with precision={c.precision!r}: a model loaded in "
+                    f"bf16 computes in bf16, under the Trainer's bf16=True (torch.autocast) "
+                    f"or without autocast (--autocast off); choose precision 'bf16', or "
+                    f"weights_dtype 'fp32'.")),
     Rule("weights_dtype", lambda c: c.qlora, "the 4-bit layers' step over bf16 weights "
          "was not measured",
          lambda c: (f"{_WEIGHTS_BF16} with qlora: the 4-bit layers' step over bf16 weights "
@@ -244,6 +245,15 @@ RULES = (
                     f"LLaMA-shaped models were measured (GPT-2's LayerNorm and eager "
                     f"softmax change dtype with the weights); choose architecture 'llama', "
                     f"or weights_dtype 'fp32'.")),
+    # training without autocast: measured over a model loaded in bf16
+    Rule("autocast_mode", lambda c: not _bf16_weights(c),
+         "without autocast a 16-bit step needs 16-bit weights (weights_dtype bf16)",
+         lambda c: (f"autocast_mode={c.autocast_mode!r} (--autocast off) trains a model "
+                    f"loaded in bf16 without torch.autocast; with {c.weights_dtype} weights "
+                    f"set weights_dtype 'bf16' (activations of: hf, precision bf16), or "
+                    f"leave --autocast on.")),
+    Rule("autocast_mode", lambda c: not c.real_16bit, "no 16-bit real step to autocast",
+         refuses=False),
     # what has no device does nothing
     Rule("zero", lambda c: c.devices == 1, "one device: nothing to shard", refuses=False),
     Rule("mfu", lambda c: c.device == "none" and not c.device_flops,

@@ -109,6 +109,7 @@ class BudgetConfig:
     lora_dropout: float = default("lora_dropout")
     qlora: bool = default("qlora")
     weights_dtype: str = default("weights_dtype")
+    autocast_mode: str = default("autocast_mode")
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
@@ -215,9 +216,17 @@ class BudgetConfig:
         return frameworks.resolved_outputs(self)[0]
 
     @property
-    def autocast(self) -> bool:
-        """A real framework's step in 16 bits: torch.autocast over fp32 weights."""
+    def real_16bit(self) -> bool:
+        """A real framework's step in 16 bits: the weights and gradients stay in the
+        dtype the model was loaded in (fp32 under autocast, or bf16); no 16-bit
+        storage copy with an fp32 master, as the textbook's mixed precision keeps."""
         return self.activation_model in REAL_STEP_MODELS and self.precision != "fp32"
+
+    @property
+    def autocast(self) -> bool:
+        """A real framework's 16-bit step under torch.autocast (unless `--autocast off`
+        over bf16 weights)."""
+        return self.real_16bit and self.autocast_mode == "on"
 
     def with_(self, **changes) -> "BudgetConfig":
         """A copy with some knobs changed (validated)."""

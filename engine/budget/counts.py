@@ -179,7 +179,7 @@ def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     frozen = P if cfg.lora_rank else 0
     fixed = {k: (T + (frozen if k == "weights" else 0)) * b
              for k, b in training_bytes(cfg, bytes_per_parameter(
-                 cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast)).items()}
+                 cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.real_16bit)).items()}
     state = optimizer_state_bytes(cfg)  # counted tensor by tensor (Adafactor, 8-bit AdamW)
     if state is not None:
         fixed["optimizer state"] = state

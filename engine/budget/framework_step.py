@@ -109,14 +109,14 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
                if cfg.accumulation > 1 else [])
     vocab = vocab_fp32_bytes(cfg)
     grad_bytes = training_bytes(cfg, bytes_per_parameter(
-        cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast))["gradients"]
+        cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.real_16bit))["gradients"]
     fwd_end = [*resident, *earlier,
                ("saved by the forward", "saved by the forward (but the loss's)", saved - vocab),
                ("loss", "log_softmax output (fp32)", vocab),
                ("autocast cache", "autocast cache: 16-bit weight copies",
                 autocast_cache_bytes(cfg)),
                *output.get(M.FORWARD_END, ())]
-    if cfg.autocast:
+    if compute_bytes(cfg) != FP32:  # 16-bit logits: the loss upcasts them
         fwd_end.append(("loss", "logits, fp32 copy for the loss", vocab))
     found = [M.moment(M.FORWARD_END, fwd_end),
              M.moment(M.LOSS_BACKWARD, [

@@ -168,6 +168,10 @@ KNOBS = {k.field: k for k in (
     _k("weights_dtype", "--weights-dtype", str, "fp32", "the dtype the model is loaded "
        "in: fp32 (autocast makes 16-bit copies) or bf16 (torch_dtype=bfloat16; no fp32 "
        "master)", "policy", choices=WEIGHTS_DTYPES),
+    _k("autocast_mode", "--autocast", str, "on", "on: a 16-bit precision of a real step "
+       "(pytorch, hf) runs under torch.autocast (the default); off: a model loaded in "
+       "bf16 (--weights-dtype bf16) trained without autocast, every op in bf16 and "
+       "peft's fp32 adapters on fp32 copies of their inputs", "policy", choices=SWITCH),
     _k("grad_precision", "--grad-precision", str, "storage", "gradients in the weights' "
        "precision, or accumulated in fp32 (mixed-precision AdamW: 16 or 18 bytes/param)",
        "policy", choices=GRAD_PRECISIONS),

@@ -99,6 +99,8 @@ def _adapter_terms(cfg, layer: Linear, mask_bytes: int, needs_mask: bool) -> lis
                                mask_bytes))
     elif cfg.autocast:  # autocast caches casts of weights only: A casts the input anew
         items.append(Saved(f"lora {layer.name}", "input, A's 16-bit copy", n * fan_in, lo))
+    elif bf16_weights(cfg):  # no autocast: peft casts the bf16 input to the fp32 adapter's
+        items.append(Saved(f"lora {layer.name}", "input, peft's fp32 copy", n * fan_in, FP32))
     items.append(Saved(f"lora {layer.name}", "A(x), the low-rank output", n * cfg.lora_rank,
                        lo))
     return items
@@ -206,7 +208,8 @@ def lora_block(cfg, full: list[Saved], mask_bytes: int, first: bool) -> list[Sav
             continue
         if _reads(item) in readers:  # a linear layer's input
             kept_anyway = item.tensor == SDPA_OUTPUT and started
-            shared = not cfg.lora_dropout and not cfg.autocast  # A reads the tensor itself
+            # A reads the tensor itself (no cast, no dropout)
+            shared = not cfg.lora_dropout and not cfg.autocast and not bf16_weights(cfg)
             if kept_anyway or (layers and shared):
                 out.append(item)
             for layer in layers:

@@ -374,7 +374,7 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
 
     def forward():
         """(the loss, what the caller holds: the whole output when the loop keeps it)."""
-        with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with torch.autocast(device, dtype=dtype or torch.float32, enabled=run.autocast):
             if run.activation_model == "hf":
                 output = model(**batch)
                 return output.loss, (output if keep else None)

@@ -94,7 +94,7 @@ class Budget:
             "bytes_per_parameter": bytes_per_parameter(self.config.precision,
                                                        self.config.optimizer,
                                                        self.config.grad_precision,
-                                                       self.config.autocast),
+                                                       self.config.real_16bit),
             "memory": {**self.memory(), "activations": self.activations.saved,
                        "fixed_total": self.fixed_total,
                        "activations_peak": self.activations.peak, "peak": self.peak,
