@@ -61,6 +61,9 @@ STARTS += [bm.preset("gpt2-small", activation_model="hf"),
                      qlora=True),
            bm.preset("gemma2-2b", activation_model="hf"),
            bm.preset("gemma3-1b", activation_model="hf")]
+# optimizers a library runs tensor by tensor, and a full fine-tune of bf16 weights
+STARTS += [bm.preset("llama2-7b", activation_model="hf", optimizer="adafactor"),
+           bm.preset("llama2-7b", activation_model="hf", weights_dtype="bf16")]
 # Rules that an earlier rule always answers first today (qlora is refused under the
 # bf16 precision that bf16 weights need).
 SHADOWED = {("weights_dtype", "the 4-bit layers' step over bf16 weights was not measured")}

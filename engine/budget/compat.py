@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .knobs import ADAPTER_KNOBS, DEFAULT, KNOBS, REAL_STEP_MODELS
+from .knobs import ADAPTER_KNOBS, DEFAULT, KNOBS, ONE_IMPLEMENTATION, REAL_STEP_MODELS
 from .linears import OUTSIDE_MODULES, trained_modules
 
 Test = Callable[[object], bool]
@@ -235,6 +235,28 @@ RULES = (
     Rule("dora", lambda c: c.qlora, "DoRA over 4-bit weights was not measured",
          lambda c: ("dora with qlora: DoRA over bitsandbytes' 4-bit layers was not measured; "
                     "leave dora off, or qlora off.")),
+    # optimizers a library runs tensor by tensor (transformers' Adafactor,
+    # bitsandbytes' 8-bit AdamW): modelled in a real step, over fp32 trained tensors
+    Rule("optimizer", lambda c: not _real(c), "Adafactor and 8-bit AdamW are modelled "
+         "tensor by tensor in a real step (activations of: pytorch or hf)",
+         lambda c: (f"optimizer={c.optimizer!r} keeps state shaped by each tensor, which "
+                    f"only the real steps follow; choose activation_model 'pytorch' or "
+                    f"'hf' (not {_model(c)!r}), or optimizer 'adamw', 'momentum' or 'sgd'."),
+         allowed=lambda c, v: v not in ONE_IMPLEMENTATION, greys=False),
+    Rule("optimizer", lambda c: _bf16_weights(c) and not c.lora_rank,
+         "Adafactor and 8-bit AdamW over bf16 trained weights were not measured",
+         lambda c: (f"optimizer={c.optimizer!r} with {_WEIGHTS_BF16} and full fine-tuning: "
+                    f"its fp32 copies of bf16 gradients and weights were not measured; "
+                    f"choose optimizer 'adamw', 'momentum' or 'sgd', weights_dtype 'fp32', "
+                    f"or LoRA (lora_rank), whose adapters are fp32."),
+         allowed=lambda c, v: v not in ONE_IMPLEMENTATION, greys=False),
+    Rule("optimizer_impl", lambda c: c.optimizer in ONE_IMPLEMENTATION,
+         lambda c: f"{c.optimizer} has one implementation (one tensor at a time); "
+                   f"torch's foreach and fused switches are AdamW's and SGD's",
+         lambda c: (f"optimizer_impl={c.optimizer_impl!r}: {c.optimizer} runs one tensor "
+                    f"at a time (its library has no foreach or fused switch); leave "
+                    f"optimizer_impl at 'default' or 'for-loop'."),
+         allowed=lambda c, v: v in (DEFAULT, "for-loop")),
     # a model loaded in bf16: modelled only where measured
     Rule("weights_dtype", lambda c: _model(c) != "hf",
          "a model loaded in bf16 is a Hugging Face model (activations of: hf)",
@@ -242,10 +264,11 @@ RULES = (
                     f"torch_dtype=bfloat16; choose activation_model 'hf' (not "
                     f"{_model(c)!r}), or weights_dtype 'fp32'.")),
     Rule("weights_dtype", lambda c: c.precision != "bf16",
-         "only bf16 weights under bf16 autocast were measured",
-         lambda c: (f"{_WEIGHTS_BF16} with precision={c.precision!r}: only the Trainer's "
-                    f"bf16=True (torch.autocast to bf16 over the bf16 weights) was "
-                    f"measured; choose precision 'bf16', or weights_dtype 'fp32'.")),
+         "bf16 weights compute in bf16 (precision bf16, with or without autocast)",
+         lambda c: (f"{_WEIGHTS_BF16} with precision={c.precision!r}: a model loaded in "
+                    f"bf16 computes in bf16, under the Trainer's bf16=True (torch.autocast) "
+                    f"or without autocast (--autocast off); choose precision 'bf16', or "
+                    f"weights_dtype 'fp32'.")),
     Rule("weights_dtype", lambda c: c.qlora, "the 4-bit layers' step over bf16 weights "
          "was not measured",
          lambda c: (f"{_WEIGHTS_BF16} with qlora: the 4-bit layers' step over bf16 weights "
@@ -255,6 +278,15 @@ RULES = (
                     f"LLaMA-shaped models were measured (GPT-2's LayerNorm and eager "
                     f"softmax change dtype with the weights); choose architecture 'llama', "
                     f"or weights_dtype 'fp32'.")),
+    # training without autocast: measured over a model loaded in bf16
+    Rule("autocast_mode", lambda c: not _bf16_weights(c),
+         "without autocast a 16-bit step needs 16-bit weights (weights_dtype bf16)",
+         lambda c: (f"autocast_mode={c.autocast_mode!r} (--autocast off) trains a model "
+                    f"loaded in bf16 without torch.autocast; with {c.weights_dtype} weights "
+                    f"set weights_dtype 'bf16' (activations of: hf, precision bf16), or "
+                    f"leave --autocast on.")),
+    Rule("autocast_mode", lambda c: not c.real_16bit, "no 16-bit real step to autocast",
+         refuses=False),
     # what has no device does nothing
     Rule("zero", lambda c: c.devices == 1, "one device: nothing to shard", refuses=False),
     Rule("mfu", lambda c: c.device == "none" and not c.device_flops,

@@ -19,6 +19,11 @@ MASTER_BYTES = {"fp32": 0, "bf16": 4, "fp16": 4}
 # Optimizer state is fp32 in every policy: momentum keeps one buffer, AdamW two.
 OPTIMIZER_BUFFERS = {"sgd": 0, "momentum": 1, "adamw": 2}
 OPTIMIZER_STATE_BYTES = 4
+# Bytes of state per parameter, as a figure: Adafactor keeps a row and a column vector
+# per matrix (about 0), 8-bit AdamW two bytes; their exact state is counted tensor by
+# tensor (`optimizer_step.optimizer_state_bytes`).
+STATE_BYTES_PER_PARAMETER = {**{k: n * OPTIMIZER_STATE_BYTES for k, n in OPTIMIZER_BUFFERS.items()},
+                             "adafactor": 0, "adamw-8bit": 2}
 MASK_BYTES = 1          # a dropout mask element (one byte, as in Korthikanti et al.)
 LOGITS_BYTES = 4        # the softmax of the cross-entropy is kept in fp32
 
@@ -109,6 +114,7 @@ class BudgetConfig:
     dora: bool = default("dora")
     modules_to_save: str = default("modules_to_save")
     weights_dtype: str = default("weights_dtype")
+    autocast_mode: str = default("autocast_mode")
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self):
@@ -210,13 +216,22 @@ class BudgetConfig:
 
     @property
     def resolved_outputs(self) -> str | None:
-        """"kept" or "freed": whether the loop holds the model's output through backward."""
+        """"kept", "freed" or "freed-after-backward": how long the loop holds the model's
+        output (knobs.OUTPUTS)."""
         return frameworks.resolved_outputs(self)[0]
 
     @property
-    def autocast(self) -> bool:
-        """A real framework's step in 16 bits: torch.autocast over fp32 weights."""
+    def real_16bit(self) -> bool:
+        """A real framework's step in 16 bits: the weights and gradients stay in the
+        dtype the model was loaded in (fp32 under autocast, or bf16); no 16-bit
+        storage copy with an fp32 master, as the textbook's mixed precision keeps."""
         return self.activation_model in REAL_STEP_MODELS and self.precision != "fp32"
+
+    @property
+    def autocast(self) -> bool:
+        """A real framework's 16-bit step under torch.autocast (unless `--autocast off`
+        over bf16 weights)."""
+        return self.real_16bit and self.autocast_mode == "on"
 
     def with_(self, **changes) -> "BudgetConfig":
         """A copy with some knobs changed (validated)."""

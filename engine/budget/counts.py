@@ -1,10 +1,11 @@
 """Parameters, FLOPs and the fixed memory (weights, gradients, optimizer state) of a step."""
 from __future__ import annotations
 
-from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, OPTIMIZERS, OPTIMIZER_BUFFERS, OPTIMIZER_STATE_BYTES, PRECISIONS, STORAGE_BYTES
+from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, PRECISIONS, STATE_BYTES_PER_PARAMETER, STORAGE_BYTES
 from . import recipes
 from .gemma import extra_norm_gains
 from .lora import trainable_parameters
+from .optimizer_step import optimizer_state_bytes
 from .weights_dtype import training_bytes
 
 
@@ -154,8 +155,9 @@ def bytes_per_parameter(precision: str, optimizer: str,
     16-bit copies are made during the step): 4 + 0 + 4 + 8 = 16."""
     if precision not in PRECISIONS:
         raise BudgetError(f"precision={precision!r} is unknown; allowed: {', '.join(PRECISIONS)}.")
-    if optimizer not in OPTIMIZERS:
-        raise BudgetError(f"optimizer={optimizer!r} is unknown; allowed: {', '.join(OPTIMIZERS)}.")
+    if optimizer not in STATE_BYTES_PER_PARAMETER:
+        raise BudgetError(f"optimizer={optimizer!r} is unknown; allowed: "
+                          f"{', '.join(STATE_BYTES_PER_PARAMETER)}.")
     if grad_precision not in GRAD_PRECISIONS:
         raise BudgetError(f"grad_precision={grad_precision!r} is unknown; allowed: "
                           f"{', '.join(GRAD_PRECISIONS)}.")
@@ -165,7 +167,7 @@ def bytes_per_parameter(precision: str, optimizer: str,
         "weights": STORAGE_BYTES[precision],
         "master weights": MASTER_BYTES[precision],
         "gradients": STORAGE_BYTES["fp32" if grad_precision == "fp32" else precision],
-        "optimizer state": OPTIMIZER_BUFFERS[optimizer] * OPTIMIZER_STATE_BYTES,
+        "optimizer state": STATE_BYTES_PER_PARAMETER[optimizer],
     }
 
 
@@ -184,10 +186,14 @@ def fixed_bytes(cfg: BudgetConfig) -> dict[str, int]:
     recipes rewrite it (`recipes`: under LoRA the frozen model's weights, and the
     rest the trained tensors' alone)."""
     per = training_bytes(cfg, bytes_per_parameter(cfg.precision, cfg.optimizer,
-                                                  cfg.grad_precision, cfg.autocast))
+                                                  cfg.grad_precision, cfg.real_16bit))
     P = parameter_count(cfg)
-    return recipes.fixed(cfg, {k: P * b for k, b in per.items()}, per, P,
-                         trainable_parameter_count(cfg))
+    fixed = recipes.fixed(cfg, {k: P * b for k, b in per.items()}, per, P,
+                          trainable_parameter_count(cfg))
+    state = optimizer_state_bytes(cfg)  # counted tensor by tensor (Adafactor, 8-bit AdamW)
+    if state is not None:
+        fixed["optimizer state"] = state
+    return fixed
 
 
 def total_parameter_count(cfg: BudgetConfig) -> int:

@@ -92,30 +92,6 @@ def _base_autocast_cache_bytes(cfg: BudgetConfig) -> int:
     return all_casts - kept_casts
 
 
-def _tag(pairs, default_term: str) -> list[tuple]:
-    """(term, what, bytes) entries from `optimizer_step`'s (what, bytes) pairs."""
-    out = []
-    for what, size in pairs:
-        if what in M.STEP_TERMS:
-            term = what
-        elif what.startswith("saved by the forward"):
-            term = "saved by the forward"
-        elif what.startswith("gradients of every other"):
-            term = "gradients"
-        else:
-            term = default_term
-        out.append((term, what, size))
-    return out
-
-
-def _output(cfg, device, first_step: bool, at: str) -> list[tuple]:
-    """What the model's output adds at moment `at` (see real_step.kept_output_terms)."""
-    terms = kept_output_terms(cfg, device, first_step).get(at, [])
-    kept = cfg.resolved_outputs == "kept"
-    return [("the loop's output" if kept else "the forward's output", what, size)
-            for what, size in terms]
-
-
 def _head_weights(cfg: BudgetConfig) -> int:
     """The head's weight gradient, made by its matmul's backward (`MmBackward0`) first
     of all the weight gradients, while the forward's saved tensors are alive:
@@ -147,13 +123,12 @@ def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict
                                      autocast)
         every = [("gradients", fixed["gradients"])]
         return {M.FORWARD_END: earlier, M.LOSS_BACKWARD: earlier, M.HEAD_BACKWARD: earlier,
-                M.RECOMPUTED: every, M.BACKWARD_END: _tag(end, "backward's last gradients"),
+                M.RECOMPUTED: every, M.BACKWARD_END: end,
                 M.OPTIMIZER_STEP: every}
     # Each micro-batch's gradients are reduced into the shard as they are made, so
     # every micro-batch ends its backward as the first does.
     end = opt.backward_end_terms(numels, grad_bytes, tensors[0].numel, tied, False, autocast)
-    end = [(what, size) for what, size in end
-           if not what.startswith("gradients of every other")]
+    end = [a for a in end if a.term != "gradients"]  # every other gradient: in the shard
     shard = [("gradients", "gradients: this device's shard", fixed["gradients"])]
     flight = gradients_in_flight(cfg, tensors, grad_bytes, _head_weights(cfg))
     held = {at: [("gradients in flight", what, size) for what, size in flight.get(at, [])]
@@ -163,22 +138,22 @@ def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict
             M.LOSS_BACKWARD: earlier + held[M.LOSS_BACKWARD],
             M.HEAD_BACKWARD: shard + held[M.HEAD_BACKWARD],
             M.RECOMPUTED: shard + held[M.RECOMPUTED],
-            M.BACKWARD_END: shard + held[M.BACKWARD_END] + _tag(end, "backward's last gradients"),
+            M.BACKWARD_END: shard + held[M.BACKWARD_END] + end,
             M.OPTIMIZER_STEP: shard + held[M.OPTIMIZER_STEP]}
 
 
-def _optimizer_temporaries(cfg: BudgetConfig, tensors) -> list[tuple]:
+def _optimizer_temporaries(cfg: BudgetConfig, tensors, device: str) -> list:
     """The optimizer's temporaries (optimizer_step); under ZeRO 1 and up each device
     steps over its shard of the parameters, so they shrink with it."""
     impl = cfg.resolved_optimizer_impl
     if not impl:
         return []
-    found = opt.optimizer_temporaries(cfg.optimizer, impl, opt.param_groups(cfg, tensors),
-                                      BF16 if trains_bf16(cfg) else FP32)
+    found = opt.step_temporaries(cfg, tensors, impl, device,
+                                 BF16 if trains_bf16(cfg) else FP32)
     if shards_optimizer(cfg):
-        found = [(f"{what} (this device's shard)", shard(size, cfg.devices))
-                 for what, size in found]
-    return _tag(found, "optimizer temporaries")
+        found = [M.Alive(a.term, f"{a.what} (this device's shard)", shard(a.bytes, cfg.devices))
+                 for a in found]
+    return found
 
 
 def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device: str,
@@ -186,20 +161,21 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     """Every moment of one step (step 1 when `first_step`); `tensors` are the trained
     parameters (optimizer_step.trainable_tensors)."""
     weights = fixed["weights"] + fixed["master weights"]
+    output = kept_output_terms(cfg, device, first_step)  # what the loop's output adds
     state = [] if first_step else [("optimizer state", fixed["optimizer state"])]
     resident = [("weights", weights), *state]
     vocab = vocab_fp32_bytes(cfg)
     grad_bytes = training_bytes(cfg, bytes_per_parameter(
-        cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.autocast))["gradients"]
+        cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.real_16bit))["gradients"]
     grads = _gradients(cfg, fixed, grad_bytes, tensors)
     fwd_end = [*resident, *grads[M.FORWARD_END],
                ("saved by the forward", "saved by the forward (but the loss's)", saved - vocab),
                ("loss", "log_softmax output (fp32)", vocab),
                ("autocast cache", "autocast cache: 16-bit weight copies",
                 autocast_cache_bytes(cfg)),
-               *_output(cfg, device, first_step, M.FORWARD_END)]
+               *output.get(M.FORWARD_END, ())]
     fp32_log_probs = log_probs_bytes(cfg, device) == FP32
-    if cfg.autocast and fp32_log_probs:
+    if compute_bytes(cfg) != FP32 and fp32_log_probs:  # 16-bit logits: the loss upcasts them
         fwd_end.append(("loss", "logits, fp32 copy for the loss", vocab))
     if fp32_log_probs:  # log_softmax's backward: its output's gradient and the logits'
         loss_grads = [("loss", "gradient of the log_softmax output", vocab),
@@ -224,14 +200,14 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
             *resident, *grads[M.RECOMPUTED],
             ("recompute", "the first block's recomputed tensors", one_block),
             ("saved by the forward", "its checkpointed input", n * h * hidden_bytes(cfg)),
-            *_output(cfg, device, first_step, M.RECOMPUTED)]))
+            *output.get(M.RECOMPUTED, ())]))
     found.append(M.moment(M.BACKWARD_END, [*resident, *grads[M.BACKWARD_END],
-                                           *_output(cfg, device, first_step, M.BACKWARD_END)]))
+                                           *output.get(M.BACKWARD_END, ())]))
     found.append(M.moment(M.OPTIMIZER_STEP, [
         ("weights", weights), *grads[M.OPTIMIZER_STEP],
         ("optimizer state", fixed["optimizer state"]),
-        *_optimizer_temporaries(cfg, tensors),
-        *_output(cfg, device, first_step, M.OPTIMIZER_STEP)]))
+        *_optimizer_temporaries(cfg, tensors, device),
+        *output.get(M.OPTIMIZER_STEP, ())]))
     return tuple(found)
 
 

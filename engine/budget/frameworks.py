@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .knobs import DEFAULT
+from .knobs import DEFAULT, ONE_IMPLEMENTATION
+
+# Where each optimizer without torch's switches comes from, and how it runs.
+ONE_IMPLEMENTATION_WHY = {
+    "adafactor": "transformers' Adafactor updates one parameter at a time",
+    "adamw-8bit": "bitsandbytes' AdamW8bit updates one parameter at a time",
+}
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,8 @@ def framework(cfg) -> Framework:
 
 def resolved_optimizer_impl(cfg) -> tuple[str | None, str]:
     """(the optimizer implementation the step runs, where that choice came from)."""
+    if cfg.optimizer in ONE_IMPLEMENTATION and framework(cfg).real_step:
+        return "for-loop", ONE_IMPLEMENTATION_WHY[cfg.optimizer]
     if cfg.optimizer_impl != DEFAULT:
         return cfg.optimizer_impl, "--optimizer-impl"
     fw = framework(cfg)

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 # Choices shared by the code that reads them.
 PRECISIONS = ("fp32", "bf16", "fp16")
+# The textbook's optimizers: a number of fp32 state bytes per parameter, in every model.
 OPTIMIZERS = ("sgd", "momentum", "adamw")
+# Optimizers whose state is shaped tensor by tensor and whose library runs one tensor at
+# a time, with no foreach or fused switch (transformers' Adafactor, bitsandbytes' 8-bit
+# AdamW): modelled in a real step only.
+ONE_IMPLEMENTATION = ("adafactor", "adamw-8bit")
 # torch's names for how an optimizer's step runs over the parameters: one tensor at a
 # time, multi-tensor (foreach) kernels over whole lists, or one fused kernel.
 OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
@@ -34,7 +39,10 @@ ZERO_STAGES = (0, 1, 2, 3)
 # Whose ZeRO-2/3 a real step's gradients follow (engine.budget.sharding): DeepSpeed's
 # bucketed reduce or FSDP's reduce-scatter of each block as its backward ends.
 ZERO_ENGINES = ("deepspeed", "fsdp")
-OUTPUTS = ("kept", "freed")
+# What the loop does with the model's output (the logits): keeps it until the next
+# forward returns, drops it as the forward returns (the loss only), or deletes it after
+# `backward()` (`del logits`).
+OUTPUTS = ("kept", "freed", "freed-after-backward")
 SWITCH = ("on", "off")
 BACKENDS = ("cuda", "cpu")
 WEIGHTS_DTYPES = ("fp32", "bf16")
@@ -173,11 +181,18 @@ KNOBS = {k.field: k for k in (
     _k("weights_dtype", "--weights-dtype", str, "fp32", "the dtype the model is loaded "
        "in: fp32 (autocast makes 16-bit copies) or bf16 (torch_dtype=bfloat16; no fp32 "
        "master)", "policy", choices=WEIGHTS_DTYPES),
+    _k("autocast_mode", "--autocast", str, "on", "on: a 16-bit precision of a real step "
+       "(pytorch, hf) runs under torch.autocast (the default); off: a model loaded in "
+       "bf16 (--weights-dtype bf16) trained without autocast, every op in bf16 and "
+       "peft's fp32 adapters on fp32 copies of their inputs", "policy", choices=SWITCH),
     _k("grad_precision", "--grad-precision", str, "storage", "gradients in the weights' "
        "precision, or accumulated in fp32 (mixed-precision AdamW: 16 or 18 bytes/param)",
        "policy", choices=GRAD_PRECISIONS),
-    _k("optimizer", "--optimizer", str, "adamw", "the optimizer (momentum: SGD with "
-       "momentum)", "policy", choices=OPTIMIZERS),
+    _k("optimizer", "--optimizer", str, "adamw", "the optimizer (default adamw; momentum: "
+       "SGD with momentum; adafactor: transformers' Adafactor as the Trainer's "
+       "optim='adafactor' builds it, factored second moments, no first moment; "
+       "adamw-8bit: bitsandbytes' AdamW8bit, blockwise 8-bit state; these two under "
+       "pytorch and hf)", "policy", choices=(*OPTIMIZERS, *ONE_IMPLEMENTATION)),
     _k("optimizer_impl", "--optimizer-impl", str, DEFAULT, "how its step runs, in torch's "
        "names: one parameter at a time, multi-tensor lists, one fused kernel (default: "
        "what the framework's usual loop runs)", "policy", choices=(DEFAULT, *OPTIMIZER_IMPLS)),
@@ -215,8 +230,10 @@ KNOBS = {k.field: k for k in (
        "list of modules outside the blocks trained in full beside the adapters (lm_head, "
        "embed_tokens; GPT-2: wte); default: none", "policy", fronts=CLI_ONLY),
     # what the practitioner's loop does beyond the model
-    _k("outputs", "--outputs", str, DEFAULT, "whether the loop holds the model's output "
-       "(the logits) through backward (default: the framework's usual loop)", "step",
+    _k("outputs", "--outputs", str, DEFAULT, "what the loop does with the model's output "
+       "(the logits): kept until the next forward returns, freed as the forward returns "
+       "(only the loss kept), or freed-after-backward (`del logits` after backward()) "
+       "(default: the framework's usual loop: pytorch kept, hf freed)", "step",
        choices=(DEFAULT, *OUTPUTS)),
     _k("padded_batch", "--padded-batch", bool, False, "an attention mask with padding in "
        "the batch", "step"),

@@ -65,13 +65,15 @@ def trainable_parameters(cfg) -> int:
 
 def adapter_tensors(cfg, tensor):
     """The trainable tensors in the order the model registers them (`tensor(name,
-    numel, decays)` makes each; all are in the Trainer's weight-decay group)."""
+    numel, decays, rows_and_columns)` makes each; all are in the Trainer's weight-decay
+    group): A is r x fan_in, B fan_out x r."""
     r, out, shapes = cfg.lora_rank, [], adapter_shapes(cfg)
     prefix = "h" if cfg.architecture == "gpt2" else "layers"
     for i in range(cfg.n_layer):
         for name, fan_in, fan_out in shapes:
-            out += [tensor(f"{prefix}.{i}.{name}.lora_A.weight", r * fan_in, True),
-                    tensor(f"{prefix}.{i}.{name}.lora_B.weight", fan_out * r, True)]
+            out += [tensor(f"{prefix}.{i}.{name}.lora_A.weight", r * fan_in, True, r + fan_in),
+                    tensor(f"{prefix}.{i}.{name}.lora_B.weight", fan_out * r, True,
+                           fan_out + r)]
     return out
 
 
@@ -94,6 +96,8 @@ def _adapter_terms(cfg, layer: Linear, mask_bytes: int, needs_mask: bool) -> lis
                                mask_bytes))
     elif cfg.autocast:  # autocast caches casts of weights only: A casts the input anew
         items.append(Saved(f"lora {layer.name}", "input, A's 16-bit copy", n * fan_in, lo))
+    elif bf16_weights(cfg):  # no autocast: peft casts the bf16 input to the fp32 adapter's
+        items.append(Saved(f"lora {layer.name}", "input, peft's fp32 copy", n * fan_in, FP32))
     items.append(Saved(f"lora {layer.name}", "A(x), the low-rank output", n * cfg.lora_rank,
                        lo))
     return items
@@ -201,7 +205,8 @@ def lora_block(cfg, full: list[Saved], mask_bytes: int, first: bool) -> list[Sav
             continue
         if _reads(item) in readers:  # a linear layer's input
             kept_anyway = item.tensor == SDPA_OUTPUT and started
-            shared = not cfg.lora_dropout and not cfg.autocast  # A reads the tensor itself
+            # A reads the tensor itself (no cast, no dropout)
+            shared = not cfg.lora_dropout and not cfg.autocast and not bf16_weights(cfg)
             if kept_anyway or (layers and shared):
                 out.append(item)
             for layer in layers:

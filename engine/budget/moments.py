@@ -102,10 +102,19 @@ SHARDED = {stage: tuple(name for name in FIXED
 
 @dataclass(frozen=True)
 class Alive:
-    """One thing alive at a moment: its term in STEP_TERMS, what it is, its bytes."""
+    """One thing alive at a moment: its term in STEP_TERMS, what it is, its bytes.
+    The models that know a term emit it as an Alive; read as a pair it is
+    (what, bytes), what a report shows."""
     term: str
     what: str
     bytes: int
+
+    def __post_init__(self):
+        if self.term not in STEP_TERMS:
+            raise KeyError(f"{self.term!r} is not a term of STEP_TERMS")
+
+    def __iter__(self):
+        return iter((self.what, self.bytes))
 
 
 @dataclass(frozen=True)
@@ -117,7 +126,7 @@ class Moment:
     @property
     def alive(self) -> tuple:
         """(what, bytes) pairs, largest first."""
-        return tuple((a.what, a.bytes) for a in self.terms)
+        return tuple(tuple(a) for a in self.terms)
 
     @property
     def bytes(self) -> int:
@@ -131,15 +140,15 @@ class Moment:
 
 
 def moment(name: str, entries) -> Moment:
-    """A Moment from (term, what, bytes) or (term, bytes) entries: empty ones dropped,
-    the largest first."""
+    """A Moment from Alive entries and (term, what, bytes) or (term, bytes) tuples:
+    empty ones dropped, the largest first."""
     alive = []
     for entry in entries:
-        term, what, size = entry if len(entry) == 3 else (entry[0], entry[0], entry[1])
-        if term not in STEP_TERMS:
-            raise KeyError(f"{term!r} is not a term of STEP_TERMS")
-        if size:
-            alive.append(Alive(term, what, size))
+        if not isinstance(entry, Alive):
+            term, what, size = entry if len(entry) == 3 else (entry[0], entry[0], entry[1])
+            entry = Alive(term, what, size)
+        if entry.bytes:
+            alive.append(entry)
     return Moment(name, tuple(sorted(alive, key=lambda a: -a.bytes)))
 
 

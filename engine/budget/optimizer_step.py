@@ -42,6 +42,17 @@ step 1's optimizer moment already holds them), momentum's buffer a
 The optimizer moment is therefore the same in step 1 and step 2; only the moments
 before the first `step()` run without the state.
 
+Adafactor and 8-bit AdamW
+-------------------------
+transformers' Adafactor (`optim="adafactor"`: `scale_parameter=False,
+relative_step=False`, the learning rate given, no first moment) and bitsandbytes'
+8-bit AdamW (`bnb.optim.AdamW8bit`, the Trainer's `adamw_bnb_8bit`) visit one tensor
+at a time, with state shaped by each tensor: `optimizer_state_bytes`,
+`adafactor_temporaries` and `adamw_8bit_temporaries` follow their code, confirmed on
+the CPU allocator (`tests/test_budget_recipes_step.py`). bitsandbytes runs its 8-bit
+step on the CPU through a PyTorch fallback; its CUDA kernel updates the 8-bit state in
+place, which this machine cannot show (a stated assumption).
+
 The end of the backward
 -----------------------
 The token embedding is the first op of the forward, so its gradient is the last
@@ -73,6 +84,7 @@ from dataclasses import dataclass
 
 from . import recipes
 from .gemma import norms_around
+from .moments import Alive
 
 FP32 = 4
 IMPLS = ("for-loop", "foreach", "fused")
@@ -87,26 +99,34 @@ MOMENTUM = 0.9    # torch.optim.SGD(momentum=0.9): the budget's "momentum"
 @dataclass(frozen=True)
 class ParamTensor:
     """One parameter tensor: its name (as transformers names it), its element
-    count, and whether transformers' Trainer puts it in the weight-decay group
-    (every tensor but biases and norm gains: `Trainer.get_decay_parameter_names`)."""
+    count, whether transformers' Trainer puts it in the weight-decay group
+    (every tensor but biases and norm gains: `Trainer.get_decay_parameter_names`),
+    and a matrix's rows plus columns (0 for a vector): what Adafactor's factored
+    second moment keeps."""
     name: str
     numel: int
     decays: bool
+    rows_and_columns: int = 0
+
+
+def _matrix(name: str, rows: int, columns: int) -> ParamTensor:
+    """A weight matrix (in the decay group)."""
+    return ParamTensor(name, rows * columns, True, rows + columns)
 
 
 def _gpt2_tensors(cfg) -> list[ParamTensor]:
     C, f, V = cfg.d_model, cfg.ffn, cfg.vocab_size
-    out = [ParamTensor("wte.weight", V * C, True),
-           ParamTensor("wpe.weight", cfg.positions * C, True)]
+    out = [_matrix("wte.weight", V, C), _matrix("wpe.weight", cfg.positions, C)]
     for i in range(cfg.n_layer):
-        for name, numel, decays in (
-                ("ln_1.weight", C, False), ("ln_1.bias", C, False),
-                ("attn.c_attn.weight", 3 * C * C, True), ("attn.c_attn.bias", 3 * C, False),
-                ("attn.c_proj.weight", C * C, True), ("attn.c_proj.bias", C, False),
-                ("ln_2.weight", C, False), ("ln_2.bias", C, False),
-                ("mlp.c_fc.weight", C * f, True), ("mlp.c_fc.bias", f, False),
-                ("mlp.c_proj.weight", f * C, True), ("mlp.c_proj.bias", C, False)):
-            out.append(ParamTensor(f"h.{i}.{name}", numel, decays))
+        for name, shape in (
+                ("ln_1.weight", C), ("ln_1.bias", C),
+                ("attn.c_attn.weight", (C, 3 * C)), ("attn.c_attn.bias", 3 * C),
+                ("attn.c_proj.weight", (C, C)), ("attn.c_proj.bias", C),
+                ("ln_2.weight", C), ("ln_2.bias", C),
+                ("mlp.c_fc.weight", (C, f)), ("mlp.c_fc.bias", f),
+                ("mlp.c_proj.weight", (f, C)), ("mlp.c_proj.bias", C)):
+            out.append(_matrix(f"h.{i}.{name}", *shape) if isinstance(shape, tuple)
+                       else ParamTensor(f"h.{i}.{name}", shape, False))
     out += [ParamTensor("ln_f.weight", C, False), ParamTensor("ln_f.bias", C, False)]
     return out
 
@@ -114,16 +134,17 @@ def _gpt2_tensors(cfg) -> list[ParamTensor]:
 def _llama_tensors(cfg) -> list[ParamTensor]:
     C, f, q = cfg.d_model, cfg.ffn, cfg.q_width
     kv = cfg.kv_heads * cfg.head_dim
-    out = [ParamTensor("embed_tokens.weight", cfg.vocab_size * C, True)]
+    out = [_matrix("embed_tokens.weight", cfg.vocab_size, C)]
     for i in range(cfg.n_layer):
-        for name, numel, decays in (
-                ("input_layernorm.weight", C, False),
-                ("self_attn.q_proj.weight", q * C, True), ("self_attn.k_proj.weight", kv * C, True),
-                ("self_attn.v_proj.weight", kv * C, True), ("self_attn.o_proj.weight", C * q, True),
-                ("post_attention_layernorm.weight", C, False),
-                ("mlp.gate_proj.weight", f * C, True), ("mlp.up_proj.weight", f * C, True),
-                ("mlp.down_proj.weight", C * f, True)):
-            out.append(ParamTensor(f"layers.{i}.{name}", numel, decays))
+        for name, shape in (
+                ("input_layernorm.weight", C),
+                ("self_attn.q_proj.weight", (q, C)), ("self_attn.k_proj.weight", (kv, C)),
+                ("self_attn.v_proj.weight", (kv, C)), ("self_attn.o_proj.weight", (C, q)),
+                ("post_attention_layernorm.weight", C),
+                ("mlp.gate_proj.weight", (f, C)), ("mlp.up_proj.weight", (f, C)),
+                ("mlp.down_proj.weight", (C, f))):
+            out.append(_matrix(f"layers.{i}.{name}", *shape) if isinstance(shape, tuple)
+                       else ParamTensor(f"layers.{i}.{name}", shape, False))
         out += _llama_traits(cfg, f"layers.{i}.self_attn.", q, kv)
     out.append(ParamTensor("norm.weight", C, False))
     return out
@@ -160,7 +181,7 @@ def parameter_tensors(cfg) -> list[ParamTensor]:
     counts add up to `counts.parameter_count(cfg)`."""
     tensors = _llama_tensors(cfg) if cfg.architecture == "llama" else _gpt2_tensors(cfg)
     if not cfg.tied_embedding:
-        tensors.append(ParamTensor("lm_head.weight", cfg.vocab_size * cfg.d_model, True))
+        tensors.append(_matrix("lm_head.weight", cfg.vocab_size, cfg.d_model))
     return tensors
 
 
@@ -171,20 +192,25 @@ def trainable_tensors(cfg) -> list[ParamTensor]:
     return recipes.tensors(cfg, parameter_tensors(cfg), ParamTensor)
 
 
-def param_groups(cfg, tensors: list[ParamTensor]) -> list[list[int]]:
-    """The element counts of each param group of the optimizer `cfg`'s framework
-    builds: transformers' Trainer two (`Trainer.create_optimizer`: the decay
-    group, then biases and norms with weight_decay 0.0), `torch.optim.AdamW(
+def grouped_tensors(cfg, tensors: list[ParamTensor]) -> list[list[ParamTensor]]:
+    """The param groups of the optimizer `cfg`'s framework builds, in the order the
+    optimizer visits them: transformers' Trainer two (`Trainer.create_optimizer`: the
+    decay group, then biases and norms with weight_decay 0.0), `torch.optim.AdamW(
     model.parameters())` one."""
     if cfg.activation_model == "hf":
-        return [[t.numel for t in tensors if t.decays], [t.numel for t in tensors if not t.decays]]
-    return [[t.numel for t in tensors]]
+        return [[t for t in tensors if t.decays], [t for t in tensors if not t.decays]]
+    return [list(tensors)]
+
+
+def param_groups(cfg, tensors: list[ParamTensor]) -> list[list[int]]:
+    """The element counts of each param group (`grouped_tensors`)."""
+    return [[t.numel for t in group] for group in grouped_tensors(cfg, tensors)]
 
 
 # ------------------------------------------------------ the optimizer's step
 def optimizer_temporaries(optimizer: str, impl: str, groups: list[list[int]],
                           state_bytes: int = FP32, weight_decay: bool = False) -> list:
-    """(what, bytes) of what `optimizer` ("adamw", "momentum", "sgd") run by
+    """The "optimizer temporaries" (moments.Alive entries) of what `optimizer` ("adamw", "momentum", "sgd") run by
     `impl` allocates at its peak inside `step()` beyond weights, gradients and
     state, over param groups of `groups` element counts in tensors of
     `state_bytes` each (the optimizer's math runs in the parameters' dtype).
@@ -198,20 +224,24 @@ def optimizer_temporaries(optimizer: str, impl: str, groups: list[list[int]],
         return []
     if optimizer == "adamw":
         if impl == "for-loop":
-            return [("AdamW for-loop: exp_avg_sq.sqrt() and its quotient by the bias "
+            return [_temporary("AdamW for-loop: exp_avg_sq.sqrt() and its quotient by the bias "
                      "correction, beside the previous parameter's quotient",
                      max(map(_denominators_peak, groups), default=0) * state_bytes)]
-        return [("AdamW foreach: torch._foreach_sqrt(exp_avg_sq) over the largest param "
+        return [_temporary("AdamW foreach: torch._foreach_sqrt(exp_avg_sq) over the largest param "
                  "group", largest_group * state_bytes)]
     if optimizer not in ("sgd", "momentum"):
         raise ValueError(f"optimizer {optimizer!r} is unknown; allowed: adamw, momentum, sgd.")
     if not weight_decay:
         return []
     if impl == "for-loop":
-        return [("SGD for-loop: grad.add(param, alpha=weight_decay) for the largest "
+        return [_temporary("SGD for-loop: grad.add(param, alpha=weight_decay) for the largest "
                  "parameter", largest_tensor * state_bytes)]
-    return [("SGD foreach: torch._foreach_add(grads, params) over the largest param group",
+    return [_temporary("SGD foreach: torch._foreach_add(grads, params) over the largest param group",
              largest_group * state_bytes)]
+
+
+def _temporary(what: str, size: int) -> Alive:
+    return Alive("optimizer temporaries", what, size)
 
 
 def _denominators_peak(numels: list[int]) -> int:
@@ -220,26 +250,120 @@ def _denominators_peak(numels: list[int]) -> int:
     return max((previous + 2 * n for previous, n in zip([0, *numels], numels)), default=0)
 
 
+# ------------------------------------ Adafactor and 8-bit AdamW, tensor by tensor
+ADAFACTOR_TRAINER_ARGS = dict(scale_parameter=False, relative_step=False)  # and lr
+MIN_8BIT_SIZE = 4096   # bitsandbytes' min_8bit_size: smaller tensors keep fp32 state
+BLOCK_8BIT = 256       # its blockwise quantization: one fp32 absmax per block and state
+QMAP_BYTES = 2 * 256 * FP32  # the signed and unsigned dynamic maps, shared by every tensor
+
+
+def _blocks(numel: int) -> int:
+    return -(-numel // BLOCK_8BIT)
+
+
+def optimizer_state_bytes(cfg) -> int | None:
+    """The state of the optimizers counted tensor by tensor (None for the others,
+    whose state is a number of bytes per parameter).
+
+    transformers' Adafactor (`optimization.Adafactor`, beta1=None as the Trainer
+    leaves it: no first moment) keeps, per tensor, a matrix's second moment
+    factored into a row vector and a column vector (`exp_avg_sq_row`,
+    `exp_avg_sq_col`), a vector's in full (`exp_avg_sq`), and the parameter's RMS
+    as a 0-dim fp32 tensor (`state["RMS"] = self._rms(p)`), all fp32.
+
+    bitsandbytes' 8-bit AdamW (`Optimizer2State.init_state`) keeps a tensor of
+    `min_8bit_size` (4096) elements or more as two uint8 states and one fp32 absmax
+    per block of 256 for each (`absmax1`, `absmax2`), beside the two 256-entry
+    dynamic maps every tensor shares (`name2qmap`); a smaller tensor two fp32
+    states, as 32-bit AdamW."""
+    if cfg.optimizer not in ("adafactor", "adamw-8bit"):
+        return None
+    tensors = trainable_tensors(cfg)
+    if cfg.optimizer == "adafactor":
+        return sum((t.rows_and_columns or t.numel) * FP32 + FP32 for t in tensors)
+    quantized = [t.numel for t in tensors if t.numel >= MIN_8BIT_SIZE]
+    full = sum(t.numel for t in tensors if t.numel < MIN_8BIT_SIZE)
+    return (sum(2 * n + 2 * FP32 * _blocks(n) for n in quantized) + 2 * FP32 * full
+            + (QMAP_BYTES if quantized else 0))
+
+
+def adafactor_temporaries(tensors: list[ParamTensor]) -> list:
+    """What `Adafactor.step()` allocates at its largest, over fp32 tensors visited in
+    `tensors`' order. Per tensor of n elements: `update = (grad**2) + eps` holds
+    grad**2 and the sum at once while the local `update` still holds the previous
+    tensor's (rebound only after the sum): the previous n plus 2n. A matrix then
+    builds `torch.mul(r_factor, c_factor)` (a new n beside the old update and the
+    row and column factors, `rsqrt` of a quotient and of the column vector), a vector
+    `exp_avg_sq.rsqrt()` (n beside n), and both apply `p.add_(-update)` (n beside n).
+    The RMS clipping (`update.div_`, `update.mul_(lr)`) is in place."""
+    peak, what, previous = 0, "", 0
+    for t in tensors:
+        for size, how in ((previous + 2 * t.numel, "(grad**2) + eps beside the previous "
+                           "tensor's update"),
+                          (2 * t.numel + t.rows_and_columns, "the approximated rsqrt (row "
+                           "and column factors) beside the update" if t.rows_and_columns
+                           else "exp_avg_sq.rsqrt() beside the update")):
+            if size > peak:
+                peak, what = size, how
+        previous = t.numel
+    return [_temporary(f"Adafactor: {what}", peak * FP32)] if peak else []
+
+
+def adamw_8bit_temporaries(tensors: list[ParamTensor], device: str) -> list:
+    """What bitsandbytes' 8-bit AdamW allocates at its largest inside `step()`, one
+    tensor at a time. On CUDA one fused kernel updates the uint8 states in place
+    (`optimizer_update_8bit_blockwise`; not measured here: a stated assumption,
+    nothing). On the CPU its PyTorch fallback (`backends/cpu/ops.py`,
+    `_optimizer_update_8bit_blockwise_cpu`) dequantizes both states to fp32, copies
+    the gradient (`g.float() * gnorm_scale`) and builds
+    `denom = (state2_fp32.sqrt() / correction2)`: five fp32 tensors of n at once.
+    A 32-bit tensor (below min_8bit_size) holds the gradient's copy, `state2.sqrt()`
+    and its sum with eps: three."""
+    if device != "cpu":
+        return []
+    quantized = max((t.numel for t in tensors if t.numel >= MIN_8BIT_SIZE), default=0)
+    full = max((t.numel for t in tensors if t.numel < MIN_8BIT_SIZE), default=0)
+    if 5 * quantized >= 3 * full:
+        return [_temporary("8-bit AdamW on the CPU: both states dequantized to fp32, the "
+                           "gradient's copy, sqrt and its quotient", 5 * quantized * FP32)]
+    return [_temporary("8-bit AdamW on the CPU, a 32-bit tensor: the gradient's copy, "
+                       "sqrt and its sum with eps", 3 * full * FP32)]
+
+
+def step_temporaries(cfg, tensors: list[ParamTensor], impl: str, device: str,
+                     state_bytes: int = FP32) -> list:
+    """The optimizer temporaries of `cfg`'s step over its trainable `tensors`."""
+    if cfg.optimizer == "adafactor":
+        return adafactor_temporaries([t for g in grouped_tensors(cfg, tensors) for t in g])
+    if cfg.optimizer == "adamw-8bit":
+        return adamw_8bit_temporaries(tensors, device)
+    return optimizer_temporaries(cfg.optimizer, impl, param_groups(cfg, tensors), state_bytes)
+
+
 # ---------------------------------------------------- the end of the backward
 def backward_end_terms(numels: list[int], grad_bytes: int, embedding: int, tied: bool,
                        later_micro_batch: bool, autocast: bool) -> list:
-    """(what, bytes) of the gradients alive when the backward's last gradient,
+    """The gradients alive (moments.Alive entries) when the backward's last gradient,
     the token embedding's (`embedding` elements), is accumulated: every other
     parameter's gradient (or, in a later micro-batch, every gradient of the
     earlier ones), the embedding's new gradient, and for a tied head the head's
     contribution and, in fp32, their out-of-place sum (see the module's doc)."""
     total = sum(numels)
     if later_micro_batch:
-        terms = [("gradients of earlier micro-batches", total * grad_bytes)]
+        terms = [Alive("gradients of earlier micro-batches",
+                       "gradients of earlier micro-batches", total * grad_bytes)]
     else:
-        terms = [("gradients of every other parameter", (total - embedding) * grad_bytes)]
+        terms = [Alive("gradients", "gradients of every other parameter",
+                       (total - embedding) * grad_bytes)]
     one = embedding * grad_bytes
+
+    def last(what: str) -> Alive:
+        return Alive("backward's last gradients", what, one)
     if not tied:
-        what = ("the token embedding's new gradient (added in place next)" if later_micro_batch
-                else "the token embedding's gradient")
-        return terms + [(what, one)]
-    terms += [("tied weight: the head's gradient contribution", one),
-              ("tied weight: the embedding's gradient contribution", one)]
+        return terms + [last("the token embedding's new gradient (added in place next)"
+                             if later_micro_batch else "the token embedding's gradient")]
+    terms += [last("tied weight: the head's gradient contribution"),
+              last("tied weight: the embedding's gradient contribution")]
     if not autocast:  # the head's contribution is a transposed view: no in-place sum
-        terms.append(("tied weight: the two contributions' out-of-place sum", one))
+        terms.append(last("tied weight: the two contributions' out-of-place sum"))
     return terms

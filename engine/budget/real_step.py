@@ -35,7 +35,7 @@ from __future__ import annotations
 from .backends import backend as backend_of
 from .gemma import is_gemma, norms_around, rotary_tables, soft_capped
 from .kept import Saved
-from .moments import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, RECOMPUTED
+from .moments import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, RECOMPUTED, Alive
 from .config import BudgetConfig
 from .weights_dtype import bf16_weights, hidden_bytes
 
@@ -436,6 +436,13 @@ def vocab_fp32_bytes(cfg: BudgetConfig) -> int:
 def outputs_kept(cfg: BudgetConfig) -> bool:
     """Whether the loop holds the model's output through backward ("default":
     its framework's loop; nanoGPT's keeps the logits, the Trainer only the loss)."""
+    return cfg.resolved_outputs in ("kept", "freed-after-backward")
+
+
+def output_outlives_backward(cfg: BudgetConfig) -> bool:
+    """Whether the loop still holds the output after `backward()` returns: until the
+    next forward rebinds its variable ("kept"), not when it deletes it ("freed-after-
+    backward": `loss.backward(); del logits`)."""
     return cfg.resolved_outputs == "kept"
 
 
@@ -452,10 +459,11 @@ def kv_cache_kept_unsaved(cfg: BudgetConfig, device: str = "cuda") -> int:
 
 
 def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",
-                      first_step: bool = False) -> dict[str, list[tuple[str, int]]]:
-    """What the model's output adds to each moment of the step, beyond the
-    forward's saved tensors (`outside_saved` already carries a kept output's
-    logits and unkept cache through the loss's backward).
+                      first_step: bool = False) -> dict[str, list[Alive]]:
+    """What the model's output adds to each moment of the step (moments.Alive
+    entries: "the loop's output" where the loop holds it, else "the forward's
+    output"), beyond the forward's saved tensors (`outside_saved` already carries
+    a kept output's logits and unkept cache through the loss's backward).
 
     Freed (`loss = model(**batch).loss`): the output lives until the forward
     returns, so its logits and the cache copies attention did not keep are
@@ -464,16 +472,24 @@ def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",
     output still holds the logits and every layer's K and V in its cache,
     through the optimizer step; and the loop's variable is rebound only when
     the next forward returns, so the previous micro-batch's output is alive
-    at the next loss too (from the second micro-batch on)."""
+    at the next loss too (from the second micro-batch on). Freed after the
+    backward (`loss.backward(); del logits`): held through the backward only."""
     logits, cache = logits_bytes(cfg), kv_cache_bytes(cfg)
     if not outputs_kept(cfg):
         unsaved = kv_cache_kept_unsaved(cfg, device)
-        return {FORWARD_END: [("logits", logits)] + (
-            [("key/value cache, until the forward returns", unsaved)] if unsaved else [])}
+        return {FORWARD_END: [Alive("the forward's output", "logits", logits)] + (
+            [Alive("the forward's output", "key/value cache, until the forward returns",
+                   unsaved)] if unsaved else [])}
     output = [("the caller's output: logits", logits)] + (
         [("the caller's output: key/value cache", cache)] if cache else [])
-    terms = {RECOMPUTED: output, BACKWARD_END: output, OPTIMIZER_STEP: output}
+    held = [Alive("the loop's output", what, b) for what, b in output]
+    terms = {RECOMPUTED: held, BACKWARD_END: held}
+    if not output_outlives_backward(cfg):
+        return terms
+    terms[OPTIMIZER_STEP] = held
     if not first_step or cfg.accumulation > 1:
-        terms[FORWARD_END] = [(what.replace("the caller's output", "the previous output"), b)
-                              for what, b in output]
+        terms[FORWARD_END] = [
+            Alive("the loop's output",
+                  what.replace("the caller's output", "the previous output"), b)
+            for what, b in output]
     return terms

@@ -93,6 +93,9 @@ def describe(b: Budget) -> str:
         (f"policy     torch.autocast to {c.precision} over {c.weights_dtype} weights, "
          f"{'bf16' if trains_bf16(c) else 'fp32'} gradients"
          if c.autocast else
+         f"policy     {c.precision} weights without autocast, every op in {c.precision}, "
+         f"{'bf16' if trains_bf16(c) else 'fp32'} gradients"
+         if c.real_16bit else
          f"policy     {c.precision} storage"
          + (" + fp32 master weights" if MASTER_BYTES[c.precision] else "") + f", {grads}")
         + f", {c.optimizer}, activations: {MODEL_NAMES[c.activation_model]}"
@@ -108,7 +111,7 @@ def describe(b: Budget) -> str:
         lines.append(f"  {k:<10}" + "".join(f"{human_flops(v):>{w}}"
                                             for v, w in zip(row, (14, 18, 16))))
     bpp = training_bytes(c, bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
-                                                c.autocast))
+                                                c.real_16bit))
     sharded = c.devices > 1 and c.zero > 0
     lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices"
                               + (f"; gradients as {engine_name(c)}"

@@ -35,8 +35,8 @@ import tempfile
 from dataclasses import dataclass
 
 from .config import BudgetConfig, BudgetError
-from .real_step import outputs_kept
-from .optimizer_step import MOMENTUM, TORCH_SWITCHES
+from .real_step import output_outlives_backward, outputs_kept
+from .optimizer_step import ADAFACTOR_TRAINER_ARGS, MOMENTUM, TORCH_SWITCHES
 
 # A CPU measurement runs the step for real: keep it to seconds.
 CPU_MAX_LAYERS = 4
@@ -45,8 +45,10 @@ CPU_MAX_TOKENS = 512
 
 def torch_missing(cfg: BudgetConfig) -> str | None:
     """None when the packages `cfg`'s step needs are importable, else which are not."""
-    needed = (["torch"] + (["transformers"] if cfg.activation_model == "hf" else [])
-              + (["peft"] if cfg.lora_rank else []) + (["bitsandbytes"] if cfg.qlora else []))
+    needed = (["torch"] + (["transformers"] if cfg.activation_model == "hf"
+                           or cfg.optimizer == "adafactor" else [])
+              + (["peft"] if cfg.lora_rank else [])
+              + (["bitsandbytes"] if cfg.qlora or cfg.optimizer == "adamw-8bit" else []))
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if not missing:
         return None
@@ -337,6 +339,12 @@ def _optimizer(model, cfg: BudgetConfig):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         params = [{"params": [p for n, p in named if n in decay], "weight_decay": 0.0},
                   {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+    if cfg.optimizer == "adafactor":  # as the Trainer builds it for optim="adafactor"
+        from transformers.optimization import Adafactor
+        return Adafactor(params, lr=1e-4, **ADAFACTOR_TRAINER_ARGS)
+    if cfg.optimizer == "adamw-8bit":  # the Trainer's optim="adamw_bnb_8bit"
+        import bitsandbytes as bnb
+        return bnb.optim.AdamW8bit(params, lr=1e-4)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, **TORCH_SWITCHES[impl])
     momentum = MOMENTUM if cfg.optimizer == "momentum" else 0.0
@@ -376,10 +384,11 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
 
     keep = outputs_kept(run)  # the loop holds the model's output through backward
+    keep_after = output_outlives_backward(run)  # ... and after it, until the next forward
 
     def forward():
         """(the loss, what the caller holds: the whole output when the loop keeps it)."""
-        with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with torch.autocast(device, dtype=dtype or torch.float32, enabled=run.autocast):
             if run.activation_model == "hf":
                 output = model(**batch)
                 return output.loss, (output if keep else None)
@@ -403,6 +412,8 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
             del output
             (loss / run.accumulation).backward()
             del loss
+            if not keep_after:  # `del logits` after backward()
+                held[0] = None
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -53,8 +53,8 @@ def tensors(cfg, trained: list, make) -> list:
     the head's last."""
     V, d = cfg.vocab_size, cfg.d_model
     embedding = OUTSIDE_MODULES[cfg.architecture][0]
-    first = [make(f"{embedding}.modules_to_save.weight", V * d, True)] if _embedding(cfg) else []
-    last = [make("lm_head.modules_to_save.weight", V * d, True)] if _head(cfg) else []
+    first = [make(f"{embedding}.modules_to_save.weight", V * d, True, V + d)] if _embedding(cfg) else []
+    last = [make("lm_head.modules_to_save.weight", V * d, True, V + d)] if _head(cfg) else []
     return first + trained + last
 
 

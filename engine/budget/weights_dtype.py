@@ -30,11 +30,19 @@ allocator's memory events (`tests/test_budget_weights_dtype.py`):
    Eager attention's softmax still runs in fp32 (`dtype=torch.float32`) and is
    cast back for P @ V, and the loss still upcasts the bf16 logits to fp32.
 
+5. Without autocast (`--autocast off`: the bf16 model trained as loaded, every op
+   in bf16) a full fine-tune keeps what it keeps under autocast: no bf16 weight is
+   cast either way, and RMSNorm, eager attention's softmax and the loss upcast
+   explicitly, not by autocast's lists. Under LoRA each adapter's input is cast by
+   peft to the fp32 adapter's dtype (`_cast_input_dtype`): A keeps that fp32 copy
+   (under autocast, a 16-bit copy instead), and A(x) is fp32; no weight is copied
+   and nothing is cached.
+
 Modelled only where measured: LLaMA-shaped models (LLaMA, Qwen2, Mistral,
-Qwen3 configs) under precision bf16. GPT-2 in bf16 differs more (its
-LayerNorm keeps bf16 input and statistics on the CPU but runs on CUDA's fp32
-list, and its eager softmax follows the bf16 mask), and bf16 weights without
-autocast run every op in bf16: each is refused by name until it is measured (`compat`).
+Qwen3 configs) under precision bf16, with or without autocast. GPT-2 in bf16
+differs more (its LayerNorm keeps bf16 input and statistics on the CPU but runs
+on CUDA's fp32 list, and its eager softmax follows the bf16 mask): refused by
+name until it is measured (`compat`).
 """
 from __future__ import annotations
 
