@@ -21,6 +21,7 @@ from engine.tensor import is_grad_enabled
 from engine.accumulation import accumulate_gradients, split_batch
 from engine.recompute import checkpoint_sequential
 from engine.gpt_config import GPTConfig, init_params
+from ._cases import Case, Slip, compare_over_cases, number_difference
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
 from .slots import (SlotError, check_accumulate_through_view, checkpointed_gpt_mismatch,
@@ -305,53 +306,108 @@ def _measured_stack_peak(n_blocks: int, k: int):
     return mem.peak_bytes, x0.nbytes, nn.block_saved_bytes(2, 6, 8, 2, np.float32)
 
 
-def _segment_walk(L: int, k: int, a: int, b: int, own_boundary: bool = True) -> int:
+def _segment_sizes(L: int, k: int, n_segments: int | None = None) -> list[int]:
+    """Blocks in each segment, forward order; `n_segments` forces a (wrong) count of them."""
+    n = -(-L // k) if n_segments is None else n_segments
+    return [max(0, min(k, L - j * k)) for j in range(n)]
+
+
+def _segment_walk(L: int, k: int, a: int, b: int, own_boundary: bool = True,
+                  n_segments: int | None = None) -> int:
     """The peak segment by segment; own_boundary=False is the slip that leaves out the
-    boundary starting the segment being recomputed."""
-    sizes = [min(k, L - s) for s in range(0, L, k)]
+    boundary starting the segment being recomputed, `n_segments` a wrong count of segments."""
+    sizes = _segment_sizes(L, k, n_segments)
     return max((j + own_boundary) * a + blocks * b for j, blocks in enumerate(sizes))
 
 
-def check_checkpoint_peak(checkpoint_peak) -> None:
-    """checkpoint_peak(n_blocks, k, boundary_bytes, block_bytes): the tape's peak."""
-    cases = [(8, 1, 100, 1000), (8, 2, 100, 1000), (8, 4, 100, 1000), (8, 8, 100, 1000),
+def _ceil(L, k):
+    return -(-L // k)
+
+
+def _peak_cases() -> list[Case]:
+    """The story's cases, then every (L, k) up to 8 with a boundary much larger than a
+    block's insides, much smaller, and a seeded random pair of sizes."""
+    story = [(8, 1, 100, 1000), (8, 2, 100, 1000), (8, 4, 100, 1000), (8, 8, 100, 1000),
              (16, 4, 500, 500), (10, 3, 100, 1000), (10, 4, 64, 640), (7, 5, 10, 1000),
-             (5, 2, 1000, 10), (9, 9, 3, 7)]
-    for L, k, a, b in cases:
-        got = attempt(EX_PEAK, checkpoint_peak, L, k, a, b)
-        want = exact_checkpoint_peak(L, k, a, b)
-        try:
-            got_value = float(got)
-        except (TypeError, ValueError):
-            raise ExerciseError(EX_PEAK, f"checkpoint_peak({L}, {k}, {a}, {b}) should be a "
-                                f"number of bytes, got {got!r}.") from None
-        if got_value == want:
-            continue
-        n = -(-L // k)
-        where = f"checkpoint_peak({L}, {k}, {a}, {b}) = {got!r}, the tape measures {want}"
-        if got_value == n * a:
-            hint = ("you counted the kept boundaries only: while the backward is inside a "
-                    "segment, that segment's recomputed insides (its blocks x block_bytes) "
-                    "are live too.")
-        elif got_value == n * a + k * b:
-            hint = ("that is the usual estimate ceil(L/k)*a + k*b. It is exact when k divides "
-                    "L; here the last segment is shorter, and when the backward reaches a "
-                    "full segment the last boundary has already been freed. Find the moment "
-                    "of the backward at which the most bytes are alive.")
-        elif got_value in (L / k * a + k * b, (L // k) * a + k * b):
-            hint = ("the number of segments is ceil(L/k), a whole number rounded up; and the "
-                    "peak is one moment of the backward: which segment is being recomputed "
-                    "then, and which boundaries are still kept?")
-        elif got_value == L * b:
-            hint = "that is the peak without checkpointing (every block's insides kept)."
-        elif got_value == _segment_walk(L, k, a, b, own_boundary=False):
-            hint = ("you left out the boundary that starts the segment being recomputed: it "
-                    "is that segment's input, kept until its backward is done.")
-        else:
-            hint = ("walk the backward segment by segment, last first: at each, count the "
-                    "boundaries still kept and the insides being recomputed; the peak is the "
-                    "largest of these.")
-        raise ExerciseError(EX_PEAK, f"{where}. Hint: {hint}")
+             (5, 2, 1000, 10), (4, 2, 1000, 10), (9, 9, 3, 7)]
+    rng = np.random.default_rng(83)
+    grid = [(L, k, a, b) for L in range(1, 9) for k in range(1, 9)
+            for a, b in ((1000, 10), (10, 1000), tuple(int(v) for v in rng.integers(1, 5000, 2)))]
+    return [Case(args, f"checkpoint_peak({', '.join(map(str, args))})") for args in story + grid]
+
+
+def _peak_slips() -> list[Slip]:
+    """The usual wrong peaks, each reproduced from the same arguments."""
+    def estimate_hint(case, got, want):
+        L, k, a, b = case.args
+        sizes = _segment_sizes(L, k)
+        return (f"that is the usual estimate ceil(L/k)*a + k*b, exact only when k divides L. "
+                f"Here the segments hold {sizes} blocks: while "
+                f"the backward recomputes a segment, only the boundaries up to and including "
+                f"that segment's own input are still kept, not all {len(sizes)} of them. Find "
+                f"the moment of the backward at which the most bytes are alive.")
+
+    def extra_segment_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"you count L // k + 1 = {L // k + 1} segments; {L} blocks in segments of "
+                f"{k} make {_ceil(L, k)}. A last, shorter segment exists only when k does not "
+                f"divide L, so the count rounds up only when blocks are left over.")
+
+    def own_boundary_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"you left out the boundary that starts the segment being recomputed: it is "
+                f"that segment's input, so it stays kept until its backward is done. With "
+                f"{L} blocks in segments of {k}, recomputing the first segment still holds "
+                f"its own input ({a} bytes).")
+
+    def no_checkpoint_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"{L} x {b} is every block's insides kept at once, the peak without "
+                f"checkpointing: with segments of {k}, at most {k} blocks' insides are "
+                f"recomputed at a time.")
+
+    def boundaries_only_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"you counted the kept boundaries only: while the backward is inside a "
+                f"segment, that segment's recomputed insides (up to {k} blocks of {b} bytes) "
+                f"are alive too.")
+
+    def not_whole_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"{L} blocks in segments of {k} make {_ceil(L, k)} segments, a whole number "
+                f"rounded up (the last one may be shorter), not L/k = {L / k:.4g} or "
+                f"L // k = {L // k}.")
+
+    return [
+        Slip(lambda L, k, a, b: _ceil(L, k) * a, boundaries_only_hint),
+        Slip(lambda L, k, a, b: _ceil(L, k) * a + k * b, estimate_hint),
+        Slip(lambda L, k, a, b: L / k * a + k * b, not_whole_hint),
+        Slip(lambda L, k, a, b: (L // k) * a + k * b, not_whole_hint),
+        Slip(lambda L, k, a, b: L * b, no_checkpoint_hint),
+        Slip(lambda L, k, a, b: _segment_walk(L, k, a, b, own_boundary=False), own_boundary_hint),
+        Slip(lambda L, k, a, b: _segment_walk(L, k, a, b, n_segments=L // k + 1),
+             extra_segment_hint),
+        Slip(lambda L, k, a, b: (L // k + 1) * a + k * b, extra_segment_hint),
+    ]
+
+
+def _bytes(value, case: Case) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ExerciseError(EX_PEAK, f"{case.label} should be a number of bytes, got "
+                                     f"{value!r}.") from None
+
+
+def check_checkpoint_peak(checkpoint_peak) -> None:
+    """checkpoint_peak(n_blocks, k, boundary_bytes, block_bytes): the tape's peak, on the
+    story's cases and every (L, k) up to 8."""
+    compare_over_cases(
+        EX_PEAK, checkpoint_peak, exact_checkpoint_peak, _peak_cases(), slips=_peak_slips(),
+        read=_bytes,
+        difference=lambda got, want: number_difference(got, want, "bytes", "the tape measures"),
+        neutral_hint="Hint: walk the backward segment by segment, last first, and at each "
+                     "one add up the boundaries still kept and the insides being recomputed.")
     for L, k in ((5, 2), (6, 4)):
         measured, a, b = _measured_stack_peak(L, k)
         got = float(checkpoint_peak(L, k, a, b))

@@ -14,6 +14,7 @@ import pytest
 import engine
 from engine import Tensor
 from coursework import ExerciseError, lesson08, lesson09
+from case_tools import assert_each_slip_named
 
 
 def stub(*args, **kwargs):
@@ -284,15 +285,71 @@ def test_08_3_passes_a_peak_written_differently(capsys):
     assert "Exercise 08.3 (checkpoint_peak) passed." in capsys.readouterr().out
 
 
+def peak_extra_segment(n_blocks, k, a, b):
+    """The walk over L // k + 1 segments: right whenever k does not divide L."""
+    n = n_blocks // k + 1
+    sizes = [max(0, min(k, n_blocks - j * k)) for j in range(n)]
+    return max((j + 1) * a + size * b for j, size in enumerate(sizes))
+
+
+def peak_floor_segments(n_blocks, k, a, b):
+    return (n_blocks // k) * a + k * b
+
+
+def peak_no_checkpointing(n_blocks, k, a, b):
+    return n_blocks * b
+
+
 @pytest.mark.parametrize("answer, phrase", [
-    (peak_usual_estimate, "the last segment is shorter"),
+    (peak_usual_estimate, "the usual estimate"),
     (peak_boundaries_only, "boundaries only"),
-    (peak_float_segments, "ceil(L/k)"),
+    (peak_float_segments, "a whole number rounded up"),
+    (peak_floor_segments, "a whole number rounded up"),
+    (peak_no_checkpointing, "the peak without checkpointing"),
     (peak_without_own_boundary, "left out the boundary that starts the segment"),
+    (peak_extra_segment, "L // k + 1"),
 ])
 def test_08_3_names_the_typical_mistakes(answer, phrase):
     message = fails_with(lesson08.check_checkpoint_peak, answer, phrase)
     assert "(j+1)*a" not in message and "max over segments" not in message
+
+
+def test_08_3_each_slip_is_named_by_its_reproduction():
+    assert_each_slip_named(lesson08.check_checkpoint_peak, lesson08._peak_cases(),
+                           lesson08._peak_slips(), lesson08.exact_checkpoint_peak)
+
+
+def test_08_3_one_segment_too_many_is_rejected_where_k_divides_l():
+    # L // k + 1 segments agree with the tape whenever k does not divide L, so only a case
+    # where it does tells them apart; checkpoint_peak(4, 2, 1000, 10) is one
+    assert peak_extra_segment(4, 2, 1000, 10) != peak_right(4, 2, 1000, 10)
+    message = fails_with(lesson08.check_checkpoint_peak, peak_extra_segment, "L // k + 1")
+    assert "checkpoint_peak(4, 2, 1000, 10)" in message
+
+
+def test_08_3_checks_every_l_and_k_up_to_8():
+    grid = {case.args[:2] for case in lesson08._peak_cases()}
+    assert {(L, k) for L in range(1, 9) for k in range(1, 9)} <= grid
+
+
+def peak_estimate_for_short_stacks(n_blocks, k, a, b):
+    """The estimate with a segment no longer than the stack: matches no named slip."""
+    return -(-n_blocks // k) * a + min(k, n_blocks) * b
+
+
+def peak_short_segment_first(n_blocks, k, a, b):
+    """The walk with the shorter segment first in forward order: matches no named slip."""
+    sizes = [min(k, n_blocks - s) for s in range(0, n_blocks, k)][::-1]
+    return max((j + 1) * a + size * b for j, size in enumerate(sizes))
+
+
+@pytest.mark.parametrize("answer", [peak_estimate_for_short_stacks, peak_short_segment_first])
+def test_08_3_a_wrong_peak_that_is_no_known_slip_gets_the_neutral_hint(answer):
+    message = fails_with(lesson08.check_checkpoint_peak, answer, "the tape measures")
+    assert "you have" in message and "bytes off" in message
+    for cause in ("usual estimate", "boundaries only", "rounded up", "without checkpointing",
+                  "left out", "L // k + 1"):
+        assert cause not in message
 
 
 def test_08_3_formula_is_the_measured_peak():
