@@ -11,6 +11,7 @@ import pytest
 
 from coursework import lesson06, lesson07, pieces, slots
 from engine import budget as bm
+from case_tools import assert_each_slip_named
 from check_tools import fails_with
 from notebook_tools import cell_errors, cell_stdout, run_judging_unfinished_exercises
 
@@ -163,19 +164,18 @@ def _one(N, d, L, k, e):
 
 
 @pytest.mark.parametrize("wrong, words", [
-    (lambda m, N, d, L, k, e: m // (N * d * k * e), ("one layer", "x L")),
-    (lambda m, N, d, L, k, e: m // (N * d * L * e), ("k tensors", "not one")),
-    (lambda m, N, d, L, k, e: m // (N * d * k * L), ("elements, not bytes",)),
-    (lambda m, N, d, L, k, e: m // (_one(N, d, L, k, e) * 8), ("counts bits", "no factor of 8")),
-    (lambda m, N, d, L, k, e: m * 8 // _one(N, d, L, k, e), ("memory into bits",
-                                                             "no factor of 8")),
+    (lambda m, N, d, L, k, e: m // (N * d * k * e), ("if the stack had one layer", "every layer keeps")),
+    (lambda m, N, d, L, k, e: m // (N * d * L * e), ("one tensor of N x d per layer",)),
+    (lambda m, N, d, L, k, e: m // (N * d * k * L), ("each element takes",)),
+    (lambda m, N, d, L, k, e: m // (_one(N, d, L, k, e) * 8), ("factor of 8", "already bytes")),
+    (lambda m, N, d, L, k, e: m * 8 // _one(N, d, L, k, e), ("factor of 8",)),
     (lambda m, N, d, L, k, e: -(-m // _one(N, d, L, k, e)), ("does not fit", "not up")),
     (lambda m, N, d, L, k, e: round(m / _one(N, d, L, k, e)), ("does not fit",
                                                               "not to the nearest")),
-    (lambda m, N, d, L, k, e: (m - 1) // _one(N, d, L, k, e), ("fits too", "<=, not <")),
+    (lambda m, N, d, L, k, e: (m - 1) // _one(N, d, L, k, e), ("fits too", "<, where the memory allows <=")),
     (lambda m, N, d, L, k, e: m / _one(N, d, L, k, e), ("whole number of sequences", "//")),
     (lambda m, N, d, L, k, e: (m // _one(N, d, L, k, e)) or None, ("return None", "0")),
-    (lambda m, N, d, L, k, e: 2 * (m // _one(N, d, L, k, e)) + 1, ("needs", "more than")),
+    (lambda m, N, d, L, k, e: 2 * (m // _one(N, d, L, k, e)) + 1, ("sequences more than fit",)),
     (lambda m, N, d, L, k, e: max(1, m // _one(N, d, L, k, e)), ("not even one sequence",
                                                                  "the answer is 0")),
     (lambda m, N, d, L, k, e: 1 << ((m // _one(N, d, L, k, e)).bit_length() - 1)
@@ -186,11 +186,35 @@ def test_06_3_typical_wrong_designs_are_named(wrong, words):
     fails_with(lesson06.check_micro_batch_that_fits, wrong, words=words)
 
 
+def test_06_3_each_slip_is_named_by_its_reproduction():
+    assert_each_slip_named(lesson06.check_micro_batch_that_fits, lesson06._fit_cases(),
+                           lesson06._fit_slips(), lesson06.engine_micro_batch_that_fits)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda m, N, d, L, k, e: m // (N * d * k * (L + 1) * e),     # one layer too many
+    lambda m, N, d, L, k, e: m // _one(N, d, L, k, e) - 1,        # a sequence kept in reserve
+    lambda m, N, d, L, k, e: m // (N * d * k * L * e + N * d),    # an extra tensor per sequence
+])
+def test_06_3_a_wrong_answer_that_is_no_known_slip_gets_the_neutral_hint(wrong):
+    message = fails_with(lesson06.check_micro_batch_that_fits, wrong,
+                         words=["engine.budget finds B="])
+    assert "Hint" not in message and "<=" not in message and "layer" not in message, message
+
+
 def test_06_3_the_checks_answers_are_engine_budgets_and_include_an_exact_fit_and_none():
-    answers = [lesson06.engine_micro_batch_that_fits(m, cfg) for m, cfg in lesson06._fit_cases()]
-    assert answers == [37, 9, 24, 5, 0]
-    m, cfg = lesson06._fit_cases()[3]
+    cases = lesson06._fit_cases()
+    answers = [lesson06.engine_micro_batch_that_fits(*case.args) for case in cases]
+    assert answers[:5] == [37, 9, 24, 5, 0]
+    m, N, d, L, k, e = cases[3].args
+    cfg = lesson06._rule_config(N, d, L, k, e)
     assert bm.activations(cfg.with_(micro_batch=5)).saved == m      # fills it to the byte
+    # the generated stacks: exact fits, remainders, one byte short, and none that fits
+    ones = [_one(*case.args[1:]) for case in cases[5:]]
+    remainders = [case.args[0] % one for case, one in zip(cases[5:], ones)]
+    assert 0 in remainders and any(r == one - 1 for r, one in zip(remainders, ones))
+    assert 0 in answers[5:] and max(answers[5:]) > 8
+    assert all(a == case.args[0] // _one(*case.args[1:]) for a, case in zip(answers, cases))
 
 
 # ---------------------------------------------------------------- 07.1
