@@ -5,8 +5,8 @@ A check lists its cases (`Case`: the arguments, and how a message names the call
 reference, and the typical slips (`Slip`: a function that makes the slip's answer from the
 same arguments, and the hint for whoever made it). `compare_over_cases` runs the learner's
 function on every case. At the first case where the answer differs from the reference it
-names the slip whose reproduction gives the learner's answer on *every* case; when no slip
-does, it says where the answer differs (which entry, by how much, on which case, in the
+names the slip whose reproduction gives the learner's answer on *every* case the answer
+gets wrong; when no slip does, it says where the answer differs (which entry, by how much, on which case, in the
 exercise's units) and names no cause. A hint is then never a guess: a learner told "you
 rounded up" did round up.
 
@@ -59,13 +59,16 @@ def close_within(rtol: float, atol: float = 0.0) -> Callable[[Any, Any], bool]:
 
 
 def slip_reproduced(slips: Sequence[Slip], cases: Sequence[Case], answers: Sequence,
-                    same: Callable[[Any, Any], bool] = equal) -> Slip | None:
-    """The first slip whose reproduction gives each of `answers` on its case, or None. A
+                    wants: Sequence, same: Callable[[Any, Any], bool] = equal) -> Slip | None:
+    """The first slip whose reproduction gives the learner's answer on every case where that
+    answer differs from the reference's (`wants`), or None. A learner right on some cases
+    (a square-only fix, a special case) is still told the slip made on the others; a
     reproduction that cannot run on a case (its shapes do not fit) does not match it."""
+    wrong = [(case, answer) for case, answer, want in zip(cases, answers, wants)
+             if not same(answer, want)]
     for slip in slips:
         try:
-            if all(same(answer, slip.reproduce(*case.args))
-                   for case, answer in zip(cases, answers)):
+            if wrong and all(same(answer, slip.reproduce(*case.args)) for case, answer in wrong):
                 return slip
         except (ValueError, TypeError, ZeroDivisionError, IndexError, ArithmeticError):
             continue
@@ -124,7 +127,7 @@ def compare_over_cases(exercise: str, fn, reference, cases: Sequence[Case], *,
     case, got, want = cases[bad], answers[bad], wants[bad]
     if difference is None:
         difference = number_difference if np.ndim(want) == 0 else array_difference
-    slip = slip_reproduced(slips, cases, answers, same)
+    slip = slip_reproduced(slips, cases, answers, wants, same)
     hint = f" Hint: {slip.says(case, got, want)}" if slip else (
         f" {neutral_hint}" if neutral_hint else "")
     raise ExerciseError(exercise, f"{case.label}: {difference(got, want)}.{hint}")

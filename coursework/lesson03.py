@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._cases import Case, Slip, array_difference, slip_reproduced
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
 
@@ -53,82 +54,126 @@ def _close(a, b) -> bool:
 
 
 # ---------------------------------------------------------------- 03.1
-def _matmul_wrong_a(a, b, g):
-    """Typical wrong formulas for dL/da of z = a @ b, each with its hint."""
+def _matmul_slips(which: str) -> list[Slip]:
+    """The usual wrong formulas for dL/da (`which` "a") or dL/db of z = a @ b, each
+    reproduced from (a, b, grad_out) and named only when it gives the learner's gradient."""
+    if which == "a":
+        return [
+            Slip(lambda a, b, g: b @ g.T, "your grad_a is the right gradient transposed; on a "
+                                          "square product the shapes cannot tell them apart."),
+            Slip(lambda a, b, g: g @ b, "you multiplied grad_out by b as it is; dL/da needs b "
+                                        "transposed."),
+            Slip(lambda a, b, g: b.T @ g, "the two factors are in the wrong order: grad_out "
+                                          "comes first in dL/da."),
+            Slip(lambda a, b, g: g.T @ b.T, "you transposed grad_out too; in dL/da it keeps its "
+                                            "own orientation."),
+            Slip(lambda a, b, g: a.T @ g, "a.T @ grad_out is the gradient of b, not of a."),
+        ]
     return [
-        (lambda: b @ g.T, "that is the right answer transposed: dL/da = grad_out @ b.T (the "
-                          "transpose sits on b, on the right)."),
-        (lambda: g @ b, "b needs a transpose: dL/da = grad_out @ b.T."),
-        (lambda: b.T @ g, "the transpose is on the wrong side: dL/da = grad_out @ b.T, "
-                          "grad_out first."),
-        (lambda: g.T @ b.T, "grad_out needs no transpose for dL/da: grad_out @ b.T."),
-        (lambda: a.T @ g, "a.T @ grad_out is the gradient of b, not of a."),
+        Slip(lambda a, b, g: g.T @ a, "your grad_b is the right gradient transposed; on a "
+                                      "square product the shapes cannot tell them apart."),
+        Slip(lambda a, b, g: a @ g, "you multiplied a as it is by grad_out; dL/db needs a "
+                                    "transposed."),
+        Slip(lambda a, b, g: g @ a.T, "the two factors are in the wrong order: a's factor "
+                                      "comes first in dL/db."),
+        Slip(lambda a, b, g: a.T @ g.T, "you transposed grad_out too; in dL/db it keeps its "
+                                        "own orientation."),
+        Slip(lambda a, b, g: g @ b.T, "grad_out @ b.T is the gradient of a, not of b."),
     ]
 
 
-def _matmul_wrong_b(a, b, g):
-    """Typical wrong formulas for dL/db of z = a @ b, each with its hint."""
-    return [
-        (lambda: g.T @ a, "that is the right answer transposed: dL/db = a.T @ grad_out (the "
-                          "transpose sits on a, on the left)."),
-        (lambda: a @ g, "a needs a transpose: dL/db = a.T @ grad_out."),
-        (lambda: g @ a.T, "the transpose is on the wrong side: dL/db = a.T @ grad_out, "
-                          "a first."),
-        (lambda: a.T @ g.T, "grad_out needs no transpose for dL/db: a.T @ grad_out."),
-        (lambda: g @ b.T, "grad_out @ b.T is the gradient of a, not of b."),
-    ]
-
-
-def _matches(got, formula) -> bool:
-    try:
-        value = formula()
-    except ValueError:  # shapes do not fit: this mistake is impossible for these shapes
-        return False
-    return _close(got, value)
-
-
-def _matmul_cases():
+def _matmul_cases() -> list[Case]:
+    """The story's products (all shapes different, then square, then a single row), then
+    seeded random shapes from 1 to 6, square ones among them."""
     rng = np.random.default_rng(3)
+    shapes = [(3, 4, 5), (4, 4, 4), (1, 6, 2)]
+    shapes += [tuple(int(v) for v in rng.integers(1, 7, 3)) for _ in range(6)]
+    shapes += [(n, n, n) for n in (2, 5)]
     cases = []
-    for m, k, n in ((3, 4, 5), (4, 4, 4), (1, 6, 2)):
-        a = rng.normal(size=(m, k))
-        b = rng.normal(size=(k, n))
-        g = rng.normal(size=(m, n))
-        cases.append((a, b, g))
+    for m, k, n in shapes:
+        a, b, g = rng.normal(size=(m, k)), rng.normal(size=(k, n)), rng.normal(size=(m, n))
+        cases.append(Case((a, b, g), f"with a {a.shape}, b {b.shape}, grad_out {g.shape}"))
     return cases
 
 
-def check_matmul_vjp(matmul_vjp) -> None:
-    """`matmul_vjp(a, b, grad_out)` for z = a @ b with a (m, k), b (k, n)."""
+def _agrees_at_its_precision(got, want) -> bool:
+    """`got` equals `want` to the rounding of got's own float type: 1e-10 relative in
+    float64, a few units in the last place of a short sum of products in float32."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return False
+    eps = np.finfo(got.dtype).eps if np.issubdtype(got.dtype, np.floating) else 0.0
+    rtol = max(1e-10, 32 * eps)
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    return bool(np.allclose(got, want, rtol=rtol, atol=rtol * scale))
+
+
+def _gradient(exercise, what, value):
+    """The learner's gradient as an array of its own float type (a Tensor's .data too)."""
+    if value is None:
+        raise ExerciseError(exercise, f"{what} is None; return an array.")
+    data = np.asarray(getattr(value, "data", value))
+    if not np.issubdtype(data.dtype, np.floating):
+        try:
+            data = data.astype(np.float64)
+        except (TypeError, ValueError):
+            raise ExerciseError(exercise, f"{what} should be an array, got {value!r}.") from None
+    return data
+
+
+def _matmul_answers(matmul_vjp, cases):
+    """The learner's (grad_a, grad_b) on every case, shapes checked case by case."""
     ex = EX_MATMUL
-    for a, b, g in _matmul_cases():
-        shapes = f"a {a.shape}, b {b.shape}, grad_out {g.shape}"
-        out = _call(ex, f"matmul_vjp with {shapes}", matmul_vjp, a.copy(), b.copy(), g.copy(),
-                    hint="Hint: a gradient has its input's shape; (m, n) @ (n, k) gives (m, k), "
-                         "so dL/da = grad_out @ b.T and dL/db = a.T @ grad_out.")
+    answers = []
+    for case in cases:
+        a, b, g = case.args
+        out = _call(ex, f"matmul_vjp {case.label}", matmul_vjp, a.copy(), b.copy(), g.copy(),
+                    hint="Hint: a gradient has its input's shape, grad_a (m, k) like a and "
+                         "grad_b (k, n) like b; each is a product of grad_out (m, n) with the "
+                         "other input, transposed or not, whose shapes line up.")
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise ExerciseError(ex, f"matmul_vjp should return the pair (grad_a, grad_b), "
                                     f"got {type(out).__name__}.")
-        ga = _array(ex, "grad_a", out[0])
-        gb = _array(ex, "grad_b", out[1])
-        for what, got, want, wrongs, inp in (
-                ("grad_a", ga, g @ b.T, _matmul_wrong_a(a, b, g), "a"),
-                ("grad_b", gb, a.T @ g, _matmul_wrong_b(a, b, g), "b")):
-            if got.shape != want.shape:
+        pair = (_gradient(ex, "grad_a", out[0]), _gradient(ex, "grad_b", out[1]))
+        for what, got, inp, other in (("grad_a", pair[0], a, "b or b.T"),
+                                      ("grad_b", pair[1], b, "a or a.T")):
+            if got.shape != inp.shape:
                 raise ExerciseError(
-                    ex, f"with {shapes}, {what} has shape {got.shape}, but {inp} has shape "
-                        f"{want.shape} and a gradient always has the shape of its input. "
-                        f"Hint: find the product of grad_out {g.shape} with "
-                        f"{'b or b.T' if inp == 'a' else 'a or a.T'} that gives {want.shape}.")
-            if _close(got, want):
-                continue
-            for formula, hint in wrongs:
-                if _matches(got, formula):
-                    raise ExerciseError(ex, f"with {shapes}, {what} has the right shape but "
-                                            f"wrong values. Hint: {hint}")
-            raise ExerciseError(ex, f"with {shapes}, {what} has the right shape but wrong "
-                                    f"values. Hint: dL/da = grad_out @ b.T and "
-                                    f"dL/db = a.T @ grad_out.")
+                    ex, f"{case.label}, {what} has shape {got.shape}, but {what[-1]} has shape "
+                        f"{inp.shape} and a gradient always has the shape of its input. "
+                        f"Hint: find the product of grad_out {g.shape} with {other} that "
+                        f"gives {inp.shape}.")
+        answers.append(pair)
+    return answers
+
+
+def check_matmul_vjp(matmul_vjp) -> None:
+    """`matmul_vjp(a, b, grad_out)` for z = a @ b with a (m, k), b (k, n), over the story's
+    products and seeded random ones."""
+    ex = EX_MATMUL
+    cases = _matmul_cases()
+    answers = _matmul_answers(matmul_vjp, cases)
+    for index, which, reference in ((0, "a", lambda a, b, g: g @ b.T),
+                                    (1, "b", lambda a, b, g: a.T @ g)):
+        what = f"grad_{which}"
+        got = [pair[index] for pair in answers]
+        want = [reference(*case.args) for case in cases]
+        if all(_close(np.asarray(x, np.float64), w) for x, w in zip(got, want)):
+            continue
+        if all(_agrees_at_its_precision(x, w) for x, w in zip(got, want)):
+            raise ExerciseError(ex, f"{what} agrees with the exact gradient on every case to "
+                                    f"{got[0].dtype}'s precision, but it is {got[0].dtype} while "
+                                    f"{which} is float64: a gradient keeps its input's dtype, and "
+                                    f"the tape (and lesson 04's gradient checks of it) works in "
+                                    f"float64. Return the products in the inputs' dtype, "
+                                    f"without a cast.")
+        bad = next(i for i, (x, w) in enumerate(zip(got, want))
+                   if not _agrees_at_its_precision(x, w))
+        slip = slip_reproduced(_matmul_slips(which), cases, got, want,
+                               same=_agrees_at_its_precision)
+        hint = f" Hint: {slip.hint}" if slip else ""
+        raise ExerciseError(ex, f"{cases[bad].label}, {what} has the right shape but other "
+                                f"values: {array_difference(got[bad], want[bad])}.{hint}")
     _gradcheck_matmul(matmul_vjp)
     save_piece("matmul_vjp", matmul_vjp, ex)
     passed(ex, "shapes and values right, gradcheck agrees; saved as the piece 'matmul_vjp'.")
@@ -154,8 +199,7 @@ def _gradcheck_matmul(matmul_vjp) -> None:
     b = Tensor(rng.normal(size=(5, 2)), requires_grad=True)
     report = gradcheck(lambda a, b: apply(LearnerMatMul, a, b), [a, b], raise_on_failure=False)
     if not report.ok:
-        raise ExerciseError(EX_MATMUL, f"engine.gradcheck disagrees with your VJP: {report}. "
-                                       f"Hint: dL/da = grad_out @ b.T, dL/db = a.T @ grad_out.")
+        raise ExerciseError(EX_MATMUL, f"engine.gradcheck disagrees with your VJP: {report}.")
 
 
 # ---------------------------------------------------------------- 03.2

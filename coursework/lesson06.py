@@ -261,11 +261,11 @@ def _fit_slips() -> list[Slip]:
         slip(lambda N, d, L, k, e: N * d * k * L, elements),
         slip(lambda N, d, L, k, e: 8 * _one_sequence(N, d, L, k, e), bits),
         Slip(lambda m, N, d, L, k, e: 8 * m // _one_sequence(N, d, L, k, e), bits),
+        Slip(lambda m, N, d, L, k, e: max(1, m // _one_sequence(N, d, L, k, e)), at_least_one),
         Slip(lambda m, N, d, L, k, e: round(m / _one_sequence(N, d, L, k, e)),
              rounded("to the nearest")),
         Slip(lambda m, N, d, L, k, e: -(-m // _one_sequence(N, d, L, k, e)), rounded("up")),
         Slip(lambda m, N, d, L, k, e: (m - 1) // _one_sequence(N, d, L, k, e), strict),
-        Slip(lambda m, N, d, L, k, e: max(1, m // _one_sequence(N, d, L, k, e)), at_least_one),
         Slip(lambda *args: _largest_power_of_two(engine_micro_batch_that_fits(*args)),
              power_of_two),
     ]

@@ -12,7 +12,8 @@ def assert_each_slip_named(check, cases, slips, reference, same=None):
     kwargs = {} if same is None else {"same": same}
     for slip in slips:
         answers = [slip.reproduce(*case.args) for case in cases]
-        named = slip_reproduced(slips, cases, answers, **kwargs)
+        wants = [reference(*case.args) for case in cases]
+        named = slip_reproduced(slips, cases, answers, wants, **kwargs)
         assert named is not None
         is_same = same or (lambda a, b: a == b)
         bad = next(i for i, (case, answer) in enumerate(zip(cases, answers))

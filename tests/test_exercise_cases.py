@@ -28,9 +28,13 @@ def test_a_slip_reproduced_on_every_case_is_named():
     assert "you tripled." in run(lambda n: 3 * n)
 
 
+def test_a_slip_made_on_some_cases_only_is_still_named():
+    assert "you tripled." in run(lambda n: 3 * n if n > 4 else 2 * n)
+
+
 def test_an_answer_equal_to_a_slip_on_the_failing_case_only_is_not_named():
-    # n * n equals 2 * n at n = 2 and 3 * n at n = 3; this answer is the square at n = 1
-    # (where the check first fails) but not at n = 5, so it is no slip the check reproduced
+    # this answer is the square at n = 1 (where the check first fails) but not at n = 5,
+    # where it is wrong too: no slip the check reproduced
     message = run(lambda n: n * n if n < 5 else 2 * n + 1)
     assert "squared" not in message and "tripled" not in message
     assert message == ("Exercise 99.1 (double): double(1): you have 1, the reference has 2 "
@@ -39,12 +43,13 @@ def test_an_answer_equal_to_a_slip_on_the_failing_case_only_is_not_named():
 
 def test_a_reproduction_that_cannot_run_does_not_match():
     def fussy(n):
-        if n == 0:
+        if n == 1:
             raise ValueError("shapes")
         return 3 * n
     answers = [3 * case.args[0] for case in CASES]
-    assert slip_reproduced([Slip(fussy, "x")], CASES, answers) is None
-    assert slip_reproduced([Slip(fussy, "x"), TRIPLE], CASES, answers) is TRIPLE
+    wants = [2 * case.args[0] for case in CASES]
+    assert slip_reproduced([Slip(fussy, "x")], CASES, answers, wants) is None
+    assert slip_reproduced([Slip(fussy, "x"), TRIPLE], CASES, answers, wants) is TRIPLE
 
 
 def test_differences_name_the_entry_and_the_gap_in_units():

@@ -360,8 +360,10 @@ def test_lesson03_matmul_stub():
 
 def test_lesson03_matmul_transpose_on_the_wrong_side_fails_on_shapes_first():
     # with non-square shapes the wrong formula cannot even run: the check says why
-    fails_with(lesson03.check_matmul_vjp, lambda a, b, g: (b.T @ g, a.T @ g),
-               words=["Exercise 03.1", "raised ValueError", "dL/da = grad_out @ b.T"])
+    message = fails_with(lesson03.check_matmul_vjp, lambda a, b, g: (b.T @ g, a.T @ g),
+                         words=["Exercise 03.1", "raised ValueError",
+                                "a gradient has its input's shape"])
+    assert "grad_out @ b.T" not in message and "a.T @ grad_out" not in message
 
 
 def test_lesson03_matmul_transposed_result_is_caught_by_values():
@@ -373,7 +375,7 @@ def test_lesson03_matmul_transposed_result_is_caught_by_values():
         ga = g @ b.T
         return (b @ g.T if ga.shape[0] == ga.shape[1] else ga), a.T @ g
     fails_with(lesson03.check_matmul_vjp, square_only,
-               words=["right shape but wrong values", "right answer transposed"])
+               words=["right shape but other values", "right gradient transposed"])
     assert msg
 
 
@@ -382,6 +384,55 @@ def test_lesson03_matmul_grad_b_transpose_misplaced():
         gb = g.T @ a
         return g @ b.T, (gb.T if gb.shape != b.shape else gb)
     fails_with(lesson03.check_matmul_vjp, wrong_b, words=["grad_b", "transposed"])
+
+
+def test_lesson03_matmul_each_slip_is_named_by_its_reproduction():
+    cases = lesson03._matmul_cases()
+    for index, which in ((0, "a"), (1, "b")):
+        for slip in lesson03._matmul_slips(which):
+            def answer(a, b, g, slip=slip):
+                right = [g @ b.T, a.T @ g]
+                try:
+                    wrong = slip.reproduce(a, b, g)
+                except ValueError:
+                    return tuple(right)         # the slip cannot run on these shapes
+                if wrong.shape == right[index].shape:
+                    right[index] = wrong
+                return tuple(right)
+            fails_with(lesson03.check_matmul_vjp, answer, words=[f"grad_{which}", slip.hint])
+    assert cases[1].args[0].shape == (4, 4) and len(cases) > 8
+
+
+def test_lesson03_matmul_float32_that_is_right_is_told_its_dtype_not_wrong_values():
+    def in_float32(a, b, g):
+        a, b, g = (x.astype(np.float32) for x in (a, b, g))
+        return g @ b.T, a.T @ g
+    message = fails_with(lesson03.check_matmul_vjp, in_float32,
+                         words=["agrees with the exact gradient", "float32's precision",
+                                "keeps its input's dtype"])
+    assert "other values" not in message and "wrong values" not in message
+    assert "grad_out @ b.T" not in message and "a.T @ grad_out" not in message
+
+
+def test_lesson03_matmul_a_slip_in_float32_is_still_named():
+    def transposed_in_float32(a, b, g):
+        a, b, g = (x.astype(np.float32) for x in (a, b, g))
+        ga = g @ b.T
+        return (b @ g.T if ga.shape[0] == ga.shape[1] else ga), a.T @ g
+    fails_with(lesson03.check_matmul_vjp, transposed_in_float32,
+               words=["grad_a", "right gradient transposed"])
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda a, b, g: (2 * g @ b.T, a.T @ g),                       # a stray factor of 2
+    lambda a, b, g: (g @ b.T, a.T @ g + 1e-3),                    # an offset
+    lambda a, b, g: (g @ b.T, np.abs(a.T @ g)),                   # a sign lost
+])
+def test_lesson03_matmul_a_wrong_answer_that_is_no_known_slip_gets_the_neutral_message(wrong):
+    message = fails_with(lesson03.check_matmul_vjp, wrong,
+                         words=["right shape but other values", "where the reference has"])
+    assert "Hint" not in message
+    assert "grad_out @ b.T" not in message and "a.T @ grad_out" not in message
 
 
 def unbroadcast(grad, shape):

@@ -332,18 +332,18 @@ def test_08_3_checks_every_l_and_k_up_to_8():
     assert {(L, k) for L in range(1, 9) for k in range(1, 9)} <= grid
 
 
-def peak_estimate_for_short_stacks(n_blocks, k, a, b):
-    """The estimate with a segment no longer than the stack: matches no named slip."""
-    return -(-n_blocks // k) * a + min(k, n_blocks) * b
+def peak_counting_the_output_too(n_blocks, k, a, b):
+    """The walk that also keeps the stack's output as a boundary: matches no named slip."""
+    starts = range(0, n_blocks, k)
+    return max((j + 2) * a + min(k, n_blocks - s) * b for j, s in enumerate(starts))
 
 
-def peak_short_segment_first(n_blocks, k, a, b):
-    """The walk with the shorter segment first in forward order: matches no named slip."""
-    sizes = [min(k, n_blocks - s) for s in range(0, n_blocks, k)][::-1]
-    return max((j + 1) * a + size * b for j, size in enumerate(sizes))
+def peak_sizes_swapped(n_blocks, k, a, b):
+    """The right walk with the two sizes read in the wrong order: matches no named slip."""
+    return peak_right(n_blocks, k, b, a)
 
 
-@pytest.mark.parametrize("answer", [peak_estimate_for_short_stacks, peak_short_segment_first])
+@pytest.mark.parametrize("answer", [peak_counting_the_output_too, peak_sizes_swapped])
 def test_08_3_a_wrong_peak_that_is_no_known_slip_gets_the_neutral_hint(answer):
     message = fails_with(lesson08.check_checkpoint_peak, answer, "the tape measures")
     assert "you have" in message and "bytes off" in message
