@@ -108,13 +108,13 @@ def _show(x) -> str:
 def compare_over_cases(exercise: str, fn, reference, cases: Sequence[Case], *,
                        slips: Sequence[Slip] = (), same=equal,
                        read: Callable[[Any, Case], Any] = lambda value, case: value,
-                       difference: Callable[[Any, Any], str] | None = None,
+                       difference: Callable[[Any, Any, Case], str] | None = None,
                        neutral_hint: str = "") -> list:
     """Run `fn` on every case and compare with `reference`; raise ExerciseError at the first
     case that differs, naming a slip only when `slip_reproduced` finds it. `read` turns the
     learner's return value into what is compared (raising ExerciseError for a value of the
-    wrong kind); `difference(got, want)` says where they differ (`number_difference` or
-    `array_difference` by default); `neutral_hint` ends a message that names no slip.
+    wrong kind); `difference(got, want, case)` says where they differ (`number_difference`
+    or `array_difference` by default); `neutral_hint` ends a message that names no slip.
     Returns the learner's answers, one per case."""
     answers, wants = [], []
     for case in cases:
@@ -125,9 +125,11 @@ def compare_over_cases(exercise: str, fn, reference, cases: Sequence[Case], *,
     if bad is None:
         return answers
     case, got, want = cases[bad], answers[bad], wants[bad]
-    if difference is None:
-        difference = number_difference if np.ndim(want) == 0 else array_difference
+    if difference is not None:
+        where = difference(got, want, case)
+    else:
+        where = (number_difference if np.ndim(want) == 0 else array_difference)(got, want)
     slip = slip_reproduced(slips, cases, answers, wants, same)
     hint = f" Hint: {slip.says(case, got, want)}" if slip else (
         f" {neutral_hint}" if neutral_hint else "")
-    raise ExerciseError(exercise, f"{case.label}: {difference(got, want)}.{hint}")
+    raise ExerciseError(exercise, f"{case.label}: {where}.{hint}")

@@ -292,7 +292,7 @@ def _sequences(value, case: Case) -> int:
     return _as_int(EX_FIT, value, "micro_batch_that_fits(...)")
 
 
-def _sequences_apart(got: int, want: int) -> str:
+def _sequences_apart(got: int, want: int, case: Case) -> str:
     gap = abs(got - want)
     side = "more than fit" if got > want else "fewer than fit"
     return (f"you say B={got}, engine.budget finds B={want} ({gap} sequence"

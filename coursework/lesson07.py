@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from . import _core
+from ._cases import Case, Slip, compare_over_cases
 from ._core import ExerciseError, attempt, passed
 
 EX_FLOPS = "07.1 (training_flops_per_token)"
@@ -330,18 +333,83 @@ def _scaling_hint(fn, args, index: int, name: str, ratios) -> str:
 EX_LOSS = "07.5 (loss_peak)"
 
 
-def _loss_cases():
-    """Steps of transformers' GPT-2 and LLaMA, fp32 and bf16 autocast, whose peak
-    is the loss's backward."""
+def _loss_configs():
+    """Steps of transformers' GPT-2 and LLaMA, fp32 and bf16 autocast, whose peak is the
+    loss's backward: the story's four, then seeded random micro-batches, sequence lengths
+    and precisions of GPT-2 small."""
     from engine import budget as bm
     llama = dict(architecture="llama", n_layer=4, d_model=512, n_head=8, n_kv_head=2,
                  d_ff=1408, vocab_size=32000, tied_embedding=False, block_size=0)
-    return [bm.preset("gpt2-small", activation_model="hf", precision="fp32"),
-            bm.preset("gpt2-small", activation_model="hf", precision="bf16",
-                      attention="flash"),
-            bm.preset("gpt2-medium", activation_model="hf", precision="bf16", micro_batch=2),
-            bm.preset("tiny", activation_model="hf", precision="bf16", attention="flash",
-                      micro_batch=4, seq_len=2048, **llama)]
+    story = [bm.preset("gpt2-small", activation_model="hf", precision="fp32"),
+             bm.preset("gpt2-small", activation_model="hf", precision="bf16",
+                       attention="flash"),
+             bm.preset("gpt2-medium", activation_model="hf", precision="bf16", micro_batch=2),
+             bm.preset("tiny", activation_model="hf", precision="bf16", attention="flash",
+                       micro_batch=4, seq_len=2048, **llama)]
+    rng = np.random.default_rng(75)
+    generated = [bm.preset("gpt2-small", activation_model="hf",
+                           precision=str(rng.choice(["fp32", "bf16"])), attention="flash",
+                           micro_batch=int(rng.integers(1, 9)),
+                           seq_len=int(rng.choice([128, 256, 512, 1024])))
+                 for _ in range(4)]
+    return story + generated
+
+
+def _loss_cases() -> tuple[list[Case], dict]:
+    """The cases of 07.5 (the learner's arguments) and, for each, the bytes the budget's
+    step holds at the loss's backward."""
+    from engine import budget as bm
+    cases, wants = [], {}
+    for cfg in _loss_configs():
+        step = bm.budget(cfg).activations.step
+        n, V = cfg.micro_batch * cfg.seq_len, cfg.vocab_size
+        moment = next(m for m in step.moments if m.name == "the loss's backward")
+        alive = dict(moment.alive)
+        resident = alive["weights"] + alive["optimizer state"]
+        other = alive["saved by the forward"] - n * V * 4
+        args = (n, V, cfg.precision, other, resident)
+        cases.append(Case(args, f"for {cfg.name} ({cfg.precision}, n={n:,} tokens, V={V:,})"))
+        wants[args] = moment.bytes
+    return cases, wants
+
+
+def _loss_slips() -> list[Slip]:
+    """The usual miscounts of the moment, each reproduced from the same arguments."""
+    def tensors(count, itemsize=None):
+        return lambda n, V, p, o, r: r + o + count * n * V * (
+            itemsize(p) if itemsize else 4)
+
+    def one_short(case, got, want):
+        n, V = case.args[:2]
+        return (f"you are one fp32 [n, V] tensor ({n * V * 4:,} bytes) short: while "
+                f"log_softmax's backward runs, count what it reads and what it writes, not "
+                f"only what it reads.")
+
+    return [
+        Slip(tensors(1), "that is what the loss keeps at the end of the forward (log_softmax's "
+                         "output); its backward then allocates more [n, V] tensors while "
+                         "that output is still alive."),
+        Slip(tensors(2), one_short),
+        Slip(tensors(4), "transformers' loss holds no reference to the logits once the "
+                         "forward returns (the caller keeps only .loss); a nanoGPT-style "
+                         "loop that keeps `logits` would hold one more."),
+        Slip(tensors(3, lambda p: 4 if p == "fp32" else 2),
+             "under autocast the loss still works in fp32: log_softmax is on autocast's fp32 "
+             "list, and transformers calls logits.float() before it."),
+        Slip(lambda n, V, p, o, r: 3 * n * V * 4, "the peak is a moment of the whole step: add "
+                                                  "what is resident and what the rest of the "
+                                                  "forward saved."),
+        Slip(lambda n, V, p, o, r: r + o, "you left out the loss's own [n, V] tensors, the "
+                                          "largest ones alive at that moment."),
+    ]
+
+
+def _loss_bytes_apart(got: float, want: int, case: Case) -> str:
+    """How far a count is from the step's, in bytes and in fp32 [n, V] tensors."""
+    n, V = case.args[:2]
+    return (f"you have {got:,.0f} bytes, the step holds {want:,} then (yours is "
+            f"{got - want:+,.0f} bytes off, {(got - want) / (n * V * 4):+.3g} fp32 [n, V] "
+            f"tensors)")
 
 
 def check_loss_peak(loss_peak) -> None:
@@ -350,44 +418,11 @@ def check_loss_peak(loss_peak) -> None:
     resident (weights, optimizer state), what the forward saved outside the loss, and
     the loss's own [n_tokens, vocab] tensors."""
     from engine import budget as bm
-    for cfg in _loss_cases():
-        step = bm.budget(cfg).activations.step
-        n, V = cfg.micro_batch * cfg.seq_len, cfg.vocab_size
-        vocab = n * V * 4
-        moment = next(m for m in step.moments if m.name == "the loss's backward")
-        alive = dict(moment.alive)
-        resident = alive["weights"] + alive["optimizer state"]
-        other = alive["saved by the forward"] - vocab
-        want = moment.bytes
-        got = _number(EX_LOSS, attempt(EX_LOSS, loss_peak, n, V, cfg.precision, other,
-                                       resident), "loss_peak(...)")
-        if got == want:
-            continue
-        low = 2 if cfg.precision != "fp32" else 4
-        base = resident + other
-        known = {
-            base + vocab: "that is what the loss keeps at the end of the forward (log_softmax's "
-                          "output); its backward then allocates more [n, V] tensors while "
-                          "that output is still alive.",
-            base + 2 * vocab: "count every [n, V] tensor alive while log_softmax's backward "
-                              "runs: its saved output, the gradient arriving from nll_loss, "
-                              "and the gradient it writes for the logits.",
-            base + 4 * vocab: "transformers' loss holds no reference to the logits once the "
-                              "forward returns (the caller keeps only .loss); a nanoGPT-style "
-                              "loop that keeps `logits` would hold one more.",
-            base + 3 * n * V * low: "under autocast the loss still works in fp32: log_softmax "
-                                    "is on autocast's fp32 list, and transformers calls "
-                                    "logits.float() before it.",
-            3 * vocab: "the peak is a moment of the whole step: add what is resident and "
-                       "what the rest of the forward saved.",
-        }
-        hint = next((h for v, h in known.items() if got == v),
-                    "resident + other_saved + (how many fp32 [n, V] tensors are alive during "
-                    "log_softmax's backward) x n x V x 4.")
-        raise ExerciseError(EX_LOSS, f"for {cfg.name} ({cfg.precision}, n={n:,} tokens, "
-                                     f"V={V:,}) you have {got:,.0f} bytes, the step holds "
-                                     f"{want:,} then. Hint: {hint}")
-    g = bm.budget(_loss_cases()[1])
+    cases, wants = _loss_cases()
+    compare_over_cases(EX_LOSS, loss_peak, lambda *args: wants[args], cases,
+                       slips=_loss_slips(), difference=_loss_bytes_apart,
+                       read=lambda value, case: _number(EX_LOSS, value, "loss_peak(...)"))
+    g = bm.budget(_loss_configs()[1])
     passed(EX_LOSS, f"GPT-2 small, bf16 autocast, B=8 N=1024: three fp32 [8192, 50257] "
                     f"tensors of {bm.human_bytes(8192 * 50257 * 4)} each at the peak, "
                     f"{bm.human_bytes(g.peak)} in all.")

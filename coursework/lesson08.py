@@ -405,7 +405,8 @@ def check_checkpoint_peak(checkpoint_peak) -> None:
     compare_over_cases(
         EX_PEAK, checkpoint_peak, exact_checkpoint_peak, _peak_cases(), slips=_peak_slips(),
         read=_bytes,
-        difference=lambda got, want: number_difference(got, want, "bytes", "the tape measures"),
+        difference=lambda got, want, case: number_difference(got, want, "bytes",
+                                                              "the tape measures"),
         neutral_hint="Hint: walk the backward segment by segment, last first, and at each "
                      "one add up the boundaries still kept and the insides being recomputed.")
     for L, k in ((5, 2), (6, 4)):

@@ -465,11 +465,31 @@ def _bytes(precision):
 
 @pytest.mark.parametrize("wrong, words", [
     (lambda n, V, p, o, r: r + o + n * V * 4, ("end of the forward",)),
-    (lambda n, V, p, o, r: r + o + 2 * n * V * 4, ("gradient arriving from nll_loss",)),
+    (lambda n, V, p, o, r: r + o + 2 * n * V * 4, ("one fp32 [n, V] tensor",
+                                                    "what it reads and what it writes")),
     (lambda n, V, p, o, r: r + o + 4 * n * V * 4, ("no reference to the logits",)),
     (lambda n, V, p, o, r: r + o + 3 * n * V * _bytes(p), ("fp32 list",)),
     (lambda n, V, p, o, r: 3 * n * V * 4, ("moment of the whole step",)),
-    (lambda n, V, p, o, r: r + o, ("how many fp32 [n, V] tensors",)),
+    (lambda n, V, p, o, r: r + o, ("left out the loss's own [n, V] tensors",)),
 ])
 def test_07_5_each_slip_gets_its_own_hint(wrong, words):
-    fails_with(lesson07.check_loss_peak, wrong, words=words)
+    message = fails_with(lesson07.check_loss_peak, wrong, words=words)
+    assert "resident + other_saved" not in message
+
+
+def test_07_5_each_slip_is_named_by_its_reproduction():
+    cases, wants = lesson07._loss_cases()
+    assert_each_slip_named(lesson07.check_loss_peak, cases, lesson07._loss_slips(),
+                           lambda *args: wants[args])
+    assert len(cases) == 8 and {case.args[2] for case in cases[4:]} == {"fp32", "bf16"}
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda n, V, p, o, r: r + o + 3 * n * V * 4 + n * 4,        # a row of fp32 losses too
+    lambda n, V, p, o, r: r + 3 * n * V * 4,                   # the rest of the forward left out
+    lambda n, V, p, o, r: r + o + 3 * n * (V + 1) * 4,          # one column too many
+])
+def test_07_5_a_count_that_is_no_known_slip_gets_the_neutral_message(wrong):
+    message = fails_with(lesson07.check_loss_peak, wrong,
+                         words=["bytes off", "fp32 [n, V] tensors)"])
+    assert "Hint" not in message and "resident + other_saved" not in message
