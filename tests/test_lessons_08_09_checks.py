@@ -534,6 +534,11 @@ def master_stale_weights(master, grad, lr):
     return master - np.float32(lr) * grad, bf16_right(master)
 
 
+def master_truncated_weights(master, grad, lr):
+    new_master = master - np.float32(lr) * grad
+    return new_master, bf16_truncate(new_master)
+
+
 def test_09_2_passes_a_master_weight_step(capsys):
     lesson09.check_master_weight_step(master_right)
     assert "Exercise 09.2 (master_weight_step) passed." in capsys.readouterr().out
@@ -567,15 +572,45 @@ def test_09_2_passes_float64_arithmetic_cast_back_once(capsys):
 
 @pytest.mark.parametrize("answer, phrase", [
     (master_in_bf16, "swallowed"),
-    (master_forward_unrounded, "must be the bf16"),
+    (master_forward_unrounded, "new master weights unrounded"),
     (master_ascent, "subtracts"),
     (master_stale_weights, "old master"),
     (master_bf16_gradient, "rounded the gradient to bf16"),
-    (master_bf16_learning_rate, "went through 16 bits"),
+    (master_bf16_learning_rate, "rounded the learning rate to bf16"),
+    (master_truncated_weights, "truncated"),
 ])
 def test_09_2_names_the_typical_mistakes(answer, phrase):
     message = fails_with(lesson09.check_master_weight_step, answer, phrase)
-    assert "master - lr * grad" not in message
+    assert "master - lr * grad" not in message and "round_to_bf16(new_master)" not in message
+
+
+def test_09_2_each_slip_is_named_by_its_reproduction():
+    cases = lesson09._master_cases()
+    for index, slips in ((0, lesson09.MASTER_SLIPS), (1, lesson09.WEIGHT_SLIPS)):
+        for slip in slips:
+            def answer(master, grad, lr, slip=slip):
+                new_master = master - np.float32(lr) * grad
+                pair = [new_master, bf16_right(new_master)]
+                pair[index] = slip.reproduce(master, grad, lr)
+                return tuple(pair)
+            fails_with(lesson09.check_master_weight_step, answer, slip.hint)
+    assert len(cases) == 5
+
+
+def master_weights_rounded_twice(master, grad, lr):
+    new_master = master - np.float32(lr) * grad
+    return new_master, bf16_right(bf16_right(new_master) + np.float32(2 ** -9))
+
+
+def master_half_step(master, grad, lr):
+    new_master = master - np.float32(lr) * grad / np.float32(2)
+    return new_master, bf16_right(new_master)
+
+
+@pytest.mark.parametrize("answer", [master_weights_rounded_twice, master_half_step])
+def test_09_2_a_wrong_step_that_is_no_known_slip_gets_the_neutral_message(answer):
+    message = fails_with(lesson09.check_master_weight_step, answer, "where the reference has")
+    assert "Hint" not in message and "round_to_bf16(new_master)" not in message
 
 
 # ======================================= 08.1 through the fused model's view (lesson 13)
