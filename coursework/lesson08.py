@@ -47,15 +47,18 @@ def _close(a, b, rtol=1e-9) -> bool:
 _STALE = 0.5
 
 
-def _accumulate_case():
-    """The batch of 6 split into K=3 micro-batches, and what a right loop gives: the
-    full batch's mean loss and gradients, the last micro-batch's gradients alone, and the
+#: (K micro-batches, seed of the batch): the story's batch of 6 in 3, then other splits.
+ACCUMULATE_CASES = ((3, 1), (2, 4), (6, 5))
+
+
+def _accumulate_case(K: int = 3, seed: int = 1):
+    """A batch of 6 split into K micro-batches, and what a right loop gives: the full
+    batch's mean loss and gradients, the last micro-batch's gradients alone, and the
     activation peak of one micro-batch's forward + backward."""
     cfg, params = _tiny_gpt()
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     ids = rng.integers(0, cfg.vocab_size, (6, cfg.block_size))
     targets = rng.integers(0, cfg.vocab_size, (6, cfg.block_size))
-    K = 3
     reference = nn.GPT(cfg, params)
     want_loss = accumulate_gradients(reference.parameters(), lambda b: reference(*b),
                                      [(ids, targets)])
@@ -69,39 +72,58 @@ def _accumulate_case():
     return cfg, params, micro, K, want_loss, want, last.grads(), one_mem.peak_bytes
 
 
+def _where_gradients_differ(got, want) -> str:
+    """The parameter whose gradient is furthest from the full batch's, with no cause."""
+    def gap(name):
+        return float(np.max(np.abs(np.asarray(got[name]) - want[name]) /
+                            (np.abs(want[name]).max() + 1e-300)))
+    name = max(want, key=gap)
+    g, w = np.asarray(got[name]), want[name]
+    k = np.unravel_index(int(np.argmax(np.abs(g - w))), w.shape)
+    at = tuple(int(i) for i in k)
+    return (f"the gradient of {name} is furthest off: at {at} yours is {g[k]:.6g}, the full "
+            f"batch's {w[k]:.6g}")
+
+
 def _check_accumulated_gradients(got, want, last_only, K) -> None:
-    """Every gradient is the full batch's; if not, name the typical wrong loop by its numbers."""
+    """Every gradient is the full batch's; if not, name the wrong loop only when its numbers
+    are exactly what that loop gives."""
     missing = [k for k, g in got.items() if g is None]
     if missing:
         raise ExerciseError(EX_ACCUMULATE, f"after your loop {missing[0]} has no gradient "
-                            f"(.grad is None). Zero the gradients once, before the loop, then "
-                            f"call backward for every micro-batch.")
+                            f"(.grad is None): no backward reached it.")
+    shapes = [k for k in want if np.shape(got[k]) != np.shape(want[k])]
+    if shapes:
+        raise ExerciseError(EX_ACCUMULATE, f"after your loop the gradient of {shapes[0]} has "
+                            f"shape {np.shape(got[shapes[0]])}, the parameter "
+                            f"{np.shape(want[shapes[0]])}.")
 
     def all_close(scale=1.0, shift=0.0, ref=want):
         return all(_close(got[k], scale * ref[k] + shift) for k in want)
 
     if all_close():
         return
+    split = f"with the batch of 6 in K={K} micro-batches"
     if all_close(K):
-        raise ExerciseError(EX_ACCUMULATE, f"every gradient is exactly {K} times the "
+        raise ExerciseError(EX_ACCUMULATE, f"{split}, every gradient is exactly {K} times the "
                             f"full-batch gradient, the missing /K: .grad adds the {K} "
-                            f"micro-batch gradients, so backpropagate loss / K (K = number "
-                            f"of micro-batches) to turn their sum into a mean.")
+                            f"micro-batch gradients, and nothing turned their sum into a "
+                            f"mean.")
     if all_close(1.0, _STALE) or all_close(K, _STALE):
-        raise ExerciseError(EX_ACCUMULATE, "the gradients still contain what was in .grad "
-                            "before your loop (stale gradients). Call zero_grad() on every "
-                            "parameter (or on the model) once, before the first micro-batch.")
+        raise ExerciseError(EX_ACCUMULATE, f"{split}, the gradients still contain the "
+                            f"{_STALE} that was in every .grad before your loop (stale "
+                            f"gradients): nothing cleared them before the first "
+                            f"micro-batch.")
     if all_close(1.0 / K):
-        raise ExerciseError(EX_ACCUMULATE, f"every gradient is 1/{K} of the full-batch "
-                            f"gradient: you divided by K twice (each micro-batch loss is "
-                            f"already a mean over its own examples; divide by K once).")
+        raise ExerciseError(EX_ACCUMULATE, f"{split}, every gradient is 1/{K} of the "
+                            f"full-batch gradient: you divided by K twice (each micro-batch "
+                            f"loss is already a mean over its own examples).")
     if all_close(1.0 / K, ref=last_only) or all_close(1.0, ref=last_only):
-        raise ExerciseError(EX_ACCUMULATE, "the gradients are those of the last micro-batch "
-                            "only: zeroing inside the loop throws away the earlier ones. "
-                            "Zero once, before the loop.")
-    raise ExerciseError(EX_ACCUMULATE, "the gradients differ from the full-batch gradient. "
-                        "Hint: zero once; for each micro-batch run the forward, divide its "
-                        "loss by K and call backward; do not zero or step inside the loop.")
+        raise ExerciseError(EX_ACCUMULATE, f"{split}, the gradients are those of the last "
+                            f"micro-batch only: zeroing inside the loop throws away the "
+                            f"earlier ones.")
+    raise ExerciseError(EX_ACCUMULATE, f"{split}, the gradients differ from the full-batch "
+                        f"gradient: {_where_gradients_differ(got, want)}.")
 
 
 def _check_accumulation_peak(peak: int, one_peak: int, K: int) -> None:
@@ -112,9 +134,8 @@ def _check_accumulation_peak(peak: int, one_peak: int, K: int) -> None:
                             f"{one_peak:,} bytes of one micro-batch: the graphs of "
                             f"all {K} micro-batches were alive at once (a sum of the losses "
                             f"with one backward at the end, or losses kept in a list). That "
-                            f"saves no memory over the full batch. Call backward on each "
-                            f"micro-batch's loss / K inside the loop, so its graph is freed "
-                            f"before the next forward; keep only loss.item().")
+                            f"saves no memory over the full batch: each micro-batch's graph "
+                            f"has to be gone before the next forward starts.")
 
 
 def _check_mean_loss(loss, want_loss: float, K: int) -> None:
@@ -128,9 +149,8 @@ def _check_mean_loss(loss, want_loss: float, K: int) -> None:
         raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but you returned the sum "
                             f"of the {K} micro-batch losses; return their mean.")
     if not np.isclose(loss, want_loss, rtol=1e-9):
-        raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but the returned loss "
-                            f"{loss:.6g} is not the mean loss {want_loss:.6g}. Add up "
-                            f"loss.item() of every micro-batch and divide by K.")
+        raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but with K={K} the "
+                            f"returned loss {loss:.6g} is not the mean loss {want_loss:.6g}.")
 
 
 def _check_through_fused_view(accumulate) -> None:
@@ -153,18 +173,20 @@ def _check_through_fused_view(accumulate) -> None:
 def check_accumulate(accumulate) -> None:
     """accumulate(model, micro_batches) must leave in every p.grad the gradient
     of the mean loss over all micro-batches, and return that mean loss."""
-    cfg, params, micro, K, want_loss, want, last_only, one_peak = _accumulate_case()
-    model = nn.GPT(cfg, params)
-    for p in model.parameters().values():
-        p.grad = np.full(p.shape, _STALE)
-    with memory.record() as mem:
-        loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
-    _check_accumulated_gradients(model.grads(), want, last_only, K)
-    _check_accumulation_peak(mem.peak_bytes, one_peak, K)
-    _check_mean_loss(loss, want_loss, K)
+    for K, seed in ACCUMULATE_CASES:
+        cfg, params, micro, K, want_loss, want, last_only, one_peak = _accumulate_case(K, seed)
+        model = nn.GPT(cfg, params)
+        for p in model.parameters().values():
+            p.grad = np.full(p.shape, _STALE)
+        with memory.record() as mem:
+            loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
+        _check_accumulated_gradients(model.grads(), want, last_only, K)
+        _check_accumulation_peak(mem.peak_bytes, one_peak, K)
+        _check_mean_loss(loss, want_loss, K)
     _check_through_fused_view(accumulate)
     save_piece("accumulate", accumulate, EX_ACCUMULATE)
-    passed(EX_ACCUMULATE, f"K={K} micro-batches of 2 give the gradient of the batch of 6.")
+    passed(EX_ACCUMULATE, "K=3 micro-batches of 2 give the gradient of the batch of 6 (and "
+                          "K=2 and K=6 too).")
 
 
 # ------------------------------------------------------------------ 08.2

@@ -98,7 +98,7 @@ def accumulate_one_graph(model, micro_batches):
 
 def test_08_1_one_graph_over_all_micro_batches_fails_on_the_peak():
     message = fails_with(lesson08.check_accumulate, accumulate_one_graph, "activation peak")
-    assert "3.0 times" in message and "inside the loop" in message
+    assert "3.0 times" in message and "has to be gone before the next forward" in message
 
 
 def test_08_1_passes_the_accumulation_loop(capsys):
@@ -118,7 +118,63 @@ def test_08_1_stub_says_not_done():
     (accumulate_sum_of_losses, "returned the sum"),
 ])
 def test_08_1_names_the_typical_mistakes(answer, phrase):
-    fails_with(lesson08.check_accumulate, answer, phrase)
+    message = fails_with(lesson08.check_accumulate, answer, phrase)
+    assert_no_accumulation_recipe(message)
+
+
+RECIPE = ("divide its loss by K and call backward", "Zero once, before the loop",
+          "backpropagate loss / K", "Call zero_grad()", "Call backward on each",
+          "zero once; for each micro-batch")
+
+
+def assert_no_accumulation_recipe(text):
+    for recipe in RECIPE:
+        assert recipe not in text, text
+
+
+def accumulate_first_micro_batch_twice(model, micro_batches):
+    """Runs the first micro-batch twice and skips the last: matches no named slip."""
+    model.zero_grad()
+    K = len(micro_batches)
+    total = 0.0
+    for ids, targets in [micro_batches[0]] + list(micro_batches[:-1]):
+        loss = model(ids, targets)
+        (loss / K).backward()
+        total += loss.item()
+    return total / K
+
+
+def accumulate_divided_by_three(model, micro_batches):
+    """Right for the story's K=3 only: the count is written as a constant."""
+    model.zero_grad()
+    total = 0.0
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        (loss / 3).backward()
+        total += loss.item()
+    return total / 3
+
+
+def test_08_1_a_wrong_loop_that_is_no_known_slip_gets_the_neutral_message():
+    message = fails_with(lesson08.check_accumulate, accumulate_first_micro_batch_twice,
+                         "the gradients differ from the full-batch gradient: the gradient of")
+    assert "Hint" not in message and "furthest off" in message
+    assert_no_accumulation_recipe(message)
+
+
+def test_08_1_is_checked_on_other_splits_than_the_storys():
+    # a loop right at K=3 only is caught at K=2, and told by how much
+    fails_with(lesson08.check_accumulate, accumulate_divided_by_three, "K=2 micro-batches")
+
+
+def test_08_1_stub_docstring_states_the_contract_not_the_recipe():
+    source = (Path(__file__).resolve().parents[1] / "course" / "source" /
+              "08_accumulation_and_checkpointing.py").read_text()
+    stub = source[source.index("def accumulate(model, micro_batches)"):]
+    docstring = stub[:stub.index("### BEGIN SOLUTION")]
+    for recipe in ("Zero once", "backward loss/K", "loss / K"):
+        assert recipe not in docstring, docstring
+    assert "the gradient of the mean loss" in docstring
 
 
 # ================================================================ 08.2
