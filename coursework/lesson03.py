@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._cases import Case, Slip, array_difference, slip_reproduced
+from ._cases import Case, Slip, array_difference, compare_over_cases, slip_reproduced
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
 
@@ -215,11 +215,25 @@ def reference_unbroadcast(grad, shape):
     return g.sum(axis=stretched, keepdims=True) if stretched else g
 
 
+def _broadcast_pairs() -> list[tuple[tuple, tuple]]:
+    """The story's pairs (gradient shape, input shape), then seeded random ones: an input
+    of up to 3 axes, some stretched from size 1, broadcast to up to 2 more leading axes."""
+    rng = np.random.default_rng(12)
+    pairs = list(UNBROADCAST_CASES)
+    for _ in range(8):
+        big = tuple(int(n) for n in rng.integers(1, 5, int(rng.integers(1, 5))))
+        kept = big[int(rng.integers(0, len(big))):]
+        small = tuple(1 if rng.random() < 0.4 else n for n in kept)
+        pairs.append((big, small))
+    return pairs
+
+
 def check_unbroadcast(unbroadcast) -> None:
-    """`unbroadcast(grad, shape)` returns grad summed back to `shape`."""
+    """`unbroadcast(grad, shape)` returns grad summed back to `shape`, on the story's
+    pairs of shapes and seeded random ones."""
     ex = EX_UNBROADCAST
     rng = np.random.default_rng(11)
-    for big, small in UNBROADCAST_CASES:
+    for big, small in _broadcast_pairs():
         grad = rng.normal(size=big)
         want = reference_unbroadcast(grad, small)
         got = _array(ex, f"unbroadcast(grad of shape {big}, {small})",
@@ -244,12 +258,11 @@ def check_unbroadcast(unbroadcast) -> None:
             continue
         n_copies = int(np.prod(big)) // max(int(np.prod(small)), 1)
         if _close(got * n_copies, want):
-            hint = ("that is the mean over the copies; each copy contributes its full "
-                    "gradient, so sum them.")
-        else:
-            hint = "sum (not average, not pick one) over the broadcast axes."
-        raise ExerciseError(ex, f"for {where} the shape is right but the values are not. "
-                                f"Hint: {hint}")
+            raise ExerciseError(ex, f"for {where} the shape is right but the values are not. "
+                                    f"Hint: that is the mean over the copies; each copy "
+                                    f"contributes its full gradient, so sum them.")
+        raise ExerciseError(ex, f"for {where} the shape is right but the values are not: "
+                                f"{array_difference(got, want)}.")
     _gradcheck_unbroadcast(unbroadcast)
     save_piece("unbroadcast", unbroadcast, ex)
     passed(ex, "every broadcast case sums back to the input's shape, gradcheck agrees; saved "
@@ -390,36 +403,56 @@ def _measured_ratio(scale: float, depth: int, width: int = 16, seed: int = 0) ->
     return float(np.linalg.norm(g) / top)
 
 
+def _ratio_cases() -> list[Case]:
+    """The story's stacks (shrinking, growing, short, long, one layer), then seeded random
+    scales from 0.3 to 2.5 and depths from 1 to 60."""
+    rng = np.random.default_rng(35)
+    pairs = [(0.5, 30), (1.5, 30), (0.9, 7), (1.1, 50), (2.0, 1)]
+    pairs += [(round(float(rng.uniform(0.3, 2.5)), 3), int(rng.integers(1, 61)))
+              for _ in range(6)]
+    return [Case(pair, f"predicted_ratio({pair[0]}, {pair[1]})") for pair in pairs]
+
+
+RATIO_SLIPS = [
+    Slip(lambda scale, depth: scale * depth,
+         "that grows linearly with the depth. The gradient passes through the layers one "
+         "after another, so their factors multiply."),
+    Slip(lambda scale, depth: 1.0 / _measured_ratio(scale, depth),
+         "that is the ratio the other way up (top over bottom). The question is the bottom's "
+         "norm over the top's: below 1 when the layers shrink."),
+    Slip(lambda scale, depth: scale ** (depth - 1),
+         "one factor short: every one of the layers, the first included, multiplies the "
+         "gradient by W^T on its way down."),
+    Slip(lambda scale, depth: scale ** (depth + 1),
+         "one factor too many: there are as many factors as layers."),
+]
+
+
+def _ratio_number(value, case: Case) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ExerciseError(EX_PRODUCT, f"{case.label} should be a number, got "
+                                        f"{value!r}.") from None
+
+
+def _ratios_apart(got: float, want: float, case: Case) -> str:
+    return f"you predict {got:.6g}, measured {want:.6g} (yours is {got / want:.4g} times it)"
+
+
 def check_gradient_ratio(predicted_ratio) -> None:
     """predicted_ratio(scale, depth) = ||dL/dh_0|| / ||dL/dh_depth|| for a plain stack
     of `depth` layers W_l = scale * Q_l: each VJP multiplies by W^T, norm exactly scale."""
-    ex = EX_PRODUCT
-    for scale, depth in ((0.5, 30), (1.5, 30), (0.9, 7), (1.1, 50), (2.0, 1)):
-        got = _call(ex, "predicted_ratio", predicted_ratio, scale, depth)
-        try:
-            got = float(got)
-        except (TypeError, ValueError):
-            raise ExerciseError(ex, f"predicted_ratio({scale}, {depth}) should be a number, "
-                                    f"got {got!r}.") from None
-        want = _measured_ratio(scale, depth)
-        if np.isclose(got, want, rtol=1e-6):
-            continue
-        known = [
-            (scale * depth, "that grows linearly with the depth. The gradient passes through "
-                            "the layers one after another, so their factors multiply."),
-            (1.0 / want, "that is the ratio the other way up (top over bottom). The question "
-                         "is the bottom's norm over the top's: below 1 when the layers shrink."),
-            (scale ** (depth - 1), "one factor short: every one of the layers, the first "
-                                   "included, multiplies the gradient by W^T on its way down."),
-            (scale ** (depth + 1), "one factor too many: there are as many factors as layers."),
-        ]
-        hint = next((h for v, h in known if np.isclose(got, v, rtol=1e-6)),
-                    "each layer's VJP multiplies the gradient by W^T = scale * Q^T, and a "
-                    "rotation keeps the norm: what does that do over `depth` layers?")
-        raise ExerciseError(ex, f"predicted_ratio({scale}, {depth}) = {got:.6g}, measured "
-                                f"{want:.6g}. Hint: {hint}")
-    passed(ex, f"your prediction matches the measured ratio: 0.5 over 30 layers gives "
-               f"{_measured_ratio(0.5, 30):.3g}, 1.5 gives {_measured_ratio(1.5, 30):.3g}.")
+    def close(got, want):
+        return bool(np.isclose(got, want, rtol=1e-6))
+    compare_over_cases(EX_PRODUCT, predicted_ratio, _measured_ratio, _ratio_cases(),
+                       slips=RATIO_SLIPS, same=close, read=_ratio_number,
+                       difference=_ratios_apart,
+                       neutral_hint="Hint: follow the norm of the gradient through one "
+                                    "layer, then through `depth` of them.")
+    passed(EX_PRODUCT, f"your prediction matches the measured ratio: 0.5 over 30 layers gives "
+                       f"{_measured_ratio(0.5, 30):.3g}, 1.5 gives "
+                       f"{_measured_ratio(1.5, 30):.3g}.")
 
 
 # ------------------------------------------------------------------ the notebook

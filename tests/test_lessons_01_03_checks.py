@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from coursework import lesson01, lesson02, lesson03
+from case_tools import assert_each_slip_named
 from check_tools import fails_with
 
 
@@ -453,6 +454,25 @@ def test_lesson03_unbroadcast_mean_instead_of_sum():
     fails_with(lesson03.check_unbroadcast, mean, words=["mean over the copies"])
 
 
+def test_lesson03_unbroadcast_no_known_slip_gets_the_neutral_message():
+    def first_copy_only(grad, shape):       # picks one copy instead of adding them
+        lead = grad.ndim - len(shape)
+        g = grad[(0,) * lead]
+        stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+        return g[tuple(slice(0, 1) if i in stretched else slice(None)
+                       for i in range(g.ndim))]
+    message = fails_with(lesson03.check_unbroadcast, first_copy_only,
+                         words=["the shape is right but the values are not",
+                                "where the reference has"])
+    assert "Hint" not in message
+
+
+def test_lesson03_unbroadcast_runs_generated_shapes():
+    pairs = lesson03._broadcast_pairs()
+    assert len(pairs) == len(lesson03.UNBROADCAST_CASES) + 8
+    assert all(len(big) >= len(small) for big, small in pairs)
+
+
 def test_lesson03_unbroadcast_only_leading_axes():
     def leading_only(grad, shape):
         lead = grad.ndim - len(shape)
@@ -591,6 +611,22 @@ def test_lesson03_gradient_ratio_prediction_passes(capsys):
 ])
 def test_lesson03_gradient_ratio_names_the_mistake(answer, words):
     fails_with(lesson03.check_gradient_ratio, answer, words=words)
+
+
+def test_lesson03_gradient_ratio_each_slip_is_named_by_its_reproduction():
+    assert_each_slip_named(lesson03.check_gradient_ratio, lesson03._ratio_cases(),
+                           lesson03.RATIO_SLIPS, lesson03._measured_ratio,
+                           same=lambda a, b: np.isclose(a, b, rtol=1e-6))
+
+
+@pytest.mark.parametrize("answer", [
+    lambda s, depth: s ** depth if depth < 20 else s ** 20,     # a depth capped at 20
+    lambda s, depth: s ** depth if s < 1 else s,                # growth taken for one layer
+])
+def test_lesson03_gradient_ratio_no_known_slip_gets_the_neutral_message(answer):
+    message = fails_with(lesson03.check_gradient_ratio, answer, words=["measured", "times it"])
+    for cause in ("linearly", "other way up", "one factor"):
+        assert cause not in message
 
 
 def test_lesson03_gradient_ratio_stub():
