@@ -96,13 +96,29 @@ def check_to_bf16(to_bf16) -> None:
 
 
 # ------------------------------------------------------------------ 09.3
-def check_update_scale(update_scale) -> None:
-    """update_scale(scale, good_steps, finite, growth_interval)
-    -> (new_scale, new_good_steps, apply_step)."""
+def _scale_cases() -> list[tuple]:
+    """(scale, good_steps, finite, growth_interval): the story's steps, then seeded random
+    ones, one to three good steps short of the interval, some overflowing below a scale
+    of 1."""
     cases = [(2.0 ** 15, 0, True, 3), (2.0 ** 15, 1, True, 3), (2.0 ** 15, 2, True, 3),
              (2.0 ** 15, 2, False, 3), (2.0 ** 15, 0, False, 3), (1024.0, 5, True, 2000),
              (1024.0, 1999, True, 2000), (8.0, 0, True, 1)]
-    for scale, good, finite, interval in cases:
+    rng = np.random.default_rng(93)
+    for i in range(12):
+        interval = int(rng.choice([1, 2, 4, 5, 100]))
+        good = max(0, interval - int(rng.integers(1, 4)))
+        if i % 4 == 0:      # an overflow at a scale below 1, where a floor would show
+            cases.append((2.0 ** int(rng.integers(-4, 0)), good, False, interval))
+        else:
+            cases.append((2.0 ** int(rng.integers(0, 25)), good, bool(rng.random() < 0.7),
+                          interval))
+    return cases
+
+
+def check_update_scale(update_scale) -> None:
+    """update_scale(scale, good_steps, finite, growth_interval)
+    -> (new_scale, new_good_steps, apply_step)."""
+    for scale, good, finite, interval in _scale_cases():
         got = attempt(EX_SCALE, update_scale, scale, good, finite, interval)
         try:
             new_scale, new_good, apply = got

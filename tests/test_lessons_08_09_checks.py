@@ -555,6 +555,18 @@ def test_09_3_names_the_typical_mistakes(answer, phrase):
     assert "double the scale when the count reaches" not in message
 
 
+def scale_floored_at_one(scale, good_steps, finite, growth_interval):
+    """Backs off no further than a scale of 1, a floor the lesson's scaler does not have."""
+    new_scale, good, apply = scale_right(scale, good_steps, finite, growth_interval)
+    return max(new_scale, 1.0), good, apply
+
+
+def test_09_3_is_checked_beyond_the_storys_scales():
+    # the story's scales are all 8 or more; the generated ones go below 1
+    fails_with(lesson09.check_update_scale, scale_floored_at_one, "update_scale(scale=0.25")
+    assert min(case[0] for case in lesson09._scale_cases()) < 1
+
+
 def test_09_3_rule_matches_the_engine_scaler():
     from engine.precision import DynamicLossScaler
     s = DynamicLossScaler(init_scale=64.0, growth_interval=3)
