@@ -11,6 +11,8 @@ somewhere; the checks recognise the usual slips and say which one it is.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ._cases import Case, Slip, compare_over_cases
@@ -70,82 +72,135 @@ def _as_int(exercise: str, value, what: str) -> int:
 MLP_SHAPES = [(4, 3, 5, 2, 8), (16, 8, 32, 1, 8), (1, 100, 7, 10, 8), (5, 6, 64, 3, 4)]
 
 
+def _mlp_cases() -> list[Case]:
+    """The story's MLPs, then three seeded random ones (float32 and float64)."""
+    rng = np.random.default_rng(61)
+    shapes = list(MLP_SHAPES) + [
+        (int(rng.integers(1, 9)), int(rng.integers(1, 21)), int(rng.integers(1, 41)),
+         int(rng.integers(1, 6)), int(rng.choice([4, 8]))) for _ in range(3)]
+    return [Case(shape, "for batch={}, n_in={}, n_hidden={}, n_out={}, itemsize={}".format(
+        *shape)) for shape in shapes]
+
+
+@lru_cache(maxsize=None)
+def measured_mlp_bytes(batch: int, n_in: int, n_hidden: int, n_out: int, itemsize: int) -> int:
+    """measure_mlp at the exercise's arguments (itemsize 8 or 4), kept once measured."""
+    return measure_mlp(batch, n_in, n_hidden, n_out, {8: np.float64, 4: np.float32}[itemsize])
+
+
+def _mlp_slips() -> list[Slip]:
+    """The usual miscounts, each reproduced from the same arguments."""
+    return [
+        Slip(lambda b, i, h, o, e: e * b * (i + 2 * h),
+             "you counted the ReLU output twice. ReLU saves its output and fc2's matmul saves "
+             "its input, but those are the same array: one buffer, counted once."),
+        Slip(lambda b, i, h, o, e: measured_mlp_bytes(b, i, h, o, e) + e * (i * h + h * o),
+             "you added the weight matrices. The matmuls do keep a reference to their "
+             "weights, but weights exist anyway: they are not activation memory."),
+        Slip(lambda b, i, h, o, e: measured_mlp_bytes(b, i, h, o, e) + e * (i * h + h * o + h
+                                                                            + o),
+             "you added the parameters (weights and biases); they are not activations."),
+        Slip(lambda b, i, h, o, e: measured_mlp_bytes(b, i, h, o, e) // e,
+             "that is the number of elements; multiply by itemsize to get bytes."),
+        Slip(lambda b, i, h, o, e: e * b * h,
+             "fc1's matmul also keeps its input x: the weight gradient is x^T @ g."),
+        Slip(lambda b, i, h, o, e: e * b * (i + h + o),
+             "the network's output is not saved: no VJP needs it (the sum saves nothing)."),
+        Slip(lambda b, i, h, o, e: e * b * (i + 2 * h + o),
+             "count only what a VJP reads: the output is not needed, and ReLU's output is the "
+             "same buffer fc2 keeps."),
+    ]
+
+
+def _saved_apart(unit: str):
+    def apart(got, want, case: Case) -> str:
+        return (f"you say {got:,} {unit}, the engine measured {want:,} (yours is "
+                f"{got - want:+,} {unit} off)")
+    return apart
+
+
 def check_mlp_saved_bytes(mlp_saved_bytes) -> None:
     """mlp_saved_bytes(batch, n_in, n_hidden, n_out, itemsize) must equal
     engine.memory's measurement of a ReLU MLP, for every shape."""
-    for batch, n_in, n_hidden, n_out, itemsize in MLP_SHAPES:
-        dtype = {8: np.float64, 4: np.float32}[itemsize]
-        want = measure_mlp(batch, n_in, n_hidden, n_out, dtype)
-        got = _as_int(EX_MLP, attempt(EX_MLP, mlp_saved_bytes, batch, n_in, n_hidden, n_out,
-                                      itemsize), "mlp_saved_bytes(...)")
-        if got == want:
-            continue
-        shape = (f"batch={batch}, n_in={n_in}, n_hidden={n_hidden}, n_out={n_out}, "
-                 f"itemsize={itemsize}")
-        e = itemsize
-        known = {
-            e * batch * (n_in + 2 * n_hidden):
-                "you counted the ReLU output twice. ReLU saves its output and fc2's matmul "
-                "saves its input, but those are the same array: one buffer, counted once.",
-            want + e * (n_in * n_hidden + n_hidden * n_out):
-                "you added the weight matrices. The matmuls do keep a reference to their "
-                "weights, but weights exist anyway: they are not activation memory.",
-            want + e * (n_in * n_hidden + n_hidden * n_out + n_hidden + n_out):
-                "you added the parameters (weights and biases); they are not activations.",
-            want // e:
-                "that is the number of elements; multiply by itemsize to get bytes.",
-            e * batch * n_hidden:
-                "fc1's matmul also keeps its input x: the weight gradient is x^T @ g.",
-            e * batch * (n_in + n_hidden + n_out):
-                "the network's output is not saved: no VJP needs it (the sum saves nothing).",
-            e * batch * (n_in + 2 * n_hidden + n_out):
-                "count only what a VJP reads: the output is not needed, and ReLU's output is "
-                "the same buffer fc2 keeps.",
-        }
-        hint = known.get(got, "list the ops (matmul, bias add, relu, matmul, bias add, sum) "
-                              "and for each one the array its VJP reads; bias adds and the "
-                              "sum need nothing.")
-        raise ExerciseError(EX_MLP, f"for {shape} you say {got:,} bytes, the engine measured "
-                                    f"{want:,}. Hint: {hint}")
-    passed(EX_MLP, f"{len(MLP_SHAPES)} shapes, each equal to engine.memory's measurement.")
+    cases = _mlp_cases()
+    compare_over_cases(
+        EX_MLP, mlp_saved_bytes, measured_mlp_bytes, cases, slips=_mlp_slips(),
+        read=lambda value, case: _as_int(EX_MLP, value, "mlp_saved_bytes(...)"),
+        difference=_saved_apart("bytes"),
+        neutral_hint="Hint: list the ops (matmul, bias add, relu, matmul, bias add, sum) and "
+                     "for each one the array its VJP reads.")
+    passed(EX_MLP, f"{len(cases)} shapes (the lesson's {len(MLP_SHAPES)} and "
+                   f"{len(cases) - len(MLP_SHAPES)} generated), each equal to engine.memory's "
+                   f"measurement.")
 
 
 # ------------------------------------------------------------------ 06.2
 BLOCK_SHAPES = [(2, 8, 16, 2), (1, 16, 32, 4), (3, 5, 24, 3)]
 
 
+def _block_cases() -> list[Case]:
+    """The story's blocks, then two seeded random small ones."""
+    rng = np.random.default_rng(62)
+    shapes = list(BLOCK_SHAPES)
+    for _ in range(2):
+        H = int(rng.integers(1, 4))
+        shapes.append((int(rng.integers(1, 4)), int(rng.integers(2, 13)),
+                       H * int(rng.integers(2, 7)), H))
+    return [Case(shape, "for B={}, T={}, C={}, H={}".format(*shape)) for shape in shapes]
+
+
+@lru_cache(maxsize=None)
+def measured_block_elements(B: int, T: int, C: int, H: int) -> int:
+    """measure_block_elements, kept once measured."""
+    return measure_block_elements(B, T, C, H)
+
+
+def _block_slips() -> list[Slip]:
+    """The usual miscounts, each reproduced from the same arguments."""
+    def off(delta):
+        return lambda B, T, C, H: measured_block_elements(B, T, C, H) + delta(B, T, C, H)
+    return [
+        Slip(off(lambda B, T, C, H: -B * H * T * T),
+             "causal_attention keeps its probabilities att, one T x T matrix per head and "
+             "sequence: B*H*T*T elements."),
+        Slip(off(lambda B, T, C, H: -B * H * T * T + B * T * T),
+             "att has one T x T matrix per head: B*H*T*T, not B*T*T."),
+        Slip(off(lambda B, T, C, H: -2 * B * T),
+             "each layer norm also keeps rstd, one number per row (B*T each)."),
+        Slip(off(lambda B, T, C, H: -4 * B * T * C),
+             "the GELU keeps its input u and fc-proj keeps GELU's output: two different "
+             "(B,T,4C) arrays."),
+        Slip(off(lambda B, T, C, H: 3 * B * T * C),
+             "q, k and v are views of the one qkv buffer (B,T,3C); the tape keeps that buffer "
+             "once."),
+        Slip(off(lambda B, T, C, H: -6 * B * T * C),
+             "the MLP is 4C wide: its hidden arrays are (B,T,4C)."),
+        Slip(off(lambda B, T, C, H: 2 * B * T * C),
+             "the residual stream x itself is not saved: layer norm keeps xhat and rstd, and "
+             "the adds save nothing."),
+        Slip(lambda B, T, C, H: 4 * measured_block_elements(B, T, C, H),
+             "that looks like bytes (x4); the exercise asks for elements."),
+    ]
+
+
 def check_block_saved_elements(block_saved_elements) -> None:
     """block_saved_elements(B, T, C, H) must equal the float elements one
     engine.nn block saves, as measured."""
-    for B, T, C, H in BLOCK_SHAPES:
-        want = measure_block_elements(B, T, C, H)
-        got = _as_int(EX_BLOCK, attempt(EX_BLOCK, block_saved_elements, B, T, C, H),
-                      "block_saved_elements(...)")
-        if got == want:
-            continue
-        btc, bt, att = B * T * C, B * T, B * H * T * T
-        known = {
-            want - att: "causal_attention keeps its probabilities att, one T x T matrix per "
-                        "head and sequence: B*H*T*T elements.",
-            want - att + B * T * T: "att has one T x T matrix per head: B*H*T*T, not B*T*T.",
-            want - 2 * bt: "each layer norm also keeps rstd, one number per row (B*T each).",
-            want - 4 * btc: "the GELU keeps its input u and fc-proj keeps GELU's output: two "
-                            "different (B,T,4C) arrays.",
-            want + 3 * btc: "q, k and v are views of the one qkv buffer (B,T,3C); the tape "
-                            "keeps that buffer once.",
-            want - 6 * btc: "the MLP is 4C wide: its hidden arrays are (B,T,4C).",
-            want + 2 * btc: "the residual stream x itself is not saved: layer norm keeps xhat "
-                            "and rstd, and the adds save nothing.",
-            4 * want: "that looks like bytes (x4); the exercise asks for elements.",
-        }
-        hint = known.get(got, "go through Block.forward op by op: ln1, qkv matmul, attention, "
-                              "proj matmul, ln2, fc matmul, gelu, fcproj matmul; write down "
-                              "what each VJP reads and its shape.")
-        raise ExerciseError(EX_BLOCK, f"for B={B}, T={T}, C={C}, H={H} you say {got:,} "
-                                      f"elements, the engine measured {want:,} "
-                                      f"({want / btc:.3g} x B*T*C). Hint: {hint}")
+    cases = _block_cases()
+    compare_over_cases(
+        EX_BLOCK, block_saved_elements, measured_block_elements, cases,
+        slips=_block_slips(),
+        read=lambda value, case: _as_int(EX_BLOCK, value, "block_saved_elements(...)"),
+        difference=lambda got, want, case: _saved_apart("elements")(got, want, case) + (
+            f"; the measurement is {want / (case.args[0] * case.args[1] * case.args[2]):.3g} "
+            f"x B*T*C"),
+        neutral_hint="Hint: go through Block.forward op by op: ln1, qkv matmul, attention, "
+                     "proj matmul, ln2, fc matmul, gelu, fcproj matmul; write down what each "
+                     "VJP reads and its shape.")
     save_piece("block_saved_elements", block_saved_elements, EX_BLOCK)
-    passed(EX_BLOCK, f"{len(BLOCK_SHAPES)} shapes, each equal to engine.memory's measurement.")
+    passed(EX_BLOCK, f"{len(cases)} shapes (the lesson's {len(BLOCK_SHAPES)} and "
+                     f"{len(cases) - len(BLOCK_SHAPES)} generated), each equal to "
+                     f"engine.memory's measurement.")
 
 
 # ------------------------------------------------------------------ 06.3

@@ -58,6 +58,23 @@ def test_06_1_typical_wrong_predictions_are_named(wrong, words):
     fails_with(lesson06.check_mlp_saved_bytes, wrong, words=words)
 
 
+def test_06_1_each_slip_is_named_by_its_reproduction():
+    assert_each_slip_named(lesson06.check_mlp_saved_bytes, lesson06._mlp_cases(),
+                           lesson06._mlp_slips(), lesson06.measured_mlp_bytes)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda b, i, h, o, e: e * b * (i + h) + e * h,          # fc1's bias counted as saved
+    lambda b, i, h, o, e: e * (b + 1) * (i + h),             # one row too many
+])
+def test_06_1_a_miscount_that_is_no_known_slip_gets_the_neutral_message(wrong):
+    message = fails_with(lesson06.check_mlp_saved_bytes, wrong,
+                         words=["the engine measured", "bytes off", "list the ops"])
+    for cause in ("twice", "weight matrices", "parameters", "number of elements",
+                  "also keeps its input", "not saved", "not needed"):
+        assert cause not in message
+
+
 # ---------------------------------------------------------------- 06.2
 BLOCK_SOURCE = """def block_saved_elements(B, T, C, H):
     per_token = 2 * (C + 1) + (C + 3 * C + C) + (C + 4 * C + 4 * C)
@@ -87,6 +104,19 @@ def test_06_2_passes_and_saves_the_count_as_a_piece(pieces_folder, tmp_path, cap
 def test_06_2_typical_miscounts_are_named(wrong, words, pieces_folder):
     fails_with(lesson06.check_block_saved_elements, wrong, words=words)
     assert not (pieces_folder / "block_saved_elements.py").exists()
+
+
+def test_06_2_each_slip_is_named_by_its_reproduction(pieces_folder):
+    assert_each_slip_named(lesson06.check_block_saved_elements, lesson06._block_cases(),
+                           lesson06._block_slips(), lesson06.measured_block_elements)
+
+
+def test_06_2_a_miscount_that_is_no_known_slip_gets_the_neutral_message(pieces_folder):
+    def with_the_mask(B, T, C, H):            # a dropout mask the engine's block does not have
+        return 16 * B * T * C + 2 * B * T + B * H * T * T + B * T * C
+    message = fails_with(lesson06.check_block_saved_elements, with_the_mask,
+                         words=["the engine measured", "elements off", "op by op"])
+    assert "residual stream" not in message and "views of the one qkv" not in message
 
 
 def test_a_count_right_only_on_the_checks_shapes_is_refused_at_save(pieces_folder, tmp_path):
