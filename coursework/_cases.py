@@ -111,19 +111,28 @@ def compare_over_cases(exercise: str, fn, reference, cases: Sequence[Case], *,
                        difference: Callable[[Any, Any, Case], str] | None = None,
                        neutral_hint: str = "") -> list:
     """Run `fn` on every case and compare with `reference`; raise ExerciseError at the first
-    case that differs, naming a slip only when `slip_reproduced` finds it. `read` turns the
-    learner's return value into what is compared (raising ExerciseError for a value of the
-    wrong kind); `difference(got, want, case)` says where they differ (`number_difference`
-    or `array_difference` by default); `neutral_hint` ends a message that names no slip.
-    Returns the learner's answers, one per case."""
-    answers, wants = [], []
-    for case in cases:
-        answers.append(read(attempt(exercise, fn, *case.args), case))
-        wants.append(reference(*case.args))
+    case that differs (`raise_first_difference`). `read` turns the learner's return value
+    into what is compared (raising ExerciseError for a value of the wrong kind). Returns the
+    learner's answers, one per case."""
+    answers = [read(attempt(exercise, fn, *case.args), case) for case in cases]
+    wants = [reference(*case.args) for case in cases]
+    raise_first_difference(exercise, cases, answers, wants, slips=slips, same=same,
+                           difference=difference, neutral_hint=neutral_hint)
+    return answers
+
+
+def raise_first_difference(exercise: str, cases: Sequence[Case], answers: Sequence,
+                           wants: Sequence, *, slips: Sequence[Slip] = (), same=equal,
+                           difference: Callable[[Any, Any, Case], str] | None = None,
+                           neutral_hint: str = "") -> None:
+    """Raise ExerciseError at the first case whose answer differs from the reference's,
+    naming a slip only when `slip_reproduced` finds it; `difference(got, want, case)` says
+    where they differ (`number_difference` or `array_difference` by default), and
+    `neutral_hint` ends a message that names no slip. Nothing when every answer agrees."""
     bad = next((i for i, (got, want) in enumerate(zip(answers, wants))
                 if not same(got, want)), None)
     if bad is None:
-        return answers
+        return
     case, got, want = cases[bad], answers[bad], wants[bad]
     if difference is not None:
         where = difference(got, want, case)

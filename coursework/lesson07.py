@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from . import _core
-from ._cases import Case, Slip, compare_over_cases
+from ._cases import Case, Slip, compare_over_cases, raise_first_difference
 from ._core import ExerciseError, attempt, passed
 
 EX_FLOPS = "07.1 (training_flops_per_token)"
@@ -32,68 +32,111 @@ def _number(exercise: str, value, what: str) -> float:
 
 
 # ------------------------------------------------------------------ 07.1
-def _flops_cases():
+def _flops_configs():
+    """The story's models, then four seeded random small GPTs."""
     from engine import budget as bm
+    rng = np.random.default_rng(71)
+    generated = []
+    for i in range(4):
+        H = int(rng.integers(1, 5))
+        generated.append(bm.BudgetConfig(
+            n_layer=int(rng.integers(1, 13)), d_model=16 * H * int(rng.integers(1, 9)),
+            n_head=H, vocab_size=int(rng.integers(50, 2000)),
+            seq_len=int(rng.choice([64, 256, 1000, 2048])), name=f"random GPT {i + 1}"))
     return [bm.preset("gpt2-small"), bm.preset("7b-class"), bm.preset("tiny"),
-            bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=256)]
+            bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=256)
+            ] + generated
+
+
+def _flops_cases() -> list[Case]:
+    from engine import budget as bm
+    cases = []
+    for cfg in _flops_configs():
+        args = (bm.matmul_weights(cfg), cfg.n_layer, cfg.seq_len, cfg.d_model)
+        cases.append(Case(args, "for P={:,}, L={}, N={}, d={}".format(*args)))
+    return cases
+
+
+def _full_attention(P, L, N, d) -> float:
+    """engine.budget's count: 2 per weight and the full N x N attention (4*N*d per layer)
+    forward, twice that backward."""
+    return 3 * (2 * P + 4 * L * N * d)
+
+
+def _causal_half(P, L, N, d) -> float:
+    """The same with the causal half of attention, 2*N*d per layer forward."""
+    return 3 * (2 * P + 2 * L * N * d)
+
+
+def _flops_slips() -> list[Slip]:
+    """The usual miscounts, under either convention for attention (`per_layer` = 4 or 2)."""
+    slips = []
+    for per_layer in (4, 2):
+        def fwd(P, L, N, d, per_layer=per_layer):
+            return 2 * P + per_layer * L * N * d
+        slips += [
+            Slip(fwd, "that is the forward pass only; the backward costs two more forwards."),
+            Slip(lambda P, L, N, d, fwd=fwd: 2 * fwd(P, L, N, d),
+                 "the backward is two matmuls per forward matmul (dX and dW): 2x the forward, "
+                 "so the step is 3x, not 2x."),
+            Slip(lambda P, L, N, d, p=per_layer: 6 * P + p * L * N * d,
+                 "the attention term also has a backward (2x): it counts three times in a "
+                 "step, as the weights' term does."),
+            Slip(lambda P, L, N, d, fwd=fwd: 4 * fwd(P, L, N, d),
+                 "that is a step with recompute (an extra forward); without recompute it is "
+                 "forward + 2 x forward."),
+        ]
+    slips.insert(0, Slip(lambda P, L, N, d: 6 * P,
+                         "6 per weight is right for the matmuls, but attention's Q @ K^T and "
+                         "P @ V have no weights: a count by weights leaves them out."))
+    return slips
+
+
+def _close_count(got, want) -> bool:
+    return abs(float(got) - float(want)) <= 1e-9 * max(abs(float(want)), 1.0)
+
+
+def _flops_apart(got: float, want: float, case: Case) -> str:
+    return (f"you have {got:.6g} FLOPs per token, engine.budget says {want:.6g} (yours is "
+            f"{got / want:.4g} times it)")
 
 
 def check_training_flops(training_flops_per_token) -> None:
     """training_flops_per_token(matmul_weights, n_layer, seq_len, d_model):
-    forward (2 per weight + attention) plus backward (2x forward)."""
+    forward (2 per weight + attention) plus backward (2x forward). A kernel that skips the
+    masked upper triangle does half of attention's work (each query meets N/2 keys on
+    average): that count is right too, as long as every case uses it."""
     from engine import budget as bm
-    causal = []   # per case: did the learner count the causal half of attention?
-    for cfg in _flops_cases():
-        P, L, N, d = bm.matmul_weights(cfg), cfg.n_layer, cfg.seq_len, cfg.d_model
-        want = bm.flops(cfg)["per_token"]["total"]
-        got = _number(EX_FLOPS, attempt(EX_FLOPS, training_flops_per_token, P, L, N, d),
-                      "training_flops_per_token(...)")
-        if abs(got - want) <= 1e-9 * want:
-            causal.append(False)
-            continue
-        # A kernel that skips the masked upper triangle does half of attention's work: each
-        # query meets N/2 keys on average. That is a right answer too (lesson 13's trainer
-        # counts it so); engine.budget counts the full N x N that the tape engine computes.
-        half = 3 * (2 * P + 2 * L * N * d)
-        if abs(got - half) <= 1e-9 * half:
-            causal.append(True)
-            continue
-        fwd, att = 2 * P + 4 * L * N * d, 4 * L * N * d
-        known = {
-            fwd: "that is the forward pass only; the backward costs two more forwards.",
-            6 * P: "6 per weight is right for the matmuls, but attention's Q @ K^T and P @ V "
-                   "have no weights: add 2 x 2*N*d per layer to the forward, then x3.",
-            2 * fwd: "the backward is two matmuls per forward matmul (dX and dW): 2x the "
-                     "forward, so the step is 3x, not 2x.",
-            6 * P + att: "the attention term also has a backward (2x): multiply all of the "
-                         "forward by 3.",
-            4 * fwd: "that is a step with recompute (an extra forward); without recompute "
-                     "it is forward + 2 x forward.",
-        }
-        hint = next((h for v, h in known.items() if abs(got - v) <= 1e-9 * max(v, 1)),
-                    "forward = 2 x matmul_weights + 4 x n_layer x seq_len x d_model per "
-                    "token; backward = 2 x forward.")
-        raise ExerciseError(EX_FLOPS, f"for P={P:,}, L={L}, N={N}, d={d} you have "
-                                      f"{got:.6g} FLOPs per token, engine.budget says "
-                                      f"{want:.6g}. Hint: {hint}")
-    if any(causal) and not all(causal):
+    cases = _flops_cases()
+    read = lambda value, case: _number(EX_FLOPS, value, "training_flops_per_token(...)")  # noqa: E731
+    answers = [read(attempt(EX_FLOPS, training_flops_per_token, *case.args), case)
+               for case in cases]
+    full = [_close_count(a, _full_attention(*c.args)) for a, c in zip(answers, cases)]
+    half = [_close_count(a, _causal_half(*c.args)) for a, c in zip(answers, cases)]
+    if all(full) or all(half):
+        g = bm.preset("gpt2-small")
+        P, L, N, d = bm.matmul_weights(g), g.n_layer, g.seq_len, g.d_model
+        if all(half):
+            passed(EX_FLOPS, f"you count the causal half of attention (2*N*d per layer "
+                             f"forward: each query meets N/2 keys on average), right for a "
+                             f"kernel that skips the masked half, as lesson 13's trainer does. "
+                             f"engine.budget counts the full N x N (4*N*d) that our tape "
+                             f"engine computes before masking. GPT-2 small at N={N}: "
+                             f"{bm.human_flops(_causal_half(P, L, N, d))} per token your way, "
+                             f"{bm.human_flops(bm.flops(g)['per_token']['total'])} "
+                             f"engine.budget's.")
+        else:
+            passed(EX_FLOPS, f"GPT-2 small at N={g.seq_len}: "
+                             f"{bm.human_flops(bm.flops(g)['per_token']['total'])} per token.")
+        return
+    if all(f or h for f, h in zip(full, half)):
         raise ExerciseError(EX_FLOPS, "your count of attention changes from one configuration "
                                       "to the next (the full N x N on some, the causal half on "
                                       "others). Hint: pick one convention, 4*N*d per layer "
                                       "(what engine.budget counts) or 2*N*d (the causal half).")
-    g = bm.preset("gpt2-small")
-    if all(causal):
-        P, L, N, d = bm.matmul_weights(g), g.n_layer, g.seq_len, g.d_model
-        passed(EX_FLOPS, f"you count the causal half of attention (2*N*d per layer forward: "
-                         f"each query meets N/2 keys on average), right for a kernel that skips "
-                         f"the masked half, as lesson 13's trainer does. engine.budget counts "
-                         f"the full N x N (4*N*d) that our tape engine computes before masking. "
-                         f"GPT-2 small at N={N}: {bm.human_flops(3 * (2 * P + 2 * L * N * d))} "
-                         f"per token your way, "
-                         f"{bm.human_flops(bm.flops(g)['per_token']['total'])} engine.budget's.")
-        return
-    passed(EX_FLOPS, f"GPT-2 small at N={g.seq_len}: "
-                     f"{bm.human_flops(bm.flops(g)['per_token']['total'])} per token.")
+    raise_first_difference(EX_FLOPS, cases, answers,
+                           [_full_attention(*case.args) for case in cases],
+                           slips=_flops_slips(), same=_close_count, difference=_flops_apart)
 
 
 # ------------------------------------------------------------------ 07.2
@@ -111,7 +154,9 @@ def check_fixed_bytes_per_parameter(fixed_bytes_per_parameter) -> None:
                 continue
             hint = _diagnose_bytes(fixed_bytes_per_parameter, precision, optimizer)
             raise ExerciseError(EX_BYTES, f"{precision} + {optimizer}: you say {got:g} bytes "
-                                          f"per parameter, expected {want}. Hint: {hint}")
+                                          f"per parameter, expected {want} (yours is "
+                                          f"{got - want:+g} bytes off)."
+                                          + (f" Hint: {hint}" if hint else ""))
     passed(EX_BYTES, "mixed-precision AdamW: 16 bytes per parameter "
                      f"({' + '.join(str(v) for v in bm.bytes_per_parameter('bf16', 'adamw').values())}).")
 
@@ -138,9 +183,10 @@ _BYTES_SLIPS = [
 ]
 
 
-def _diagnose_bytes(fixed_bytes_per_parameter, precision, optimizer) -> str:
+def _diagnose_bytes(fixed_bytes_per_parameter, precision, optimizer) -> str | None:
     """The hint of the slip that explains the learner's answers on *every* combination, so
-    two slips that give the same number on one combination are told apart by the others."""
+    two slips that give the same number on one combination are told apart by the others;
+    None when no slip does."""
     from engine import budget as bm
     answers = {}
     for p in bm.PRECISIONS:
@@ -162,9 +208,7 @@ def _diagnose_bytes(fixed_bytes_per_parameter, precision, optimizer) -> str:
                 answers[k] in (rule(*rule_args(*k)), sum(bm.bytes_per_parameter(*k).values()))
                 for k in answers):
             return hint
-    storage, buffers = bm.STORAGE_BYTES[precision], bm.OPTIMIZER_BUFFERS[optimizer]
-    return (f"{precision} storage is {storage} bytes; {optimizer} keeps {buffers} fp32 "
-            f"buffer(s) per parameter; 16-bit storage adds a 4-byte fp32 master copy.")
+    return None
 
 
 # ------------------------------------------------------------------ 07.3
@@ -200,7 +244,16 @@ def _crossover_cases():
             # one sequence of 4096 tokens already exceeds a small model's fixed memory: a
             # search that starts at B=2 misses it
             bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=4096,
-                            name="long-sequence")]
+                            name="long-sequence")] + _generated_crossover_cases()
+
+
+def _generated_crossover_cases():
+    """Seeded random GPT-2 small steps: other sequence lengths, precisions and recompute."""
+    from engine import budget as bm
+    rng = np.random.default_rng(73)
+    return [bm.preset("gpt2-small", seq_len=int(rng.choice([64, 192, 384, 768])),
+                      precision=str(rng.choice(["fp32", "bf16"])),
+                      recompute=str(rng.choice(["none", "full"]))) for _ in range(3)]
 
 
 def _fixed_without(b, part: str) -> int:
@@ -248,12 +301,11 @@ def check_crossover_batch(find_crossover_batch) -> None:
                     f"after doubling, search between the last B that was not over and the "
                     f"first that was.")
         else:
-            hint = ("for B = 1, 2, 3, ... (or by bisection) compute "
-                    "engine.budget.activations(cfg.with_(micro_batch=B)).peak and stop at the "
-                    "first B where it is larger than budget(cfg).fixed_total.")
+            hint = None
         raise ExerciseError(EX_CROSS, f"for {cfg.name} (N={cfg.seq_len}, recompute "
                                       f"{cfg.recompute}) you say B={got}, expected B={want} "
-                                      f"(fixed memory {bm.human_bytes(fixed)}). Hint: {hint}")
+                                      f"(fixed memory {bm.human_bytes(fixed)})."
+                                      + (f" Hint: {hint}" if hint else ""))
     first = _crossover_cases()[0]
     passed(EX_CROSS, f"GPT-2 small at N={first.seq_len}: activations overtake the fixed memory "
                      f"at B={bm.crossover_batch(first)}.")
@@ -267,7 +319,14 @@ def check_step_floor_and_mfu(step_floor_and_mfu) -> None:
     """step_floor_and_mfu(step_flops, device_flops, measured_seconds) -> (the fastest the
     step could run on that device, in seconds; the fraction of it the measured step reached)."""
     # (FLOPs of a step, the device's dense FLOP/s, a measured step in seconds)
-    cases = [(1.2e12, 1.0e11, 40.0), (6.0e9, 2.0e11, 0.3), (3.12e17, 3.12e14, 2500.0)]
+    rng = np.random.default_rng(74)
+    cases = [(1.2e12, 1.0e11, 40.0), (6.0e9, 2.0e11, 0.3), (3.12e17, 3.12e14, 2500.0)] + [
+        (float(10 ** rng.uniform(8, 18)), float(10 ** rng.uniform(10, 15)), 0.0)
+        for _ in range(4)]
+    # each generated step is measured 1.2 to 16 times slower than its floor (MFU 0.06-0.8)
+    slower = iter([1.2, 1.8, 4.0, 15.0])
+    cases = [(f, r, m or f / r * next(slower) * float(rng.uniform(1.0, 1.05)))
+             for f, r, m in cases]
     for step_flops, device_flops, measured in cases:
         got = attempt(EX_STEP, step_floor_and_mfu, step_flops, device_flops, measured)
         if not isinstance(got, (tuple, list)) or len(got) != 2:

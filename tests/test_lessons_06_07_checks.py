@@ -279,6 +279,29 @@ def test_07_1_forward_only_still_named():
                words=("forward pass only",))
 
 
+def test_07_1_each_slip_is_named_by_its_reproduction_under_either_convention():
+    assert_each_slip_named(lesson07.check_training_flops, lesson07._flops_cases(),
+                           lesson07._flops_slips(), flops_full,
+                           same=lesson07._close_count)
+    fails_with(lesson07.check_training_flops, lambda P, L, N, d: 2 * P + 2 * L * N * d,
+               words=("forward pass only",))
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda P, L, N, d: 3 * (2 * P + 4 * L * N * N),       # attention priced per sequence
+    lambda P, L, N, d: 3 * (2 * P + 4 * N * d),           # attention in one layer only
+])
+def test_07_1_a_count_that_is_no_known_slip_gets_the_neutral_message(wrong):
+    message = fails_with(lesson07.check_training_flops, wrong,
+                         words=("engine.budget says", "times it"))
+    assert "Hint" not in message and "2 x matmul_weights" not in message
+
+
+def test_07_1_runs_generated_models_beside_the_storys():
+    cases = lesson07._flops_cases()
+    assert len(cases) == 8 and len({case.args for case in cases}) == 8
+
+
 # ---------------------------------------------------------------- 07.2
 def right_bytes(precision, optimizer):
     storage = 4 if precision == "fp32" else 2
@@ -448,6 +471,14 @@ def test_07_4_each_slip_gets_its_own_hint(wrong, words):
         assert formula not in message, message
 
 
+def test_07_4_is_checked_beyond_the_storys_steps():
+    # the story's steps all run below half the device's rate; a generated one does not
+    def capped(step_flops, device_flops, measured):
+        floor = step_flops / device_flops
+        return floor, min(floor / measured, 0.5)
+    fails_with(lesson07.check_step_floor_and_mfu, capped, words=("your MFU is",))
+
+
 def test_07_4_asks_for_the_reasons_and_gives_no_formula():
     """The lesson gives the quantities and the contract; the learner works out the
     arithmetic and says why the floor is a floor and the MFU at most 1."""
@@ -471,6 +502,26 @@ def test_lesson_07_demonstrations_run_without_the_exercises(tmp_path, monkeypatc
     step = next(c for c in cells if "step_floor_and_mfu(step_flops" in c.source)
     assert "measured step:" in cell_stdout(step)     # the measurement shows before the error
     assert any("BudgetWidget(" in c.source and not cell_errors(c) for c in cells)
+
+
+def test_07_2_a_count_that_is_no_known_slip_gets_the_neutral_message():
+    def one_byte_more(precision, optimizer):
+        return right_bytes(precision, optimizer) + 1
+    message = fails_with(lesson07.check_fixed_bytes_per_parameter, one_byte_more,
+                         words=("bytes off",))
+    assert "Hint" not in message and "master copy" not in message
+
+
+def test_07_3_a_search_that_is_no_known_slip_gets_the_neutral_message():
+    def two_past(cfg):
+        return bm.crossover_batch(cfg) + 2
+    message = fails_with(lesson07.check_crossover_batch, two_past, words=("expected B=",))
+    assert "Hint" not in message and "fixed_total" not in message
+
+
+def test_07_3_runs_generated_steps_beside_the_storys():
+    cases = lesson07._crossover_cases()
+    assert len(cases) == 11 and {c.recompute for c in cases[8:]} <= {"none", "full"}
 
 
 # ------------------------------------------------------------------ 07.5
