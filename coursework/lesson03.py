@@ -296,21 +296,35 @@ def _gradcheck_unbroadcast(unbroadcast) -> None:
 
 
 # ---------------------------------------------------------------- 03.3
-def _jacobian_problem():
-    """f(x) = tanh(W x) from R^5 to R^3, its input and its exact Jacobian."""
-    rng = np.random.default_rng(4)
-    W = rng.normal(size=(3, 5)) * 0.5
-    x = rng.normal(size=5)
+#: (seed, m outputs, n inputs): the story's f from R^5 to R^3, then a wide one and a tall one.
+JACOBIAN_PROBLEMS = ((4, 3, 5), (41, 2, 6), (42, 6, 2))
+
+
+def _jacobian_problem(seed: int = 4, m: int = 3, n: int = 5):
+    """f(x) = tanh(W x) from R^n to R^m, its input and its exact Jacobian."""
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(m, n)) * 0.5
+    x = rng.normal(size=n)
     y = np.tanh(W @ x)
     return W, x, (1.0 - y ** 2)[:, None] * W
 
 
 def check_jacobian(jacobian) -> None:
-    """`jacobian(f, x, mode)` with mode "forward" (n JVPs) or "reverse" (m VJPs)."""
+    """`jacobian(f, x, mode)` with mode "forward" (n JVPs) or "reverse" (m VJPs), on the
+    story's f and a wide and a tall one."""
+    ex = EX_JACOBIAN
+    for problem in JACOBIAN_PROBLEMS:
+        _check_jacobian_on(jacobian, *_jacobian_problem(*problem))
+    m, n = JACOBIAN_PROBLEMS[0][1:]
+    passed(ex, f"forward mode: {n} JVPs, one column each; reverse mode: {m} VJPs, one row "
+               f"each.")
+
+
+def _check_jacobian_on(jacobian, W, x, J) -> None:
+    """Both modes on f(x) = tanh(W x), whose exact Jacobian is J."""
     from engine import functional as F
 
     ex = EX_JACOBIAN
-    W, x, J = _jacobian_problem()
     m, n = J.shape
     for mode in ("forward", "reverse"):
         calls = []
@@ -320,10 +334,9 @@ def check_jacobian(jacobian) -> None:
             return F.tanh(W @ t)
         got = _array(ex, f"jacobian(f, x, {mode!r})",
                      _call(ex, f"jacobian(f, x, {mode!r})", jacobian, f, x.copy(), mode,
-                           hint="Hint: forward mode: for each input j, engine.jvp(f, [x], "
-                                "[e_j]) gives column j. Reverse mode: y = f(Tensor(x, "
-                                "requires_grad=True)); for each output i, zero the input's "
-                                "grad and y.backward(e_i, retain_graph=True) gives row i."))
+                           hint="Hint: forward mode runs one JVP per input direction, "
+                                "reverse mode one backward per output; the error names the "
+                                "call that failed."))
         what = f"in {mode} mode, for f from R^{n} to R^{m}"
         if got.shape == (n, m) and _close(got.T, J):
             side = ("each JVP gives a column (the change of every output along one input "
@@ -351,44 +364,49 @@ def check_jacobian(jacobian) -> None:
                     "keeps adding into. Zero the gradient before each backward and store a copy "
                     "(x.grad.copy()).")
         else:
-            hint = ("forward mode: column j = engine.jvp(f, [x], [e_j])[1] with e_j the j-th "
-                    "unit vector; reverse mode: row i = the input's gradient after "
-                    "y.backward(e_i) with e_i the i-th unit vector of the output.")
+            raise ExerciseError(ex, f"{what} the Jacobian has the right shape but other "
+                                    f"values: {array_difference(got, J)}.")
         raise ExerciseError(ex, f"{what} the Jacobian has the right shape but wrong values. "
                                 f"Hint: {hint}")
-    passed(ex, f"forward mode: {n} JVPs, one column each; reverse mode: {m} VJPs, one row "
-               f"each.")
 
 
 # ---------------------------------------------------------------- 03.4
+def _residual_cases() -> list[Case]:
+    """The story's 4-wide block, then seeded random widths; each case's branch VJP is
+    g -> J^T g for a random Jacobian J of the branch F."""
+    rng = np.random.default_rng(2)
+    cases = []
+    for width in (4, 1, 3, 7):
+        J = rng.normal(size=(width, width)) * 0.3
+        g = rng.normal(size=width)
+        cases.append(Case((g, lambda v, J=J: J.T @ v), f"for a block of width {width}"))
+    return cases
+
+
+RESIDUAL_SLIPS = [
+    Slip(lambda g, branch: branch(g),
+         "you return only the branch: the shortcut x -> y is a second path whose local "
+         "derivative is the identity I, so grad_out itself is added."),
+    Slip(lambda g, branch: g.copy(),
+         "you return only the shortcut; the branch F sends branch_vjp(grad_out) too."),
+    Slip(lambda g, branch: g * branch(g), "the two paths add (a fan-out), they do not multiply."),
+]
+
+
 def check_residual_vjp(residual_vjp) -> None:
     """`residual_vjp(grad_out, branch_vjp)` for y = x + F(x), branch_vjp(g) = J_F^T g."""
     ex = EX_RESIDUAL
-    rng = np.random.default_rng(2)
-    J = rng.normal(size=(4, 4)) * 0.3
-    g = rng.normal(size=4)
-    branch = lambda v: J.T @ v  # noqa: E731
-    got = _array(ex, "residual_vjp(grad_out, branch_vjp)",
-                 _call(ex, "residual_vjp", residual_vjp, g.copy(), branch))
-    want = g + J.T @ g
-    if got.shape != want.shape:
-        raise ExerciseError(ex, f"the gradient has shape {got.shape}, expected {want.shape} "
-                                f"(the shape of x).")
-    if _close(got, want):
-        passed(ex, "grad_out + branch_vjp(grad_out): the shortcut adds the identity.")
-        return
-    if _close(got, J.T @ g):
-        hint = ("you return only the branch: the shortcut x -> y is a second path whose "
-                "local derivative is the identity I, so grad_out itself is added.")
-    elif _close(got, g):
-        hint = "you return only the shortcut; the branch F sends branch_vjp(grad_out) too."
-    elif _close(got, g * (J.T @ g)):
-        hint = "the two paths add (a fan-out), they do not multiply."
-    elif _close(got, J @ g + g):
-        hint = "call branch_vjp(grad_out); do not apply the Jacobian yourself."
-    else:
-        hint = "y = x + F(x), so dL/dx = grad_out + J_F^T grad_out."
-    raise ExerciseError(ex, f"the gradient is wrong. Hint: {hint}")
+
+    def read(value, case):
+        got = _array(ex, "residual_vjp(grad_out, branch_vjp)", value)
+        if got.shape != case.args[0].shape:
+            raise ExerciseError(ex, f"{case.label} the gradient has shape {got.shape}, "
+                                    f"expected {case.args[0].shape} (the shape of x).")
+        return got
+    compare_over_cases(ex, lambda g, branch: residual_vjp(g.copy(), branch),
+                       lambda g, branch: g + branch(g), _residual_cases(),
+                       slips=RESIDUAL_SLIPS, same=_close, read=read)
+    passed(ex, "grad_out + branch_vjp(grad_out): the shortcut adds the identity.")
 
 
 # ------------------------------------------------------------------ 03.5

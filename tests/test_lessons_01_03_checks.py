@@ -542,6 +542,23 @@ def test_lesson03_jacobian_reverse_mode_without_retain_graph():
                words=["Exercise 03.3", "raised RuntimeError", "retain_graph=True"])
 
 
+def test_lesson03_jacobian_is_checked_on_other_shapes_than_the_storys():
+    right = make_jacobian()
+
+    def three_outputs_assumed(f, x, mode):
+        J = right(f, x, mode)
+        return J[:3] if mode == "reverse" else J
+    fails_with(lesson03.check_jacobian, three_outputs_assumed,
+               words=["in reverse mode, for f from R^2 to R^6", "shape (3, 2)"])
+
+
+def test_lesson03_jacobian_no_known_slip_gets_the_neutral_message():
+    right = make_jacobian()
+    message = fails_with(lesson03.check_jacobian, lambda f, x, mode: 2 * right(f, x, mode),
+                         words=["right shape but other values", "where the reference has"])
+    assert "Hint" not in message and "engine.jvp(f, [x], [e_j])" not in message
+
+
 def test_lesson03_jacobian_forward_mode_by_backward_is_not_forward_mode():
     rev = make_jacobian()
 
@@ -777,5 +794,15 @@ def test_lesson03_residual_vjp_derivation_mistakes():
     lesson03.check_residual_vjp(lambda g, vjp: vjp(g) + g)
     fails_with(lesson03.check_residual_vjp, lambda g, vjp: g,
                words=["only the shortcut", "branch_vjp(grad_out)"])
-    fails_with(lesson03.check_residual_vjp, lambda g, vjp: 0.5 * (g + vjp(g)),
-               words=["y = x + F(x)"])
+    # an answer that is no known slip is told where it differs, not the answer
+    message = fails_with(lesson03.check_residual_vjp, lambda g, vjp: 0.5 * (g + vjp(g)),
+                         words=["for a block of width 4", "where the reference has"])
+    assert "Hint" not in message and "grad_out + J_F^T grad_out" not in message
+
+
+def test_lesson03_residual_vjp_runs_generated_widths():
+    # a VJP right only for the story's width is caught on another
+    fails_with(lesson03.check_residual_vjp,
+               lambda g, vjp: g + vjp(g) if g.size == 4 else vjp(g) + g[::-1],
+               words=["for a block of width 3"])
+    assert [case.args[0].size for case in lesson03._residual_cases()] == [4, 1, 3, 7]
