@@ -98,6 +98,29 @@ def test_04_1_names_the_mistake(answer, phrase):
     assert phrase in str(err.value)
 
 
+def test_04_1_a_wrong_slope_that_is_no_known_slip_gets_the_neutral_message():
+    def three_points(f, x, index, eps):           # a mean of the two one-sided slopes, wrong
+        return (partial_right(f, x, index, eps) + partial_forward(f, x, index, eps)) / 2
+    with pytest.raises(ExerciseError) as err:
+        lesson04.check_numerical_partial(three_points)
+    message = str(err.value)
+    assert "the central difference is" in message and " off)" in message
+    assert "Hint" not in message and "(f(x+) - f(x-)) / (2*eps)" not in message
+
+
+def test_04_1_runs_generated_points_and_steps():
+    from coursework.lesson04 import partial
+    cases = partial._partial_cases()
+    assert len(cases) == 12 and len({eps for _, _, eps in cases}) == 6
+
+    def story_point_only(f, x, index, eps):      # right only where the story's x is
+        if x[0, 0] == 0.7:
+            return partial_right(f, x, index, eps)
+        return partial_forward(f, x, index, eps)
+    with pytest.raises(ExerciseError, match="one-sided"):
+        lesson04.check_numerical_partial(story_point_only)
+
+
 # ---------------------------------------------------------------- 04.2
 def errors_right(analytic, numeric, floor=1e-10):
     ab = np.abs(analytic - numeric)
@@ -255,6 +278,13 @@ def test_04_3_names_the_mistake(answer, phrase):
     with pytest.raises(ExerciseError, match="Exercise 04.3") as err:
         lesson04.check_spot_check(answer)
     assert phrase in str(err.value)
+
+
+def test_04_3_the_near_zero_hint_does_not_hand_over_the_rule():
+    for rule in ("relative", "and"):
+        with pytest.raises(ExerciseError) as err:
+            lesson04.check_spot_check(make_spot_check(rule=rule))
+        assert "OR rel_err <= rtol" not in str(err.value)
 
 
 def test_04_3_catches_a_checker_that_never_fails():
