@@ -77,22 +77,22 @@ def check_to_bf16(to_bf16) -> None:
              f"nearest bf16 is {want[bad]!r}")
     finite = np.isfinite(x)
     if _same(got, _truncate(x))[finite].all():
-        hint = ("you truncate (drop the low 16 bits). That always rounds towards zero; "
-                "round to the nearest instead: add 0x7FFF plus the lowest kept bit "
-                "((bits >> 16) & 1) before clearing the low 16 bits.")
+        hint = ("you truncate (drop the low 16 bits). That always rounds towards zero, and the "
+                "nearest bf16 value is often the one above.")
     elif _same(got, _half_up(x))[finite].all():
         hint = ("exact ties (the dropped 16 bits are exactly 0x8000) must go to the even "
-                "neighbour, not always up: add 0x7FFF + ((bits >> 16) & 1) instead of 0x8000.")
+                "neighbour, the one whose lowest kept bit is 0; yours always go up.")
     elif _same(got, want)[finite].all():
         hint = ("a NaN whose payload sits in the low 16 bits (e.g. bits 0x7F800001) turns into "
-                "infinity when those bits are dropped. Keep NaN a NaN: for NaN inputs set the "
-                "quiet bit 0x00400000 before clearing the low bits (np.where(np.isnan(x), ...)).")
+                "infinity when those bits are dropped. Keep NaN a NaN: NaN inputs need a path "
+                "of their own.")
     elif not np.isnan(got[bad]) and np.isnan(want[bad]):
         hint = "NaN must stay NaN."
     else:
-        hint = ("work on x.view(np.uint32): add 0x7FFF + ((bits >> 16) & 1), clear the low 16 "
-                "bits with & 0xFFFF0000, view the result as float32.")
-    raise ExerciseError(EX_BF16, f"{shown}. Hint: {hint}")
+        hint = None
+    n_bad = int(np.count_nonzero(~ok))
+    shown += f" ({n_bad} of {x.size} values differ)"
+    raise ExerciseError(EX_BF16, f"{shown}." + (f" Hint: {hint}" if hint else ""))
 
 
 # ------------------------------------------------------------------ 09.3

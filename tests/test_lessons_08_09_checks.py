@@ -460,7 +460,21 @@ def test_09_1_stub_says_not_done():
     (bf16_float64, "float32"),
 ])
 def test_09_1_names_the_typical_mistakes(answer, phrase):
-    fails_with(lesson09.check_to_bf16, answer, phrase)
+    message = fails_with(lesson09.check_to_bf16, answer, phrase)
+    assert "0x7FFF" not in message and "& 0xFFFF0000" not in message
+
+
+def bf16_round_half_down(x):
+    """Ties go down, every other value to the nearest: matches no named slip."""
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF)) & np.uint32(0xFFFF0000)
+    quiet_nan = (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint32).view(np.float32)
+
+
+def test_09_1_a_rounding_that_is_no_known_slip_gets_the_neutral_message():
+    message = fails_with(lesson09.check_to_bf16, bf16_round_half_down, "the nearest bf16 is")
+    assert "values differ" in message and "Hint" not in message and "0x7FFF" not in message
 
 
 # ================================================================ 09.3
