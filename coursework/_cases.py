@@ -6,9 +6,9 @@ reference, and the typical slips (`Slip`: a function that makes the slip's answe
 same arguments, and the hint for whoever made it). `compare_over_cases` runs the learner's
 function on every case. At the first case where the answer differs from the reference it
 names the slip whose reproduction gives the learner's answer on *every* case the answer
-gets wrong; when no slip does, it says where the answer differs (which entry, by how much, on which case, in the
-exercise's units) and names no cause. A hint is then never a guess: a learner told "you
-rounded up" did round up.
+gets wrong; when no slip does, it says where the answer differs (which entry, by how
+much, on which case, in the exercise's units) and names no cause. A hint is then never a
+guess: a learner told "you rounded up" did round up.
 
 Cases come from a seeded generator (`np.random.default_rng(seed)`), so a notebook's printed
 output never changes, beside the hand-picked cases that tell the lesson's story.

@@ -108,9 +108,8 @@ def check_training_flops(training_flops_per_token) -> None:
     average): that count is right too, as long as every case uses it."""
     from engine import budget as bm
     cases = _flops_cases()
-    read = lambda value, case: _number(EX_FLOPS, value, "training_flops_per_token(...)")  # noqa: E731
-    answers = [read(attempt(EX_FLOPS, training_flops_per_token, *case.args), case)
-               for case in cases]
+    answers = [_number(EX_FLOPS, attempt(EX_FLOPS, training_flops_per_token, *case.args),
+                       "training_flops_per_token(...)") for case in cases]
     full = [_close_count(a, _full_attention(*c.args)) for a, c in zip(answers, cases)]
     half = [_close_count(a, _causal_half(*c.args)) for a, c in zip(answers, cases)]
     if all(full) or all(half):
