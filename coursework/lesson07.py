@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from . import _core
+from ._cases import Case, Slip, compare_over_cases, raise_first_difference
 from ._core import ExerciseError, attempt, passed
 
 EX_FLOPS = "07.1 (training_flops_per_token)"
@@ -29,68 +32,110 @@ def _number(exercise: str, value, what: str) -> float:
 
 
 # ------------------------------------------------------------------ 07.1
-def _flops_cases():
+def _flops_configs():
+    """The story's models, then four seeded random small GPTs."""
     from engine import budget as bm
+    rng = np.random.default_rng(71)
+    generated = []
+    for i in range(4):
+        H = int(rng.integers(1, 5))
+        generated.append(bm.BudgetConfig(
+            n_layer=int(rng.integers(1, 13)), d_model=16 * H * int(rng.integers(1, 9)),
+            n_head=H, vocab_size=int(rng.integers(50, 2000)),
+            seq_len=int(rng.choice([64, 256, 1000, 2048])), name=f"random GPT {i + 1}"))
     return [bm.preset("gpt2-small"), bm.preset("7b-class"), bm.preset("tiny"),
-            bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=256)]
+            bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=256)
+            ] + generated
+
+
+def _flops_cases() -> list[Case]:
+    from engine import budget as bm
+    cases = []
+    for cfg in _flops_configs():
+        args = (bm.matmul_weights(cfg), cfg.n_layer, cfg.seq_len, cfg.d_model)
+        cases.append(Case(args, "for P={:,}, L={}, N={}, d={}".format(*args)))
+    return cases
+
+
+def _full_attention(P, L, N, d) -> float:
+    """engine.budget's count: 2 per weight and the full N x N attention (4*N*d per layer)
+    forward, twice that backward."""
+    return 3 * (2 * P + 4 * L * N * d)
+
+
+def _causal_half(P, L, N, d) -> float:
+    """The same with the causal half of attention, 2*N*d per layer forward."""
+    return 3 * (2 * P + 2 * L * N * d)
+
+
+def _flops_slips() -> list[Slip]:
+    """The usual miscounts, under either convention for attention (`per_layer` = 4 or 2)."""
+    slips = []
+    for per_layer in (4, 2):
+        def fwd(P, L, N, d, per_layer=per_layer):
+            return 2 * P + per_layer * L * N * d
+        slips += [
+            Slip(fwd, "that is the forward pass only; the backward costs two more forwards."),
+            Slip(lambda P, L, N, d, fwd=fwd: 2 * fwd(P, L, N, d),
+                 "the backward is two matmuls per forward matmul (dX and dW): 2x the forward, "
+                 "so the step is 3x, not 2x."),
+            Slip(lambda P, L, N, d, p=per_layer: 6 * P + p * L * N * d,
+                 "the attention term also has a backward (2x): it counts three times in a "
+                 "step, as the weights' term does."),
+            Slip(lambda P, L, N, d, fwd=fwd: 4 * fwd(P, L, N, d),
+                 "that is a step with recompute (an extra forward); without recompute it is "
+                 "forward + 2 x forward."),
+        ]
+    slips.insert(0, Slip(lambda P, L, N, d: 6 * P,
+                         "6 per weight is right for the matmuls, but attention's Q @ K^T and "
+                         "P @ V have no weights: a count by weights leaves them out."))
+    return slips
+
+
+def _close_count(got, want) -> bool:
+    return abs(float(got) - float(want)) <= 1e-9 * max(abs(float(want)), 1.0)
+
+
+def _flops_apart(got: float, want: float, case: Case) -> str:
+    return (f"you have {got:.6g} FLOPs per token, engine.budget says {want:.6g} (yours is "
+            f"{got / want:.4g} times it)")
 
 
 def check_training_flops(training_flops_per_token) -> None:
     """training_flops_per_token(matmul_weights, n_layer, seq_len, d_model):
-    forward (2 per weight + attention) plus backward (2x forward)."""
+    forward (2 per weight + attention) plus backward (2x forward). A kernel that skips the
+    masked upper triangle does half of attention's work (each query meets N/2 keys on
+    average): that count is right too, as long as every case uses it."""
     from engine import budget as bm
-    causal = []   # per case: did the learner count the causal half of attention?
-    for cfg in _flops_cases():
-        P, L, N, d = bm.matmul_weights(cfg), cfg.n_layer, cfg.seq_len, cfg.d_model
-        want = bm.flops(cfg)["per_token"]["total"]
-        got = _number(EX_FLOPS, attempt(EX_FLOPS, training_flops_per_token, P, L, N, d),
-                      "training_flops_per_token(...)")
-        if abs(got - want) <= 1e-9 * want:
-            causal.append(False)
-            continue
-        # A kernel that skips the masked upper triangle does half of attention's work: each
-        # query meets N/2 keys on average. That is a right answer too (lesson 13's trainer
-        # counts it so); engine.budget counts the full N x N that the tape engine computes.
-        half = 3 * (2 * P + 2 * L * N * d)
-        if abs(got - half) <= 1e-9 * half:
-            causal.append(True)
-            continue
-        fwd, att = 2 * P + 4 * L * N * d, 4 * L * N * d
-        known = {
-            fwd: "that is the forward pass only; the backward costs two more forwards.",
-            6 * P: "6 per weight is right for the matmuls, but attention's Q @ K^T and P @ V "
-                   "have no weights: add 2 x 2*N*d per layer to the forward, then x3.",
-            2 * fwd: "the backward is two matmuls per forward matmul (dX and dW): 2x the "
-                     "forward, so the step is 3x, not 2x.",
-            6 * P + att: "the attention term also has a backward (2x): multiply all of the "
-                         "forward by 3.",
-            4 * fwd: "that is a step with recompute (an extra forward); without recompute "
-                     "it is forward + 2 x forward.",
-        }
-        hint = next((h for v, h in known.items() if abs(got - v) <= 1e-9 * max(v, 1)),
-                    "forward = 2 x matmul_weights + 4 x n_layer x seq_len x d_model per "
-                    "token; backward = 2 x forward.")
-        raise ExerciseError(EX_FLOPS, f"for P={P:,}, L={L}, N={N}, d={d} you have "
-                                      f"{got:.6g} FLOPs per token, engine.budget says "
-                                      f"{want:.6g}. Hint: {hint}")
-    if any(causal) and not all(causal):
+    cases = _flops_cases()
+    answers = [_number(EX_FLOPS, attempt(EX_FLOPS, training_flops_per_token, *case.args),
+                       "training_flops_per_token(...)") for case in cases]
+    full = [_close_count(a, _full_attention(*c.args)) for a, c in zip(answers, cases)]
+    half = [_close_count(a, _causal_half(*c.args)) for a, c in zip(answers, cases)]
+    if all(full) or all(half):
+        g = bm.preset("gpt2-small")
+        P, L, N, d = bm.matmul_weights(g), g.n_layer, g.seq_len, g.d_model
+        if all(half):
+            passed(EX_FLOPS, f"you count the causal half of attention (2*N*d per layer "
+                             f"forward: each query meets N/2 keys on average), right for a "
+                             f"kernel that skips the masked half, as lesson 13's trainer does. "
+                             f"engine.budget counts the full N x N (4*N*d) that our tape "
+                             f"engine computes before masking. GPT-2 small at N={N}: "
+                             f"{bm.human_flops(_causal_half(P, L, N, d))} per token your way, "
+                             f"{bm.human_flops(bm.flops(g)['per_token']['total'])} "
+                             f"engine.budget's.")
+        else:
+            passed(EX_FLOPS, f"GPT-2 small at N={g.seq_len}: "
+                             f"{bm.human_flops(bm.flops(g)['per_token']['total'])} per token.")
+        return
+    if all(f or h for f, h in zip(full, half)):
         raise ExerciseError(EX_FLOPS, "your count of attention changes from one configuration "
                                       "to the next (the full N x N on some, the causal half on "
                                       "others). Hint: pick one convention, 4*N*d per layer "
                                       "(what engine.budget counts) or 2*N*d (the causal half).")
-    g = bm.preset("gpt2-small")
-    if all(causal):
-        P, L, N, d = bm.matmul_weights(g), g.n_layer, g.seq_len, g.d_model
-        passed(EX_FLOPS, f"you count the causal half of attention (2*N*d per layer forward: "
-                         f"each query meets N/2 keys on average), right for a kernel that skips "
-                         f"the masked half, as lesson 13's trainer does. engine.budget counts "
-                         f"the full N x N (4*N*d) that our tape engine computes before masking. "
-                         f"GPT-2 small at N={N}: {bm.human_flops(3 * (2 * P + 2 * L * N * d))} "
-                         f"per token your way, "
-                         f"{bm.human_flops(bm.flops(g)['per_token']['total'])} engine.budget's.")
-        return
-    passed(EX_FLOPS, f"GPT-2 small at N={g.seq_len}: "
-                     f"{bm.human_flops(bm.flops(g)['per_token']['total'])} per token.")
+    raise_first_difference(EX_FLOPS, cases, answers,
+                           [_full_attention(*case.args) for case in cases],
+                           slips=_flops_slips(), same=_close_count, difference=_flops_apart)
 
 
 # ------------------------------------------------------------------ 07.2
@@ -108,7 +153,9 @@ def check_fixed_bytes_per_parameter(fixed_bytes_per_parameter) -> None:
                 continue
             hint = _diagnose_bytes(fixed_bytes_per_parameter, precision, optimizer)
             raise ExerciseError(EX_BYTES, f"{precision} + {optimizer}: you say {got:g} bytes "
-                                          f"per parameter, expected {want}. Hint: {hint}")
+                                          f"per parameter, expected {want} (yours is "
+                                          f"{got - want:+g} bytes off)."
+                                          + (f" Hint: {hint}" if hint else ""))
     passed(EX_BYTES, "mixed-precision AdamW: 16 bytes per parameter "
                      f"({' + '.join(str(v) for v in bm.bytes_per_parameter('bf16', 'adamw').values())}).")
 
@@ -135,9 +182,10 @@ _BYTES_SLIPS = [
 ]
 
 
-def _diagnose_bytes(fixed_bytes_per_parameter, precision, optimizer) -> str:
+def _diagnose_bytes(fixed_bytes_per_parameter, precision, optimizer) -> str | None:
     """The hint of the slip that explains the learner's answers on *every* combination, so
-    two slips that give the same number on one combination are told apart by the others."""
+    two slips that give the same number on one combination are told apart by the others;
+    None when no slip does."""
     from engine import budget as bm
     answers = {}
     for p in bm.PRECISIONS:
@@ -159,9 +207,7 @@ def _diagnose_bytes(fixed_bytes_per_parameter, precision, optimizer) -> str:
                 answers[k] in (rule(*rule_args(*k)), sum(bm.bytes_per_parameter(*k).values()))
                 for k in answers):
             return hint
-    storage, buffers = bm.STORAGE_BYTES[precision], bm.OPTIMIZER_BUFFERS[optimizer]
-    return (f"{precision} storage is {storage} bytes; {optimizer} keeps {buffers} fp32 "
-            f"buffer(s) per parameter; 16-bit storage adds a 4-byte fp32 master copy.")
+    return None
 
 
 # ------------------------------------------------------------------ 07.3
@@ -197,7 +243,16 @@ def _crossover_cases():
             # one sequence of 4096 tokens already exceeds a small model's fixed memory: a
             # search that starts at B=2 misses it
             bm.BudgetConfig(n_layer=2, d_model=64, n_head=2, vocab_size=50, seq_len=4096,
-                            name="long-sequence")]
+                            name="long-sequence")] + _generated_crossover_cases()
+
+
+def _generated_crossover_cases():
+    """Seeded random GPT-2 small steps: other sequence lengths, precisions and recompute."""
+    from engine import budget as bm
+    rng = np.random.default_rng(73)
+    return [bm.preset("gpt2-small", seq_len=int(rng.choice([64, 192, 384, 768])),
+                      precision=str(rng.choice(["fp32", "bf16"])),
+                      recompute=str(rng.choice(["none", "full"]))) for _ in range(3)]
 
 
 def _fixed_without(b, part: str) -> int:
@@ -245,12 +300,11 @@ def check_crossover_batch(find_crossover_batch) -> None:
                     f"after doubling, search between the last B that was not over and the "
                     f"first that was.")
         else:
-            hint = ("for B = 1, 2, 3, ... (or by bisection) compute "
-                    "engine.budget.activations(cfg.with_(micro_batch=B)).peak and stop at the "
-                    "first B where it is larger than budget(cfg).fixed_total.")
+            hint = None
         raise ExerciseError(EX_CROSS, f"for {cfg.name} (N={cfg.seq_len}, recompute "
                                       f"{cfg.recompute}) you say B={got}, expected B={want} "
-                                      f"(fixed memory {bm.human_bytes(fixed)}). Hint: {hint}")
+                                      f"(fixed memory {bm.human_bytes(fixed)})."
+                                      + (f" Hint: {hint}" if hint else ""))
     first = _crossover_cases()[0]
     passed(EX_CROSS, f"GPT-2 small at N={first.seq_len}: activations overtake the fixed memory "
                      f"at B={bm.crossover_batch(first)}.")
@@ -264,7 +318,14 @@ def check_step_floor_and_mfu(step_floor_and_mfu) -> None:
     """step_floor_and_mfu(step_flops, device_flops, measured_seconds) -> (the fastest the
     step could run on that device, in seconds; the fraction of it the measured step reached)."""
     # (FLOPs of a step, the device's dense FLOP/s, a measured step in seconds)
-    cases = [(1.2e12, 1.0e11, 40.0), (6.0e9, 2.0e11, 0.3), (3.12e17, 3.12e14, 2500.0)]
+    rng = np.random.default_rng(74)
+    cases = [(1.2e12, 1.0e11, 40.0), (6.0e9, 2.0e11, 0.3), (3.12e17, 3.12e14, 2500.0)] + [
+        (float(10 ** rng.uniform(8, 18)), float(10 ** rng.uniform(10, 15)), 0.0)
+        for _ in range(4)]
+    # each generated step is measured 1.2 to 16 times slower than its floor (MFU 0.06-0.8)
+    slower = iter([1.2, 1.8, 4.0, 15.0])
+    cases = [(f, r, m or f / r * next(slower) * float(rng.uniform(1.0, 1.05)))
+             for f, r, m in cases]
     for step_flops, device_flops, measured in cases:
         got = attempt(EX_STEP, step_floor_and_mfu, step_flops, device_flops, measured)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
@@ -330,18 +391,83 @@ def _scaling_hint(fn, args, index: int, name: str, ratios) -> str:
 EX_LOSS = "07.5 (loss_peak)"
 
 
-def _loss_cases():
-    """Steps of transformers' GPT-2 and LLaMA, fp32 and bf16 autocast, whose peak
-    is the loss's backward."""
+def _loss_configs():
+    """Steps of transformers' GPT-2 and LLaMA, fp32 and bf16 autocast, whose peak is the
+    loss's backward: the story's four, then seeded random micro-batches, sequence lengths
+    and precisions of GPT-2 small."""
     from engine import budget as bm
     llama = dict(architecture="llama", n_layer=4, d_model=512, n_head=8, n_kv_head=2,
                  d_ff=1408, vocab_size=32000, tied_embedding=False, block_size=0)
-    return [bm.preset("gpt2-small", activation_model="hf", precision="fp32"),
-            bm.preset("gpt2-small", activation_model="hf", precision="bf16",
-                      attention="flash"),
-            bm.preset("gpt2-medium", activation_model="hf", precision="bf16", micro_batch=2),
-            bm.preset("tiny", activation_model="hf", precision="bf16", attention="flash",
-                      micro_batch=4, seq_len=2048, **llama)]
+    story = [bm.preset("gpt2-small", activation_model="hf", precision="fp32"),
+             bm.preset("gpt2-small", activation_model="hf", precision="bf16",
+                       attention="flash"),
+             bm.preset("gpt2-medium", activation_model="hf", precision="bf16", micro_batch=2),
+             bm.preset("tiny", activation_model="hf", precision="bf16", attention="flash",
+                       micro_batch=4, seq_len=2048, **llama)]
+    rng = np.random.default_rng(75)
+    generated = [bm.preset("gpt2-small", activation_model="hf",
+                           precision=str(rng.choice(["fp32", "bf16"])), attention="flash",
+                           micro_batch=int(rng.integers(1, 9)),
+                           seq_len=int(rng.choice([128, 256, 512, 1024])))
+                 for _ in range(4)]
+    return story + generated
+
+
+def _loss_cases() -> tuple[list[Case], dict]:
+    """The cases of 07.5 (the learner's arguments) and, for each, the bytes the budget's
+    step holds at the loss's backward."""
+    from engine import budget as bm
+    cases, wants = [], {}
+    for cfg in _loss_configs():
+        step = bm.budget(cfg).activations.step
+        n, V = cfg.micro_batch * cfg.seq_len, cfg.vocab_size
+        moment = next(m for m in step.moments if m.name == "the loss's backward")
+        alive = dict(moment.alive)
+        resident = alive["weights"] + alive["optimizer state"]
+        other = alive["saved by the forward"] - n * V * 4
+        args = (n, V, cfg.precision, other, resident)
+        cases.append(Case(args, f"for {cfg.name} ({cfg.precision}, n={n:,} tokens, V={V:,})"))
+        wants[args] = moment.bytes
+    return cases, wants
+
+
+def _loss_slips() -> list[Slip]:
+    """The usual miscounts of the moment, each reproduced from the same arguments."""
+    def tensors(count, itemsize=None):
+        return lambda n, V, p, o, r: r + o + count * n * V * (
+            itemsize(p) if itemsize else 4)
+
+    def one_short(case, got, want):
+        n, V = case.args[:2]
+        return (f"you are one fp32 [n, V] tensor ({n * V * 4:,} bytes) short: while "
+                f"log_softmax's backward runs, count what it reads and what it writes, not "
+                f"only what it reads.")
+
+    return [
+        Slip(tensors(1), "that is what the loss keeps at the end of the forward (log_softmax's "
+                         "output); its backward then allocates more [n, V] tensors while "
+                         "that output is still alive."),
+        Slip(tensors(2), one_short),
+        Slip(tensors(4), "transformers' loss holds no reference to the logits once the "
+                         "forward returns (the caller keeps only .loss); a nanoGPT-style "
+                         "loop that keeps `logits` would hold one more."),
+        Slip(tensors(3, lambda p: 4 if p == "fp32" else 2),
+             "under autocast the loss still works in fp32: log_softmax is on autocast's fp32 "
+             "list, and transformers calls logits.float() before it."),
+        Slip(lambda n, V, p, o, r: 3 * n * V * 4, "the peak is a moment of the whole step: add "
+                                                  "what is resident and what the rest of the "
+                                                  "forward saved."),
+        Slip(lambda n, V, p, o, r: r + o, "you left out the loss's own [n, V] tensors, the "
+                                          "largest ones alive at that moment."),
+    ]
+
+
+def _loss_bytes_apart(got: float, want: int, case: Case) -> str:
+    """How far a count is from the step's, in bytes and in fp32 [n, V] tensors."""
+    n, V = case.args[:2]
+    return (f"you have {got:,.0f} bytes, the step holds {want:,} then (yours is "
+            f"{got - want:+,.0f} bytes off, {(got - want) / (n * V * 4):+.3g} fp32 [n, V] "
+            f"tensors)")
 
 
 def check_loss_peak(loss_peak) -> None:
@@ -350,44 +476,11 @@ def check_loss_peak(loss_peak) -> None:
     resident (weights, optimizer state), what the forward saved outside the loss, and
     the loss's own [n_tokens, vocab] tensors."""
     from engine import budget as bm
-    for cfg in _loss_cases():
-        step = bm.budget(cfg).activations.step
-        n, V = cfg.micro_batch * cfg.seq_len, cfg.vocab_size
-        vocab = n * V * 4
-        moment = next(m for m in step.moments if m.name == "the loss's backward")
-        alive = dict(moment.alive)
-        resident = alive["weights"] + alive["optimizer state"]
-        other = alive["saved by the forward"] - vocab
-        want = moment.bytes
-        got = _number(EX_LOSS, attempt(EX_LOSS, loss_peak, n, V, cfg.precision, other,
-                                       resident), "loss_peak(...)")
-        if got == want:
-            continue
-        low = 2 if cfg.precision != "fp32" else 4
-        base = resident + other
-        known = {
-            base + vocab: "that is what the loss keeps at the end of the forward (log_softmax's "
-                          "output); its backward then allocates more [n, V] tensors while "
-                          "that output is still alive.",
-            base + 2 * vocab: "count every [n, V] tensor alive while log_softmax's backward "
-                              "runs: its saved output, the gradient arriving from nll_loss, "
-                              "and the gradient it writes for the logits.",
-            base + 4 * vocab: "transformers' loss holds no reference to the logits once the "
-                              "forward returns (the caller keeps only .loss); a nanoGPT-style "
-                              "loop that keeps `logits` would hold one more.",
-            base + 3 * n * V * low: "under autocast the loss still works in fp32: log_softmax "
-                                    "is on autocast's fp32 list, and transformers calls "
-                                    "logits.float() before it.",
-            3 * vocab: "the peak is a moment of the whole step: add what is resident and "
-                       "what the rest of the forward saved.",
-        }
-        hint = next((h for v, h in known.items() if got == v),
-                    "resident + other_saved + (how many fp32 [n, V] tensors are alive during "
-                    "log_softmax's backward) x n x V x 4.")
-        raise ExerciseError(EX_LOSS, f"for {cfg.name} ({cfg.precision}, n={n:,} tokens, "
-                                     f"V={V:,}) you have {got:,.0f} bytes, the step holds "
-                                     f"{want:,} then. Hint: {hint}")
-    g = bm.budget(_loss_cases()[1])
+    cases, wants = _loss_cases()
+    compare_over_cases(EX_LOSS, loss_peak, lambda *args: wants[args], cases,
+                       slips=_loss_slips(), difference=_loss_bytes_apart,
+                       read=lambda value, case: _number(EX_LOSS, value, "loss_peak(...)"))
+    g = bm.budget(_loss_configs()[1])
     passed(EX_LOSS, f"GPT-2 small, bf16 autocast, B=8 N=1024: three fp32 [8192, 50257] "
                     f"tensors of {bm.human_bytes(8192 * 50257 * 4)} each at the peak, "
                     f"{bm.human_bytes(g.peak)} in all.")

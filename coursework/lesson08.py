@@ -21,6 +21,7 @@ from engine.tensor import is_grad_enabled
 from engine.accumulation import accumulate_gradients, split_batch
 from engine.recompute import checkpoint_sequential
 from engine.gpt_config import GPTConfig, init_params
+from ._cases import Case, Slip, compare_over_cases, number_difference
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
 from .slots import (SlotError, check_accumulate_through_view, checkpointed_gpt_mismatch,
@@ -46,15 +47,18 @@ def _close(a, b, rtol=1e-9) -> bool:
 _STALE = 0.5
 
 
-def _accumulate_case():
-    """The batch of 6 split into K=3 micro-batches, and what a right loop gives: the
-    full batch's mean loss and gradients, the last micro-batch's gradients alone, and the
+#: (K micro-batches, seed of the batch): the story's batch of 6 in 3, then other splits.
+ACCUMULATE_CASES = ((3, 1), (2, 4), (6, 5))
+
+
+def _accumulate_case(K: int = 3, seed: int = 1):
+    """A batch of 6 split into K micro-batches, and what a right loop gives: the full
+    batch's mean loss and gradients, the last micro-batch's gradients alone, and the
     activation peak of one micro-batch's forward + backward."""
     cfg, params = _tiny_gpt()
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     ids = rng.integers(0, cfg.vocab_size, (6, cfg.block_size))
     targets = rng.integers(0, cfg.vocab_size, (6, cfg.block_size))
-    K = 3
     reference = nn.GPT(cfg, params)
     want_loss = accumulate_gradients(reference.parameters(), lambda b: reference(*b),
                                      [(ids, targets)])
@@ -68,39 +72,58 @@ def _accumulate_case():
     return cfg, params, micro, K, want_loss, want, last.grads(), one_mem.peak_bytes
 
 
+def _where_gradients_differ(got, want) -> str:
+    """The parameter whose gradient is furthest from the full batch's, with no cause."""
+    def gap(name):
+        return float(np.max(np.abs(np.asarray(got[name]) - want[name]) /
+                            (np.abs(want[name]).max() + 1e-300)))
+    name = max(want, key=gap)
+    g, w = np.asarray(got[name]), want[name]
+    k = np.unravel_index(int(np.argmax(np.abs(g - w))), w.shape)
+    at = tuple(int(i) for i in k)
+    return (f"the gradient of {name} is furthest off: at {at} yours is {g[k]:.6g}, the full "
+            f"batch's {w[k]:.6g}")
+
+
 def _check_accumulated_gradients(got, want, last_only, K) -> None:
-    """Every gradient is the full batch's; if not, name the typical wrong loop by its numbers."""
+    """Every gradient is the full batch's; if not, name the wrong loop only when its numbers
+    are exactly what that loop gives."""
     missing = [k for k, g in got.items() if g is None]
     if missing:
         raise ExerciseError(EX_ACCUMULATE, f"after your loop {missing[0]} has no gradient "
-                            f"(.grad is None). Zero the gradients once, before the loop, then "
-                            f"call backward for every micro-batch.")
+                            f"(.grad is None): no backward reached it.")
+    shapes = [k for k in want if np.shape(got[k]) != np.shape(want[k])]
+    if shapes:
+        raise ExerciseError(EX_ACCUMULATE, f"after your loop the gradient of {shapes[0]} has "
+                            f"shape {np.shape(got[shapes[0]])}, the parameter "
+                            f"{np.shape(want[shapes[0]])}.")
 
     def all_close(scale=1.0, shift=0.0, ref=want):
         return all(_close(got[k], scale * ref[k] + shift) for k in want)
 
     if all_close():
         return
+    split = f"with the batch of 6 in K={K} micro-batches"
     if all_close(K):
-        raise ExerciseError(EX_ACCUMULATE, f"every gradient is exactly {K} times the "
+        raise ExerciseError(EX_ACCUMULATE, f"{split}, every gradient is exactly {K} times the "
                             f"full-batch gradient, the missing /K: .grad adds the {K} "
-                            f"micro-batch gradients, so backpropagate loss / K (K = number "
-                            f"of micro-batches) to turn their sum into a mean.")
+                            f"micro-batch gradients, and nothing turned their sum into a "
+                            f"mean.")
     if all_close(1.0, _STALE) or all_close(K, _STALE):
-        raise ExerciseError(EX_ACCUMULATE, "the gradients still contain what was in .grad "
-                            "before your loop (stale gradients). Call zero_grad() on every "
-                            "parameter (or on the model) once, before the first micro-batch.")
+        raise ExerciseError(EX_ACCUMULATE, f"{split}, the gradients still contain the "
+                            f"{_STALE} that was in every .grad before your loop (stale "
+                            f"gradients): nothing cleared them before the first "
+                            f"micro-batch.")
     if all_close(1.0 / K):
-        raise ExerciseError(EX_ACCUMULATE, f"every gradient is 1/{K} of the full-batch "
-                            f"gradient: you divided by K twice (each micro-batch loss is "
-                            f"already a mean over its own examples; divide by K once).")
+        raise ExerciseError(EX_ACCUMULATE, f"{split}, every gradient is 1/{K} of the "
+                            f"full-batch gradient: you divided by K twice (each micro-batch "
+                            f"loss is already a mean over its own examples).")
     if all_close(1.0 / K, ref=last_only) or all_close(1.0, ref=last_only):
-        raise ExerciseError(EX_ACCUMULATE, "the gradients are those of the last micro-batch "
-                            "only: zeroing inside the loop throws away the earlier ones. "
-                            "Zero once, before the loop.")
-    raise ExerciseError(EX_ACCUMULATE, "the gradients differ from the full-batch gradient. "
-                        "Hint: zero once; for each micro-batch run the forward, divide its "
-                        "loss by K and call backward; do not zero or step inside the loop.")
+        raise ExerciseError(EX_ACCUMULATE, f"{split}, the gradients are those of the last "
+                            f"micro-batch only: zeroing inside the loop throws away the "
+                            f"earlier ones.")
+    raise ExerciseError(EX_ACCUMULATE, f"{split}, the gradients differ from the full-batch "
+                        f"gradient: {_where_gradients_differ(got, want)}.")
 
 
 def _check_accumulation_peak(peak: int, one_peak: int, K: int) -> None:
@@ -111,9 +134,8 @@ def _check_accumulation_peak(peak: int, one_peak: int, K: int) -> None:
                             f"{one_peak:,} bytes of one micro-batch: the graphs of "
                             f"all {K} micro-batches were alive at once (a sum of the losses "
                             f"with one backward at the end, or losses kept in a list). That "
-                            f"saves no memory over the full batch. Call backward on each "
-                            f"micro-batch's loss / K inside the loop, so its graph is freed "
-                            f"before the next forward; keep only loss.item().")
+                            f"saves no memory over the full batch: each micro-batch's graph "
+                            f"has to be gone before the next forward starts.")
 
 
 def _check_mean_loss(loss, want_loss: float, K: int) -> None:
@@ -127,9 +149,8 @@ def _check_mean_loss(loss, want_loss: float, K: int) -> None:
         raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but you returned the sum "
                             f"of the {K} micro-batch losses; return their mean.")
     if not np.isclose(loss, want_loss, rtol=1e-9):
-        raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but the returned loss "
-                            f"{loss:.6g} is not the mean loss {want_loss:.6g}. Add up "
-                            f"loss.item() of every micro-batch and divide by K.")
+        raise ExerciseError(EX_ACCUMULATE, f"the gradients are right, but with K={K} the "
+                            f"returned loss {loss:.6g} is not the mean loss {want_loss:.6g}.")
 
 
 def _check_through_fused_view(accumulate) -> None:
@@ -152,18 +173,20 @@ def _check_through_fused_view(accumulate) -> None:
 def check_accumulate(accumulate) -> None:
     """accumulate(model, micro_batches) must leave in every p.grad the gradient
     of the mean loss over all micro-batches, and return that mean loss."""
-    cfg, params, micro, K, want_loss, want, last_only, one_peak = _accumulate_case()
-    model = nn.GPT(cfg, params)
-    for p in model.parameters().values():
-        p.grad = np.full(p.shape, _STALE)
-    with memory.record() as mem:
-        loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
-    _check_accumulated_gradients(model.grads(), want, last_only, K)
-    _check_accumulation_peak(mem.peak_bytes, one_peak, K)
-    _check_mean_loss(loss, want_loss, K)
+    for K, seed in ACCUMULATE_CASES:
+        cfg, params, micro, K, want_loss, want, last_only, one_peak = _accumulate_case(K, seed)
+        model = nn.GPT(cfg, params)
+        for p in model.parameters().values():
+            p.grad = np.full(p.shape, _STALE)
+        with memory.record() as mem:
+            loss = attempt(EX_ACCUMULATE, accumulate, model, micro)
+        _check_accumulated_gradients(model.grads(), want, last_only, K)
+        _check_accumulation_peak(mem.peak_bytes, one_peak, K)
+        _check_mean_loss(loss, want_loss, K)
     _check_through_fused_view(accumulate)
     save_piece("accumulate", accumulate, EX_ACCUMULATE)
-    passed(EX_ACCUMULATE, f"K={K} micro-batches of 2 give the gradient of the batch of 6.")
+    passed(EX_ACCUMULATE, "K=3 micro-batches of 2 give the gradient of the batch of 6 (and "
+                          "K=2 and K=6 too).")
 
 
 # ------------------------------------------------------------------ 08.2
@@ -305,53 +328,109 @@ def _measured_stack_peak(n_blocks: int, k: int):
     return mem.peak_bytes, x0.nbytes, nn.block_saved_bytes(2, 6, 8, 2, np.float32)
 
 
-def _segment_walk(L: int, k: int, a: int, b: int, own_boundary: bool = True) -> int:
+def _segment_sizes(L: int, k: int, n_segments: int | None = None) -> list[int]:
+    """Blocks in each segment, forward order; `n_segments` forces a (wrong) count of them."""
+    n = -(-L // k) if n_segments is None else n_segments
+    return [max(0, min(k, L - j * k)) for j in range(n)]
+
+
+def _segment_walk(L: int, k: int, a: int, b: int, own_boundary: bool = True,
+                  n_segments: int | None = None) -> int:
     """The peak segment by segment; own_boundary=False is the slip that leaves out the
-    boundary starting the segment being recomputed."""
-    sizes = [min(k, L - s) for s in range(0, L, k)]
+    boundary starting the segment being recomputed, `n_segments` a wrong count of segments."""
+    sizes = _segment_sizes(L, k, n_segments)
     return max((j + own_boundary) * a + blocks * b for j, blocks in enumerate(sizes))
 
 
-def check_checkpoint_peak(checkpoint_peak) -> None:
-    """checkpoint_peak(n_blocks, k, boundary_bytes, block_bytes): the tape's peak."""
-    cases = [(8, 1, 100, 1000), (8, 2, 100, 1000), (8, 4, 100, 1000), (8, 8, 100, 1000),
+def _ceil(L, k):
+    return -(-L // k)
+
+
+def _peak_cases() -> list[Case]:
+    """The story's cases, then every (L, k) up to 8 with a boundary much larger than a
+    block's insides, much smaller, and a seeded random pair of sizes."""
+    story = [(8, 1, 100, 1000), (8, 2, 100, 1000), (8, 4, 100, 1000), (8, 8, 100, 1000),
              (16, 4, 500, 500), (10, 3, 100, 1000), (10, 4, 64, 640), (7, 5, 10, 1000),
-             (5, 2, 1000, 10), (9, 9, 3, 7)]
-    for L, k, a, b in cases:
-        got = attempt(EX_PEAK, checkpoint_peak, L, k, a, b)
-        want = exact_checkpoint_peak(L, k, a, b)
-        try:
-            got_value = float(got)
-        except (TypeError, ValueError):
-            raise ExerciseError(EX_PEAK, f"checkpoint_peak({L}, {k}, {a}, {b}) should be a "
-                                f"number of bytes, got {got!r}.") from None
-        if got_value == want:
-            continue
-        n = -(-L // k)
-        where = f"checkpoint_peak({L}, {k}, {a}, {b}) = {got!r}, the tape measures {want}"
-        if got_value == n * a:
-            hint = ("you counted the kept boundaries only: while the backward is inside a "
-                    "segment, that segment's recomputed insides (its blocks x block_bytes) "
-                    "are live too.")
-        elif got_value == n * a + k * b:
-            hint = ("that is the usual estimate ceil(L/k)*a + k*b. It is exact when k divides "
-                    "L; here the last segment is shorter, and when the backward reaches a "
-                    "full segment the last boundary has already been freed. Find the moment "
-                    "of the backward at which the most bytes are alive.")
-        elif got_value in (L / k * a + k * b, (L // k) * a + k * b):
-            hint = ("the number of segments is ceil(L/k), a whole number rounded up; and the "
-                    "peak is one moment of the backward: which segment is being recomputed "
-                    "then, and which boundaries are still kept?")
-        elif got_value == L * b:
-            hint = "that is the peak without checkpointing (every block's insides kept)."
-        elif got_value == _segment_walk(L, k, a, b, own_boundary=False):
-            hint = ("you left out the boundary that starts the segment being recomputed: it "
-                    "is that segment's input, kept until its backward is done.")
-        else:
-            hint = ("walk the backward segment by segment, last first: at each, count the "
-                    "boundaries still kept and the insides being recomputed; the peak is the "
-                    "largest of these.")
-        raise ExerciseError(EX_PEAK, f"{where}. Hint: {hint}")
+             (5, 2, 1000, 10), (4, 2, 1000, 10), (9, 9, 3, 7)]
+    rng = np.random.default_rng(83)
+    grid = [(L, k, a, b) for L in range(1, 9) for k in range(1, 9)
+            for a, b in ((1000, 10), (10, 1000), tuple(int(v) for v in rng.integers(1, 5000, 2)))]
+    return [Case(args, f"checkpoint_peak({', '.join(map(str, args))})") for args in story + grid]
+
+
+def _peak_slips() -> list[Slip]:
+    """The usual wrong peaks, each reproduced from the same arguments."""
+    def estimate_hint(case, got, want):
+        L, k, a, b = case.args
+        sizes = _segment_sizes(L, k)
+        return (f"that is the usual estimate ceil(L/k)*a + k*b, exact only when k divides L. "
+                f"Here the segments hold {sizes} blocks: while "
+                f"the backward recomputes a segment, only the boundaries up to and including "
+                f"that segment's own input are still kept, not all {len(sizes)} of them. Find "
+                f"the moment of the backward at which the most bytes are alive.")
+
+    def extra_segment_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"you count L // k + 1 = {L // k + 1} segments; {L} blocks in segments of "
+                f"{k} make {_ceil(L, k)}. A last, shorter segment exists only when k does not "
+                f"divide L, so the count rounds up only when blocks are left over.")
+
+    def own_boundary_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"you left out the boundary that starts the segment being recomputed: it is "
+                f"that segment's input, so it stays kept until its backward is done. With "
+                f"{L} blocks in segments of {k}, recomputing the first segment still holds "
+                f"its own input ({a} bytes).")
+
+    def no_checkpoint_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"{L} x {b} is every block's insides kept at once, the peak without "
+                f"checkpointing: with segments of {k}, at most {k} blocks' insides are "
+                f"recomputed at a time.")
+
+    def boundaries_only_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"you counted the kept boundaries only: while the backward is inside a "
+                f"segment, that segment's recomputed insides (up to {k} blocks of {b} bytes) "
+                f"are alive too.")
+
+    def not_whole_hint(case, got, want):
+        L, k, a, b = case.args
+        return (f"{L} blocks in segments of {k} make {_ceil(L, k)} segments, a whole number "
+                f"rounded up (the last one may be shorter), not L/k = {L / k:.4g} or "
+                f"L // k = {L // k}.")
+
+    return [
+        Slip(lambda L, k, a, b: _ceil(L, k) * a, boundaries_only_hint),
+        Slip(lambda L, k, a, b: _ceil(L, k) * a + k * b, estimate_hint),
+        Slip(lambda L, k, a, b: L / k * a + k * b, not_whole_hint),
+        Slip(lambda L, k, a, b: (L // k) * a + k * b, not_whole_hint),
+        Slip(lambda L, k, a, b: L * b, no_checkpoint_hint),
+        Slip(lambda L, k, a, b: _segment_walk(L, k, a, b, own_boundary=False), own_boundary_hint),
+        Slip(lambda L, k, a, b: _segment_walk(L, k, a, b, n_segments=L // k + 1),
+             extra_segment_hint),
+        Slip(lambda L, k, a, b: (L // k + 1) * a + k * b, extra_segment_hint),
+    ]
+
+
+def _bytes(value, case: Case) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ExerciseError(EX_PEAK, f"{case.label} should be a number of bytes, got "
+                                     f"{value!r}.") from None
+
+
+def check_checkpoint_peak(checkpoint_peak) -> None:
+    """checkpoint_peak(n_blocks, k, boundary_bytes, block_bytes): the tape's peak, on the
+    story's cases and every (L, k) up to 8."""
+    compare_over_cases(
+        EX_PEAK, checkpoint_peak, exact_checkpoint_peak, _peak_cases(), slips=_peak_slips(),
+        read=_bytes,
+        difference=lambda got, want, case: number_difference(got, want, "bytes",
+                                                              "the tape measures"),
+        neutral_hint="Hint: walk the backward segment by segment, last first, and at each "
+                     "one add up the boundaries still kept and the insides being recomputed.")
     for L, k in ((5, 2), (6, 4)):
         measured, a, b = _measured_stack_peak(L, k)
         got = float(checkpoint_peak(L, k, a, b))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.precision import round_to_bf16
+from ._cases import Case, Slip, array_difference, slip_reproduced
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
 from .slots import engine_update_scale
@@ -76,32 +77,48 @@ def check_to_bf16(to_bf16) -> None:
              f"nearest bf16 is {want[bad]!r}")
     finite = np.isfinite(x)
     if _same(got, _truncate(x))[finite].all():
-        hint = ("you truncate (drop the low 16 bits). That always rounds towards zero; "
-                "round to the nearest instead: add 0x7FFF plus the lowest kept bit "
-                "((bits >> 16) & 1) before clearing the low 16 bits.")
+        hint = ("you truncate (drop the low 16 bits). That always rounds towards zero, and the "
+                "nearest bf16 value is often the one above.")
     elif _same(got, _half_up(x))[finite].all():
         hint = ("exact ties (the dropped 16 bits are exactly 0x8000) must go to the even "
-                "neighbour, not always up: add 0x7FFF + ((bits >> 16) & 1) instead of 0x8000.")
+                "neighbour, the one whose lowest kept bit is 0; yours always go up.")
     elif _same(got, want)[finite].all():
         hint = ("a NaN whose payload sits in the low 16 bits (e.g. bits 0x7F800001) turns into "
-                "infinity when those bits are dropped. Keep NaN a NaN: for NaN inputs set the "
-                "quiet bit 0x00400000 before clearing the low bits (np.where(np.isnan(x), ...)).")
+                "infinity when those bits are dropped. Keep NaN a NaN: NaN inputs need a path "
+                "of their own.")
     elif not np.isnan(got[bad]) and np.isnan(want[bad]):
         hint = "NaN must stay NaN."
     else:
-        hint = ("work on x.view(np.uint32): add 0x7FFF + ((bits >> 16) & 1), clear the low 16 "
-                "bits with & 0xFFFF0000, view the result as float32.")
-    raise ExerciseError(EX_BF16, f"{shown}. Hint: {hint}")
+        hint = None
+    n_bad = int(np.count_nonzero(~ok))
+    shown += f" ({n_bad} of {x.size} values differ)"
+    raise ExerciseError(EX_BF16, f"{shown}." + (f" Hint: {hint}" if hint else ""))
 
 
 # ------------------------------------------------------------------ 09.3
-def check_update_scale(update_scale) -> None:
-    """update_scale(scale, good_steps, finite, growth_interval)
-    -> (new_scale, new_good_steps, apply_step)."""
+def _scale_cases() -> list[tuple]:
+    """(scale, good_steps, finite, growth_interval): the story's steps, then seeded random
+    ones, one to three good steps short of the interval, some overflowing below a scale
+    of 1."""
     cases = [(2.0 ** 15, 0, True, 3), (2.0 ** 15, 1, True, 3), (2.0 ** 15, 2, True, 3),
              (2.0 ** 15, 2, False, 3), (2.0 ** 15, 0, False, 3), (1024.0, 5, True, 2000),
              (1024.0, 1999, True, 2000), (8.0, 0, True, 1)]
-    for scale, good, finite, interval in cases:
+    rng = np.random.default_rng(93)
+    for i in range(12):
+        interval = int(rng.choice([1, 2, 4, 5, 100]))
+        good = max(0, interval - int(rng.integers(1, 4)))
+        if i % 4 == 0:      # an overflow at a scale below 1, where a floor would show
+            cases.append((2.0 ** int(rng.integers(-4, 0)), good, False, interval))
+        else:
+            cases.append((2.0 ** int(rng.integers(0, 25)), good, bool(rng.random() < 0.7),
+                          interval))
+    return cases
+
+
+def check_update_scale(update_scale) -> None:
+    """update_scale(scale, good_steps, finite, growth_interval)
+    -> (new_scale, new_good_steps, apply_step)."""
+    for scale, good, finite, interval in _scale_cases():
         got = attempt(EX_SCALE, update_scale, scale, good, finite, interval)
         try:
             new_scale, new_good, apply = got
@@ -149,67 +166,106 @@ def check_update_scale(update_scale) -> None:
 
 
 # ------------------------------------------------------------------ 09.2
-def check_master_weight_step(master_weight_step) -> None:
-    """master_weight_step(master, grad, lr) -> (new_master fp32, weights for the
-    forward rounded to bf16)."""
+def _master_cases() -> list[Case]:
+    """The story's step (64 weights near 1, lr 1e-4), then seeded random ones: other sizes,
+    scales of the weights and learning rates."""
     rng = np.random.default_rng(3)
-    master = (1.0 + rng.normal(size=64) * 0.1).astype(np.float32)
-    grad = rng.normal(size=64).astype(np.float32)
-    lr = np.float32(1e-4)
-    probe = master.copy()
-    got = attempt(EX_MASTER, master_weight_step, probe, grad.copy(), lr)
+    shapes = [(64, 1.0, 1e-4), (7, 1.0, 1e-3), (33, 0.05, 1e-2), (128, 4.0, 3e-4),
+              (16, 1.0, 0.1)]
+    cases = []
+    for size, scale, lr in shapes:
+        master = (scale * (1.0 + rng.normal(size=size) * 0.1)).astype(np.float32)
+        grad = rng.normal(size=size).astype(np.float32)
+        cases.append(Case((master, grad, np.float32(lr)),
+                          f"for {size} master weights near {scale:g} and lr={lr:g}"))
+    return cases
+
+
+def _master_reference(master, grad, lr):
+    return master - np.float32(lr) * grad
+
+
+def _within_a_float32_step(got, want) -> bool:
+    """float32 arithmetic and float64 arithmetic cast back once differ by at most one step
+    of float32 (one ulp); anything further went through fewer bits somewhere."""
+    got, want = np.asarray(got), np.asarray(want, np.float32)
+    if got.shape != want.shape:
+        return False
+    gap = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    return bool((gap <= np.spacing(np.abs(want))).all())
+
+
+MASTER_IN_BF16 = ("your master weights are rounded to bf16: an update of relative size 1e-4 "
+                  "is then swallowed (1 + 1e-4 rounds to 1 in bf16). Keep the master copy in "
+                  "full float32; round only the copy the forward pass reads.")
+
+MASTER_SLIPS = [
+    Slip(lambda m, g, lr: round_to_bf16(m - lr * g), MASTER_IN_BF16),
+    Slip(lambda m, g, lr: round_to_bf16(round_to_bf16(m) - lr * g), MASTER_IN_BF16),
+    Slip(lambda m, g, lr: m.copy(), "the master weights did not move: the step has to land "
+                                    "in them (in float32)."),
+    Slip(lambda m, g, lr: m + lr * g, "gradient descent subtracts: the step goes against the "
+                                      "gradient."),
+    Slip(lambda m, g, lr: m - lr * round_to_bf16(g),
+         "you rounded the gradient to bf16 before the update: its last digits are lost, and "
+         "they are what the fp32 master copy is there to keep."),
+    Slip(lambda m, g, lr: m - round_to_bf16(np.array(lr, np.float32)) * g,
+         "you rounded the learning rate to bf16: the step is then a little too long or too "
+         "short on every weight. Keep the learning rate in float32."),
+]
+
+WEIGHT_SLIPS = [
+    Slip(lambda m, g, lr: _master_reference(m, g, lr),
+         "the weights for the forward pass are the new master weights unrounded: the forward "
+         "reads bf16 values, so round them (with your to_bf16, or "
+         "engine.precision.round_to_bf16)."),
+    Slip(lambda m, g, lr: round_to_bf16(m), "the bf16 weights were rounded from the old master "
+                                            "weights, from before the step."),
+    Slip(lambda m, g, lr: _truncate(_master_reference(m, g, lr)),
+         "the bf16 weights are truncated (the low 16 bits dropped), which always rounds "
+         "towards zero; the forward reads the nearest bf16 value."),
+]
+
+
+def _master_pair(value, case: Case):
     try:
-        new_master, weights = got
+        new_master, weights = value
     except (TypeError, ValueError):
         raise ExerciseError(EX_MASTER, f"return two arrays (new_master, weights), got "
-                            f"{type(got).__name__}.") from None
-    new_master = np.asarray(new_master)
-    weights = np.asarray(weights)
-    want_master = master - lr * grad
-    want_weights = round_to_bf16(want_master)
+                            f"{type(value).__name__}.") from None
+    new_master, weights = np.asarray(new_master), np.asarray(weights)
     if new_master.dtype != np.float32:
         raise ExerciseError(EX_MASTER, f"keep the master weights in float32, got "
                             f"{new_master.dtype}.")
-    if _same(new_master, round_to_bf16(new_master)).all():   # only bf16 values left
-        raise ExerciseError(EX_MASTER, "your master weights are rounded to bf16: an update of "
-                            "relative size 1e-4 is then swallowed (1 + 1e-4 rounds to 1 in "
-                            "bf16). Keep the master copy in full float32; round only the copy "
-                            "the forward pass reads.")
-    if _same(new_master, master).all():
-        raise ExerciseError(EX_MASTER, "the master weights did not move: subtract lr * grad "
-                            "from them (in float32).")
-    if not np.allclose(new_master, want_master, rtol=1e-6, atol=0):
-        if np.allclose(new_master, master + lr * grad, rtol=1e-6):
-            hint = "gradient descent subtracts: the step goes against the gradient."
-        else:
-            hint = ("the master copy moves by the learning rate times the gradient, in "
-                    "float32.")
-        raise ExerciseError(EX_MASTER, f"the new master weights are wrong. Hint: {hint}")
-    # float32 arithmetic and float64 arithmetic cast back differ by at most one step of
-    # float32 (one ulp); a 16-bit gradient or learning rate moves the update further
-    ulps = np.abs(new_master.astype(np.float64) - want_master) / np.spacing(want_master)
-    if ulps.max() > 1.0:
-        bf16_grad = master - lr * round_to_bf16(grad)
-        if np.array_equal(new_master, bf16_grad):
-            hint = ("you rounded the gradient to bf16 before the update: its last digits are "
-                    "lost, and they are what the fp32 master copy is there to keep.")
-        else:
-            hint = ("some ingredient of the update went through 16 bits (the gradient, the "
-                    "learning rate or the product): keep all of it in float32 (or float64, "
-                    "cast back once).")
-        raise ExerciseError(EX_MASTER, f"the new master weights are close but up to "
-                                       f"{ulps.max():.0f} float32 steps off. Hint: {hint}")
-    if _same(weights, want_master).all() and not _same(want_master, want_weights).all():
-        raise ExerciseError(EX_MASTER, "the weights for the forward pass must be the bf16 "
-                            "values: round the new master weights with your to_bf16 (or "
-                            "engine.precision.round_to_bf16).")
-    if _same(weights, round_to_bf16(master)).all() and not _same(want_weights,
-                                                                 round_to_bf16(master)).all():
-        raise ExerciseError(EX_MASTER, "the bf16 weights were rounded from the old master "
-                            "weights: round the updated ones.")
-    if not _same(weights, want_weights).all():
-        raise ExerciseError(EX_MASTER, "the bf16 weights are wrong: they are "
-                            "round_to_bf16(new_master).")
+    return new_master, weights
+
+
+def check_master_weight_step(master_weight_step) -> None:
+    """master_weight_step(master, grad, lr) -> (new_master fp32, weights for the forward
+    rounded to bf16), on the story's step and seeded random ones."""
+    cases = _master_cases()
+    answers = [_master_pair(attempt(EX_MASTER, master_weight_step, *(
+        x.copy() if isinstance(x, np.ndarray) else x for x in case.args)), case)
+        for case in cases]
+    masters = [_master_reference(*case.args) for case in cases]
+    for index, what, wants, same, slips in (
+            (0, "new master weights", masters, _within_a_float32_step, MASTER_SLIPS),
+            (1, "bf16 weights", [round_to_bf16(w) for w in masters],
+             lambda got, want: np.shape(got) == np.shape(want) and bool(_same(got, want).all()),
+             WEIGHT_SLIPS)):
+        got = [pair[index] for pair in answers]
+        bad = next((i for i, (x, w) in enumerate(zip(got, wants)) if not same(x, w)), None)
+        if bad is None:
+            continue
+        slip = slip_reproduced(slips, cases, got, wants, same)
+        where = array_difference(got[bad], wants[bad])
+        if index == 0 and np.shape(got[bad]) == np.shape(wants[bad]):
+            ulps = np.abs(got[bad].astype(np.float64) - wants[bad]) / np.spacing(
+                np.abs(wants[bad]))
+            where += f", up to {np.nanmax(ulps):.3g} float32 steps off"
+        hint = f" Hint: {slip.hint}" if slip else ""
+        raise ExerciseError(EX_MASTER, f"{cases[bad].label}, your {what} differ: {where}."
+                                       f"{hint}")
     save_piece("master_weight_step", master_weight_step, EX_MASTER)
     passed(EX_MASTER, "The update lands in fp32; the forward reads its bf16 rounding.")
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from coursework import lesson01, lesson02, lesson03
+from case_tools import assert_each_slip_named
 from check_tools import fails_with
 
 
@@ -360,8 +361,10 @@ def test_lesson03_matmul_stub():
 
 def test_lesson03_matmul_transpose_on_the_wrong_side_fails_on_shapes_first():
     # with non-square shapes the wrong formula cannot even run: the check says why
-    fails_with(lesson03.check_matmul_vjp, lambda a, b, g: (b.T @ g, a.T @ g),
-               words=["Exercise 03.1", "raised ValueError", "dL/da = grad_out @ b.T"])
+    message = fails_with(lesson03.check_matmul_vjp, lambda a, b, g: (b.T @ g, a.T @ g),
+                         words=["Exercise 03.1", "raised ValueError",
+                                "a gradient has its input's shape"])
+    assert "grad_out @ b.T" not in message and "a.T @ grad_out" not in message
 
 
 def test_lesson03_matmul_transposed_result_is_caught_by_values():
@@ -373,7 +376,7 @@ def test_lesson03_matmul_transposed_result_is_caught_by_values():
         ga = g @ b.T
         return (b @ g.T if ga.shape[0] == ga.shape[1] else ga), a.T @ g
     fails_with(lesson03.check_matmul_vjp, square_only,
-               words=["right shape but wrong values", "right answer transposed"])
+               words=["right shape but other values", "right gradient transposed"])
     assert msg
 
 
@@ -382,6 +385,55 @@ def test_lesson03_matmul_grad_b_transpose_misplaced():
         gb = g.T @ a
         return g @ b.T, (gb.T if gb.shape != b.shape else gb)
     fails_with(lesson03.check_matmul_vjp, wrong_b, words=["grad_b", "transposed"])
+
+
+def test_lesson03_matmul_each_slip_is_named_by_its_reproduction():
+    cases = lesson03._matmul_cases()
+    for index, which in ((0, "a"), (1, "b")):
+        for slip in lesson03._matmul_slips(which):
+            def answer(a, b, g, slip=slip):
+                right = [g @ b.T, a.T @ g]
+                try:
+                    wrong = slip.reproduce(a, b, g)
+                except ValueError:
+                    return tuple(right)         # the slip cannot run on these shapes
+                if wrong.shape == right[index].shape:
+                    right[index] = wrong
+                return tuple(right)
+            fails_with(lesson03.check_matmul_vjp, answer, words=[f"grad_{which}", slip.hint])
+    assert cases[1].args[0].shape == (4, 4) and len(cases) > 8
+
+
+def test_lesson03_matmul_float32_that_is_right_is_told_its_dtype_not_wrong_values():
+    def in_float32(a, b, g):
+        a, b, g = (x.astype(np.float32) for x in (a, b, g))
+        return g @ b.T, a.T @ g
+    message = fails_with(lesson03.check_matmul_vjp, in_float32,
+                         words=["agrees with the exact gradient", "float32's precision",
+                                "keeps its input's dtype"])
+    assert "other values" not in message and "wrong values" not in message
+    assert "grad_out @ b.T" not in message and "a.T @ grad_out" not in message
+
+
+def test_lesson03_matmul_a_slip_in_float32_is_still_named():
+    def transposed_in_float32(a, b, g):
+        a, b, g = (x.astype(np.float32) for x in (a, b, g))
+        ga = g @ b.T
+        return (b @ g.T if ga.shape[0] == ga.shape[1] else ga), a.T @ g
+    fails_with(lesson03.check_matmul_vjp, transposed_in_float32,
+               words=["grad_a", "right gradient transposed"])
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda a, b, g: (2 * g @ b.T, a.T @ g),                       # a stray factor of 2
+    lambda a, b, g: (g @ b.T, a.T @ g + 1e-3),                    # an offset
+    lambda a, b, g: (g @ b.T, np.abs(a.T @ g)),                   # a sign lost
+])
+def test_lesson03_matmul_a_wrong_answer_that_is_no_known_slip_gets_the_neutral_message(wrong):
+    message = fails_with(lesson03.check_matmul_vjp, wrong,
+                         words=["right shape but other values", "where the reference has"])
+    assert "Hint" not in message
+    assert "grad_out @ b.T" not in message and "a.T @ grad_out" not in message
 
 
 def unbroadcast(grad, shape):
@@ -400,6 +452,25 @@ def test_lesson03_unbroadcast_mean_instead_of_sum():
         s = lesson03.reference_unbroadcast(grad, shape)
         return s * (np.prod(shape) / grad.size)
     fails_with(lesson03.check_unbroadcast, mean, words=["mean over the copies"])
+
+
+def test_lesson03_unbroadcast_no_known_slip_gets_the_neutral_message():
+    def first_copy_only(grad, shape):       # picks one copy instead of adding them
+        lead = grad.ndim - len(shape)
+        g = grad[(0,) * lead]
+        stretched = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+        return g[tuple(slice(0, 1) if i in stretched else slice(None)
+                       for i in range(g.ndim))]
+    message = fails_with(lesson03.check_unbroadcast, first_copy_only,
+                         words=["the shape is right but the values are not",
+                                "where the reference has"])
+    assert "Hint" not in message
+
+
+def test_lesson03_unbroadcast_runs_generated_shapes():
+    pairs = lesson03._broadcast_pairs()
+    assert len(pairs) == len(lesson03.UNBROADCAST_CASES) + 8
+    assert all(len(big) >= len(small) for big, small in pairs)
 
 
 def test_lesson03_unbroadcast_only_leading_axes():
@@ -471,6 +542,23 @@ def test_lesson03_jacobian_reverse_mode_without_retain_graph():
                words=["Exercise 03.3", "raised RuntimeError", "retain_graph=True"])
 
 
+def test_lesson03_jacobian_is_checked_on_other_shapes_than_the_storys():
+    right = make_jacobian()
+
+    def three_outputs_assumed(f, x, mode):
+        J = right(f, x, mode)
+        return J[:3] if mode == "reverse" else J
+    fails_with(lesson03.check_jacobian, three_outputs_assumed,
+               words=["in reverse mode, for f from R^2 to R^6", "shape (3, 2)"])
+
+
+def test_lesson03_jacobian_no_known_slip_gets_the_neutral_message():
+    right = make_jacobian()
+    message = fails_with(lesson03.check_jacobian, lambda f, x, mode: 2 * right(f, x, mode),
+                         words=["right shape but other values", "where the reference has"])
+    assert "Hint" not in message and "engine.jvp(f, [x], [e_j])" not in message
+
+
 def test_lesson03_jacobian_forward_mode_by_backward_is_not_forward_mode():
     rev = make_jacobian()
 
@@ -540,6 +628,22 @@ def test_lesson03_gradient_ratio_prediction_passes(capsys):
 ])
 def test_lesson03_gradient_ratio_names_the_mistake(answer, words):
     fails_with(lesson03.check_gradient_ratio, answer, words=words)
+
+
+def test_lesson03_gradient_ratio_each_slip_is_named_by_its_reproduction():
+    assert_each_slip_named(lesson03.check_gradient_ratio, lesson03._ratio_cases(),
+                           lesson03.RATIO_SLIPS, lesson03._measured_ratio,
+                           same=lambda a, b: np.isclose(a, b, rtol=1e-6))
+
+
+@pytest.mark.parametrize("answer", [
+    lambda s, depth: s ** depth if depth < 20 else s ** 20,     # a depth capped at 20
+    lambda s, depth: s ** depth if s < 1 else s,                # growth taken for one layer
+])
+def test_lesson03_gradient_ratio_no_known_slip_gets_the_neutral_message(answer):
+    message = fails_with(lesson03.check_gradient_ratio, answer, words=["measured", "times it"])
+    for cause in ("linearly", "other way up", "one factor"):
+        assert cause not in message
 
 
 def test_lesson03_gradient_ratio_stub():
@@ -690,5 +794,15 @@ def test_lesson03_residual_vjp_derivation_mistakes():
     lesson03.check_residual_vjp(lambda g, vjp: vjp(g) + g)
     fails_with(lesson03.check_residual_vjp, lambda g, vjp: g,
                words=["only the shortcut", "branch_vjp(grad_out)"])
-    fails_with(lesson03.check_residual_vjp, lambda g, vjp: 0.5 * (g + vjp(g)),
-               words=["y = x + F(x)"])
+    # an answer that is no known slip is told where it differs, not the answer
+    message = fails_with(lesson03.check_residual_vjp, lambda g, vjp: 0.5 * (g + vjp(g)),
+                         words=["for a block of width 4", "where the reference has"])
+    assert "Hint" not in message and "grad_out + J_F^T grad_out" not in message
+
+
+def test_lesson03_residual_vjp_runs_generated_widths():
+    # a VJP right only for the story's width is caught on another
+    fails_with(lesson03.check_residual_vjp,
+               lambda g, vjp: g + vjp(g) if g.size == 4 else vjp(g) + g[::-1],
+               words=["for a block of width 3"])
+    assert [case.args[0].size for case in lesson03._residual_cases()] == [4, 1, 3, 7]

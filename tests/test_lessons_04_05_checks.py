@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from coursework import ExerciseError, lesson04
+from case_tools import assert_each_slip_named
 from check_tools import fails_with
 
 
@@ -95,6 +96,29 @@ def test_04_1_names_the_mistake(answer, phrase):
     with pytest.raises(ExerciseError, match="Exercise 04.1") as err:
         lesson04.check_numerical_partial(answer)
     assert phrase in str(err.value)
+
+
+def test_04_1_a_wrong_slope_that_is_no_known_slip_gets_the_neutral_message():
+    def three_points(f, x, index, eps):           # a mean of the two one-sided slopes, wrong
+        return (partial_right(f, x, index, eps) + partial_forward(f, x, index, eps)) / 2
+    with pytest.raises(ExerciseError) as err:
+        lesson04.check_numerical_partial(three_points)
+    message = str(err.value)
+    assert "the central difference is" in message and " off)" in message
+    assert "Hint" not in message and "(f(x+) - f(x-)) / (2*eps)" not in message
+
+
+def test_04_1_runs_generated_points_and_steps():
+    from coursework.lesson04 import partial
+    cases = partial._partial_cases()
+    assert len(cases) == 12 and len({eps for _, _, eps in cases}) == 6
+
+    def story_point_only(f, x, index, eps):      # right only where the story's x is
+        if x[0, 0] == 0.7:
+            return partial_right(f, x, index, eps)
+        return partial_forward(f, x, index, eps)
+    with pytest.raises(ExerciseError, match="one-sided"):
+        lesson04.check_numerical_partial(story_point_only)
 
 
 # ---------------------------------------------------------------- 04.2
@@ -256,6 +280,13 @@ def test_04_3_names_the_mistake(answer, phrase):
     assert phrase in str(err.value)
 
 
+def test_04_3_the_near_zero_hint_does_not_hand_over_the_rule():
+    for rule in ("relative", "and"):
+        with pytest.raises(ExerciseError) as err:
+            lesson04.check_spot_check(make_spot_check(rule=rule))
+        assert "OR rel_err <= rtol" not in str(err.value)
+
+
 def test_04_3_catches_a_checker_that_never_fails():
     def always_ok(*args):
         return [r._replace(ok=True) for r in make_spot_check()(*args)]
@@ -273,14 +304,41 @@ def test_04_4_passes_the_balance_point(capsys):
 @pytest.mark.parametrize("answer, phrase", [
     (stub, "not done yet"),
     (np.sqrt, "forward difference"),
-    (lambda u: u ** (1 / 3), "wrong constant"),
+    (lambda u: u ** (1 / 3), "dropped the constants"),
+    (lambda u: (6 * u) ** (1 / 3), "where the two errors are equal"),
     (lambda u: u, "worst choice"),
-    (lambda u: 1e-6, "set dE/deps = 0"),
 ])
 def test_04_4_names_the_mistake(answer, phrase):
     with pytest.raises(ExerciseError, match="Exercise 04.4") as err:
         lesson04.check_best_step(answer)
     assert phrase in str(err.value)
+
+
+def test_04_4_each_slip_is_named_by_its_reproduction():
+    from coursework.lesson04 import step
+    assert_each_slip_named(lesson04.check_best_step, step._step_cases(), step.STEP_SLIPS,
+                           step.best_step_reference, same=lambda a, b: np.isclose(a, b, rtol=1e-6))
+
+
+@pytest.mark.parametrize("answer", [
+    lambda u: 1e-6,                                  # one step for every precision
+    lambda u: (3 * u) ** 0.5,                        # the right constant, the wrong power
+    lambda u: (3 * u) ** (1 / 3) if u > 1e-10 else 1e-5,   # right for coarse u only
+])
+def test_04_4_a_wrong_step_that_is_no_known_slip_gets_the_neutral_message(answer):
+    with pytest.raises(ExerciseError) as err:
+        lesson04.check_best_step(answer)
+    message = str(err.value)
+    assert "the minimum of E(eps)" in message and "times it" in message
+    assert "Hint" not in message and "dE/deps" not in message and "eps/3" not in message
+
+
+def test_04_4_no_message_holds_the_equation_one_step_from_the_answer():
+    for answer in (np.sqrt, lambda u: u ** (1 / 3), lambda u: (6 * u) ** (1 / 3), lambda u: u,
+                   lambda u: 1e-6):
+        with pytest.raises(ExerciseError) as err:
+            lesson04.check_best_step(answer)
+        assert "eps/3 - u/eps**2" not in str(err.value) and "dE/deps = 0" not in str(err.value)
 
 
 def test_04_4_answer_agrees_with_the_measured_sweep():

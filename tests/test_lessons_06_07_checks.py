@@ -11,6 +11,7 @@ import pytest
 
 from coursework import lesson06, lesson07, pieces, slots
 from engine import budget as bm
+from case_tools import assert_each_slip_named
 from check_tools import fails_with
 from notebook_tools import cell_errors, cell_stdout, run_judging_unfinished_exercises
 
@@ -57,6 +58,23 @@ def test_06_1_typical_wrong_predictions_are_named(wrong, words):
     fails_with(lesson06.check_mlp_saved_bytes, wrong, words=words)
 
 
+def test_06_1_each_slip_is_named_by_its_reproduction():
+    assert_each_slip_named(lesson06.check_mlp_saved_bytes, lesson06._mlp_cases(),
+                           lesson06._mlp_slips(), lesson06.measured_mlp_bytes)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda b, i, h, o, e: e * b * (i + h) + e * h,          # fc1's bias counted as saved
+    lambda b, i, h, o, e: e * (b + 1) * (i + h),             # one row too many
+])
+def test_06_1_a_miscount_that_is_no_known_slip_gets_the_neutral_message(wrong):
+    message = fails_with(lesson06.check_mlp_saved_bytes, wrong,
+                         words=["the engine measured", "bytes off", "list the ops"])
+    for cause in ("twice", "weight matrices", "parameters", "number of elements",
+                  "also keeps its input", "not saved", "not needed"):
+        assert cause not in message
+
+
 # ---------------------------------------------------------------- 06.2
 BLOCK_SOURCE = """def block_saved_elements(B, T, C, H):
     per_token = 2 * (C + 1) + (C + 3 * C + C) + (C + 4 * C + 4 * C)
@@ -86,6 +104,19 @@ def test_06_2_passes_and_saves_the_count_as_a_piece(pieces_folder, tmp_path, cap
 def test_06_2_typical_miscounts_are_named(wrong, words, pieces_folder):
     fails_with(lesson06.check_block_saved_elements, wrong, words=words)
     assert not (pieces_folder / "block_saved_elements.py").exists()
+
+
+def test_06_2_each_slip_is_named_by_its_reproduction(pieces_folder):
+    assert_each_slip_named(lesson06.check_block_saved_elements, lesson06._block_cases(),
+                           lesson06._block_slips(), lesson06.measured_block_elements)
+
+
+def test_06_2_a_miscount_that_is_no_known_slip_gets_the_neutral_message(pieces_folder):
+    def with_the_mask(B, T, C, H):            # a dropout mask the engine's block does not have
+        return 16 * B * T * C + 2 * B * T + B * H * T * T + B * T * C
+    message = fails_with(lesson06.check_block_saved_elements, with_the_mask,
+                         words=["the engine measured", "elements off", "op by op"])
+    assert "residual stream" not in message and "views of the one qkv" not in message
 
 
 def test_a_count_right_only_on_the_checks_shapes_is_refused_at_save(pieces_folder, tmp_path):
@@ -163,19 +194,18 @@ def _one(N, d, L, k, e):
 
 
 @pytest.mark.parametrize("wrong, words", [
-    (lambda m, N, d, L, k, e: m // (N * d * k * e), ("one layer", "x L")),
-    (lambda m, N, d, L, k, e: m // (N * d * L * e), ("k tensors", "not one")),
-    (lambda m, N, d, L, k, e: m // (N * d * k * L), ("elements, not bytes",)),
-    (lambda m, N, d, L, k, e: m // (_one(N, d, L, k, e) * 8), ("counts bits", "no factor of 8")),
-    (lambda m, N, d, L, k, e: m * 8 // _one(N, d, L, k, e), ("memory into bits",
-                                                             "no factor of 8")),
+    (lambda m, N, d, L, k, e: m // (N * d * k * e), ("if the stack had one layer", "every layer keeps")),
+    (lambda m, N, d, L, k, e: m // (N * d * L * e), ("one tensor of N x d per layer",)),
+    (lambda m, N, d, L, k, e: m // (N * d * k * L), ("each element takes",)),
+    (lambda m, N, d, L, k, e: m // (_one(N, d, L, k, e) * 8), ("factor of 8", "already bytes")),
+    (lambda m, N, d, L, k, e: m * 8 // _one(N, d, L, k, e), ("factor of 8",)),
     (lambda m, N, d, L, k, e: -(-m // _one(N, d, L, k, e)), ("does not fit", "not up")),
     (lambda m, N, d, L, k, e: round(m / _one(N, d, L, k, e)), ("does not fit",
                                                               "not to the nearest")),
-    (lambda m, N, d, L, k, e: (m - 1) // _one(N, d, L, k, e), ("fits too", "<=, not <")),
+    (lambda m, N, d, L, k, e: (m - 1) // _one(N, d, L, k, e), ("fits too", "<, where the memory allows <=")),
     (lambda m, N, d, L, k, e: m / _one(N, d, L, k, e), ("whole number of sequences", "//")),
     (lambda m, N, d, L, k, e: (m // _one(N, d, L, k, e)) or None, ("return None", "0")),
-    (lambda m, N, d, L, k, e: 2 * (m // _one(N, d, L, k, e)) + 1, ("needs", "more than")),
+    (lambda m, N, d, L, k, e: 2 * (m // _one(N, d, L, k, e)) + 1, ("sequences more than fit",)),
     (lambda m, N, d, L, k, e: max(1, m // _one(N, d, L, k, e)), ("not even one sequence",
                                                                  "the answer is 0")),
     (lambda m, N, d, L, k, e: 1 << ((m // _one(N, d, L, k, e)).bit_length() - 1)
@@ -186,11 +216,35 @@ def test_06_3_typical_wrong_designs_are_named(wrong, words):
     fails_with(lesson06.check_micro_batch_that_fits, wrong, words=words)
 
 
+def test_06_3_each_slip_is_named_by_its_reproduction():
+    assert_each_slip_named(lesson06.check_micro_batch_that_fits, lesson06._fit_cases(),
+                           lesson06._fit_slips(), lesson06.engine_micro_batch_that_fits)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda m, N, d, L, k, e: m // (N * d * k * (L + 1) * e),     # one layer too many
+    lambda m, N, d, L, k, e: m // _one(N, d, L, k, e) - 1,        # a sequence kept in reserve
+    lambda m, N, d, L, k, e: m // (N * d * k * L * e + N * d),    # an extra tensor per sequence
+])
+def test_06_3_a_wrong_answer_that_is_no_known_slip_gets_the_neutral_hint(wrong):
+    message = fails_with(lesson06.check_micro_batch_that_fits, wrong,
+                         words=["engine.budget finds B="])
+    assert "Hint" not in message and "<=" not in message and "layer" not in message, message
+
+
 def test_06_3_the_checks_answers_are_engine_budgets_and_include_an_exact_fit_and_none():
-    answers = [lesson06.engine_micro_batch_that_fits(m, cfg) for m, cfg in lesson06._fit_cases()]
-    assert answers == [37, 9, 24, 5, 0]
-    m, cfg = lesson06._fit_cases()[3]
+    cases = lesson06._fit_cases()
+    answers = [lesson06.engine_micro_batch_that_fits(*case.args) for case in cases]
+    assert answers[:5] == [37, 9, 24, 5, 0]
+    m, N, d, L, k, e = cases[3].args
+    cfg = lesson06._rule_config(N, d, L, k, e)
     assert bm.activations(cfg.with_(micro_batch=5)).saved == m      # fills it to the byte
+    # the generated stacks: exact fits, remainders, one byte short, and none that fits
+    ones = [_one(*case.args[1:]) for case in cases[5:]]
+    remainders = [case.args[0] % one for case, one in zip(cases[5:], ones)]
+    assert 0 in remainders and any(r == one - 1 for r, one in zip(remainders, ones))
+    assert 0 in answers[5:] and max(answers[5:]) > 8
+    assert all(a == case.args[0] // _one(*case.args[1:]) for a, case in zip(answers, cases))
 
 
 # ---------------------------------------------------------------- 07.1
@@ -223,6 +277,29 @@ def test_07_1_mixed_conventions_fail():
 def test_07_1_forward_only_still_named():
     fails_with(lesson07.check_training_flops, lambda P, L, N, d: 2 * P + 4 * L * N * d,
                words=("forward pass only",))
+
+
+def test_07_1_each_slip_is_named_by_its_reproduction_under_either_convention():
+    assert_each_slip_named(lesson07.check_training_flops, lesson07._flops_cases(),
+                           lesson07._flops_slips(), flops_full,
+                           same=lesson07._close_count)
+    fails_with(lesson07.check_training_flops, lambda P, L, N, d: 2 * P + 2 * L * N * d,
+               words=("forward pass only",))
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda P, L, N, d: 3 * (2 * P + 4 * L * N * N),       # attention priced per sequence
+    lambda P, L, N, d: 3 * (2 * P + 4 * N * d),           # attention in one layer only
+])
+def test_07_1_a_count_that_is_no_known_slip_gets_the_neutral_message(wrong):
+    message = fails_with(lesson07.check_training_flops, wrong,
+                         words=("engine.budget says", "times it"))
+    assert "Hint" not in message and "2 x matmul_weights" not in message
+
+
+def test_07_1_runs_generated_models_beside_the_storys():
+    cases = lesson07._flops_cases()
+    assert len(cases) == 8 and len({case.args for case in cases}) == 8
 
 
 # ---------------------------------------------------------------- 07.2
@@ -394,6 +471,14 @@ def test_07_4_each_slip_gets_its_own_hint(wrong, words):
         assert formula not in message, message
 
 
+def test_07_4_is_checked_beyond_the_storys_steps():
+    # the story's steps all run below half the device's rate; a generated one does not
+    def capped(step_flops, device_flops, measured):
+        floor = step_flops / device_flops
+        return floor, min(floor / measured, 0.5)
+    fails_with(lesson07.check_step_floor_and_mfu, capped, words=("your MFU is",))
+
+
 def test_07_4_asks_for_the_reasons_and_gives_no_formula():
     """The lesson gives the quantities and the contract; the learner works out the
     arithmetic and says why the floor is a floor and the MFU at most 1."""
@@ -419,6 +504,26 @@ def test_lesson_07_demonstrations_run_without_the_exercises(tmp_path, monkeypatc
     assert any("BudgetWidget(" in c.source and not cell_errors(c) for c in cells)
 
 
+def test_07_2_a_count_that_is_no_known_slip_gets_the_neutral_message():
+    def one_byte_more(precision, optimizer):
+        return right_bytes(precision, optimizer) + 1
+    message = fails_with(lesson07.check_fixed_bytes_per_parameter, one_byte_more,
+                         words=("bytes off",))
+    assert "Hint" not in message and "master copy" not in message
+
+
+def test_07_3_a_search_that_is_no_known_slip_gets_the_neutral_message():
+    def two_past(cfg):
+        return bm.crossover_batch(cfg) + 2
+    message = fails_with(lesson07.check_crossover_batch, two_past, words=("expected B=",))
+    assert "Hint" not in message and "fixed_total" not in message
+
+
+def test_07_3_runs_generated_steps_beside_the_storys():
+    cases = lesson07._crossover_cases()
+    assert len(cases) == 11 and {c.recompute for c in cases[8:]} <= {"none", "full"}
+
+
 # ------------------------------------------------------------------ 07.5
 def test_07_5_right_answer_written_otherwise_passes(capsys):
     def by_the_tensors(n_tokens, vocab, precision, other_saved, resident):
@@ -441,11 +546,31 @@ def _bytes(precision):
 
 @pytest.mark.parametrize("wrong, words", [
     (lambda n, V, p, o, r: r + o + n * V * 4, ("end of the forward",)),
-    (lambda n, V, p, o, r: r + o + 2 * n * V * 4, ("gradient arriving from nll_loss",)),
+    (lambda n, V, p, o, r: r + o + 2 * n * V * 4, ("one fp32 [n, V] tensor",
+                                                    "what it reads and what it writes")),
     (lambda n, V, p, o, r: r + o + 4 * n * V * 4, ("no reference to the logits",)),
     (lambda n, V, p, o, r: r + o + 3 * n * V * _bytes(p), ("fp32 list",)),
     (lambda n, V, p, o, r: 3 * n * V * 4, ("moment of the whole step",)),
-    (lambda n, V, p, o, r: r + o, ("how many fp32 [n, V] tensors",)),
+    (lambda n, V, p, o, r: r + o, ("left out the loss's own [n, V] tensors",)),
 ])
 def test_07_5_each_slip_gets_its_own_hint(wrong, words):
-    fails_with(lesson07.check_loss_peak, wrong, words=words)
+    message = fails_with(lesson07.check_loss_peak, wrong, words=words)
+    assert "resident + other_saved" not in message
+
+
+def test_07_5_each_slip_is_named_by_its_reproduction():
+    cases, wants = lesson07._loss_cases()
+    assert_each_slip_named(lesson07.check_loss_peak, cases, lesson07._loss_slips(),
+                           lambda *args: wants[args])
+    assert len(cases) == 8 and {case.args[2] for case in cases[4:]} == {"fp32", "bf16"}
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda n, V, p, o, r: r + o + 3 * n * V * 4 + n * 4,        # a row of fp32 losses too
+    lambda n, V, p, o, r: r + 3 * n * V * 4,                   # the rest of the forward left out
+    lambda n, V, p, o, r: r + o + 3 * n * (V + 1) * 4,          # one column too many
+])
+def test_07_5_a_count_that_is_no_known_slip_gets_the_neutral_message(wrong):
+    message = fails_with(lesson07.check_loss_peak, wrong,
+                         words=["bytes off", "fp32 [n, V] tensors)"])
+    assert "Hint" not in message and "resident + other_saved" not in message

@@ -14,6 +14,7 @@ import pytest
 import engine
 from engine import Tensor
 from coursework import ExerciseError, lesson08, lesson09
+from case_tools import assert_each_slip_named
 
 
 def stub(*args, **kwargs):
@@ -97,7 +98,7 @@ def accumulate_one_graph(model, micro_batches):
 
 def test_08_1_one_graph_over_all_micro_batches_fails_on_the_peak():
     message = fails_with(lesson08.check_accumulate, accumulate_one_graph, "activation peak")
-    assert "3.0 times" in message and "inside the loop" in message
+    assert "3.0 times" in message and "has to be gone before the next forward" in message
 
 
 def test_08_1_passes_the_accumulation_loop(capsys):
@@ -117,7 +118,63 @@ def test_08_1_stub_says_not_done():
     (accumulate_sum_of_losses, "returned the sum"),
 ])
 def test_08_1_names_the_typical_mistakes(answer, phrase):
-    fails_with(lesson08.check_accumulate, answer, phrase)
+    message = fails_with(lesson08.check_accumulate, answer, phrase)
+    assert_no_accumulation_recipe(message)
+
+
+RECIPE = ("divide its loss by K and call backward", "Zero once, before the loop",
+          "backpropagate loss / K", "Call zero_grad()", "Call backward on each",
+          "zero once; for each micro-batch")
+
+
+def assert_no_accumulation_recipe(text):
+    for recipe in RECIPE:
+        assert recipe not in text, text
+
+
+def accumulate_first_micro_batch_twice(model, micro_batches):
+    """Runs the first micro-batch twice and skips the last: matches no named slip."""
+    model.zero_grad()
+    K = len(micro_batches)
+    total = 0.0
+    for ids, targets in [micro_batches[0]] + list(micro_batches[:-1]):
+        loss = model(ids, targets)
+        (loss / K).backward()
+        total += loss.item()
+    return total / K
+
+
+def accumulate_divided_by_three(model, micro_batches):
+    """Right for the story's K=3 only: the count is written as a constant."""
+    model.zero_grad()
+    total = 0.0
+    for ids, targets in micro_batches:
+        loss = model(ids, targets)
+        (loss / 3).backward()
+        total += loss.item()
+    return total / 3
+
+
+def test_08_1_a_wrong_loop_that_is_no_known_slip_gets_the_neutral_message():
+    message = fails_with(lesson08.check_accumulate, accumulate_first_micro_batch_twice,
+                         "the gradients differ from the full-batch gradient: the gradient of")
+    assert "Hint" not in message and "furthest off" in message
+    assert_no_accumulation_recipe(message)
+
+
+def test_08_1_is_checked_on_other_splits_than_the_storys():
+    # a loop right at K=3 only is caught at K=2, and told by how much
+    fails_with(lesson08.check_accumulate, accumulate_divided_by_three, "K=2 micro-batches")
+
+
+def test_08_1_stub_docstring_states_the_contract_not_the_recipe():
+    source = (Path(__file__).resolve().parents[1] / "course" / "source" /
+              "08_accumulation_and_checkpointing.py").read_text()
+    stub = source[source.index("def accumulate(model, micro_batches)"):]
+    docstring = stub[:stub.index("### BEGIN SOLUTION")]
+    for recipe in ("Zero once", "backward loss/K", "loss / K"):
+        assert recipe not in docstring, docstring
+    assert "the gradient of the mean loss" in docstring
 
 
 # ================================================================ 08.2
@@ -284,15 +341,71 @@ def test_08_3_passes_a_peak_written_differently(capsys):
     assert "Exercise 08.3 (checkpoint_peak) passed." in capsys.readouterr().out
 
 
+def peak_extra_segment(n_blocks, k, a, b):
+    """The walk over L // k + 1 segments: right whenever k does not divide L."""
+    n = n_blocks // k + 1
+    sizes = [max(0, min(k, n_blocks - j * k)) for j in range(n)]
+    return max((j + 1) * a + size * b for j, size in enumerate(sizes))
+
+
+def peak_floor_segments(n_blocks, k, a, b):
+    return (n_blocks // k) * a + k * b
+
+
+def peak_no_checkpointing(n_blocks, k, a, b):
+    return n_blocks * b
+
+
 @pytest.mark.parametrize("answer, phrase", [
-    (peak_usual_estimate, "the last segment is shorter"),
+    (peak_usual_estimate, "the usual estimate"),
     (peak_boundaries_only, "boundaries only"),
-    (peak_float_segments, "ceil(L/k)"),
+    (peak_float_segments, "a whole number rounded up"),
+    (peak_floor_segments, "a whole number rounded up"),
+    (peak_no_checkpointing, "the peak without checkpointing"),
     (peak_without_own_boundary, "left out the boundary that starts the segment"),
+    (peak_extra_segment, "L // k + 1"),
 ])
 def test_08_3_names_the_typical_mistakes(answer, phrase):
     message = fails_with(lesson08.check_checkpoint_peak, answer, phrase)
     assert "(j+1)*a" not in message and "max over segments" not in message
+
+
+def test_08_3_each_slip_is_named_by_its_reproduction():
+    assert_each_slip_named(lesson08.check_checkpoint_peak, lesson08._peak_cases(),
+                           lesson08._peak_slips(), lesson08.exact_checkpoint_peak)
+
+
+def test_08_3_one_segment_too_many_is_rejected_where_k_divides_l():
+    # L // k + 1 segments agree with the tape whenever k does not divide L, so only a case
+    # where it does tells them apart; checkpoint_peak(4, 2, 1000, 10) is one
+    assert peak_extra_segment(4, 2, 1000, 10) != peak_right(4, 2, 1000, 10)
+    message = fails_with(lesson08.check_checkpoint_peak, peak_extra_segment, "L // k + 1")
+    assert "checkpoint_peak(4, 2, 1000, 10)" in message
+
+
+def test_08_3_checks_every_l_and_k_up_to_8():
+    grid = {case.args[:2] for case in lesson08._peak_cases()}
+    assert {(L, k) for L in range(1, 9) for k in range(1, 9)} <= grid
+
+
+def peak_counting_the_output_too(n_blocks, k, a, b):
+    """The walk that also keeps the stack's output as a boundary: matches no named slip."""
+    starts = range(0, n_blocks, k)
+    return max((j + 2) * a + min(k, n_blocks - s) * b for j, s in enumerate(starts))
+
+
+def peak_sizes_swapped(n_blocks, k, a, b):
+    """The right walk with the two sizes read in the wrong order: matches no named slip."""
+    return peak_right(n_blocks, k, b, a)
+
+
+@pytest.mark.parametrize("answer", [peak_counting_the_output_too, peak_sizes_swapped])
+def test_08_3_a_wrong_peak_that_is_no_known_slip_gets_the_neutral_hint(answer):
+    message = fails_with(lesson08.check_checkpoint_peak, answer, "the tape measures")
+    assert "you have" in message and "bytes off" in message
+    for cause in ("usual estimate", "boundaries only", "rounded up", "without checkpointing",
+                  "left out", "L // k + 1"):
+        assert cause not in message
 
 
 def test_08_3_formula_is_the_measured_peak():
@@ -347,7 +460,21 @@ def test_09_1_stub_says_not_done():
     (bf16_float64, "float32"),
 ])
 def test_09_1_names_the_typical_mistakes(answer, phrase):
-    fails_with(lesson09.check_to_bf16, answer, phrase)
+    message = fails_with(lesson09.check_to_bf16, answer, phrase)
+    assert "0x7FFF" not in message and "& 0xFFFF0000" not in message
+
+
+def bf16_round_half_down(x):
+    """Ties go down, every other value to the nearest: matches no named slip."""
+    bits = x.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF)) & np.uint32(0xFFFF0000)
+    quiet_nan = (bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)
+    return np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint32).view(np.float32)
+
+
+def test_09_1_a_rounding_that_is_no_known_slip_gets_the_neutral_message():
+    message = fails_with(lesson09.check_to_bf16, bf16_round_half_down, "the nearest bf16 is")
+    assert "values differ" in message and "Hint" not in message and "0x7FFF" not in message
 
 
 # ================================================================ 09.3
@@ -442,6 +569,18 @@ def test_09_3_names_the_typical_mistakes(answer, phrase):
     assert "double the scale when the count reaches" not in message
 
 
+def scale_floored_at_one(scale, good_steps, finite, growth_interval):
+    """Backs off no further than a scale of 1, a floor the lesson's scaler does not have."""
+    new_scale, good, apply = scale_right(scale, good_steps, finite, growth_interval)
+    return max(new_scale, 1.0), good, apply
+
+
+def test_09_3_is_checked_beyond_the_storys_scales():
+    # the story's scales are all 8 or more; the generated ones go below 1
+    fails_with(lesson09.check_update_scale, scale_floored_at_one, "update_scale(scale=0.25")
+    assert min(case[0] for case in lesson09._scale_cases()) < 1
+
+
 def test_09_3_rule_matches_the_engine_scaler():
     from engine.precision import DynamicLossScaler
     s = DynamicLossScaler(init_scale=64.0, growth_interval=3)
@@ -477,6 +616,11 @@ def master_stale_weights(master, grad, lr):
     return master - np.float32(lr) * grad, bf16_right(master)
 
 
+def master_truncated_weights(master, grad, lr):
+    new_master = master - np.float32(lr) * grad
+    return new_master, bf16_truncate(new_master)
+
+
 def test_09_2_passes_a_master_weight_step(capsys):
     lesson09.check_master_weight_step(master_right)
     assert "Exercise 09.2 (master_weight_step) passed." in capsys.readouterr().out
@@ -510,15 +654,45 @@ def test_09_2_passes_float64_arithmetic_cast_back_once(capsys):
 
 @pytest.mark.parametrize("answer, phrase", [
     (master_in_bf16, "swallowed"),
-    (master_forward_unrounded, "must be the bf16"),
+    (master_forward_unrounded, "new master weights unrounded"),
     (master_ascent, "subtracts"),
     (master_stale_weights, "old master"),
     (master_bf16_gradient, "rounded the gradient to bf16"),
-    (master_bf16_learning_rate, "went through 16 bits"),
+    (master_bf16_learning_rate, "rounded the learning rate to bf16"),
+    (master_truncated_weights, "truncated"),
 ])
 def test_09_2_names_the_typical_mistakes(answer, phrase):
     message = fails_with(lesson09.check_master_weight_step, answer, phrase)
-    assert "master - lr * grad" not in message
+    assert "master - lr * grad" not in message and "round_to_bf16(new_master)" not in message
+
+
+def test_09_2_each_slip_is_named_by_its_reproduction():
+    cases = lesson09._master_cases()
+    for index, slips in ((0, lesson09.MASTER_SLIPS), (1, lesson09.WEIGHT_SLIPS)):
+        for slip in slips:
+            def answer(master, grad, lr, slip=slip):
+                new_master = master - np.float32(lr) * grad
+                pair = [new_master, bf16_right(new_master)]
+                pair[index] = slip.reproduce(master, grad, lr)
+                return tuple(pair)
+            fails_with(lesson09.check_master_weight_step, answer, slip.hint)
+    assert len(cases) == 5
+
+
+def master_weights_rounded_twice(master, grad, lr):
+    new_master = master - np.float32(lr) * grad
+    return new_master, bf16_right(bf16_right(new_master) + np.float32(2 ** -9))
+
+
+def master_half_step(master, grad, lr):
+    new_master = master - np.float32(lr) * grad / np.float32(2)
+    return new_master, bf16_right(new_master)
+
+
+@pytest.mark.parametrize("answer", [master_weights_rounded_twice, master_half_step])
+def test_09_2_a_wrong_step_that_is_no_known_slip_gets_the_neutral_message(answer):
+    message = fails_with(lesson09.check_master_weight_step, answer, "where the reference has")
+    assert "Hint" not in message and "round_to_bf16(new_master)" not in message
 
 
 # ======================================= 08.1 through the fused model's view (lesson 13)

@@ -121,7 +121,8 @@ for K in (2, 4, 8):
 
 # %%
 def accumulate(model, micro_batches):
-    """Zero once; backward loss/K for each of the K micro-batches; return the mean loss."""
+    """Leave in every .grad the gradient of the mean loss over all the micro-batches,
+    whatever .grad held before; return that mean loss as a float."""
     ### BEGIN SOLUTION
     model.zero_grad()
     K = len(micro_batches)

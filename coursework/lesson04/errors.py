@@ -88,7 +88,10 @@ def check_gradient_errors(gradient_errors) -> None:
         raise ExerciseError(EX_ERRORS, "an error came out negative: take the absolute value "
                                        "|a - n| (np.abs) before dividing.")
     if not np.allclose(ab, want_abs, rtol=1e-12, atol=0):
-        raise ExerciseError(EX_ERRORS, f"absolute error {ab} should be |a - n| = {want_abs}.")
+        k = int(np.argmax(np.where(np.isclose(ab, want_abs, rtol=1e-12, atol=0), 0, 1)))
+        raise ExerciseError(EX_ERRORS, f"the absolute error differs at element {k} (analytic "
+                                       f"{_A[k]:g}, numerical {_N[k]:g}): yours is {ab[k]:.6g}, "
+                                       f"the reference's {want_abs[k]:.6g}.")
     broken = _broken_demand(gradient_errors, floor)
     if broken is None and np.allclose(rel, want_rel, rtol=1e-9, atol=0):
         save_piece("gradient_errors", gradient_errors, EX_ERRORS)

@@ -160,8 +160,8 @@ def _check_near_zero(spot_check) -> None:
                              f"yet ok is False (relative error {rel:.1e}). Near zero the "
                              f"rounding noise of the difference quotient, about u*|f|/eps = "
                              f"1e-10, is as large as the gradient itself, so relative error "
-                             f"alone cannot judge it. Hint: an element passes when "
-                             f"abs_err <= atol OR rel_err <= rtol.")
+                             f"alone cannot judge it: atol is there for elements like "
+                             f"this one.")
             raise ExerciseError(EX_SPOT, f"at {index} the gradient is right but ok is False "
                                          f"(rel {rel:.1e}, abs {ab:.1e}).")
 
