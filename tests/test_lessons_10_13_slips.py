@@ -326,3 +326,116 @@ def test_11_2_a_count_no_slip_gives_gets_how_far_it_is():
 def test_11_3_named_slips_do_not_hand_over_the_factor(fn):
     message = fails_with(lesson11.check_decay_factors, fn)
     assert "**" not in message and "(1 - lr * weight_decay)" not in message, message
+
+
+# ------------------------------------------------------------------ 12.3
+from coursework import lesson12  # noqa: E402
+
+
+def norms_with_yardstick(yardstick, frozen=lambda v: max(v) == 0 == min(v), squared=False):
+    """A learner's summarize_norms whose spike test compares step t with
+    spike_factor * yardstick(earlier global norms) (of squares when `squared`)."""
+    def summarize_norms(group_norms, spike_factor=10.0):
+        total = np.sqrt(sum(np.asarray(v, dtype=np.float64) ** 2
+                            for v in group_norms.values()))
+        values = total ** 2 if squared else total
+        spikes, flagged = [], []
+        for t in range(1, len(total)):
+            if values[t] > spike_factor * yardstick(values[:t], flagged):
+                spikes.append(t)
+                flagged.append(t)
+        return total, spikes, [k for k, v in group_norms.items() if frozen(v)]
+    return summarize_norms
+
+
+def _median_low(earlier, flagged):
+    import statistics
+    return statistics.median_low(earlier.tolist())
+
+
+def _median_high(earlier, flagged):
+    import statistics
+    return statistics.median_high(earlier.tolist())
+
+
+def _median_without_spikes(earlier, flagged):
+    return np.median([v for t, v in enumerate(earlier) if t not in flagged])
+
+
+@pytest.mark.parametrize("fn, named, not_named", [
+    (norms_with_yardstick(_median_low), "(median_low)", "leaves out step 0"),
+    (norms_with_yardstick(_median_high), "upper of the two middle values", "rolling window"),
+    (norms_with_yardstick(lambda e, f: np.median(e), squared=True), "compares squared norms",
+     "not >="),
+    (norms_with_yardstick(_median_without_spikes), "leaves the earlier spikes out",
+     "rolling window"),
+])
+def test_12_3_each_slip_is_named_where_it_is_reproduced_and_not_as_another(fn, named,
+                                                                          not_named):
+    message = fails_with(lesson12.check_summarize_norms, fn, words=(named,))
+    assert not_named not in message
+
+
+def test_12_3_a_tolerance_far_below_the_tiny_groups_is_still_refused():
+    """max(v) < 1e-12 passes the example's tiny group (1e-12 and falling, yet not below
+    1e-12 at step 0); groups of 1e-20 to 1e-35 are never zero either."""
+    fails_with(lesson12.check_summarize_norms,
+               norms_with_yardstick(lambda e, f: np.median(e), frozen=lambda v: max(v) < 1e-12),
+               words=("tiny norms", "not zero ones"))
+
+
+def test_12_3_a_yardstick_no_slip_gives_gets_where_it_differs():
+    fn = norms_with_yardstick(lambda e, f: np.percentile(e, 40))
+    message = fails_with(lesson12.check_summarize_norms, fn,
+                         words=("times the median of", "spike_factor"))
+    assert "your median" not in message and "rolling window" not in message
+    assert "mean" not in message, message
+
+
+def test_12_3_the_generated_logs_are_the_same_on_every_run():
+    from coursework.lesson12_norms import generated_norm_logs
+    assert generated_norm_logs() == generated_norm_logs()
+    assert {"cut", "tiny", "blinking"} <= {k for _, log in generated_norm_logs() for k in log}
+
+
+# ------------------------------------------------------------------ 12.4
+def schedule_whole_ms(backward_ms, bucket_bytes, link):
+    """Right, but each send's length in whole ms: size // link."""
+    out, ready, free = [], 0.0, 0.0
+    for ms, size in zip(backward_ms, bucket_bytes):
+        ready += ms
+        start = max(ready, free)
+        free = start + size // link
+        out.append((start, free))
+    return out
+
+
+def schedule_send_at_half(backward_ms, bucket_bytes, link):
+    """A slip no hint names: a bucket goes when half of its backward is done."""
+    out, ready, free = [], 0.0, 0.0
+    for ms, size in zip(backward_ms, bucket_bytes):
+        start = max(ready + ms / 2, free)
+        ready += ms
+        free = start + size / link
+        out.append((start, free))
+    return out
+
+
+def test_12_4_floor_division_of_the_size_is_refused_and_named():
+    message = fails_with(lesson12.check_bucket_schedule, schedule_whole_ms,
+                         words=("rounded down", "floor division"))
+    assert "1500, 2750, 333" in message or "generated" not in message
+
+
+def test_12_4_a_schedule_no_slip_gives_gets_where_it_differs():
+    message = fails_with(lesson12.check_bucket_schedule, schedule_send_at_half,
+                         words=("bucket 0 is sent",))
+    for _, text in lesson12._schedule_variants([1.0], [100], 10.0):
+        assert text not in message
+
+
+def test_12_4_generated_cases_hold_sizes_that_are_no_multiple_of_the_rate():
+    cases = lesson12.generated_bucket_cases()
+    assert cases == lesson12.generated_bucket_cases()
+    assert any(size % link for _, sizes, link in cases for size in sizes)
+
