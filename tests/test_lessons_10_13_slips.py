@@ -439,3 +439,56 @@ def test_12_4_generated_cases_hold_sizes_that_are_no_multiple_of_the_rate():
     assert cases == lesson12.generated_bucket_cases()
     assert any(size % link for _, sizes, link in cases for size in sizes)
 
+
+# ------------------------------------------------------------------ 13.1
+from coursework import lesson13  # noqa: E402
+
+
+def step_nested_phases(model, optimizer, clip, x, y, lr, max_norm, phase):
+    """Right weights, the same order list, but backward and optimizer inside the loss."""
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+        with phase("backward"):
+            model.backward()
+        with phase("optimizer"):
+            norm = clip(model.named_grads(), max_norm)
+            optimizer.step(lr)
+    return loss, norm
+
+
+def step_double_backward(model, optimizer, clip, x, y, lr, max_norm, phase):
+    model.zero_grad()
+    with phase("loss"):
+        loss = model.forward(x, y)
+    with phase("backward"):
+        model.backward()
+        model.backward()
+    with phase("optimizer"):
+        norm = clip(model.named_grads(), max_norm)
+        optimizer.step(lr)
+    return loss, norm
+
+
+def test_13_1_phases_nested_in_the_loss_phase_are_refused():
+    message = fails_with(lesson13.check_train_step, step_nested_phases,
+                         words=('`phase("backward")` was opened inside `phase("loss")`',
+                                "may not overlap"))
+    assert "model.backward()" not in message
+
+
+def test_13_1_a_double_backward_is_not_told_to_call_forward_first():
+    message = fails_with(lesson13.check_train_step, step_double_backward,
+                         words=("the backward ran 2 times after one forward",))
+    assert "comes before the backward phase" not in message
+
+
+def test_the_phase_log_records_what_was_open():
+    log = lesson13.PhaseLog()
+    with log("loss"):
+        assert log.current == "loss"
+        with log("backward"):
+            assert log.current == "backward"
+        assert log.current == "loss"
+    assert log.current is None and log.nested == [("backward", "loss")]
+    assert log.order == ["loss", "backward"] and set(log.seconds) == {"loss", "backward"}
