@@ -492,3 +492,27 @@ def test_the_phase_log_records_what_was_open():
         assert log.current == "loss"
     assert log.current is None and log.nested == [("backward", "loss")]
     assert log.order == ["loss", "backward"] and set(log.seconds) == {"loss", "backward"}
+
+
+# ------------------------------------------------- each slip's reproduction, held to its name
+@pytest.mark.parametrize("which, index", [("dense", k) for k in range(6)] +
+                         [("sparse", k) for k in range(9)])
+def test_11_2_each_count_slip_reproduced_gets_its_own_name(which, index):
+    def gradient_bytes(ids, V, w, vb, ib):
+        right = lesson11.gradient_bytes_reference(ids, V, w, vb, ib)
+        slip = lesson11._bytes_slips(ids, V, w, vb, ib, which)[index][0]
+        return (slip, right[1]) if which == "dense" else (right[0], slip)
+    ids = np.arange(3)
+    hint = lesson11._bytes_slips(ids, 9, 4, 4, 8, which)[index][1]
+    message = fails_with(lesson11.check_gradient_bytes, gradient_bytes)
+    named = " ".join(hint.split()[:5])
+    assert named in message, message
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_12_4_each_schedule_slip_reproduced_gets_its_own_name(index):
+    def bucket_schedule(backward_ms, bucket_bytes, link):
+        return lesson12._schedule_variants(backward_ms, bucket_bytes, link)[index][0]
+    hint = lesson12._schedule_variants([1.0], [100], 10.0)[index][1]
+    message = fails_with(lesson12.check_bucket_schedule, bucket_schedule)
+    assert hint in message, message
