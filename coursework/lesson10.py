@@ -5,7 +5,8 @@
      unfused numpy composition in float64 and float32, recognises the usual
      slips (bias forgotten or added after the GELU, the erf or sigmoid form
      of GELU, the output array never written), refuses a kernel that runs on
-     one thread (no parallel=True, or range in place of prange), then times
+     one thread (no parallel=True, or range in place of prange) or on a number
+     of threads fixed in the code (prange(2) over row chunks), then times
      it against the lesson's plain fused loop, the unfused numpy version and
      the trainer's kernel, refuses one far slower than numpy and the plain
      loop with the cause it sees, and says which gap is the learner's to
@@ -13,6 +14,11 @@
 10.2 fused softmax + cross-entropy: the mean loss is returned and the
      logits' buffer is overwritten with the gradient of that mean, so the
      probabilities and the gradient never exist as separate (N, V) arrays.
+     On logits that overflow a careless shift, a slip (a shift for the whole
+     batch, the row's first logit or its target's, the log of a probability)
+     is named only when its numpy version gives the learner's loss and
+     gradient on that case and the ones before; else the hint says where the
+     result differs.
 10.3 attention with the online softmax: tile by tile, keeping a running
      maximum, sum and output per row; returns the output and each row's
      log-sum-exp. The check compares both with the full masked softmax

@@ -6,7 +6,9 @@
      number of threads. The check recognises "last write wins" and numpy's
      buffered `d[ids] += g` (both drop repeated ids), garbage in untouched
      rows, a row missing some of its tokens' additions (lost updates), and
-     runs that differ (a race).
+     runs that differ (a race). Generated float64 cases of widths around a
+     block of 16 columns and lesson 13's C = 128 catch column blocks that stop
+     short of C or that each add every column, named when reproduced.
 11.2 the memory of an embedding gradient for one batch: dense, the whole
      (V, C) table, or row-sparse, the distinct rows the batch touched plus
      one id each. The check recognises a row per token (repeats counted

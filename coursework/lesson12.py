@@ -15,8 +15,9 @@
 12.4 the schedule of gradient buckets on one link during the backward: each
      bucket is sent once its backward is done and the link is free. The
      check recognises sending only after the whole backward, sends that
-     overlap on one link, ready times that are not cumulative, and a bucket
-     sent before it exists.
+     overlap on one link, ready times that are not cumulative, a bucket sent
+     before it exists and a send rounded down to whole ms, on the lesson's
+     cases and generated ones whose sizes are no multiple of the link's rate.
 12.5 the failure-mode table as a diagnosis: six runs with symptoms, one
      cause each.
 

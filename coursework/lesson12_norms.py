@@ -4,13 +4,16 @@ The learner returns, per step, the global norm (the groups' squares add up),
 the steps of a spike (a global norm above `spike_factor` times the median of
 all earlier steps) and the groups whose norm is exactly 0.0 at every step.
 
-The check reads the lesson's log and five more, each built so that a rule a
+The check reads the lesson's log and six more, each built so that a rule a
 learner might write in place of the stated one gives a different answer on
 it: the step before, the mean, a trimmed mean or a short rolling median in
 place of the median of all earlier steps; the whole log's median; a median
 one step short; a rule that starts at step 2; "at least" in place of
 "exceeds"; a tolerance or one zero step in place of "exactly 0.0 at every
-step". The hint names the rule the answer matches.
+step"; then ten logs generated with a fixed seed (spikes on consecutive steps,
+jumps below the factor, groups far below any threshold). A hint names a rule
+only when that rule gives the learner's answer on every log; otherwise it says
+which step is missing or is no spike, and by what ratio.
 """
 from __future__ import annotations
 
@@ -155,6 +158,44 @@ def _trimmed_mean(values, share):
     return float(np.mean(kept)) if kept.size else float("nan")
 
 
+def _median_variant_rules(total, factor, flagged):
+    """The rules of a yardstick that is almost the median of all earlier steps: its lower
+    or upper middle value, the median of the squares, the median without the earlier
+    spikes. `flagged(yardstick)` gives the steps a yardstick flags."""
+    steps = range(1, total.size)
+
+    def low_or_high(t, pick):
+        ordered = np.sort(total[:t])
+        return float(ordered[(t - 1) // 2] if pick == "low" else ordered[t // 2])
+
+    seen = []                                       # the spikes it has flagged so far
+
+    def without_spikes(t):                          # called for t = 1, 2, ... in order
+        kept = [total[u] for u in range(t) if u not in seen]
+        yardstick = float(np.median(kept)) if kept else float("nan")
+        if total[t] > factor * yardstick:
+            seen.append(t)
+        return yardstick
+
+    squares = total ** 2
+    return [
+        (flagged(lambda t: low_or_high(t, "low")),
+         "your median is the lower of the two middle values (median_low) where the earlier "
+         "steps are even in number; the median of an even count is the mean of the two."),
+        (flagged(lambda t: low_or_high(t, "high")),
+         "your median is the upper of the two middle values where the earlier steps are even "
+         "in number; the median of an even count is the mean of the two."),
+        ([t for t in steps if squares[t] > factor * float(np.median(squares[:t]))],
+         "your test compares squared norms with spike_factor times their median: a step "
+         "only sqrt(spike_factor) times the median then passes for a spike. Compare the "
+         "norms themselves."),
+        (flagged(without_spikes),
+         "your median leaves the earlier spikes out: after a long run of large steps, the "
+         "rule's median of all earlier steps rises to meet them and they stop being spikes, "
+         "while yours keeps flagging them."),
+    ]
+
+
 def _spike_rules(total, factor):
     """(spike steps under the rule, what is wrong with it) for the rules learners write in
     place of "above factor times the median of all earlier steps"."""
@@ -171,37 +212,7 @@ def _spike_rules(total, factor):
     def median(lo, hi):
         return float(np.median(total[lo:hi])) if hi > lo else float("nan")
 
-    def low_or_high(t, pick):
-        ordered = np.sort(total[:t])
-        return float(ordered[(t - 1) // 2] if pick == "low" else ordered[t // 2])
-
-    seen = []                                       # the spikes a yardstick has flagged
-
-    def without_spikes(t):
-        if t == 1:
-            seen.clear()
-        kept = [total[u] for u in range(t) if u not in seen]
-        yardstick = float(np.median(kept)) if kept else float("nan")
-        if total[t] > factor * yardstick:
-            seen.append(t)
-        return yardstick
-
-    squares = total ** 2
-    rules = [
-        (flagged(lambda t: low_or_high(t, "low")),
-         "your median is the lower of the two middle values (median_low) where the earlier "
-         "steps are even in number; the median of an even count is the mean of the two."),
-        (flagged(lambda t: low_or_high(t, "high")),
-         "your median is the upper of the two middle values where the earlier steps are even "
-         "in number; the median of an even count is the mean of the two."),
-        ([t for t in steps if squares[t] > factor * float(np.median(squares[:t]))],
-         "your test compares squared norms with spike_factor times their median: a step "
-         "only sqrt(spike_factor) times the median then passes for a spike. Compare the "
-         "norms themselves."),
-        (flagged(without_spikes),
-         "your median leaves the earlier spikes out: after a long run of large steps, the "
-         "rule's median of all earlier steps rises to meet them and they stop being spikes, "
-         "while yours keeps flagging them."),
+    rules = _median_variant_rules(total, factor, flagged) + [
         (flagged(lambda t: median(0, t), start=2),
          "your rule starts at step 2, but step 1 has an earlier step, step 0, to compare with: "
          "start at t = 1."),

@@ -7,7 +7,8 @@
      two copies of a small GPT and names the usual slips: no zero_grad (the
      gradients of earlier steps pile up), zeroing after the backward, no
      clipping, clipping after the update, the norm after clipping returned,
-     phases missing or out of order.
+     a backward run twice, phases missing, out of order or opened inside
+     one another.
 
 `TRAINER_PIECES` lists the pieces of lessons 10-12 the trainer can run;
 `plug_in_pieces()` checks each saved piece in its slot (coursework.slots),
