@@ -5,7 +5,8 @@
      unfused numpy composition in float64 and float32, recognises the usual
      slips (bias forgotten or added after the GELU, the erf or sigmoid form
      of GELU, the output array never written), refuses a kernel that runs on
-     one thread (no parallel=True, or range in place of prange), then times
+     one thread (no parallel=True, or range in place of prange) or on a number
+     of threads fixed in the code (prange(2) over row chunks), then times
      it against the lesson's plain fused loop, the unfused numpy version and
      the trainer's kernel, refuses one far slower than numpy and the plain
      loop with the cause it sees, and says which gap is the learner's to
@@ -13,6 +14,11 @@
 10.2 fused softmax + cross-entropy: the mean loss is returned and the
      logits' buffer is overwritten with the gradient of that mean, so the
      probabilities and the gradient never exist as separate (N, V) arrays.
+     On logits that overflow a careless shift, a slip (a shift for the whole
+     batch, the row's first logit or its target's, the log of a probability)
+     is named only when its numpy version gives the learner's loss and
+     gradient on that case and the ones before; else the hint says where the
+     result differs.
 10.3 attention with the online softmax: tile by tile, keeping a running
      maximum, sum and output per row; returns the output and each row's
      log-sum-exp. The check compares both with the full masked softmax
@@ -25,12 +31,14 @@
 """
 from __future__ import annotations
 
+import ast
 import math
 
 import numpy as np
 
 from engine import numba_config  # noqa: F401  (its thread settings go in before numba loads)
-from ._core import ExerciseError, attempt, passed
+from ._core import ExerciseError, function_syntax, is_call, passed
+from ._slips_late import attempt, differing_digits, uncompile_stubs
 from .lesson10_speed import (bias_gelu_speed_verdict, calls, measure, plain_fused_loop,  # noqa: F401
                              refusal, slow_causes, speed_report)
 from .pieces import save_piece
@@ -198,7 +206,41 @@ def _one_thread_reason(fn) -> str:
     if calls(fn, "range") and not calls(fn, "prange"):
         return ("its loops use range, not prange: parallel=True shares only prange loops "
                 "between threads, so this one runs on one thread.")
+    chunks = fixed_prange_count(fn)
+    if chunks is not None:
+        import numba            # loaded already: the kernel is compiled
+        return (f"its prange runs over {chunks} pieces of work fixed in the code, so at most "
+                f"{chunks} thread{'s' if chunks > 1 else ''} share the rows, whatever the "
+                f"machine offers (numba has {numba.get_num_threads()} here, and a larger "
+                f"machine more).")
     return ""
+
+
+def fixed_prange_count(fn) -> int | None:
+    """The number of iterations of the kernel's prange when the code fixes it (prange(2),
+    or a name set to a number), below the rows of any shape the trainer runs; else None."""
+    node = function_syntax(fn)
+    if node is None:
+        return None
+    constants = {}
+    for sub in ast.walk(node):
+        if (isinstance(sub, ast.Assign) and len(sub.targets) == 1
+                and isinstance(sub.targets[0], ast.Name)):
+            try:
+                constants[sub.targets[0].id] = int(ast.literal_eval(sub.value))
+            except (ValueError, TypeError, SyntaxError):
+                constants.pop(sub.targets[0].id, None)
+    for loop in ast.walk(node):
+        if isinstance(loop, ast.For) and is_call(loop.iter, "prange") and loop.iter.args:
+            arg = loop.iter.args[-1] if len(loop.iter.args) < 3 else None
+            count = None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, int):
+                count = arg.value
+            elif isinstance(arg, ast.Name) and arg.id in constants:
+                count = constants[arg.id]
+            if count is not None and count < 256:
+                return count
+    return None
 
 
 # --------------------------------------------------------------- 10.2
@@ -226,6 +268,12 @@ def _xent_loss_diagnosis(loss, logits, targets, buf) -> str:
         return "this is the median of the row losses; the loss is their mean."
     if math.isclose(loss, float(per_row[0]), rel_tol=1e-9):
         return "this is the first row's loss alone; the loss is the mean over all N rows."
+    relative = abs(loss - float(np.mean(per_row))) / abs(float(np.mean(per_row)))
+    if relative < 1e-5:
+        digits = int(-math.log10(relative))
+        return (f"yours agrees with the reference to {digits} significant digits only, where "
+                f"float64 logits keep about 16: a difference of the size of a float32 "
+                f"rounding. Look for a sum or a product of your loop kept in float32.")
     return (f"the row losses should average to {float(np.mean(per_row)):.8g} (the first row's "
             f"is {float(per_row[0]):.8g}): work out one row by hand, as the negative log of "
             f"the target's softmax probability, and compare it with your loop's.")
@@ -251,31 +299,103 @@ def _xent_gradient_diagnosis(buf, want_grad, targets) -> str:
     else:
         err = np.abs(buf - want_grad)
         i = np.unravel_index(int(np.argmax(err)), err.shape)
-        hint = (f"at {tuple(int(k) for k in i)} you have {buf[i]:.6g}, expected "
-                f"{want_grad[i]:.6g}. Work that entry out by hand from its row and "
+        yours, right = differing_digits(float(buf[i]), float(want_grad[i]), least=6)
+        hint = (f"at {tuple(int(k) for k in i)} you have {yours}, expected "
+                f"{right}. Work that entry out by hand from its row and "
                 f"compare it with each quantity your loop computes on the way.")
     return hint
 
 
+def _xent_slip(logits, targets, shift="row max", through_probability=False):
+    """(mean loss, gradient) of the fused loss with one slip, in numpy, on the same input:
+    the shift taken from the whole batch, from the row's first logit or from its target's,
+    or the loss taken as the log of the target's probability."""
+    n = logits.shape[0]
+    rows = np.arange(n)
+    m = {"row max": logits.max(axis=1, keepdims=True),
+         "batch max": np.full((n, 1), logits.max()),
+         "first logit": logits[:, :1],
+         "target logit": logits[rows, targets][:, None]}[shift]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        e = np.exp(logits - m)
+        total = e.sum(axis=1, keepdims=True)
+        p = e / total
+        losses = (-np.log(p[rows, targets]) if through_probability else
+                  np.log(total[:, 0]) + m[:, 0] - logits[rows, targets])
+        grad = p.copy()
+        grad[rows, targets] -= 1.0
+        return float(np.mean(losses)), grad / n
+
+
+# (the slip's arguments to _xent_slip, what it is): each named only when it gives the
+# learner's loss and gradient on the same input
+_XENT_SLIPS = (
+    (dict(shift="batch max"),
+     "a shift shared by the whole batch leaves a row far below the batch's largest logit "
+     "with exps that are all 0. Each row needs a shift of its own."),
+    (dict(shift="first logit"),
+     "your shift is the row's first logit: a shift below the row's largest logit lets the "
+     "exp of the largest overflow."),
+    (dict(shift="target logit"),
+     "your shift is the target's logit: where the target is not the row's largest logit, "
+     "the exp of the largest overflows."),
+    (dict(through_probability=True),
+     "the target's probability underflows to 0 before its log is taken, though its loss "
+     "is a plain 800 (and a little): work in the log domain, not through the probability."),
+)
+
+
+def _same_result(loss, buf, want_loss, want_grad) -> bool:
+    """Do (loss, buffer) equal (want_loss, want_grad), non-finite values alike?"""
+    if not (math.isfinite(loss) and math.isfinite(want_loss)):
+        same_loss = (loss == want_loss) or (math.isnan(loss) and math.isnan(want_loss))
+    else:
+        same_loss = math.isclose(loss, want_loss, rel_tol=1e-6, abs_tol=1e-12)
+    return same_loss and buf.shape == want_grad.shape and np.allclose(
+        buf, want_grad, rtol=1e-6, atol=1e-12, equal_nan=True)
+
+
+def _xent_where_it_differs(what, loss, buf, want_loss, want_grad) -> str:
+    """The neutral hint: on which case the loss or the gradient differs, and by how much."""
+    if not math.isclose(loss, want_loss, rel_tol=1e-9):
+        yours, right = differing_digits(loss, want_loss)
+        return f"on {what}, your mean loss is {yours}, the reference's {right} (in nats)."
+    with np.errstate(invalid="ignore"):
+        err = np.where(np.isfinite(buf), np.abs(buf - want_grad), np.inf)
+    i = np.unravel_index(int(np.argmax(err)), err.shape)
+    yours, right = differing_digits(float(buf[i]), float(want_grad[i]))
+    return (f"on {what}, the loss is right, but the gradient left in the buffer at (row, "
+            f"column) {tuple(int(k) for k in i)} is {yours}, the reference's {right}.")
+
+
 def _xent_stability_cases(rng):
-    """(logits, targets, the slip it exposes): rows a shift for the whole batch, a shift
-    smaller than the row's maximum, or a log taken of a probability gets wrong."""
+    """(logits, targets, what the case is): rows a shift for the whole batch, a shift
+    below the row's maximum, or a log taken of a probability gets wrong; the largest
+    logit first, last and away from the target tell which shift it was."""
     v = 11
     levels = np.array([[1000.0], [-1000.0]]) + rng.normal(0.0, 2.0, size=(2, v))
     spread = np.linspace(0.0, 800.0, v)[None, :]
     return [
         (levels, np.array([3, 7]),
-         "two rows, one with logits near +1000 and one near -1000, give inf or nan or the "
-         "wrong loss: a shift shared by the whole batch leaves the low row's exps all 0. "
-         "Each row needs a shift of its own."),
+         "two rows, one with logits near +1000 and one near -1000"),
+        (spread[:, ::-1].copy(), np.array([v // 2]),
+         "a row whose logits fall from 800 to 0"),
         (spread.copy(), np.array([v - 1]),
-         "a row whose logits rise from 0 to 800 (its first logit the smallest) gives inf or "
-         "nan: a shift below the row's largest logit lets that exp overflow."),
+         "a row whose logits rise from 0 to 800, its target the largest"),
         (spread.copy(), np.array([0]),
-         "a row whose target logit is 800 below its largest gives an infinite loss: the "
-         "target's probability underflows to 0 before its log is taken. Its loss is a plain "
-         "800 (and a little): work in the log domain, not through the probability."),
+         "a row whose logits rise from 0 to 800, its target 800 below the largest"),
     ]
+
+
+def _xent_stability_hint(runs, what, want_loss, want_grad) -> str:
+    """The slip whose output the learner's reproduces on this case and on the cases before
+    it (`runs`: (logits, targets, the learner's loss and buffer), this case last), else
+    where it differs."""
+    logits, targets, loss, buf = runs[-1]
+    for slip, hint in _XENT_SLIPS:
+        if all(_same_result(l, b, *_xent_slip(x, t, **slip)) for x, t, l, b in runs):
+            return f"{what} gives a wrong result: {hint}"
+    return _xent_where_it_differs(what, loss, buf, want_loss, want_grad)
 
 
 def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
@@ -301,7 +421,8 @@ def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
             hint = "the sign is flipped: the loss is log(sum exp) + max - logits[target]."
         else:
             hint = _xent_loss_diagnosis(loss, logits, targets, buf)
-        raise ExerciseError(EX_XENT, f"the loss is {loss:.8g}, expected {want_loss:.8g}; {hint}")
+        yours, right = differing_digits(loss, want_loss)
+        raise ExerciseError(EX_XENT, f"the loss is {yours}, expected {right}; {hint}")
     if np.allclose(buf, logits):
         raise ExerciseError(EX_XENT, "the loss is right but `logits` still holds the logits. "
                                      "The fused kernel overwrites them with the gradient "
@@ -322,12 +443,15 @@ def check_softmax_cross_entropy(softmax_cross_entropy_fused) -> None:
         raise ExerciseError(EX_XENT, "with logits near 1000 the result drifts from the "
                                      "reference: the shift subtracted before exp must come "
                                      "back into the loss, exactly once.")
-    for case_logits, case_targets, why in _xent_stability_cases(rng):
+    runs = []
+    for case_logits, case_targets, what in _xent_stability_cases(rng):
         want_loss, want_grad = softmax_cross_entropy_reference(case_logits, case_targets)
         loss, buf = _xent_case(EX_XENT, softmax_cross_entropy_fused, case_logits, case_targets)
+        runs.append((case_logits, case_targets, float(loss), buf))
         if not (math.isclose(float(loss), want_loss, rel_tol=1e-9)
                 and np.allclose(buf, want_grad, rtol=1e-9, atol=1e-12)):
-            raise ExerciseError(EX_XENT, why)
+            raise ExerciseError(EX_XENT, _xent_stability_hint(runs, what, want_loss,
+                                                              want_grad))
     # float32 buffer, more rows than threads, int32 targets
     l32 = rng.normal(0.0, 3.0, size=(32, 50)).astype(np.float32)
     t32 = rng.integers(0, 50, size=32).astype(np.int32)
@@ -455,3 +579,4 @@ def name_unfinished_exercises() -> None:
     """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
     from . import _core
     _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)
+    uncompile_stubs(EXERCISE_FUNCTIONS)

@@ -224,10 +224,16 @@ def bias_gelu_speed_verdict(times, calls_tanh: bool) -> list[str]:
     elif mine > 1.5:
         lines.append(f"SLOWER THAN NUMPY: out of cache, where fusion should win, yours takes "
                      f"{versus_numpy:.1f}x the unfused numpy time; fix the cause above first.")
+    elif times["plain"] < times["numpy"]:
+        lines.append(f"SLOWER THAN NUMPY: out of cache yours takes {versus_numpy:.1f}x the "
+                     f"unfused numpy time, while the plain fused loop, the same work, beats "
+                     f"numpy ({times['plain'] / times['numpy']:.1f}x its time): the gap is "
+                     f"your kernel's ({mine:.1f}x the plain loop's time). Look for work your "
+                     f"loop does that the plain loop does not.")
     else:
         lines.append(f"SLOWER THAN NUMPY: out of cache yours takes {versus_numpy:.1f}x the "
-                     f"unfused numpy time, and so does the plain fused loop "
-                     f"({times['plain'] / times['numpy']:.1f}x): on this machine its scalar exp, "
+                     f"unfused numpy time, and the plain fused loop, the same work, is slower "
+                     f"than numpy too ({times['plain'] / times['numpy']:.1f}x): on this machine its scalar exp, "
                      f"one C library call per element where numpy's tanh handles 8 or 16 "
                      f"floats per instruction, is the limit, not memory. The next section's "
                      f"exp of multiplies and adds vectorises and removes it.")

@@ -6,7 +6,9 @@
      number of threads. The check recognises "last write wins" and numpy's
      buffered `d[ids] += g` (both drop repeated ids), garbage in untouched
      rows, a row missing some of its tokens' additions (lost updates), and
-     runs that differ (a race).
+     runs that differ (a race). Generated float64 cases of widths around a
+     block of 16 columns and lesson 13's C = 128 catch column blocks that stop
+     short of C or that each add every column, named when reproduced.
 11.2 the memory of an embedding gradient for one batch: dense, the whole
      (V, C) table, or row-sparse, the distinct rows the batch touched plus
      one id each. The check recognises a row per token (repeats counted
@@ -24,7 +26,8 @@ import math
 import numpy as np
 
 from engine.timing import median_seconds
-from ._core import ExerciseError, attempt, function_syntax, is_call, passed
+from ._core import ExerciseError, function_syntax, is_call, passed
+from ._slips_late import attempt, uncompile_stubs
 from .pieces import save_piece
 
 EX_SCATTER = "11.1 (embedding_backward)"
@@ -80,13 +83,15 @@ def _check_repeatable(embedding_backward, ids, g, vocab_size, got, runs: int = 4
     for _ in range(runs):
         again = np.asarray(attempt(EX_SCATTER, embedding_backward, ids, g, vocab_size))
         if again.shape == got.shape and again.tobytes() != got.tobytes():
-            raise ExerciseError(EX_SCATTER, "the sums are wrong and differ from run to run on "
-                                            "the same 7 tokens: updates were lost. " + RACE_FIX)
+            raise ExerciseError(EX_SCATTER, f"the sums are wrong and differ from run to run on "
+                                            f"the same {len(ids)} tokens: updates were lost. "
+                                            + RACE_FIX)
 
 
-def _lost_update_hint(ids, g, got, row):
-    """A row that holds only some of its tokens' gradients lost the others: either the
-    loop skipped them or two threads' read-modify-writes of the row collided."""
+def _lost_update_hint(ids, g, got, row, racing: str | None):
+    """A row that holds only some of its tokens' gradients lost the others: two threads'
+    read-modify-writes of the row collided where the code shows a race (`racing`, the line
+    from `racing_rows`), else the loop skipped them."""
     positions = np.flatnonzero(ids == row).tolist()
     if len(positions) > 12:
         return None
@@ -94,10 +99,46 @@ def _lost_update_hint(ids, g, got, row):
         kept = [t for i, t in enumerate(positions) if mask >> i & 1]
         if np.allclose(got[row], g[kept].sum(axis=0), rtol=1e-12, atol=1e-12):
             missing = sorted(set(positions) - set(kept))
-            return (f"row {row} holds the gradients of tokens at positions {kept} but not "
-                    f"{missing}: updates were lost. {RACE_FIX} Without threads, check that "
-                    f"the loop visits every token.")
+            said = (f"row {row} holds the gradients of tokens at positions {kept} but not "
+                    f"{missing}: their additions never arrived. ")
+            if racing:
+                return said + f"`{racing}` runs inside a prange over the tokens. " + RACE_FIX
+            return said + "Check that the loop visits every token."
     return None
+
+
+def _column_slip_hint(got, want) -> str | None:
+    """The slips of a split over column blocks, each named only when its table is the
+    learner's: columns at the end that got nothing (blocks that stop short of C), or
+    every entry a whole multiple of its sum (each block adding every column)."""
+    c = want.shape[1]
+    for first in range(c):
+        short = want.copy()
+        short[:, first:] = 0
+        if np.any(want[:, first:]) and np.allclose(got, short, rtol=1e-12, atol=1e-12):
+            if first == 0:
+                return (f"no column of the table got anything: your column blocks cover none "
+                        f"of the C = {c} columns (a width smaller than a block, or not a whole "
+                        f"number of blocks, leaves a partial block at the end).")
+            return (f"columns {first} to {c - 1} of the table got nothing, columns 0 to "
+                    f"{first - 1} are right: your column blocks stop short of the last "
+                    f"{c - first} of the C = {c} columns (a width that is not a whole number "
+                    f"of blocks leaves a partial block at the end).")
+    for times in range(2, 65):
+        if np.allclose(got, times * want, rtol=1e-9, atol=1e-12):
+            return (f"every entry is {times} times its sum, at C = {c}: each of your "
+                    f"{times} column blocks added every column, not its own block's (the "
+                    f"inner loop walks all C columns).")
+    return None
+
+
+def _where_it_differs(got, want, ids, what) -> str:
+    """The neutral hint: the entry that is furthest off, by how much, on which case."""
+    err = np.abs(got - want)
+    row, col = (int(k) for k in np.unravel_index(int(np.argmax(err)), err.shape))
+    return (f"on {what}, entry (row {row}, column {col}) is {got[row, col]:.8g}, the sum of "
+            f"its {int(np.sum(ids == row))} tokens' gradients is {want[row, col]:.8g} (off "
+            f"by {err[row, col]:.3g}).")
 
 
 def _check_table_shape(got, want, g) -> None:
@@ -134,15 +175,39 @@ def _check_exact_sums(embedding_backward, rng) -> None:
                                         f"np.empty.")
     if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
         _check_repeatable(embedding_backward, ids, g, V, got)
-        hint = _diagnose(ids, g, V, got)
+        hint = _diagnose(ids, g, V, got) or _column_slip_hint(got, want)
         if hint is None:
             err = np.abs(got - want).max(axis=1)
             row = int(np.argmax(err))
-            hint = _lost_update_hint(ids, g, got, row)
+            hint = _lost_update_hint(ids, g, got, row, racing_rows(embedding_backward))
         if hint is None:
-            hint = (f"row {row} (token {row} appears {int(np.sum(ids == row))} times) is off. "
-                    f"Row v must be the sum of g[t] over every t with ids[t] == v.")
+            hint = _where_it_differs(got, want, ids, f"the {ids.size} tokens {ids.tolist()}")
         raise ExerciseError(EX_SCATTER, hint)
+
+
+# widths around a block of 16 columns, and the trainer's C = 128 (lesson 13 runs the
+# saved piece there): (tokens, vocab_size, C)
+GENERATED_WIDTHS = ((40, 9, 1), (60, 11, 7), (200, 13, 17), (300, 23, 33), (500, 31, 100),
+                    (700, 65, 128), (300, 17, 130))
+
+
+def _check_generated_widths(embedding_backward, seed: int = 1111) -> None:
+    """float64 cases of every width in GENERATED_WIDTHS, ids drawn with a fixed seed."""
+    rng = np.random.default_rng(seed)
+    for case, (n, V, C) in enumerate(GENERATED_WIDTHS, start=1):
+        ids = rng.integers(0, V, size=n)
+        g = rng.normal(size=(n, C))
+        got = np.asarray(attempt(EX_SCATTER, embedding_backward, ids, g, V))
+        want = scatter_add_reference(ids, g, V)
+        _check_table_shape(got, want, g)
+        if np.allclose(got, want, rtol=1e-12, atol=1e-12):
+            continue
+        what = f"generated case {case} ({n} tokens, vocab_size {V}, C = {C}, float64)"
+        hint = _column_slip_hint(got, want) or _diagnose(ids, g, V, got)
+        if hint is None:
+            _check_repeatable(embedding_backward, ids, g, V, got)
+        raise ExerciseError(EX_SCATTER, hint if hint else _where_it_differs(got, want, ids,
+                                                                            what))
 
 
 def _check_same_bits(embedding_backward, rng, repeats: int) -> tuple[int, int]:
@@ -249,6 +314,7 @@ def check_embedding_backward(embedding_backward, repeats: int = 5) -> None:
                                         f"whether it strikes depends on the threads' timing). "
                                         f"Give each thread its own columns (prange over column "
                                         f"blocks, tokens in order inside).")
+    _check_generated_widths(embedding_backward)
     runs, threads = _check_same_bits(embedding_backward, rng, repeats)
     # time it against np.add.at at the tiny trainer's shape: B*T = 2048 tokens, C = 128
     ids3 = rng.integers(0, 100, size=2048)
@@ -279,34 +345,65 @@ def row_sparse_gradient(ids, g):
     return rows, values
 
 
-def _sparse_hint(got, ids, vocab_size, width, value_bytes, id_bytes, which):
+def _bytes_slips(ids, vocab_size, width, value_bytes, id_bytes, which):
+    """(what the slip counts on this case, its name) for the usual slips of one count."""
     n, rows = np.asarray(ids).size, np.unique(np.asarray(ids)).size
     if which == "dense":
-        if got == n * width * value_bytes:
-            return ("that is the batch's upstream gradient, one row per token. The dense "
-                    "gradient has the table's shape: vocab_size rows of width values.")
-        if got == vocab_size * width:
-            return "that counts values, not bytes: multiply by value_bytes."
-        if got == vocab_size * width * value_bytes * 8:
-            return "that counts bits; count bytes (value_bytes per value)."
-        return ("the dense gradient has the table's shape whatever the batch holds; count "
-                "its values, then their bytes.")
-    if got == n * (width * value_bytes + id_bytes):
-        return (f"that is one row per token ({n} tokens), but only {rows} distinct ids: "
-                f"repeated ids are summed into one row, so count np.unique(ids).size rows.")
-    if got == rows * width * value_bytes:
-        return ("the rows alone do not say which rows they are: add one id of id_bytes per "
-                "stored row.")
-    if got == rows * (width + 1):
-        return "that counts values, not bytes: value_bytes per value, id_bytes per id."
-    if got == n * width * value_bytes:
-        return (f"that is one row per token without the ids; store the {rows} distinct "
-                f"rows and one id each.")
-    if got == rows * width * value_bytes + n * id_bytes:
-        return ("you store one id per token; the ids only name the stored rows, and "
-                "repeated ids share one row.")
-    return ("count what a row-sparse gradient must store to be read back: the rows the "
-            "batch touched (repeated ids share one row) and which rows they are.")
+        return [
+            (n * width * value_bytes, "that is the batch's upstream gradient, one row per "
+                                      "token. The dense gradient has the table's shape: "
+                                      "vocab_size rows of width values."),
+            (vocab_size * width, "that counts values, not bytes: multiply by value_bytes."),
+            (vocab_size * width * value_bytes * 8, "that counts bits; count bytes (value_bytes "
+                                                   "per value)."),
+            (vocab_size * width * 4, f"that counts 4 bytes per value whatever value_bytes says "
+                                     f"(here {value_bytes}): the gradient is stored in the "
+                                     f"dtype the case gives."),
+            (vocab_size * (width * value_bytes + id_bytes),
+             "that stores an id beside every row of the dense table; a dense table needs none: "
+             "row v is the row of id v."),
+            (rows * width * value_bytes, "that counts only the rows the batch touched; the "
+                                         "dense gradient is the whole table, every row "
+                                         "whether its token appeared or not."),
+        ]
+    return [
+        (n * (width * value_bytes + id_bytes),
+         f"that is one row per token ({n} tokens), but only {rows} distinct ids: repeated ids "
+         f"are summed into one row, so count np.unique(ids).size rows."),
+        (rows * width * value_bytes, "the rows alone do not say which rows they are: add one "
+                                     "id of id_bytes per stored row."),
+        (rows * (width + 1), "that counts values, not bytes: value_bytes per value, id_bytes "
+                             "per id."),
+        (n * width * value_bytes, f"that is one row per token without the ids; store the "
+                                  f"{rows} distinct rows and one id each."),
+        (rows * width * value_bytes + n * id_bytes, "you store one id per token; the ids only "
+                                                    "name the stored rows, and repeated ids "
+                                                    "share one row."),
+        (rows * (width * 4 + 8), f"that counts 4 bytes per value and 8 per id whatever the case "
+                                 f"says (here value_bytes={value_bytes}, id_bytes={id_bytes})."),
+        (rows * (width + 1) * value_bytes, "each id is counted at value_bytes; an id is an "
+                                           "integer of id_bytes, whatever the values' dtype."),
+        (rows * width * value_bytes + id_bytes, "that stores one id for all the rows; each "
+                                                "stored row needs its own id to be read back."),
+        (vocab_size * (width * value_bytes + id_bytes),
+         "that stores every row of the table with an id; row-sparse keeps only the rows the "
+         "batch touched."),
+    ]
+
+
+def _sparse_hint(got, right, ids, vocab_size, width, value_bytes, id_bytes, which):
+    """The slip whose count is yours on this case, when exactly one gives it; else how far
+    yours is from the right count, with what the case holds."""
+    named = {hint for value, hint in _bytes_slips(ids, vocab_size, width, value_bytes,
+                                                   id_bytes, which)
+             if value == got and value != right}
+    if len(named) == 1:
+        return named.pop()
+    n, rows = np.asarray(ids).size, np.unique(np.asarray(ids)).size
+    return (f"yours is {got / right:.4g} times the right count, and none of the usual slips "
+            f"gives it here. The case holds {n} tokens with {rows} distinct ids, a table of "
+            f"{vocab_size} rows of {width} values; count what the {which} gradient stores, "
+            f"item by item, in bytes.")
 
 
 def check_gradient_bytes(gradient_bytes) -> None:
@@ -345,7 +442,8 @@ def check_gradient_bytes(gradient_bytes) -> None:
                                            f"dense table, then the row-sparse gradient.")
         for value, right, which in ((dense, want[0], "dense"), (sparse, want[1], "sparse")):
             if value != right:
-                hint = _sparse_hint(value, ids, vocab, width, value_bytes, id_bytes, which)
+                hint = _sparse_hint(value, right, ids, vocab, width, value_bytes, id_bytes,
+                                    which)
                 raise ExerciseError(EX_SPARSE, f"the {which} gradient is {value:,} bytes, "
                                                f"expected {right:,} {where}; {hint}")
     passed(EX_SPARSE, "dense and row-sparse bytes are right, repeated ids counted once.")
@@ -409,14 +507,18 @@ def check_decay_factors(decay_factors) -> None:
             if math.isclose(value, want, rel_tol=1e-9):
                 continue
             if math.isclose(value, (1 - wd) ** count, rel_tol=1e-9):
-                hint = ("decoupled decay multiplies the weights by (1 - lr * weight_decay) per "
-                        "step; the learning rate scales the decay too.")
+                hint = ("your factor leaves the learning rate out of the decay: in decoupled "
+                        "decay the learning rate scales the decay as it scales the update.")
             elif math.isclose(value, 1 - lr * wd * count, rel_tol=1e-9):
-                hint = ("the shrinking compounds: each step multiplies by (1 - lr * "
-                        "weight_decay), so n steps give (1 - lr * weight_decay) ** n.")
+                hint = ("your factor takes off the same amount at every step, a share of the "
+                        "weight the row had at the start; each step takes its share of the "
+                        "weight the row has then, which is already smaller, so the shrinking "
+                        "compounds.")
             elif math.isclose(value, math.exp(-lr * wd * count), rel_tol=1e-6) and \
                     not math.isclose(want, math.exp(-lr * wd * count), rel_tol=1e-9):
-                hint = "use the exact product (1 - lr * weight_decay) ** steps, not exp(...)."
+                hint = ("your factor is the exponential, the limit of infinitely many tiny "
+                        "steps; the optimizer takes whole steps, one shrink each, and the two "
+                        "differ in the digits the check reads.")
             else:
                 hint = _decay_count_hint(value, want, name, count, steps_seen, n_steps,
                                          lr * wd)
@@ -435,3 +537,4 @@ def name_unfinished_exercises() -> None:
     """In the notebook, a cell that needs an unfinished exercise of this lesson says which."""
     from . import _core
     _core.name_unfinished_exercises(EXERCISE_FUNCTIONS)
+    uncompile_stubs(EXERCISE_FUNCTIONS)

@@ -4,13 +4,16 @@ The learner returns, per step, the global norm (the groups' squares add up),
 the steps of a spike (a global norm above `spike_factor` times the median of
 all earlier steps) and the groups whose norm is exactly 0.0 at every step.
 
-The check reads the lesson's log and five more, each built so that a rule a
+The check reads the lesson's log and six more, each built so that a rule a
 learner might write in place of the stated one gives a different answer on
 it: the step before, the mean, a trimmed mean or a short rolling median in
 place of the median of all earlier steps; the whole log's median; a median
 one step short; a rule that starts at step 2; "at least" in place of
 "exceeds"; a tolerance or one zero step in place of "exactly 0.0 at every
-step". The hint names the rule the answer matches.
+step"; then ten logs generated with a fixed seed (spikes on consecutive steps,
+jumps below the factor, groups far below any threshold). A hint names a rule
+only when that rule gives the learner's answer on every log; otherwise it says
+which step is missing or is no spike, and by what ratio.
 """
 from __future__ import annotations
 
@@ -97,6 +100,41 @@ def falling_log():
     return {"embed": list(0.6 * level), "block": list(0.8 * level)}
 
 
+def long_run_log():
+    """20 steps: six quiet ones, then fourteen 30 times larger. The first six large steps
+    are spikes; from step 12 on, the large steps are half of all earlier ones and their
+    median has risen to meet them. A median that leaves earlier spikes out never rises."""
+    steps = np.arange(20)
+    level = np.where(steps < 6, 1.0, 30.0) * (1.0 + 0.01 * np.cos(steps))
+    return {"embed": list(0.6 * level), "block": list(0.8 * level)}
+
+
+def generated_norm_logs(count: int = 10, seed: int = 1203):
+    """(what, log) for `count` logs drawn with a fixed seed: a slowly wandering norm with
+    spikes of 12-60x (some on two consecutive steps), jumps of 3-9x that are no spikes,
+    quiet steps, and groups that are cut (zero at every step), tiny (1e-20 to 1e-35, far
+    below any threshold, never zero) or zero on a few steps only."""
+    rng = np.random.default_rng(seed)
+    logs = []
+    for k in range(count):
+        steps = int(rng.integers(8, 41))
+        level = np.exp(np.cumsum(rng.normal(0.0, 0.05, size=steps)))
+        for t in rng.choice(np.arange(1, steps), size=3, replace=False):
+            level[t:t + 1 + int(rng.integers(0, 2))] *= rng.uniform(12.0, 60.0)
+        for t in rng.choice(np.arange(1, steps), size=2, replace=False):
+            level[t] *= rng.uniform(3.0, 9.0) if rng.random() < 0.7 else 0.01
+        log = {"embed": list(0.6 * level), "block": list(0.8 * level)}
+        if k % 2 == 0:
+            log["cut"] = [0.0] * steps
+        if k % 3 == 0:
+            log["tiny"] = list(10.0 ** rng.uniform(-35.0, -20.0) * level)
+        if k % 3 == 1:
+            blinks = set(rng.choice(steps, size=2, replace=False).tolist())
+            log["blinking"] = [0.0 if t in blinks else 0.004 for t in range(steps)]
+        logs.append((f"generated log {k + 1} of {count} ({steps} steps, seed {seed})", log))
+    return logs
+
+
 NORM_LOGS = (("the example log", norm_log_example),
              ("a log with a second spike two steps after the first", second_spike_log),
              ("a log whose norms grow 5% a step (a warm-up)", warm_up_log),
@@ -104,7 +142,13 @@ NORM_LOGS = (("the example log", norm_log_example),
               late_zero_log),
              ("a log with a spike at step 1 and a step of exactly 10 times the median",
               early_spike_log),
-             ("a log whose norms fall twentyfold after step 23", falling_log))
+             ("a log whose norms fall twentyfold after step 23", falling_log),
+             ("a log with a long run of large steps after six quiet ones", long_run_log))
+
+
+def all_norm_logs():
+    """(what, log) of every log the check reads: the lesson's, then the generated ones."""
+    return [(what, make()) for what, make in NORM_LOGS] + generated_norm_logs()
 
 
 # --------------------------------------------------------------- the hints
@@ -112,6 +156,44 @@ def _trimmed_mean(values, share):
     cut = int(share * len(values))
     kept = np.sort(values)[cut:len(values) - cut]
     return float(np.mean(kept)) if kept.size else float("nan")
+
+
+def _median_variant_rules(total, factor, flagged):
+    """The rules of a yardstick that is almost the median of all earlier steps: its lower
+    or upper middle value, the median of the squares, the median without the earlier
+    spikes. `flagged(yardstick)` gives the steps a yardstick flags."""
+    steps = range(1, total.size)
+
+    def low_or_high(t, pick):
+        ordered = np.sort(total[:t])
+        return float(ordered[(t - 1) // 2] if pick == "low" else ordered[t // 2])
+
+    seen = []                                       # the spikes it has flagged so far
+
+    def without_spikes(t):                          # called for t = 1, 2, ... in order
+        kept = [total[u] for u in range(t) if u not in seen]
+        yardstick = float(np.median(kept)) if kept else float("nan")
+        if total[t] > factor * yardstick:
+            seen.append(t)
+        return yardstick
+
+    squares = total ** 2
+    return [
+        (flagged(lambda t: low_or_high(t, "low")),
+         "your median is the lower of the two middle values (median_low) where the earlier "
+         "steps are even in number; the median of an even count is the mean of the two."),
+        (flagged(lambda t: low_or_high(t, "high")),
+         "your median is the upper of the two middle values where the earlier steps are even "
+         "in number; the median of an even count is the mean of the two."),
+        ([t for t in steps if squares[t] > factor * float(np.median(squares[:t]))],
+         "your test compares squared norms with spike_factor times their median: a step "
+         "only sqrt(spike_factor) times the median then passes for a spike. Compare the "
+         "norms themselves."),
+        (flagged(without_spikes),
+         "your median leaves the earlier spikes out: after a long run of large steps, the "
+         "rule's median of all earlier steps rises to meet them and they stop being spikes, "
+         "while yours keeps flagging them."),
+    ]
 
 
 def _spike_rules(total, factor):
@@ -130,7 +212,7 @@ def _spike_rules(total, factor):
     def median(lo, hi):
         return float(np.median(total[lo:hi])) if hi > lo else float("nan")
 
-    rules = [
+    rules = _median_variant_rules(total, factor, flagged) + [
         (flagged(lambda t: median(0, t), start=2),
          "your rule starts at step 2, but step 1 has an earlier step, step 0, to compare with: "
          "start at t = 1."),
@@ -173,16 +255,18 @@ def _spike_rules(total, factor):
 
 
 def _spike_hint(spikes, want, total, factor, elsewhere=()):
-    """Name the rule behind `spikes` (the learner's, where `want` is right). `elsewhere`
-    holds (spikes, global norms) of the learner's answer on the other logs: of the rules
-    that give `spikes` here, the one that gives the learner's answers there as well wins."""
+    """Name the rule behind `spikes` (the learner's, where `want` is right): a rule that
+    gives `spikes` here and gives the learner's answers on every other log (`elsewhere`,
+    their (spikes, global norms)). Where no rule does, the hint says where the answer
+    differs instead."""
     here = _spike_rules(total, factor)
     matches = [k for k, (rule, _) in enumerate(here) if spikes == rule != want]
     for their_spikes, their_total in elsewhere:
-        narrowed = [k for k in matches
-                    if _spike_rules(their_total, factor)[k][0] == their_spikes]
-        matches = narrowed or matches
-    if matches:
+        if not matches:
+            break
+        there = _spike_rules(their_total, factor)
+        matches = [k for k in matches if there[k][0] == their_spikes]
+    if len({here[k][1] for k in matches}) == 1:
         return here[matches[0]][1]
     if spikes in ([t - 1 for t in want], [t + 1 for t in want]):
         return "name the step whose own norm jumped (its index in the log)."
@@ -191,22 +275,22 @@ def _spike_hint(spikes, want, total, factor, elsewhere=()):
     missed = [t for t in want if t not in spikes]
     if missed:
         t = missed[0]
-        return (f"step {t}'s global norm is {total[t] / np.median(total[:t]):.3g} times the "
-                f"median of the steps before it, and that exceeds spike_factor.")
+        return (f"step {t} is missing: its global norm is "
+                f"{total[t] / np.median(total[:t]):.4g} times the median of the steps before "
+                f"it, and that exceeds spike_factor.")
     t = next(t for t in spikes if t not in want)
-    return (f"step {t}'s global norm is {total[t] / np.median(total[:t]):.3g} times the median "
-            f"of all the steps before it, which does not exceed spike_factor: compare with "
-            f"that median.")
+    return (f"step {t} is no spike: its global norm is {total[t] / np.median(total[:t]):.4g} "
+            f"times the median of all the steps before it, which does not exceed "
+            f"spike_factor.")
 
 
 def _spikes_elsewhere(summarize_norms, what):
     """(spikes, reference global norms) of the learner's answer on the other logs, where
     it runs and gives a list of steps: the evidence that names the rule it follows."""
     found = []
-    for other, make in NORM_LOGS:
+    for other, log in all_norm_logs():
         if other == what:
             continue
-        log = make()
         try:
             _, spikes, _ = summarize_norms({k: list(v) for k, v in log.items()}, FACTOR)
             found.append((sorted(int(t) for t in spikes),
@@ -227,8 +311,9 @@ def _frozen_hint(frozen, want, log):
                     f"or slow group. A cut graph gives exactly 0.0; compare with == 0, not "
                     f"with a tolerance (np.allclose and np.isclose have one).")
         where = "its last step" if zeros == [norms.size - 1] else (
-            "its first step" if zeros == [0] else f"step {zeros[0]}")
-        return (f"'{name}' is zero at {where} only (that step its gradient happened to "
+            "its first step" if zeros == [0] else f"step {zeros[0]}" if len(zeros) == 1
+            else f"steps {zeros}")
+        return (f"'{name}' is zero at {where} only (there its gradient happened to "
                 f"vanish); a frozen group is zero at every step, so test every entry.")
     missing = [name for name in want if name not in frozen]
     if missing:
@@ -301,9 +386,12 @@ def _check_norm_log(summarize_norms, what, log):
 def check_summarize_norms(summarize_norms) -> None:
     """The global norm per step, the spikes, the frozen groups: on the lesson's example
     log, then on one log per rule that the example alone cannot tell apart."""
-    (spikes, frozen), *_ = [_check_norm_log(summarize_norms, what, make())
-                            for what, make in NORM_LOGS]
+    logs = all_norm_logs()
+    (spikes, frozen), *_ = [_check_norm_log(summarize_norms, what, log) for what, log in logs]
+    generated = len(logs) - len(NORM_LOGS)
     passed(EX_NORMS, f"global norms right; spike at step {spikes[0]}; frozen: "
                      f"{', '.join(frozen)}; and right on {len(NORM_LOGS) - 1} more logs (a "
                      f"second spike, a warm-up, groups zero at one end only or tiny, a spike "
-                     f"at step 1 and a tie, norms that fall).")
+                     f"at step 1 and a tie, norms that fall, a long run of large steps) and "
+                     f"on {generated} generated ones (spikes on consecutive steps, jumps "
+                     f"below the factor, groups far below any threshold).")

@@ -7,7 +7,8 @@
      two copies of a small GPT and names the usual slips: no zero_grad (the
      gradients of earlier steps pile up), zeroing after the backward, no
      clipping, clipping after the update, the norm after clipping returned,
-     phases missing or out of order.
+     a backward run twice, phases missing, out of order or opened inside
+     one another.
 
 `TRAINER_PIECES` lists the pieces of lessons 10-12 the trainer can run;
 `plug_in_pieces()` checks each saved piece in its slot (coursework.slots),
@@ -156,22 +157,31 @@ def plug_in_pieces(engine_for=()) -> Trainer:
 
 # --------------------------------------------------------------- 13.1
 class PhaseLog:
-    """`phase(name)` as a context manager: records the order and the seconds of each phase."""
+    """`phase(name)` as a context manager: records the order and the seconds of each phase,
+    and each phase opened inside another (whose seconds the dashboard would count twice)."""
 
     def __init__(self):
         self.order: list[str] = []
         self.seconds: dict[str, float] = {}
-        self.current: str | None = None          # the phase open now, if any
+        self.nested: list[tuple[str, str]] = []  # (the phase opened, the phase it was in)
+        self._open: list[str] = []
+
+    @property
+    def current(self) -> str | None:
+        """The innermost phase open now, if any."""
+        return self._open[-1] if self._open else None
 
     @contextmanager
     def __call__(self, name: str):
         self.order.append(name)
-        self.current = name
+        if self._open:
+            self.nested.append((name, self._open[-1]))
+        self._open.append(name)
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.current = None
+            self._open.pop()
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
@@ -267,10 +277,42 @@ def _batches(n=3):
 LR, MAX_NORM = 3e-2, 0.05                        # what the check hands each step
 
 
+def _count_model_calls(model) -> list[str]:
+    """The model's forward and backward calls, in order, as a list the step's check reads."""
+    calls = []
+    forward, backward = model.forward, model.backward
+
+    def counted_forward(*args, **kwargs):
+        calls.append("forward")
+        return forward(*args, **kwargs)
+
+    def counted_backward(*args, **kwargs):
+        calls.append("backward")
+        return backward(*args, **kwargs)
+    model.forward, model.backward = counted_forward, counted_backward
+    return calls
+
+
+def _model_refusal_hint(err, calls) -> str:
+    """What the model's refusal of a backward means, read from the calls of this step."""
+    if calls[-1:] == ["backward"] and "forward" not in calls:
+        return (f"the model said: {err}. The loss phase (model.forward(x, y)) comes before "
+                f"the backward phase.")
+    last_forward = len(calls) - 1 - calls[::-1].index("forward") if "forward" in calls else -1
+    backwards = calls[last_forward + 1:].count("backward")
+    if backwards > 1:
+        return (f"the backward ran {backwards} times after one forward, and the model "
+                f"refused the second: a backward uses up what its forward kept for it. Each "
+                f"step runs one backward.")
+    return f"the model refused a call of your step: {err}."
+
+
 def _run(step_fn, exercise=None, clip=engine_clip):
     model, opt = _setup()
+    calls = _count_model_calls(model)
     results, logs = [], []
     for step, (x, y) in enumerate(_batches()):
+        calls.clear()
         phase = PhaseLog()
         phase.clips = []                         # (the phase open, max_norm) of each clip call
 
@@ -285,10 +327,8 @@ def _run(step_fn, exercise=None, clip=engine_clip):
                 out = attempt(exercise, step_fn, model, opt, watched_clip, x, y, LR, MAX_NORM,
                               phase)
             except RuntimeError as err:
-                if "forward" in str(err):
-                    raise ExerciseError(exercise, f"the model said: {err}. The loss phase "
-                                                  f"(model.forward(x, y)) comes before the "
-                                                  f"backward phase.") from None
+                if "forward" in str(err) and calls:
+                    raise ExerciseError(exercise, _model_refusal_hint(err, calls)) from None
                 raise
         results.append(out)
         logs.append(phase)
@@ -395,6 +435,16 @@ def check_train_step(train_step) -> None:
                                          f"`with phase(\"backward\"):` and "
                                          f"`with phase(\"optimizer\"):`, in that order, once "
                                          f"each, so the trainer can time them.")
+    for i, log in enumerate(logs):
+        if log.nested:
+            inner, outer = log.nested[0]
+            raise ExerciseError(EX_STEP, f"the weights are right, but in step {i + 1} "
+                                         f"`phase(\"{inner}\")` was opened inside "
+                                         f"`phase(\"{outer}\")`: phases may not overlap. The "
+                                         f"trainer times each phase on its own, so the "
+                                         f"{outer} phase's bar would also hold the {inner}'s "
+                                         f"seconds, counted twice. Close each phase before "
+                                         f"the next one opens.")
     for i, log in enumerate(logs):
         elsewhere = [p for p, _ in log.clips if p != "optimizer"]
         if elsewhere:

@@ -462,7 +462,7 @@ def test_11_1_stub_says_not_done():
     (scatter_float64, "make the table with dtype=g.dtype"),
     (scatter_order_changes, "different bits"),
     (scatter_loses_updates, "updates were lost"),
-    (scatter_skips_last_token, "check that the loop visits every token"),
+    (scatter_skips_last_token, "Check that the loop visits every token"),
     (scatter_races_on_few_tokens, "differ from run to run"),
 ])
 def test_11_1_names_the_mistake(fn, phrase):
@@ -597,7 +597,7 @@ def test_11_2_stub_says_not_done():
     (bytes_dense_of_batch, "one row per token. The dense gradient has the table's shape"),
     (bytes_values_not_bytes, "counts values, not bytes"),
     (bytes_swapped, "swapped"),
-    (bytes_hardcoded_fp32, "the table's shape whatever the batch holds"),
+    (bytes_hardcoded_fp32, "4 bytes per value whatever value_bytes says"),
 ])
 def test_11_2_names_the_mistake(fn, phrase):
     expect(lesson11.check_gradient_bytes, fn, "11.2", phrase)
@@ -963,7 +963,7 @@ def test_12_3_passes(capsys):
 
 def test_12_3_passes_an_answer_written_differently(capsys):
     lesson12.check_summarize_norms(norms_written_differently)
-    assert "and right on 5 more logs" in capsys.readouterr().out
+    assert "and right on 6 more logs" in capsys.readouterr().out
 
 
 def test_12_3_stub_says_not_done():
