@@ -24,6 +24,11 @@ it from here:
   `os.fork`), starts a thread that outlives its check, or changes shared state
   (`_kernel_state`) is refused, with the reason.
 
+The child is boxed (`_child_box`): it ends with the kernel, whatever happens to the
+kernel, and takes every process it started along; it writes no large file and nothing
+outside its scratch folder where the system allows, and cannot signal the kernel. The
+piece's file is read once, here: the child vets those bytes, and the kernel loads them.
+
 `vet_ahead(requests)` vets several pieces in one child, one after the other, as the
 kernel would load them: the child's imports (most of a second) are paid once. Its
 verdicts are kept only when the child answered for every piece and ended cleanly.
