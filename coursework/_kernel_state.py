@@ -7,6 +7,9 @@
   math, numba's decorators, the builtins, time, os, signal, warnings, threading, gc;
 * the engine's and the course's own modules, the classes defined there (`Tensor`) and
   the code object of every function among them (`numba.njit.__code__ = ...`);
+* every numpy ufunc's own attributes (`np.maximum.reduce = ...` hides the method of
+  that one ufunc, and `np.max` calls it), and the `sys.modules` entries of the engine,
+  the course, numpy and numba (a replaced `sys.modules['engine.gradcheck']`);
 * the process: working directory, environment variables, recursion limit, warning
   filters, signal handlers, interval timers, whether gc runs, the trace hooks.
 
@@ -49,12 +52,26 @@ C_TYPES = {"np.ndarray": np.ndarray, "np.ufunc": np.ufunc, "np.generic": np.gene
            "np.integer": np.integer, "np.int64": np.int64, "int": int, "float": float,
            "list": list, "dict": dict, "tuple": tuple, "str": str, "object": object}
 TIMERS = ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
+# packages whose sys.modules entries are watched: replaced or removed ones are put back
+MODULE_OWNERS = OWN_PACKAGES + ("numpy", "numba")
 _MISSING = object()
 
 
 def _is_code(value) -> bool:
     return callable(value) or isinstance(value, (types.ModuleType, property, classmethod,
                                                  staticmethod))
+
+
+def _ufuncs() -> dict:
+    """Label -> ufunc for numpy's ufuncs: each has a dict of its own, which hides the
+    methods of np.ufunc (`np.maximum.reduce`) for that ufunc."""
+    return {f"np.{name}": value for name, value in vars(np).items()
+            if isinstance(value, np.ufunc)}
+
+
+def _owned_entries() -> dict:
+    return {name: module for name, module in list(sys.modules.items())
+            if name.split(".")[0] in MODULE_OWNERS}
 
 
 def _own_modules() -> dict:
@@ -106,6 +123,11 @@ class KernelState:
         self.namespaces = {}           # label -> (object, {key: value}, set_attribute)
         for label, module in FULL_MODULES.items():
             self.namespaces[label] = (module, dict(vars(module)), setattr)
+        self.closed = {builtins}       # objects that gain no attribute: a new one is a change
+        for label, ufunc in _ufuncs().items():
+            self.namespaces[f"{label}"] = (ufunc, dict(vars(ufunc)), setattr)
+            self.closed.add(ufunc)
+        self.entries = _owned_entries()
         owned = _own_modules()
         for label, module in {**CALLABLE_MODULES, **owned}.items():
             watched = {k: v for k, v in vars(module).items() if _is_code(v)}
@@ -139,8 +161,23 @@ class KernelState:
 
     def restore(self) -> list[str]:
         """Put back everything that differs from the record; return what did."""
-        changed = self._restore_namespaces() + self._restore_code()
+        changed = (self._restore_entries() + self._restore_namespaces()
+                   + self._restore_code())
         return sorted(changed) + self._restore_process()
+
+    def _restore_entries(self) -> list[str]:
+        """sys.modules as recorded, for the watched packages: a replaced or removed entry
+        is put back, one added that is not a module is removed."""
+        changed, now = [], _owned_entries()
+        for name, module in self.entries.items():
+            if now.get(name, _MISSING) is not module:
+                changed.append(f"sys.modules[{name!r}]")
+                sys.modules[name] = module
+        for name in set(now) - set(self.entries):
+            if not isinstance(now[name], types.ModuleType) or now[name].__name__ != name:
+                changed.append(f"sys.modules[{name!r}]")
+                del sys.modules[name]
+        return changed
 
     def _restore_namespaces(self) -> list[str]:
         changed = []
@@ -150,10 +187,10 @@ class KernelState:
                 if now.get(key, _MISSING) is not value:
                     changed.append(f"{label}.{key}")
                     set_attribute(owner, key, value)
-            if owner is builtins:
+            if any(owner is closed for closed in self.closed):
                 for key in set(now) - set(watched):
-                    changed.append(f"builtins.{key}")
-                    delattr(builtins, key)
+                    changed.append(f"{label}.{key}")
+                    delattr(owner, key)
         return changed
 
     def _restore_code(self) -> list[str]:

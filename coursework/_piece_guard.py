@@ -8,7 +8,9 @@ while it is loaded (and checked, where no child process could check it first):
   back to the engine's version, saying why. The deadline is a SIGALRM timer in
   the main thread, where a notebook runs its cells: the interrupt lands in the
   learner's own Python loop, so the loop really ends (a thread could only stop
-  waiting for it, and it would keep a core busy for the rest of the session).
+  waiting for it, and it would keep a core busy for the rest of the session). A
+  loop that catches the interrupt (a bare `except:`) gets it again on every line it
+  runs from the next tick on (a trace function), so it cannot catch its way out.
   Time numba spends compiling (the engine's kernels, the first time a check
   runs them) does not count, and a compilation is never interrupted. Compiled
   numba code does not see signals until it returns; elsewhere than the main
@@ -18,6 +20,8 @@ while it is loaded (and checked, where no child process could check it first):
   the notebook.
 * numpy: the global random state, the floating-point error handling (seterr) and
   the print options are put back as they were found.
+* threads: a piece that leaves a thread running (one Python lists, or one hidden from the
+  threading module) is refused; the thread itself cannot be stopped.
 * the kernel: whatever a piece could change in the process (the functions of numpy,
   math, numba and the builtins, numpy's array and ufunc methods, the engine's and the
   course's modules and classes, the working directory, environment variables, the
@@ -45,9 +49,11 @@ import numba
 import numba.core.event
 import numpy as np
 
+from ._child_box import start_numba_threads, threads_now
 from ._kernel_state import KernelState
 
 PIECE_SECONDS = 20.0     # loading plus a slot check takes well under 5 s on a laptop
+WAIT_FACTOR = 3.0        # clock seconds a piece may take per CPU second it may use
 PRINT_LIMIT = 2_000      # characters of a piece's output shown per stream
 _REPEAT_SECONDS = 0.5    # the timer fires again until the deadline, net of compiling, passes
 _COMPILING = "numba:compiler_lock"     # numba's event around every compilation
@@ -140,14 +146,17 @@ class guarded:
     """`with guarded("the piece 'x'"):` runs the learner's code within the bounds
     the module docstring lists; a broken bound leaves the block as PieceRefused."""
 
-    def __init__(self, piece: str, seconds: float | None = None, timer: bool = True):
-        self.piece, self.timer = piece, timer
+    def __init__(self, piece: str, seconds: float | None = None, timer: bool = True,
+                 threads: bool = True):
+        self.piece, self.timer, self.watch_threads = piece, timer, threads
         self.seconds = PIECE_SECONDS if seconds is None else seconds
 
     def __enter__(self):
         self.random_state, self.errors = np.random.get_state(), np.geterr()
         self.error_call, self.print_options = np.geterrcall(), np.get_printoptions()
         self.state = KernelState()
+        start_numba_threads()             # its pool is the engine's, not the piece's
+        self.threads, self.os_threads = set(threading.enumerate()), threads_now()
         self.forks, _forks["guarding"] = _forks["count"], True
         self.streams = sys.stdout, sys.stderr
         self.out, self.err = _BoundedText(PRINT_LIMIT), _BoundedText(PRINT_LIMIT)
@@ -161,18 +170,53 @@ class guarded:
             return False
 
         compiling = self.compiling = _CompileClock()
-        start = time.monotonic()
+        start, cpu = time.monotonic(), time.process_time()
+        self.overdue = 0
 
         def time_is_up(signum, frame):
+            # the child's deadline: CPU time, or the clock past WAIT_FACTOR times as long
+            waited = time.monotonic() - start - compiling.seconds
+            computed = time.process_time() - cpu - compiling.seconds
             if self.armed and not compiling.depth and \
-                    time.monotonic() - start - compiling.seconds >= self.seconds:
+                    (computed >= self.seconds or waited >= WAIT_FACTOR * self.seconds):
+                self.overdue += 1
+                if self.overdue == 2:          # the first one was caught: every line now
+                    self._raise_on_every_line(frame)
                 raise _Deadline
         numba.core.event.register(_COMPILING, compiling)
         self.old_handler = signal.signal(signal.SIGALRM, time_is_up)
         self.old_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds, _REPEAT_SECONDS)
         return True
 
+    def _raise_on_every_line(self, frame) -> None:
+        """Trace the main thread so that each line it runs raises _Deadline, until
+        `__exit__` starts (the piece's `except:` bodies are lines too)."""
+        own = {guarded.__exit__.__code__}
+
+        self.raising = True
+
+        def trace(frame, event, arg):
+            if frame.f_code in own:
+                self.raising = False
+            if not self.raising:
+                return None
+            if event in ("line", "call"):
+                raise _Deadline
+            return trace
+        self.traced = (sys.gettrace(), [])
+        sys.settrace(trace)
+        while frame is not None:
+            self.traced[1].append((frame, frame.f_trace))
+            frame.f_trace, frame.f_trace_lines = trace, True
+            frame = frame.f_back
+
     def _disarm(self) -> None:
+        traced = getattr(self, "traced", None)
+        if traced is not None:
+            self.traced = None
+            sys.settrace(traced[0])
+            for frame, old in traced[1]:
+                frame.f_trace = old
         if self.armed:
             self.armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -182,7 +226,7 @@ class guarded:
                 signal.setitimer(signal.ITIMER_REAL, *self.old_timer)
 
     def __exit__(self, kind, err, tb):
-        late = False
+        self.raising, late = False, False
         while True:                       # the timer may fire once more while it is stopped
             try:
                 self._disarm()
@@ -205,6 +249,15 @@ class guarded:
                 f"{self.piece} forks the process (os.fork), which would leave a second "
                 f"notebook kernel running (the copy was ended at once). Run the work in "
                 f"the function itself") from None
+        started = [t.name for t in threading.enumerate()
+                   if t not in self.threads and t.is_alive()] if self.watch_threads else []
+        unseen = threads_now() - self.os_threads - len(started) if self.watch_threads else 0
+        started += [f"{unseen} that Python does not list"] * (unseen > 0)
+        if started and not (late or kind is _Deadline):
+            raise PieceRefused(
+                f"{self.piece} starts a thread ({', '.join(started)}) that still runs after "
+                f"it returned, and runs on in the notebook's kernel. Do the work in the "
+                f"function itself") from None
         if late or kind is _Deadline:
             raise PieceRefused(
                 f"{self.piece} ran longer than {self.seconds:g} s and was stopped (a loop "

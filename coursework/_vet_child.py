@@ -1,10 +1,13 @@
 """The child process `_vetting` starts: it loads pieces and checks each in its slot.
 
-`main([fd, memory_bytes])` imports what a check needs, then waits (it may be started
-ahead of need) for one line on stdin: the pieces, a JSON list of [name, path, function,
-at_save], with the kernel's import path and environment as they are now. It then limits
-its address space to what the imports mapped plus `memory_bytes`, says "r" on the
-descriptor `fd` when it is ready, "c" and "e" around every numba compilation (the
+This is the worker of `_child_box.hold`: the process that runs the pieces, in the box
+that module describes. `main([fd, memory_bytes])` imports what a check needs, then waits
+(it may be started ahead of need) for one line on stdin: the pieces, a JSON list of
+[name, path, function, at_save, the file's bytes in base64] (the kernel read the file
+once and loads the same bytes), with the kernel's import path and environment as they
+are now. It then limits its address space to what the imports mapped plus
+`memory_bytes`, confines its writes (`_child_box.confine`), says "i" and what isolates
+it (a JSON list on one line) and "r" on the descriptor `fd` when it is ready, "c" and "e" around every numba compilation (the
 parent's deadline does not count those), and after each piece "v" and its verdict as
 JSON on one line: null, or [kind, text] as `pieces.attempt_piece` gives them. The pieces
 run one after the other in this one process, as the notebook's kernel would load them.
@@ -12,10 +15,13 @@ The parent kills this process at its deadline; it never has to stop on its own.
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
 import threading
+
+from coursework import _child_box
 
 
 def _limit_memory(more: int) -> None:
@@ -48,11 +54,13 @@ def _say_when_compiling(fd: int) -> None:
 
 
 class _Threads:
-    """The threads the piece starts, by the threading module or by `_thread` directly."""
+    """The threads the piece starts, by the threading module, by `_thread` directly, or
+    or any other way (a thread removed from `threading._active` still runs Python)."""
 
     def __init__(self):
         import _thread
         self.before, self.raw = set(threading.enumerate()), []
+        self.os_threads = _child_box.threads_now()
         start = _thread.start_new_thread
 
         def start_new_thread(function, args, kwargs=None):
@@ -71,10 +79,13 @@ class _Threads:
     def next_piece(self) -> None:
         """Count from here: a thread an earlier piece left was that piece's refusal."""
         self.before, self.raw[:] = set(threading.enumerate()), []
+        self.os_threads = _child_box.threads_now()
 
     def left_running(self) -> list[str]:
         alive = [t.name for t in threading.enumerate() if t not in self.before and t.is_alive()]
-        return alive + list(self.raw)
+        alive += list(self.raw)
+        unseen = _child_box.threads_now() - self.os_threads - len(alive)
+        return alive + [f"{unseen} that Python does not list"] * (unseen > 0)
 
 
 def _wait_for_request() -> dict | None:
@@ -89,7 +100,7 @@ def _wait_for_request() -> dict | None:
     request = json.loads(line)
     sys.path[:0] = [p for p in request["path"] if p not in sys.path]
     os.environ.clear()
-    os.environ.update(request["environ"], BACKPROP_VETTING_CHILD="1")
+    os.environ.update(request["environ"], BACKPROP_VETTING_CHILD="1", TMPDIR=os.getcwd())
     return request
 
 
@@ -100,25 +111,34 @@ def main(args: list[str]) -> None:
     import engine  # noqa: F401  (the kernel has the engine imported when it loads a piece)
     import engine.trainer.model  # noqa: F401  (a trainer slot's import is not its piece's run)
     from coursework import pieces
+    _child_box.start_numba_threads()
     request = _wait_for_request()
     if request is None:
         os._exit(0)
     _say_when_compiling(fd)
     _limit_memory(memory)
+    _child_box.confine(os.getcwd(), str(Path(pieces.__file__).resolve().parents[1]))
     threads = _Threads()
-    os.write(fd, b"r")
+    mechanisms = list(dict.fromkeys(_child_box.MECHANISMS))
+    os.write(fd, b"i" + json.dumps(mechanisms).encode() + b"\n" + b"r")
     requests = request["pieces"]
-    for name, path, function, at_save in requests:
+    for name, path, function, at_save, source in requests:
         threads.next_piece()
         _, kind, text = pieces.attempt_piece(name, Path(path), function, bool(at_save),
-                                             timer=False)
+                                             timer=False, source=base64.b64decode(source),
+                                             threads=False)   # `_Threads` names them
         if kind is None:
-            started = threads.left_running()
+            started, left = threads.left_running(), _child_box.children_left()
             if started:
                 kind, text = "refused", (
                     f"your piece '{name}' starts a thread ({', '.join(started)}) that still "
                     f"runs after its check, and would run on in the notebook's kernel for the "
                     f"rest of the session. Do the work in the function itself")
+            elif left:
+                kind, text = "refused", (
+                    f"your piece '{name}' leaves a process running after its check (a fork, "
+                    f"a subprocess or a daemon); it was ended. Do the work in the function "
+                    f"itself")
         for stream in (sys.stdout, sys.stderr):   # before the verdict: the parent may then
             try:                                  # stop reading the output
                 stream.flush()

@@ -24,6 +24,11 @@ it from here:
   `os.fork`), starts a thread that outlives its check, or changes shared state
   (`_kernel_state`) is refused, with the reason.
 
+The child is boxed (`_child_box`): it ends with the kernel, whatever happens to the
+kernel, and takes every process it started along; it writes no large file and nothing
+outside its scratch folder where the system allows, and cannot signal the kernel. The
+piece's file is read once, here: the child vets those bytes, and the kernel loads them.
+
 `vet_ahead(requests)` vets several pieces in one child, one after the other, as the
 kernel would load them: the child's imports (most of a second) are paid once. Its
 verdicts are kept only when the child answered for every piece and ended cleanly.
@@ -51,6 +56,7 @@ held by the kernel's own guard alone.
 from __future__ import annotations
 
 import atexit
+import base64
 import hashlib
 import json
 import os
@@ -65,26 +71,32 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _piece_guard
+from . import _child_box, _piece_guard
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_SECONDS = 120.0     # the child's interpreter and imports, on a busy machine
 COMPILE_SECONDS = 300.0     # numba compiling, all compilations of one vetting together
-WAIT_FACTOR = 3.0           # clock seconds a piece may take per CPU second it may use
+WAIT_FACTOR = _piece_guard.WAIT_FACTOR
 OUTPUT_LIMIT = 1_000_000    # bytes the child may write to its own stdout and stderr
 MEMORY_BYTES = 4 << 30      # address space the child may add to what its imports mapped
 _TICK = 0.05                # seconds between two looks at the child
-# the repository's path, enough for the child's imports; the kernel's own import path
-# travels with the pieces (a piece may import a module beside the notebook)
+# the repository's path, enough for the child's imports (the kernel's own import path
+# travels with the pieces: a piece may import a module beside the notebook); then the
+# child splits into keeper and worker (`_child_box.hold`) before its imports
 _CHILD = ("import json, sys; sys.path[:0] = [p for p in json.loads(sys.argv[1]) "
-          "if p not in sys.path]; from coursework._vet_child import main; main(sys.argv[2:])")
+          "if p not in sys.path]; import importlib.util as u; "
+          "s = u.spec_from_file_location('coursework._child_box', sys.argv[4]); "
+          "box = sys.modules[s.name] = u.module_from_spec(s); s.loader.exec_module(box); "
+          "box.hold(*map(int, sys.argv[5:7]), int(sys.argv[2])); "
+          "from coursework._vet_child import main; main(sys.argv[2:4])")
 IN_CHILD = "BACKPROP_VETTING_CHILD"     # set in a child's environment: it starts no child
 _VERDICTS: dict = {}        # key -> verdict, for this kernel's life
+ISOLATION: list = []        # what isolated the last child that ran a piece (`_child_box`)
 
 
-def _key(name: str, path: Path, function: str, at_save: bool) -> str:
+def _key(name: str, source: bytes, function: str, at_save: bool) -> str:
     from .slots import IN_SLOT_ONLY
-    digest = hashlib.sha256(path.read_bytes())
+    digest = hashlib.sha256(source)
     digest.update(json.dumps([name, function, at_save and name in IN_SLOT_ONLY,
                               _piece_guard.PIECE_SECONDS, _piece_guard.PRINT_LIMIT,
                               WAIT_FACTOR, OUTPUT_LIMIT, MEMORY_BYTES]).encode())
@@ -101,27 +113,39 @@ class _Unvetted:
 UNVETTED = _Unvetted()
 
 
-def vet(name: str, path: Path, function: str, at_save: bool = False):
-    """None when the piece loads and keeps its slot's contract in a child process,
-    (kind, text) saying why not, or UNVETTED when no child could start or import the
-    engine (a note says so; the kernel's guard is then the only line). Never raises."""
+def read_piece(path: Path) -> bytes:
+    """The bytes of a piece's file, read once: what is vetted is what is loaded."""
+    path = Path(path)
+    if not path.is_file():
+        raise OSError(f"{path} is not a regular file")
+    return path.read_bytes()
+
+
+def vet(name: str, path: Path, function: str, at_save: bool = False,
+        source: bytes | None = None):
+    """None when the piece (`source`, the bytes of its file `path`, read here when not
+    given) loads and keeps its slot's contract in a child process, (kind, text) saying
+    why not, or UNVETTED when no child could start or import the engine (a note says
+    so; the kernel's guard is then the only line). Never raises. The child runs these
+    bytes, never the file: the kernel loads the same bytes after."""
     try:
-        key = _key(name, Path(path), function, at_save)
+        source = read_piece(path) if source is None else source
     except OSError as err:
         return "load", f"OSError: {err}"
+    key = _key(name, source, function, at_save)
     if key in _VERDICTS:
         return _VERDICTS[key]
     if not hasattr(os, "killpg"):         # Windows: no process group to kill
         return UNVETTED
-    verdict = _run_child(name, Path(path), function, at_save)
+    verdict = _run_child(name, Path(path), function, at_save, source)
     if verdict is not UNVETTED:
         _VERDICTS[key] = verdict
     return verdict
 
 
-def _run_child(name: str, path: Path, function: str, at_save: bool):
+def _run_child(name: str, path: Path, function: str, at_save: bool, source: bytes):
     piece = f"your piece '{name}'"
-    with _child([(name, path, function, at_save)]) as started:
+    with _child([(name, path, function, at_save, source)]) as started:
         if isinstance(started, str):
             return _unvetted(piece, started)
         child, progress = started
@@ -140,11 +164,12 @@ def vet_ahead(requests, at_save: bool = False) -> None:
     todo, keys = [], []
     for name, path, function in requests:
         try:
-            key = _key(name, Path(path), function, at_save)
+            source = read_piece(path)
         except OSError:
             continue
+        key = _key(name, source, function, at_save)
         if key not in _VERDICTS and key not in keys:
-            todo.append((name, Path(path), function, at_save))
+            todo.append((name, Path(path), function, at_save, source))
             keys.append(key)
     if len(todo) < 2 or not hasattr(os, "killpg"):
         return                                # one piece: `vet` starts its own child
@@ -166,8 +191,9 @@ def _child(requests):
     """(child, the read end of its progress pipe) for a child vetting `requests`, or why
     no child could start. The spare child is taken when it was started as a child would
     be started now; a new spare is started after, for the next vetting."""
-    pieces = [[name, str(Path(path).resolve()), function, bool(at_save)]
-              for name, path, function, at_save in requests]
+    pieces = [[name, str(Path(path).resolve()), function, bool(at_save),
+               base64.b64encode(source).decode()]
+              for name, path, function, at_save, source in requests]
     with _SPARE_LOCK:
         started = _take_spare() or _start_child()
     if isinstance(started, str):
@@ -183,9 +209,11 @@ def _child(requests):
 
 @dataclass
 class _Started:
-    """A child process, its progress pipe, its scratch folder, and how it was started."""
+    """A child process, its progress pipe, the pipe whose closing ends it (the kernel
+    holds the write end), its scratch folder, and how it was started."""
     process: subprocess.Popen
     progress: int
+    lifeline: int
     scratch: tempfile.TemporaryDirectory
     recipe: tuple
 
@@ -201,21 +229,24 @@ def _start_child():
     if os.environ.get(IN_CHILD):
         return "this process is itself a vetting child"
     progress, report = os.pipe()
+    alive, lifeline = os.pipe()
     scratch = tempfile.TemporaryDirectory(prefix="backprop-vetting-")
     try:
         process = subprocess.Popen(
             [sys.executable, "-I", "-c", _CHILD, json.dumps([str(ROOT)]), str(report),
-             str(MEMORY_BYTES)],
+             str(MEMORY_BYTES), _child_box.__file__, str(os.getpid()), str(alive)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            pass_fds=(report,), cwd=scratch.name, start_new_session=True,
+            pass_fds=(report, alive), cwd=scratch.name, start_new_session=True,
             env={**os.environ, IN_CHILD: "1"})
     except OSError as err:
-        os.close(progress)
+        for fd in (progress, lifeline):
+            os.close(fd)
         scratch.cleanup()
         return f"no process could be started: {err}"
     finally:
         os.close(report)
-    return _Started(process, progress, scratch, _recipe())
+        os.close(alive)
+    return _Started(process, progress, lifeline, scratch, _recipe())
 
 
 def _hand(started: _Started, pieces: list) -> None:
@@ -238,6 +269,7 @@ def _let_go(started: _Started) -> None:
         except OSError:
             pass
     os.close(started.progress)
+    os.close(started.lifeline)
     started.scratch.cleanup()
 
 
@@ -313,8 +345,9 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 class _Watch:
-    """The child's progress (r: imported, c/e: a compilation starts/ends, v: a piece's
-    verdict, one line) and output, read until it has answered for every piece, exits or
+    """The child's progress (p: the worker's process id, one line; i: what isolates it,
+    one line; r: imported; c/e: a compilation starts/ends; v: a piece's verdict, one
+    line) and output, read until it has answered for every piece, exits or
     runs out of time. Each piece's time, compile time and wait start again at zero."""
 
     def __init__(self, child, progress: int):
@@ -324,6 +357,7 @@ class _Watch:
         self.ready = self.compiling = False
         self.waited = self.computed = self.compiled = 0.0
         self.late = None
+        self.worker = child.pid
 
     def run(self, seconds: float, count: int) -> "_Watch":
         start = last = time.monotonic()
@@ -331,7 +365,7 @@ class _Watch:
         open_fds = [self.progress, self.output]
         while len(self.verdicts) < count:
             readable, _, _ = select.select(open_fds, [], [], _TICK)
-            now, cpu = time.monotonic(), _cpu_seconds(self.child.pid)
+            now, cpu = time.monotonic(), _cpu_seconds(self.worker)
             if self.ready:
                 if self.compiling:
                     self.compiled += now - last
@@ -364,17 +398,28 @@ class _Watch:
     def _progress(self, data: bytes) -> None:
         self.pending += data
         while self.pending:
-            if self.pending[:1] == b"v":
+            if self.pending[:1] in (b"v", b"p", b"i"):
                 line, newline, rest = self.pending[1:].partition(b"\n")
                 if not newline:
                     return                    # the rest of the line is still on its way
-                self.verdicts.append(line)
+                self._line(self.pending[:1], line)
                 self.pending = rest
-                self.waited = self.computed = self.compiled = 0.0
                 continue
             mark, self.pending = chr(self.pending[0]), self.pending[1:]
             self.ready = self.ready or mark == "r"
             self.compiling = {"c": True, "e": False}.get(mark, self.compiling)
+
+    def _line(self, mark: bytes, line: bytes) -> None:
+        if mark == b"v":
+            self.verdicts.append(line)
+            self.waited = self.computed = self.compiled = 0.0
+        elif mark == b"p" and self.worker == self.child.pid and line.isdigit():
+            self.worker = int(line)           # the keeper says it first, before any piece
+        elif mark == b"i" and not self.ready:
+            try:
+                ISOLATION[:] = [str(m) for m in json.loads(line)]
+            except (ValueError, TypeError):
+                pass
 
     def read_rest(self) -> None:
         """What the child wrote after its last awaited verdict (it has ended)."""
@@ -405,6 +450,16 @@ def _end(child, kill: bool) -> bool:
         except subprocess.TimeoutExpired:
             pass
     left = False
+    if child.returncode is None:              # the keeper is alive: all it holds is below it
+        for _ in range(50):
+            below = _child_box.descendants(child.pid)
+            if not below:
+                break
+            for pid in below:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
     try:
         if child.returncode is not None:
             os.killpg(child.pid, 0)           # anyone left in the group?

@@ -53,7 +53,7 @@ import numpy as np
 
 from ._core import ExerciseError
 from ._piece_guard import PieceRefused, _Deadline, guarded
-from ._vetting import UNVETTED, vet, vet_ahead
+from ._vetting import UNVETTED, read_piece, vet, vet_ahead
 
 COURSE = Path(__file__).resolve().parents[1] / "course"
 _SOLUTION_RUN_DIR: Path | None = None
@@ -175,12 +175,12 @@ def standalone_source(fn) -> tuple[str, list[str]]:
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts).replace("\n\n\n", "\n\n"), stuck
 
 
-def _load_file(path: Path, function: str):
-    """Execute a piece's file in a fresh namespace; (function or None, namespace)."""
-    if not path.is_file():
-        raise OSError(f"{path} is not a regular file")
+def _load_file(path: Path, function: str, source: bytes | None = None):
+    """Execute a piece's file (`source`, its bytes, when already read: the file is not
+    read again) in a fresh namespace; (function or None, namespace)."""
+    source = read_piece(path) if source is None else source
     namespace = _fresh_namespace()
-    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    exec(compile(source, str(path), "exec"), namespace)
     return namespace.get(function), namespace
 
 
@@ -201,17 +201,18 @@ def _checked(name: str, fn, namespace: dict, at_save: bool = False):
 
 
 def attempt_piece(name: str, path: Path, function: str, at_save: bool = False,
-                  timer: bool = True, check: bool = True):
-    """Load the piece file `path` and (when `check`) check `function` in the slot of
-    `name`, in this process, under `guarded`. Returns (fn, None, None) when it fits, else
+                  timer: bool = True, check: bool = True, source: bytes | None = None,
+                  threads: bool = True):
+    """Load the piece file `path` (`source`, its bytes, when already read) and (when
+    `check`) check `function` in the slot of `name`, in this process, under `guarded`. Returns (fn, None, None) when it fits, else
     (None, kind, text): kind "load" (it does not load: text is the error), "refused" (it
     broke a bound of `guarded`: text says which) or "slot" (it breaks its slot's
     contract). Never raises: SystemExit, KeyboardInterrupt and GeneratorExit are
     answers too."""
     try:
-        with guarded(f"your piece '{name}'", timer=timer):
+        with guarded(f"your piece '{name}'", timer=timer, threads=threads):
             try:
-                fn, namespace = _load_file(path, function)
+                fn, namespace = _load_file(path, function, source)
             except _Deadline:
                 raise
             except BaseException as err:        # SystemExit, KeyboardInterrupt too
@@ -230,15 +231,19 @@ def attempt_piece(name: str, path: Path, function: str, at_save: bool = False,
 
 def vetted_piece(name: str, path: Path, function: str, at_save: bool = False):
     """`attempt_piece`, run first in a child process (`_vetting.vet`, killed at its
-    deadline). A piece the child refused is not run here; one it passed is loaded here
-    under `guarded` without checking it again (its check ran in the child, on the same
-    file); where no child could run, it is loaded and checked here, as the only line."""
-    verdict = vet(name, path, function, at_save=at_save)
-    if verdict is UNVETTED:
-        return attempt_piece(name, path, function, at_save=at_save)
-    if verdict is not None:
+    deadline). The file is read once: the child vets those bytes and the kernel loads
+    the same bytes, so a file changed meanwhile (by the piece, or by anyone) is not
+    what runs here. A piece the child refused is not run here; one it passed is loaded
+    and checked in its slot again here, under `guarded` (a piece that behaves otherwise
+    outside the child meets the same contract and bounds)."""
+    try:
+        source = read_piece(path)
+    except OSError as err:
+        return None, "load", f"OSError: {err}"
+    verdict = vet(name, path, function, at_save=at_save, source=source)
+    if verdict not in (None, UNVETTED):
         return None, *verdict
-    return attempt_piece(name, path, function, at_save=at_save, check=False)
+    return attempt_piece(name, path, function, at_save=at_save, source=source)
 
 
 @contextmanager
@@ -470,13 +475,17 @@ def load_piece(name: str):
     path = folder / f"{name}.py"
     if entry is None or not path.exists():
         return None
-    verdict = vet(name, path, entry["function"])
+    try:
+        source = read_piece(path)
+    except OSError as err:
+        raise PieceRefused(f"your piece '{name}' does not load: {err}") from None
+    verdict = vet(name, path, entry["function"], source=source)
     if verdict not in (None, UNVETTED) and verdict[0] != "slot":
         kind, text = verdict
         raise PieceRefused(text if kind == "refused" else
                            f"your piece '{name}' does not load: {text}")
     with guarded(f"your piece '{name}'"):
-        return _load_file(path, entry["function"])[0]
+        return _load_file(path, entry["function"], source)[0]
 
 
 def piece_for_slot(name: str):

@@ -40,6 +40,7 @@ META_LIMIT = 1 << 20            # characters of JSON metadata: far more than any
 DEFLATE_RATIO = 1100            # zlib never expands data more than about 1032 times
 MAX_CHECKPOINT_BYTES = 16 * 2**30   # on disk and per array unpacked: 1.4 billion float32
                                     # parameters with their two AdamW moments
+STEP_LIMIT = 10**9                  # optimizer steps: far more than any run of this trainer
 
 
 def corpus_fingerprint(text: str) -> str:
@@ -130,14 +131,26 @@ def save_checkpoint(path: str, model, optimizer, step: int, config: TrainConfig,
         _fsync_folder(folder)
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        hint = ("free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                else "check the folder's permissions")
+        hint = ("free some space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else
+                f"the process may write no file larger than {_file_size_limit()} (ulimit -f); "
+                f"raise that limit" if exc.errno == errno.EFBIG else
+                "check the folder's permissions")
         raise WriteError(f"could not write checkpoint {path!r} at step {step}: {reason}; the "
                          f"previous checkpoint there (if any) is intact; {hint} or pass "
                          f"another --save") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _file_size_limit() -> str:
+    """The largest file this process may write (RLIMIT_FSIZE), in words."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        return "the system's file-size limit"
+    return "any size" if soft == resource.RLIM_INFINITY else f"{soft:,} bytes"
 
 
 # ------------------------------------------------------------------- reading
@@ -155,6 +168,10 @@ def _open_checkpoint(path: str):
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist; check the path, or start "
                               f"a fresh run without --resume")
+    if os.path.isdir(path):
+        raise CheckpointError(f"checkpoint {path!r} is a folder; pass the checkpoint file "
+                              f"in it that --save wrote, e.g. "
+                              f"{os.path.join(path, 'run.npz')!r}")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
@@ -206,7 +223,28 @@ def load_checkpoint(path: str) -> dict:
                               f"from an earlier checkpoint")
     if int(state["adam_t"]) < 0:
         raise CheckpointError(f"checkpoint {path!r} has a negative optimizer step count")
+    if int(state["adam_t"]) > STEP_LIMIT:
+        raise CheckpointError(f"checkpoint {path!r} has an optimizer step count of "
+                              f"{int(state['adam_t']):,}, more than {STEP_LIMIT:,}: it was not "
+                              f"written by a run; resume from another checkpoint")
+    problem = _optimizer_problem(state["adam_m"], state["adam_v"])
+    if problem:
+        raise CheckpointError(f"checkpoint {path!r} holds an unusable AdamW state ({problem}): "
+                              f"every step from it would be NaN whatever --lr is; resume from "
+                              f"an earlier checkpoint")
     return state
+
+
+def _optimizer_problem(m: np.ndarray, v: np.ndarray) -> str | None:
+    """What makes AdamW's moments unusable (AdamW divides by the root of v), or None."""
+    for name, moment in (("first moment", m), ("second moment", v)):
+        bad = np.count_nonzero(~np.isfinite(moment))
+        if bad:
+            return f"{bad:,} NaN or infinite values in its {name}"
+    negative = np.count_nonzero(v < 0)
+    if negative:
+        return f"{negative:,} negative values in its second moment, a mean of squares"
+    return None
 
 
 def _header(z: zipfile.ZipFile, info: zipfile.ZipInfo, size_on_disk: int, key: str):
@@ -285,8 +323,9 @@ def _check_meta(meta) -> None:
             raise _Unusable(f"meta lacks {key!r}")
         if not ok(meta[key]):
             raise _Unusable(f"meta[{key!r}] = {_short(meta[key])} has the wrong type or value")
-    if meta["step"] < 0:
-        raise _Unusable(f"meta['step'] is {meta['step']}")
+    if not 0 <= meta["step"] <= STEP_LIMIT:
+        raise _Unusable(f"meta['step'] is {_short(meta['step'])}, not between 0 and "
+                        f"{STEP_LIMIT:,}")
     if len(set(meta["chars"])) != len(meta["chars"]):
         raise _Unusable("meta['chars'] repeats a character")
     for key in MODEL_FIELDS:
