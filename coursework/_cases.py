@@ -142,3 +142,13 @@ def raise_first_difference(exercise: str, cases: Sequence[Case], answers: Sequen
     hint = f" Hint: {slip.says(case, got, want)}" if slip else (
         f" {neutral_hint}" if neutral_hint else "")
     raise ExerciseError(exercise, f"{case.label}: {where}.{hint}")
+
+
+def differing_digits(a: float, b: float, least: int = 8) -> tuple[str, str]:
+    """`a` and `b` with the fewest significant digits (at least `least`, at most 17) that
+    print them differently; equal numbers print alike."""
+    for digits in range(least, 18):
+        x, y = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if x != y:
+            return x, y
+    return f"{a:.17g}", f"{b:.17g}"

@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 
@@ -35,7 +37,8 @@ class ExerciseError(AssertionError):
 
 def attempt(exercise: str, fn, *args, **kwargs):
     """Call the learner's `fn`, naming the exercise if it is still a stub, and turning an
-    error numpy raised on a line of `fn` into one line that names it (`numpy_error`)."""
+    error numpy raised on a line of `fn` (`numpy_error`), or numba's failure to compile
+    it (`numba_typing_line`), into one line that names it."""
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
@@ -44,11 +47,43 @@ def attempt(exercise: str, fn, *args, **kwargs):
             "not done yet. Replace the lines `# YOUR CODE HERE` and "
             "`raise NotImplementedError()` in the exercise cell with your code, "
             "run that cell, then run this check again.") from None
-    except (TypeError, ValueError, IndexError) as err:
-        line = numpy_error(fn, err)
+    except Exception as err:
+        if _numba_typing_error(err):
+            raise ExerciseError(exercise, numba_typing_line(err)) from None
+        line = numpy_error(fn, err) if isinstance(err, (TypeError, ValueError, IndexError)) else None
         if line is None:
             raise
         raise ExerciseError(exercise, line) from None
+
+
+def _numba_typing_error(err: BaseException) -> bool:
+    """Is `err` numba's TypingError (numba imported only where it is already loaded)?"""
+    import sys
+    errors = sys.modules.get("numba.core.errors")
+    return errors is not None and isinstance(err, errors.TypingError)
+
+
+def numba_typing_line(err: BaseException) -> str:
+    """numba's long TypingError as one line: what it could not type, and on which line of
+    the kernel."""
+    text = str(err)
+    lines = [s.strip() for s in text.splitlines() if s.strip()]
+    what = next((s for s in lines if not s.startswith(("Failed in", "File ", "During:", "^",
+                                                      "<source elided>", "def "))),
+                lines[0] if lines else type(err).__name__)
+    code = None
+    for k, s in enumerate(lines):
+        if s.startswith("File ") and k + 1 < len(lines):
+            rest = [r for r in lines[k + 1:k + 5] if not r.startswith(("def ", "<source",
+                                                                     "^", "During:"))]
+            code = rest[0] if rest else None
+            break
+    known = ""
+    if re.search(r"Unknown attribute '(at|reduceat|accumulate|outer)'", what):
+        known = (" (numba compiles no ufunc methods such as np.add.at: write the loop of "
+                 "additions yourself)")
+    where = f" at `{code}`" if code else ""
+    return f"numba could not compile your kernel{where}: {what}{known}."
 
 
 # What a numpy message means on the calls a learner makes, where the message alone misleads.

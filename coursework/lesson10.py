@@ -37,8 +37,9 @@ import math
 import numpy as np
 
 from engine import numba_config  # noqa: F401  (its thread settings go in before numba loads)
-from ._core import ExerciseError, function_syntax, is_call, passed
-from ._slips_late import attempt, differing_digits, uncompile_stubs
+from ._core import ExerciseError, attempt, function_syntax, is_call, passed
+from ._cases import differing_digits
+from ._compiled_stubs import uncompile_stubs
 from .lesson10_speed import (bias_gelu_speed_verdict, calls, measure, plain_fused_loop,  # noqa: F401
                              refusal, slow_causes, speed_report)
 from .pieces import save_piece

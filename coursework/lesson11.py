@@ -26,8 +26,8 @@ import math
 import numpy as np
 
 from engine.timing import median_seconds
-from ._core import ExerciseError, function_syntax, is_call, passed
-from ._slips_late import attempt, uncompile_stubs
+from ._core import ExerciseError, attempt, function_syntax, is_call, passed
+from ._compiled_stubs import uncompile_stubs
 from .pieces import save_piece
 
 EX_SCATTER = "11.1 (embedding_backward)"

@@ -33,8 +33,8 @@ import math
 import numpy as np
 
 from engine.timing import median_seconds
-from ._core import ExerciseError, passed
-from ._slips_late import attempt, uncompile_stubs
+from ._core import ExerciseError, attempt, passed
+from ._compiled_stubs import uncompile_stubs
 from .lesson12_norms import (EX_NORMS, NORM_LOGS, check_summarize_norms,  # noqa: F401
                              norm_log_example, summarize_norms_reference)
 from .pieces import save_piece

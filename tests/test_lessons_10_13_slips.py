@@ -15,7 +15,8 @@ from numba import njit, prange
 
 from check_tools import fails_with
 from coursework import lesson10, lesson10_speed
-from coursework._slips_late import differing_digits, is_stub, uncompile_stubs
+from coursework._cases import differing_digits
+from coursework._compiled_stubs import is_stub, uncompile_stubs
 
 
 # ------------------------------------------------------------------ the shared pieces
