@@ -105,7 +105,7 @@ def test_the_json_gives_trainable_parameters_and_the_text_says_them(capsys):
 
 
 def test_measuring_a_lora_step_without_peft_names_what_to_install(monkeypatch):
-    from engine.budget import torch_step
+    from engine.budget.lab import torch_step
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
         None if name in ("peft", "bitsandbytes") else find_spec(name, *a)))
