@@ -11,7 +11,7 @@ from engine.budget.counts import fixed_bytes
 
 def assert_cpu_step_as_predicted(cfg, rel: float = 0.05) -> None:
     """Weights to the byte; activations, the peak and step 1's peak within `rel`."""
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     m = measure_step(cfg, device="cpu")
     assert m.config == cfg, "the CPU ran another step than the one predicted"
     acts = real_step_activations(cfg, device="cpu")

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine import budget as bm
+from engine.budget import lab
 from engine.gpt_config import GPTConfig, num_params
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -227,7 +228,7 @@ SMALL_CONFIGS = [  # (L, d, H, V, B, N): shapes chosen to differ in every factor
 def test_engine_model_equals_the_measurement(L, d, H, V, b, n, recompute):
     cfg = bm.BudgetConfig(n_layer=L, d_model=d, n_head=H, vocab_size=V, micro_batch=b,
                          seq_len=n, activation_model="engine", recompute=recompute)
-    m = bm.measure(cfg, seed=L + n)
+    m = lab.measure(cfg, seed=L + n)
     # saved = alive at the end of the forward pass; without recompute, all the tape saved
     assert m["measured_saved"] == m["predicted_saved"] == bm.activations(cfg).saved
     assert m["measured_peak"] == pytest.approx(m["predicted_peak"], rel=0.01)
@@ -258,14 +259,14 @@ def test_engine_model_has_the_sixteen_tensors_of_the_source_text():
 
 def test_measure_refuses_what_the_engine_cannot_run():
     with pytest.raises(bm.BudgetError, match="too large to measure"):
-        bm.measure(bm.preset("gpt2-small"))
+        lab.measure(bm.preset("gpt2-small"))
     with pytest.raises(bm.BudgetError, match="no dropout"):
-        bm.measure(bm.preset("tiny", activation_model="transformer", dropout=True))
+        lab.measure(bm.preset("tiny", activation_model="transformer", dropout=True))
 
 
 def test_checkpointing_every_block_cuts_the_measured_peak():
-    plain = bm.measure(bm.preset("tiny", micro_batch=4))
-    ckpt = bm.measure(bm.preset("tiny", micro_batch=4, recompute="full"))
+    plain = lab.measure(bm.preset("tiny", micro_batch=4))
+    ckpt = lab.measure(bm.preset("tiny", micro_batch=4, recompute="full"))
     assert ckpt["measured_peak"] * 3 < plain["measured_peak"]
     assert ckpt["measured_saved"] < ckpt["measured_peak"]  # one block rebuilt on top
     assert ckpt["loss"] == plain["loss"]
@@ -336,12 +337,12 @@ def test_lesson07_checks_accept_the_budget_and_name_the_usual_slips():
 
 @pytest.mark.parametrize("recompute", ["none", "full", "selective"])
 def test_measure_reports_progress_against_an_exact_count_of_the_steps_events(recompute):
-    from engine.budget.measure import _StepProgress, _tape_step, step_events
-    run = bm.measurable(bm.BudgetConfig(n_layer=3, d_model=32, n_head=2, vocab_size=17,
+    from engine.budget.lab.measure import _StepProgress, _tape_step, step_events
+    run = lab.measurable(bm.BudgetConfig(n_layer=3, d_model=32, n_head=2, vocab_size=17,
                                       micro_batch=2, seq_len=8, recompute=recompute))
     counter = _StepProgress(step_events(run), lambda *a: None)
     _tape_step(run, 0, observers=(counter,))
     assert counter.done == counter.total       # the count read off 1 and 2 blocks is exact
     seen = []
-    bm.measure(run, progress=lambda fraction, left: seen.append((fraction, left)))
+    lab.measure(run, progress=lambda fraction, left: seen.append((fraction, left)))
     assert all(0 < f <= 1 and left >= 0 for f, left in seen)

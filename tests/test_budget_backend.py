@@ -227,7 +227,7 @@ def test_backend_cpu_predicts_the_step_pytorch_runs_here(model, shape, knobs):
         pytest.skip(f"{' and '.join(missing)} not installed (pip install -e '.[transformers]')")
     if "backend" not in FIELDS or "outputs" not in FIELDS:
         pytest.skip("this checkout's BudgetConfig has no backend or outputs knob yet")
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     cfg = config(**shape, activation_model=model, backend="cpu", **knobs)
     m = measure_step(cfg, device="cpu")
     assert m.config.precision == cfg.precision  # backend cpu runs the requested precision
@@ -243,7 +243,7 @@ def test_backend_cpu_predicts_the_step_pytorch_runs_here(model, shape, knobs):
 def test_a_kept_output_is_measured_as_the_logits_and_the_unkept_cache():
     """Kept minus freed, measured: exactly the logits and the cache copies
     attention did not keep (LLaMA's fp32 K under autocast)."""
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     base = dict(**SMALL, **LLAMA, activation_model="hf", attention="flash",
                 precision="bf16", backend="cpu")
     kept = measure_step(config(**base, outputs="kept"), device="cpu").activations

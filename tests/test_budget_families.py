@@ -320,7 +320,7 @@ CPU_TABLE = [
 @needs_transformers
 @pytest.mark.parametrize("name, data, knobs", CPU_TABLE, ids=[c[0] for c in CPU_TABLE])
 def test_each_family_and_switch_matches_transformers_on_this_cpu(name, data, knobs):
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     start = dict(micro_batch=2, seq_len=64, precision="fp32", optimizer_impl="for-loop", **HF)
     cfg = bm.config_from_hf(_small(data), **{**start, **knobs})
     m = measure_step(cfg, device="cpu")

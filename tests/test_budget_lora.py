@@ -11,7 +11,7 @@ import pytest
 
 import engine.budget as bm
 from budget_step_tools import assert_cpu_step_as_predicted
-from engine.budget import lora, real_step_activations
+from engine.budget import linears, lora, real_step_activations
 from engine.budget import optimizer_step as opt
 from engine.budget.cli import main
 from engine.budget.counts import fixed_bytes, parameter_count
@@ -35,7 +35,7 @@ def test_gpt2_small_at_rank_8_on_c_attn_trains_the_count_peft_prints():
 
 def test_llama2_7b_at_rank_8_on_peft_default_q_and_v_trains_4_2_million():
     cfg = bm.preset("llama2-7b", **HF, lora_rank=8)
-    assert lora.target_names(cfg) == ("q_proj", "v_proj")
+    assert linears.target_names(cfg) == ("q_proj", "v_proj")
     assert lora.trainable_parameters(cfg) == 32 * 2 * 8 * (4096 + 4096) == 4_194_304
 
 
@@ -105,7 +105,7 @@ def test_the_json_gives_trainable_parameters_and_the_text_says_them(capsys):
 
 
 def test_measuring_a_lora_step_without_peft_names_what_to_install(monkeypatch):
-    from engine.budget import torch_step
+    from engine.budget.lab import torch_step
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
         None if name in ("peft", "bitsandbytes") else find_spec(name, *a)))

@@ -261,7 +261,7 @@ def test_each_optimizer_step_matches_pytorch_on_this_cpu(model, optimizer, impl,
                     "'.[transformers]')")
     if "backend" in shape and "backend" not in {f.name for f in dataclasses.fields(BudgetConfig)}:
         pytest.skip("the budget has no CPU backend to predict an autocast step on the CPU")
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     cfg = _with_impl(BudgetConfig(activation_model=model, optimizer=optimizer,
                                   **shape).validate(), impl)
     m = measure_step(cfg, device="cpu")

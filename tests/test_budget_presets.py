@@ -83,7 +83,7 @@ def test_transformers_builds_each_released_config_with_the_published_count(name)
     import torch
     import transformers
     data, count = RELEASED[name]
-    from engine.budget.torch_step import CONFIG_CLASS, LLAMA_FAMILY
+    from engine.budget.lab.torch_step import CONFIG_CLASS, LLAMA_FAMILY
     family = LLAMA_FAMILY[data["model_type"]]
     config = getattr(transformers, CONFIG_CLASS.get(family, f"{family}Config"))(
         **{k: v for k, v in data.items() if k != "model_type"})

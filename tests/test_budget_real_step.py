@@ -191,7 +191,7 @@ CPU_CASES = [
 
 
 def _compare(model: str, changes: dict) -> tuple:
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     cfg = bm.BudgetConfig(**SMALL, activation_model=model, **changes).validate()
     m = measure_step(cfg, device="cpu")
     acts = real_step_activations(m.config, device="cpu")
@@ -220,7 +220,7 @@ def test_each_path_matches_pytorch_on_this_cpu(model, changes):
 def test_the_same_terms_hold_at_another_batch_and_length():
     """Right for the right reasons: double the batch, halve the length, and the
     plain PyTorch step still matches term by term."""
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     cfg = bm.BudgetConfig(**{**SMALL, "micro_batch": 4, "seq_len": 32},
                           activation_model="pytorch", attention="standard").validate()
     m = measure_step(cfg, device="cpu")
@@ -248,7 +248,7 @@ def test_measure_torch_needs_a_real_step_model(capsys):
 def test_with_accumulation_the_gradients_so_far_are_alive_in_later_micro_batches():
     """Two micro-batches per step: the second's loss backward runs beside the
     first's gradients, which the model adds to that moment."""
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     cfg = bm.BudgetConfig(**SMALL, activation_model="pytorch", attention="flash",
                           accumulation=2).validate()
     m = measure_step(cfg, device="cpu")

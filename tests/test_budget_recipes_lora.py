@@ -60,7 +60,7 @@ def test_all_linear_adapts_the_layers_peft_adapts(data):
     output head) trains exactly the tensors the budget lists."""
     import torch
 
-    from engine.budget.torch_step import _build
+    from engine.budget.lab.torch_step import _build
     cfg = _cpu(data, lora_rank=8, lora_targets="all-linear")
     with torch.device("meta"):
         model = _build(cfg)

@@ -91,7 +91,7 @@ def test_a_loop_that_deletes_its_output_after_backward_matches_the_cpu(model, sh
     loss's backward decides, "freed" misses the logits it holds by 16-20%; where the
     optimizer step decides, "kept" counts them there (about 3% high)."""
     from budget_step_tools import assert_cpu_step_as_predicted
-    from engine.budget.torch_step import measure_step
+    from engine.budget.lab.torch_step import measure_step
     cfg = BudgetConfig(activation_model=model, **ON_CPU, **shape,
                        outputs="freed-after-backward").validate()
     assert_cpu_step_as_predicted(cfg)
@@ -181,7 +181,7 @@ def test_the_state_is_the_librarys_own_state_tensors(optimizer, shape):
     """One step of the library's optimizer as torch_step builds it (the Trainer's
     groups); every distinct state tensor counted, the shared quantization maps once."""
     import torch
-    from engine.budget.torch_step import _build, _optimizer
+    from engine.budget.lab.torch_step import _build, _optimizer
     cfg = BudgetConfig(activation_model="hf", optimizer=optimizer, **shape).validate()
     model = _build(cfg)
     for p in model.parameters():

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine import budget as B
+from engine.budget import lab
 from matplotlib.colors import to_hex
 
 import ipywidgets as w
@@ -215,7 +216,7 @@ def test_measure_shows_engine_bytes_beside_the_prediction():
 def test_measure_says_it_is_working_and_drops_a_stale_result(monkeypatch):
     w = BudgetWidget(preset="tiny", plots=False, micro_batch=2, seq_len=32, n_layer=2)
     seen = {}
-    real = B.measure
+    real = lab.measure
 
     def slow_measure(cfg, seed=0, progress=None):  # a knob moves while the engine runs
         seen["button"] = (w.measure_button.disabled, w.measure_button.description)
@@ -227,7 +228,7 @@ def test_measure_says_it_is_working_and_drops_a_stale_result(monkeypatch):
         w.controls["micro_batch"].value = 4
         return result
 
-    monkeypatch.setattr(B, "measure", slow_measure)
+    monkeypatch.setattr(lab, "measure", slow_measure)
     w.measure()
     assert seen["button"] == (True, "measuring...") and "running" in seen["text"]
     assert seen["bar"] == "visible" and seen["half"][0] == 0.5

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from engine import budget as bm  # noqa: E402
+from engine.budget import lab  # noqa: E402
 from widgets.eps_sweep import EpsSweep  # noqa: E402
 from widgets.memory_timeline import MemoryTimeline  # noqa: E402
 
@@ -22,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def timeline_run():
-    return bm.measure(bm.preset("tiny", micro_batch=2))
+    return lab.measure(bm.preset("tiny", micro_batch=2))
 
 
 def _shown_png(widget) -> bytes:

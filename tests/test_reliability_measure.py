@@ -4,8 +4,9 @@ activations and the FLOPs."""
 import pytest
 
 from engine import budget as B
+from engine.budget import lab
 from engine import gpt_config
-from engine.budget.measure import MEASURE_MAX_WEIGHT_BYTES
+from engine.budget.lab.measure import MEASURE_MAX_WEIGHT_BYTES
 from widgets.budget import BudgetWidget
 
 
@@ -19,7 +20,7 @@ def test_measure_refuses_huge_tables_before_allocating_them(changes, monkeypatch
     monkeypatch.setattr(gpt_config, "init_params", _no_allocation)
     cfg = B.preset("tiny", **changes)
     with pytest.raises(B.BudgetError, match="too large to measure .* of fp32 weights"):
-        B.measure(cfg)
+        lab.measure(cfg)
 
 
 def test_the_widget_s_measure_says_why_a_huge_position_table_is_not_measured(monkeypatch):
@@ -31,13 +32,13 @@ def test_the_widget_s_measure_says_why_a_huge_position_table_is_not_measured(mon
 
 
 def test_a_shape_within_the_bounds_is_still_measured():
-    m = B.measure(B.preset("tiny", micro_batch=1, seq_len=16, block_size=4096, n_layer=1))
+    m = lab.measure(B.preset("tiny", micro_batch=1, seq_len=16, block_size=4096, n_layer=1))
     assert m["measured_weights"] == m["predicted_weights"] <= MEASURE_MAX_WEIGHT_BYTES
 
 
 # ------------------------------------ `--measure torch`: the step predicted, if it fits
 torch = pytest.importorskip("torch")
-from engine.budget import torch_step  # noqa: E402
+from engine.budget.lab import torch_step  # noqa: E402
 from engine.budget.cli import main  # noqa: E402
 
 

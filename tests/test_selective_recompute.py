@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import engine.budget as bm
+from engine.budget import lab
 from engine import memory
 from engine.gpt_config import GPTConfig, init_params
 from engine.nn import GPT
@@ -53,7 +54,7 @@ def test_selective_recompute_keeps_the_gradients_and_drops_the_probabilities():
 def test_measured_selective_recompute_equals_the_prediction(L, d, H, V, b, n):
     cfg = bm.BudgetConfig(n_layer=L, d_model=d, n_head=H, vocab_size=V, micro_batch=b,
                          seq_len=n, activation_model="engine", recompute="selective")
-    m = bm.measure(cfg, seed=L + n)
+    m = lab.measure(cfg, seed=L + n)
     assert m["measured_saved"] == m["predicted_saved"]
     assert m["measured_peak"] == m["predicted_peak"]
     plain = bm.activations(cfg.with_(recompute="none"))

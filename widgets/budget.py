@@ -56,6 +56,7 @@ import time
 import ipywidgets as w
 
 from engine import budget as B
+from engine.budget import lab
 
 from ._figures import PreviewHBox
 from .budget_knobs import (FULL, STEPPED, WIDE, idle_knobs, label, make_controls,
@@ -216,7 +217,7 @@ class BudgetWidget:
         self.measure_button.add_class("budget-measure")
         self.measure_result = w.HTML()
         self.measure_result.add_class("budget-measured")
-        # Filled as the tape runs the step (engine.budget.measure's progress callback).
+        # Filled as the tape runs the step (engine.budget.lab.measure's progress callback).
         self.measure_progress = w.FloatProgress(value=0.0, min=0.0, max=1.0,
                                                 layout=w.Layout(width="140px",
                                                                 visibility="hidden"))
@@ -478,7 +479,7 @@ class BudgetWidget:
             return
         settings = self.result.config
         try:
-            B.measurable(settings)
+            lab.measurable(settings)
         except B.BudgetError as exc:
             self.measured = None
             self.measure_result.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
@@ -490,7 +491,7 @@ class BudgetWidget:
         self.measure_progress.layout.visibility = "visible"
         self._eta.start()
         try:
-            measured = B.measure(settings, progress=self._measure_progress)
+            measured = lab.measure(settings, progress=self._measure_progress)
         finally:
             self.measure_button.disabled = False
             self.measure_button.description = "measure on our engine"

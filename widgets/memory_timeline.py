@@ -13,7 +13,7 @@ PHASE_COLORS = {"forward": "#4c72b0", "backward": "#c44e52"}
 
 def timeline_points(recorder) -> list[tuple[str, str, int]]:
     """(phase, label, live bytes) for each point of a recorder's timeline
-    (a MemoryRecorder, or the list `engine.budget.measure` returns)."""
+    (a MemoryRecorder, or the list `engine.budget.lab.measure` returns)."""
     points = getattr(recorder, "timeline", recorder)
     if isinstance(points, dict):
         points = points["timeline"]

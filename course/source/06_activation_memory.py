@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt
 import engine
 from engine import Tensor, memory
 from engine import budget as bm
+from engine.budget.lab import measure
 from engine.gpt_config import GPTConfig, init_params
 from engine.nn import GPT, MLP, Linear
 from coursework import lesson06
@@ -222,7 +223,7 @@ print(f"tiny: L={tiny.n_layer} C={tiny.d_model} H={tiny.n_head} V={tiny.vocab_si
 print(f"{'op':<24} {'tensor':<22} {'count':>5} {'bytes':>12}")
 for item in bm.engine_saved_tensors(tiny):
     print(f"{item.op:<24} {item.tensor:<22} {item.count:>5} {item.bytes:>12,}")
-measured = bm.measure(tiny)
+measured = measure(tiny)
 print(f"predicted {measured['predicted_saved']:,} bytes, measured {measured['measured_saved']:,} "
       f"bytes: equal = {measured['predicted_saved'] == measured['measured_saved']}")
 print(f"the weights of the same model: {measured['measured_weights']:,} bytes")
@@ -239,7 +240,7 @@ print(f"the weights of the same model: {measured['measured_weights']:,} bytes")
 def measured_bytes(L=2, C=32, H=2, B_=4, T=32, V=50):
     cfg = bm.BudgetConfig(n_layer=L, d_model=C, n_head=H, vocab_size=V, micro_batch=B_,
                          seq_len=T, activation_model="engine")
-    m = bm.measure(cfg)
+    m = measure(cfg)
     return m["measured_saved"], m["measured_weights"]
 
 
@@ -296,7 +297,7 @@ print(f"activations overtake the fixed memory at B = {bm.crossover_batch(tiny)}"
 
 # %%
 timeline_cfg = bm.preset("tiny", micro_batch=4)
-run = bm.measure(timeline_cfg)
+run = measure(timeline_cfg)
 print(f"peak live: measured {run['measured_peak']:,} bytes, predicted "
       f"{run['predicted_peak']:,} bytes")
 print(f"steps: {sum(p == 'forward' for p, _, _ in run['timeline'])} ops forward, "

@@ -33,6 +33,7 @@ import numpy as np
 import matplotlib.pyplot as plt
 
 from engine import budget as bm
+from engine.budget.lab import measure
 from coursework import lesson07
 from widgets.budget import BudgetWidget
 from widgets.real_step import folded_table, plot_measured_steps, plot_step_memory
@@ -304,8 +305,9 @@ for k in (1, 4, 16):
 # ## Predicted against measured
 #
 # The "engine" activation model of `engine.budget` lists exactly the tensors our reference GPT
-# saves; `bm.measure` runs that GPT under `engine.memory` and compares: the activations alive
-# at the end of the forward, and their peak over the whole step. With `recompute="full"`
+# saves; `measure` (from `engine.budget.lab`, where the budget keeps its measuring) runs that
+# GPT under `engine.memory` and compares: the activations alive at the end of the forward, and
+# their peak over the whole step. With `recompute="full"`
 # it checkpoints every block with `engine.recompute` (lesson 08): the forward keeps only the
 # blocks' inputs, and the backward rebuilds one block at a time after the head and the loss
 # have been freed, so the peak is higher than what the forward kept.
@@ -317,7 +319,7 @@ SHAPES = ({}, {"micro_batch": 4}, {"seq_len": 64}, {"n_layer": 2, "n_head": 8},
           {"recompute": "full"}, {"recompute": "full", "micro_batch": 4})
 measured = []
 for changes in SHAPES:
-    m = bm.measure(bm.preset("tiny", **changes))
+    m = measure(bm.preset("tiny", **changes))
     measured.append(m)
     print(f"{m['shape']:<62} {m['predicted_saved']:>16,} {m['measured_saved']:>11,} "
           f"{m['predicted_peak']:>16,} {m['measured_peak']:>11,}")

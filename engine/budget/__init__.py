@@ -1,100 +1,55 @@
 """The training-step budget: parameters, FLOPs and bytes of one optimizer step.
 
 Pure functions over one frozen `BudgetConfig`. The command line
-(`python -m engine.budget`), the widget (`widgets.BudgetWidget`), the tests
-and the lessons all call `budget(config)`, so they all read the same numbers.
+(`python -m engine.budget`), the widget (`widgets.BudgetWidget`), the page
+(`widgets.budget_page`), the tests and the lessons all call `budget(config)`,
+so they all read the same numbers. The files, shelf by shelf:
 
-What one training step costs
-----------------------------
-FLOPs. A matmul with a (K, M) weight costs 2*K*M FLOPs per token (a
-multiply-add is two), so the forward pass costs 2 FLOPs per weight per token,
-plus the attention term that has no weights: Q @ K^T and P @ V each cost
-2*N*d per token and layer (the full N x N score matrix, as our engine
-computes it). The backward pass runs two matmuls for every forward one
-(dX = dY W^T and dW = X^T dY), so it costs 2x the forward. Recompute adds
-forward work inside the backward: a whole forward with full recompute, the
-attention core with selective recompute.
+Settings: what a budget is asked (they import no step model)
+  knobs.py             the table of knobs: name, type, choices or bounds, default, help
+  compat.py            which knob applies under which model or recipe, and why
+  frameworks.py        whose loop the step follows, and the defaults it brings
+  devices.py           accelerators' memory and FLOP/s, and this machine measured
+  linears.py           a block's linear layers as peft names them; which a target list picks
+  config.py            BudgetConfig, the presets, the byte sizes of each precision
+  hf.py                a model's shape and switches from a Hugging Face config.json
+  hub.py               that config.json from the Hugging Face Hub, by the model's id
 
-Memory. Three kinds of bytes live through a step:
-  * fixed, set by the parameter count P: weights, fp32 master weights (only
-    with 16-bit storage), gradients, optimizer state (SGD none, momentum one
-    fp32 buffer, AdamW two). Mixed-precision AdamW: 2 + 2 + 4 + 4 + 4 = 16
-    bytes per parameter;
-  * activations, set by the batch shape: every tensor the backward pass will
-    read, kept from the op that made it until that op's VJP runs;
-  * small working buffers (the gradient flowing back, one op at a time),
-    which we leave out except where the engine measures them.
+Models: what a step costs
+  counts.py            parameters, FLOPs and the fixed memory
+  kept.py              one saved tensor (`Saved`), one micro-batch's activations
+  activations.py       the activation models: rule, transformer, engine, pytorch, hf
+  moments.py           the step as moments: the table of step terms, one peak rule
+  real_step.py         what a real PyTorch or transformers model keeps, op by op
+  backends.py          where a real step runs, and what that changes in what it keeps
+  gemma.py             Gemma, Gemma 2 and Gemma 3's traits in that step
+  weights_dtype.py     a model loaded in bf16: its weights as 16-bit leaves
+  optimizer_step.py    what the optimizer's step and the end of the backward allocate
+  framework_step.py    a real framework's step as moments: model, loop and optimizer
+  recipes.py           the fine-tuning recipes' registry: rewriters of the base rows
+  lora.py              LoRA's adapters over the frozen model
+  dora.py              DoRA's magnitudes over LoRA's adapters
+  qlora.py             QLoRA: the frozen linear weights in 4-bit NF4
+  trained_modules.py   peft's modules_to_save: whole modules trained beside the adapters
+  sharding.py          data parallelism with ZeRO 0-3: what a device holds, what it sends
+  fit.py               whether a step fits a device; largest batch, fewest devices, time
+  total.py             the whole budget of a step (`Budget`, `budget`) and its sweeps
+  report.py            units, and the budget as text
+  cli.py               the command line (`python -m engine.budget --help`)
+  __main__.py          runs the command line
+  __init__.py          this index, and the names the package exports
 
-The peak of a step, and what is resident when:
-  1. before the forward: weights, master weights, optimizer state, and the
-     gradient buffer (allocated once and accumulated into across the K
-     micro-batches, then consumed by the optimizer);
-  2. during the forward the saved activations pile up; they are all alive
-     when the loss is computed;
-  3. the backward walks the tape in reverse and frees each op's saved
-     tensors as its VJP runs, while parameter gradients are summed into the
-     gradient buffer; with recompute, the head and loss are freed first,
-     then one block's (or one attention core's) insides are rebuilt and
-     live for a moment on top of what the blocks kept;
-  4. the optimizer reads the gradients and updates weights and state.
-So the peak is reached at the end of the forward (without recompute) or
-while the last block is rebuilt (with it):
-    peak = weights + master + gradients + optimizer state + activation peak
-    activation peak = saved - freed_first + max(freed_first, one rebuilt block)
-(`Activations`; without recompute it is simply what the forward saved).
-Accumulating K micro-batches adds tokens per step but not memory: the
-activations of one micro-batch are freed before the next begins.
+Lab: running a step to measure it (not exported here; `engine.budget.lab`)
+  lab/__init__.py      the lab's names: measure, measurable, measure_step
+  lab/measure.py       our tape engine's step under `engine.memory`, beside the prediction
+  lab/torch_step.py    a real step measured in PyTorch, on the CPU or CUDA
+  lab/recipe_models.py the recipes' models as peft and bitsandbytes build them
 
-Three models of the activation bytes
-------------------------------------
-  "rule"        the source texts' rule of thumb: k saved tensors of
-                B x N x d per layer. k=4 gives the 7B example's 17 GB,
-                k=16 the 24-layer example's 12.9 GB.
-  "transformer" a per-op count for a GPT block (see `transformer_layer_ops`)
-                that agrees with Korthikanti et al. 2022, "Reducing
-                Activation Recomputation in Large Transformer Models": per
-                layer s*b*h*(34 + 5*a*s/h) bytes at 16-bit with dropout,
-                34*s*b*h with selective recompute, 2*s*b*h with full recompute.
-  "engine"      exactly what our tape engine saves for its reference GPT
-                (`engine.nn.GPT`), tensor by tensor; `engine.memory` measures
-                the same number.
-
-Units: sizes are printed in decimal units (1 MB = 10^6 bytes, 1 GB = 10^9
-bytes), FLOPs in G (10^9) and T (10^12), as the source texts do.
-
-Beyond one device
------------------
-Data parallel over N devices with ZeRO stage 0-3 (`sharding`): each device
-runs its own micro-batches, so activations stay per device, while the fixed
-memory is split N ways item by item (stage 1 the optimizer state with the
-master weights, 2 the gradients too, 3 the weights too); the collectives of
-a step are counted in bytes. A device (`devices`: data-sheet presets, or
-"this machine" measured by an sgemm timing) gives its memory and FLOP/s:
-the budget says whether one device's peak fits, the largest micro-batch
-that does, and a step time at a stated model FLOP utilization (`fit`).
-
-Architectures: GPT-2 blocks and LLaMA blocks (RMSNorm, SwiGLU, no biases,
-grouped-query attention), with presets of both families (the open models
-practitioners fine-tune among them) and a reader for Hugging Face config.json
-files (`hf`).
-
-Fine-tuning: under the `hf` step, `lora_rank` freezes the model and trains
-peft's LoRA adapters on `lora_targets` (`lora`): weights stay, gradients and
-optimizer state shrink to the adapters', and the activations change by what
-autograd no longer keeps (frozen layers' inputs) and what the adapters add
-(their low-rank outputs, `lora_dropout`'s copies and masks); `qlora` stores the
-blocks' linear weights in bitsandbytes' 4-bit NF4, `dora` adds DoRA's magnitudes,
-`modules_to_save` trains whole modules beside the adapters (`recipes`).
-
-Modules: config (BudgetConfig, presets), counts (parameters, FLOPs, fixed
-memory), kept (Saved, Activations), activations (the rule, transformer and
-engine activation models),
-real_step (a real PyTorch or transformers step: what it keeps, its peak's
-moment), recipes (fine-tuning recipes as rewriters of that step: lora, dora, qlora,
-trained_modules), torch_step (that step measured in PyTorch; optional, imported on
-use), measure (the tape's measured bytes), sharding (ZeRO, collectives), devices (device figures),
-fit (fits, largest micro-batch, step time), hf (config.json), total (the
-Budget and its sweeps), report (units, text), cli (`python -m engine.budget`).
+What the budget assumes is said where it is modelled, in each module's own
+docstring: the FLOPs and fixed memory in counts.py, what is resident when in
+total.py, the activation models in activations.py and real_step.py, each recipe in
+its module, ZeRO in sharding.py, the fit and step time in fit.py. The steps measured
+on a GPU are in engine/budget/measured/.
 """
 from __future__ import annotations
 
@@ -119,8 +74,6 @@ from .devices import Device, DEVICES, THIS_MACHINE, device_figures, find_device,
 from .sharding import SHARDED, per_device_fixed, communication
 from .fit import DeviceFit, largest_micro_batch
 from .hf import read_hf_config, config_from_hf
-from .measure import (MEASURE_MAX_ACTIVATION_BYTES, MEASURE_MAX_FLOPS, MEASURE_MAX_WEIGHT_BYTES,
-                      measurable, measure)
 from .total import (Budget, budget, crossover_batch, batch_sweep, recompute_tradeoff)
 from .report import (human_bytes, human_flops, describe, describe_breakdown, human_count,
                      human_device_memory, human_seconds)
@@ -140,9 +93,7 @@ __all__ = ['KNOBS', 'Knob', 'OPTIMIZER_IMPLS', 'OUTPUTS', 'BACKENDS', 'knob', 's
            'transformer_layer_ops', 'ATTENTION_CORE', 'transformer_outside_ops',
            'korthikanti_layer_bytes', 'Activations', 'activations', 'INDEX_BYTES',
            'engine_block_saved', 'engine_outside_saved', 'engine_saved_tensors',
-           'engine_activations', 'MEASURE_MAX_ACTIVATION_BYTES', 'MEASURE_MAX_FLOPS',
-           'MEASURE_MAX_WEIGHT_BYTES',
-           'measurable', 'measure', 'Budget', 'budget', 'crossover_batch', 'batch_sweep',
+           'engine_activations', 'Budget', 'budget', 'crossover_batch', 'batch_sweep',
            'recompute_tradeoff', 'human_bytes', 'human_flops', 'describe', 'human_count',
            'config_from_args', 'main', 'ARCHITECTURES', 'GRAD_PRECISIONS', 'ZERO_STAGES',
            'llama_layer_ops', 'layer_ops', 'Device', 'DEVICES', 'THIS_MACHINE', 'find_device',

@@ -1,5 +1,23 @@
-"""The activation models: the 34sbh+5as^2b rule, the transformer op list, this
-engine, and (in `real_step`) a real PyTorch or Hugging Face training step."""
+"""The activation models: what one micro-batch's forward keeps for its backward.
+
+Five models, the `activation_model` knob:
+  "rule"        the source texts' rule of thumb: k saved tensors of B x N x d
+                per layer. k=4 gives the 7B example's 17 GB, k=16 the
+                24-layer example's 12.9 GB.
+  "transformer" a per-op count for a GPT block (`transformer_layer_ops`, and
+                `llama_layer_ops` for LLaMA blocks) that agrees with Korthikanti
+                et al. 2022, "Reducing Activation Recomputation in Large
+                Transformer Models": per layer s*b*h*(34 + 5*a*s/h) bytes at
+                16-bit with dropout, 34*s*b*h with selective recompute, 2*s*b*h
+                with full recompute.
+  "engine"      exactly what our tape engine saves for its reference GPT
+                (`engine.nn.GPT`), tensor by tensor; `engine.memory` measures
+                the same number (`engine.budget.lab.measure`).
+  "pytorch"     a real PyTorch step (a plain GPT as nanoGPT writes it) and
+  "hf"          a Hugging Face transformers step (GPT-2, LLaMA-shaped families):
+                what their code keeps, op by op (`real_step`), as the moments of
+                the whole step (`framework_step`).
+"""
 from __future__ import annotations
 
 import math

@@ -12,7 +12,7 @@ from .config import BudgetConfig, BudgetError, PRESET_NAMES, REAL_STEP_MODELS, p
 from .devices import DEVICES, this_machine
 from .hf import LLAMA_SHAPED, config_and_sources, read_hf_config
 from .hub import hub_config
-from .knobs import DEFAULT, KNOBS, SWITCH, Knob, shown_on
+from .knobs import KNOBS, SWITCH, Knob, shown_on
 from .total import budget
 from .report import describe, describe_breakdown
 
@@ -250,11 +250,11 @@ def _describe_sources(path, sources: dict) -> str:
 
 
 def measured_beside_predicted(cfg: BudgetConfig) -> dict:
-    """Run the step in PyTorch (see engine.budget.torch_step) and predict the
+    """Run the step in PyTorch (see engine.budget.lab.torch_step) and predict the
     very step that ran, on the device it ran on."""
     from .counts import fixed_bytes
     from .framework_step import real_step_activations
-    from .torch_step import measure_step
+    from .lab.torch_step import measure_step
     print("measuring: building the model in PyTorch and running two training steps ...",
           file=sys.stderr, flush=True)
     m = measure_step(cfg)

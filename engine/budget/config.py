@@ -1,4 +1,11 @@
-"""Settings of a budget: BudgetConfig, the presets, the byte sizes of each precision."""
+"""Settings of a budget: BudgetConfig, the presets, the byte sizes of each precision.
+
+Architectures: GPT-2 blocks and LLaMA-shaped blocks (RMSNorm, SwiGLU, grouped-query
+attention; biases, Qwen 3's q/k norms and Gemma's traits as settings), with presets
+of both families (the open models practitioners fine-tune among them); `hf` reads
+the same settings from a Hugging Face config.json. A configuration is validated
+against the knob table (`knobs`) and the compatibility table (`compat`).
+"""
 from __future__ import annotations
 
 import numbers
@@ -8,9 +15,10 @@ from . import compat
 from . import frameworks
 from .devices import DEVICES, NO_DEVICE, find_device
 from .linears import targeted
-from .knobs import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, BACKENDS, DEFAULT,
-                    GRAD_PRECISIONS, KNOBS, OPTIMIZER_IMPLS, OPTIMIZERS, OUTPUTS, PRECISIONS,
-                    REAL_STEP_MODELS, RECOMPUTE, SWITCH, ZERO_STAGES, default, problems)
+# The choices of the knob table, re-exported here for the front module and the models.
+from .knobs import (ACTIVATION_MODELS, ARCHITECTURES, ATTENTIONS, GRAD_PRECISIONS, KNOBS,
+                    OPTIMIZERS, PRECISIONS, REAL_STEP_MODELS, RECOMPUTE, ZERO_STAGES, default,
+                    problems)
 
 # Bytes per element of the activations and of the parameter copy the model
 # computes with. 16-bit policies keep an fp32 master copy for the optimizer.

@@ -1,4 +1,20 @@
-"""Parameters, FLOPs and the fixed memory (weights, gradients, optimizer state) of a step."""
+"""Parameters, FLOPs and the fixed memory (weights, gradients, optimizer state) of a step.
+
+FLOPs. A matmul with a (K, M) weight costs 2*K*M FLOPs per token (a multiply-add
+is two), so the forward pass costs 2 FLOPs per weight per token, plus the attention
+term that has no weights: Q @ K^T and P @ V each cost 2*N*d per token and layer (the
+full N x N score matrix, as our engine computes it). The backward pass runs two
+matmuls for every forward one (dX = dY W^T and dW = X^T dY), so it costs 2x the
+forward. Recompute adds forward work inside the backward: a whole forward with full
+recompute, the attention core with selective recompute.
+
+Fixed memory, set by the parameter count P: weights, fp32 master weights (only with
+16-bit storage), gradients and the optimizer state (SGD none, momentum one fp32
+buffer, AdamW two; Adafactor's factored second moment and 8-bit AdamW's blockwise
+states are counted tensor by tensor in `optimizer_step`). Mixed-precision AdamW:
+2 + 2 + 4 + 4 + 4 = 16 bytes per parameter. The fine-tuning recipes rewrite these
+(`recipes`): under LoRA the frozen weights keep no gradient and no state.
+"""
 from __future__ import annotations
 
 from .config import BudgetConfig, BudgetError, GRAD_PRECISIONS, MASTER_BYTES, PRECISIONS, STATE_BYTES_PER_PARAMETER, STORAGE_BYTES

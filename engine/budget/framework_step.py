@@ -22,8 +22,6 @@ without it. The peak is the largest moment (`moments.peak`).
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from . import moments as M
 from . import optimizer_step as opt
 from . import recipes
@@ -32,7 +30,7 @@ from .counts import bytes_per_parameter, fixed_bytes
 from .gemma import layer_kinds
 from .kept import Activations, Saved
 from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
-                        kept_output_terms, log_probs_bytes, mask_bytes, outside_saved,
+                        kept_output_terms, log_probs_bytes, outside_saved,
                         sdpa_gets_mask, vocab_fp32_bytes)
 from .sharding import (gradients_in_flight, per_device_fixed, shard, shards_gradients,
                        shards_optimizer)

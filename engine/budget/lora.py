@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .kept import Saved
-from .linears import ALL_LINEAR, BLOCK_LINEARS, Linear, target_names, targeted, width
+from .linears import BLOCK_LINEARS, Linear, targeted, width
 from . import real_step
 from .recipes import Recipe, Rows
 from .weights_dtype import bf16_weights, frozen_weight_bytes
@@ -272,23 +272,3 @@ RECIPE = Recipe(
     autocast_cache=lambda cfg, _: autocast_cache_bytes(cfg),
     head_gradient=lambda cfg, _: 0,  # the head is frozen
     freezes_base=True)
-
-
-# --------------------------------------------------------------- peft's model
-def peft_model(model, cfg):
-    """`model` with `cfg`'s adapters, as peft's recipes build it: checkpointing
-    (when `cfg.recompute` is "full") with `enable_input_require_grads()` before
-    `get_peft_model`; DoRA (`use_dora`) and `modules_to_save` as `cfg` says."""
-    from peft import LoraConfig, get_peft_model
-    if input_requires_grad(cfg):
-        model.enable_input_require_grads()
-    # peft resolves all-linear itself: the step measured is peft's meaning of it
-    targets = (ALL_LINEAR if cfg.lora_targets.strip() == ALL_LINEAR
-               else list(target_names(cfg)))
-    config = LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank,
-                        target_modules=targets, lora_dropout=cfg.lora_dropout,
-                        fan_in_fan_out=cfg.architecture == "gpt2", bias="none",
-                        use_dora=cfg.dora, task_type="CAUSAL_LM",
-                        modules_to_save=[m.strip() for m in cfg.modules_to_save.split(",")
-                                         if m.strip()] or None)
-    return get_peft_model(model, config)

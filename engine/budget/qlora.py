@@ -84,22 +84,3 @@ def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) 
 
 RECIPE = Recipe("qlora", lambda cfg: bool(cfg.lora_rank and cfg.qlora), rows=rows,
                 fixed=fixed)
-
-
-def quantized(model):
-    """`model` loaded back with its linear layers in bitsandbytes' 4-bit NF4, as
-    QLoRA's recipes load it (`BitsAndBytesConfig(load_in_4bit=True,
-    bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)`)."""
-    import tempfile
-
-    import torch
-    from transformers import BitsAndBytesConfig
-    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                           bnb_4bit_compute_dtype=torch.bfloat16)
-    with tempfile.TemporaryDirectory() as folder:
-        model.save_pretrained(folder)
-        return type(model).from_pretrained(
-            folder, quantization_config=q, device_map="cpu",
-            attn_implementation=model.config._attn_implementation)
-
-

@@ -4,7 +4,7 @@ writes it) and Hugging Face transformers (GPT-2 and LLaMA), op by op.
 The textbook formula counts the tensors a block *needs* for its backward. A
 real step holds what its code *keeps*, and that differs in four ways this
 module writes down, each confirmed against PyTorch's saved-tensor hooks and
-allocator (`engine.budget.torch_step` measures the same step):
+allocator (`engine.budget.lab.torch_step` measures the same step):
 
 1. Every op saves what its own VJP reads, so code written as many small ops
    keeps many tensors: transformers' GPT-2 GELU (`0.5*x*(1+tanh(...))`) keeps
@@ -266,7 +266,7 @@ def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
                        FP32 if fp32_normed else hidden_bytes(cfg))]
         copies = readers if cfg.autocast and not bf16_weights(cfg) else 1
         return items + [Saved(what, "input (the norm's output)" if copies == 1
-                              else f"input, one 16-bit copy per matmul", copies * n * h, lo)]
+                              else "input, one 16-bit copy per matmul", copies * n * h, lo)]
     items = norm("1", 3, "q/k/v matmuls")
     if getattr(cfg, "qk_norm", False):
         items += _qk_norms(cfg)

@@ -1,4 +1,9 @@
-"""Human-readable output: byte, FLOP and count units, the budget as text."""
+"""Human-readable output: byte, FLOP and count units, the budget as text.
+
+Sizes are printed in decimal units (1 MB = 10^6 bytes, 1 GB = 10^9 bytes), FLOPs
+in G (10^9) and T (10^12), as the source texts do; a device's memory also in GiB
+when it is a whole number of them, as its data sheet quotes it.
+"""
 from __future__ import annotations
 
 from decimal import Decimal

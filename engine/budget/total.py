@@ -1,4 +1,32 @@
-"""The whole budget of a training step, and the sweeps built on it."""
+"""The whole budget of a training step, and the sweeps built on it.
+
+Three kinds of bytes live through a step: the fixed memory (`counts`: weights,
+master weights, gradients, optimizer state), the activations (every tensor the
+backward will read, kept from the op that made it until that op's VJP runs:
+`activations`), and working buffers. The textbook models (rule, transformer,
+engine) leave the working buffers out; a real framework's step counts the ones its
+loop and its optimizer allocate (`framework_step`, `optimizer_step`).
+
+In the textbook models, what is resident when:
+  1. before the forward: weights, master weights, optimizer state, and the
+     gradient buffer (allocated once and accumulated into across the K
+     micro-batches, then consumed by the optimizer);
+  2. during the forward the saved activations pile up; they are all alive
+     when the loss is computed;
+  3. the backward walks the tape in reverse and frees each op's saved
+     tensors as its VJP runs, while parameter gradients are summed into the
+     gradient buffer; with recompute, the head and loss are freed first,
+     then one block's (or one attention core's) insides are rebuilt and
+     live for a moment on top of what the blocks kept;
+  4. the optimizer reads the gradients and updates weights and state.
+So the peak is reached at the end of the forward (without recompute) or while
+the last block is rebuilt (with it): the fixed memory plus the activation peak
+(`kept.Activations`), and accumulating K micro-batches adds tokens per step but
+not memory. A real step follows its own moments (`moments`, `framework_step`):
+its gradients appear during the first backward, its optimizer state in the first
+`step()`, and a later micro-batch's forward runs beside the gradients of the
+earlier ones.
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace

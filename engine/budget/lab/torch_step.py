@@ -34,9 +34,10 @@ import os
 import tempfile
 from dataclasses import dataclass
 
-from .config import BudgetConfig, BudgetError
-from .real_step import output_outlives_backward, outputs_kept
-from .optimizer_step import ADAFACTOR_TRAINER_ARGS, MOMENTUM, TORCH_SWITCHES
+from ..config import BudgetConfig, BudgetError
+from ..real_step import output_outlives_backward, outputs_kept
+from ..optimizer_step import ADAFACTOR_TRAINER_ARGS, MOMENTUM, TORCH_SWITCHES
+from .recipe_models import peft_model, quantized
 
 # A CPU measurement runs the step for real: keep it to seconds.
 CPU_MAX_LAYERS = 4
@@ -143,8 +144,6 @@ def _hf_model(cfg: BudgetConfig):
         model.to(torch.bfloat16)
     if cfg.qlora and model.device.type != "meta":  # quantized as transformers loads it
         from peft import prepare_model_for_kbit_training
-
-        from .qlora import quantized
         model = prepare_model_for_kbit_training(
             quantized(model), use_gradient_checkpointing=cfg.recompute == "full",
             gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -155,7 +154,6 @@ def _hf_model(cfg: BudgetConfig):
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if cfg.lora_rank:  # peft's adapters over the frozen model
-        from .lora import peft_model
         model = peft_model(model, cfg)
     return model
 
@@ -252,7 +250,7 @@ def _same_shape_as_predicted(run: BudgetConfig) -> int:
     sit on."""
     import torch
 
-    from .counts import parameter_count
+    from ..counts import parameter_count
     with torch.device("meta"):
         model = _build(run)
     built = sum(p.numel() for name, p in model.named_parameters()
@@ -265,7 +263,7 @@ def _same_shape_as_predicted(run: BudgetConfig) -> int:
             f"{'tied' if run.tied_embedding else 'untied'} head, head_dim={run.head_dim}, "
             f"qkv_bias={getattr(run, 'qkv_bias', False)}): it would measure another model than "
             f"it predicts, so nothing was run. Measure without these settings, or report "
-            f"the shape as a bug of engine/budget/torch_step.py.")
+            f"the shape as a bug of engine/budget/lab/torch_step.py.")
     return sum(b.numel() * b.element_size() for b in model.buffers())
 
 
@@ -293,15 +291,15 @@ def available_memory(device: str) -> tuple[int | None, str]:
 
 def step_bytes(run: BudgetConfig, device: str) -> dict:
     """The budget's prediction of the step `measure_step` runs, by part."""
-    from .counts import fixed_bytes
-    from .framework_step import real_step_activations
+    from ..counts import fixed_bytes
+    from ..framework_step import real_step_activations
     return {**fixed_bytes(run), "activations": real_step_activations(run, device=device).peak}
 
 
 def _fits(run: BudgetConfig, device: str, buffers: int) -> None:
     """BudgetError, naming the settings and the fix, when the step's predicted bytes
     (with MEMORY_HEADROOM) exceed what `device` has available."""
-    from .report import human_bytes
+    from ..report import human_bytes
     parts = step_bytes(run, device)
     need = int((sum(parts.values()) + buffers) * (1 + MEMORY_HEADROOM))
     have, where = available_memory(device)

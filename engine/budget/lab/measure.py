@@ -4,12 +4,12 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 
-from ..tensor import TapeObserver
-from .config import BudgetConfig, BudgetError
-from .counts import flops, parameter_count
-from .activations import engine_activations
-from .total import budget
-from .report import human_bytes, human_flops
+from ...tensor import TapeObserver
+from ..config import BudgetConfig, BudgetError
+from ..counts import flops, parameter_count
+from ..activations import engine_activations
+from ..total import budget
+from ..report import human_bytes, human_flops
 
 
 MEASURE_MAX_ACTIVATION_BYTES = 1_500_000_000
@@ -75,11 +75,11 @@ def _tape_step(run: BudgetConfig, seed: int, observers=()):
     (and any other observers): (model, loss, the memory record)."""
     import numpy as np
 
-    from .. import memory
-    from ..recompute import checkpointed, selective_recompute
-    from ..gpt_config import GPTConfig, init_params
-    from ..nn import GPT
-    from ..tensor import observe
+    from ... import memory
+    from ...recompute import checkpointed, selective_recompute
+    from ...gpt_config import GPTConfig, init_params
+    from ...nn import GPT
+    from ...tensor import observe
 
     gcfg = GPTConfig(vocab_size=run.vocab_size, block_size=run.positions,
                      n_layer=run.n_layer, n_head=run.n_head, n_embd=run.d_model)
