@@ -251,9 +251,9 @@ def put_back(start: B.BudgetConfig, changes: dict) -> list[str]:
             break
         for field, rule in refused.items():
             changes[field] = KNOBS[field].default
-            notes.append(f"{field.replace('_', ' ')} set back to "
-                         f"{cfg_value(replace(cfg, **{field: changes[field]}), field)} "
-                         f"for you: {rule.why(cfg)}.")
+            said = cfg_value(replace(cfg, **{field: changes[field]}), field) or "empty"
+            notes.append(f"{field.replace('_', ' ')} set back to {said} for you: "
+                         f"{rule.why(cfg)}.")
     return notes
 
 
