@@ -87,6 +87,14 @@ def test_dora_is_greyed_with_lora_rank_0_and_by_qlora_each_with_its_own_reason(b
     assert "qlora" not in qlora["idle"] and "lora_targets" not in qlora["idle"]
 
 
+def test_the_zero_engine_is_greyed_until_gradients_are_sharded(base):
+    _, one = get_json(f"{base}/api/budget?preset=llama3.2-1b&devices=8&zero=1")
+    assert one["idle"]["zero_engine"] == ("only ZeRO stages 2 and 3 over several devices "
+                                          "shard the gradients")
+    _, sharded = get_json(f"{base}/api/budget?preset=llama3.2-1b&devices=8&zero=2")
+    assert "zero_engine" not in sharded["idle"]
+
+
 def test_a_refused_value_the_visitor_set_is_put_back_saying_so(base):
     """DoRA and QLoRA left on when the rank goes back to 0: both set back to off, as the
     widget does, and the answer says so; the link keeps neither."""
