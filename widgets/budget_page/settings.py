@@ -6,7 +6,10 @@ from it; every knob the table shows on the page
 (`engine.budget.knobs.shown_on("page")`) may appear, read by its kind and checked by
 its own bounds (`Knob.problem`, `BudgetConfig.validate`), so a knob added to the table
 is a setting of the page with its help and its limits. A value that is not allowed
-raises BudgetError naming the knob and the fix, before any work.
+raises BudgetError naming the knob and the fix, before any work; one the visitor set
+that the other settings grey out and refuse is put back, saying so (`put_back`), and
+each answer names the knobs greyed out with the compatibility table's reasons
+(`idle_reasons`).
 """
 from __future__ import annotations
 

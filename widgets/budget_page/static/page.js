@@ -28,6 +28,10 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+function describedBy(k) {  // why it is greyed out (while it is), then its help
+  return 'why-' + k.field + ' help-' + k.field;
+}
+
 function whyLine(k) {  // filled while the knob is greyed out
   return el('p', {class: 'why', id: 'why-' + k.field, hidden: ''});
 }
@@ -42,7 +46,7 @@ function helpLine(k) {
 
 function buttonRow(k) {
   const choices = k.kind === 'bool' ? ['on', 'off'] : k.choices;
-  const box = el('fieldset', {id: k.field, 'aria-describedby': 'why-' + k.field + ' help-' + k.field});
+  const box = el('fieldset', {id: k.field, 'aria-describedby': describedBy(k)});
   const row = el('div', {class: 'row'});
   for (const c of choices) {
     const input = el('input', {type: 'radio', name: k.field, value: c});
@@ -63,8 +67,7 @@ function control(k) {
     wrap.append(buttonRow(k));
   } else if (k.kind === 'choice') {
     // An empty choice until the first answer: a change made before it sends no device.
-    const select = el('select', {id: k.field, name: k.field,
-                                 'aria-describedby': 'why-' + k.field + ' help-' + k.field},
+    const select = el('select', {id: k.field, name: k.field, 'aria-describedby': describedBy(k)},
                       el('option', {value: '', hidden: ''}, ''),
                       ...k.choices.map(c => el('option', {value: c}, c)));
     wrap.append(el('label', {for: k.field}, k.label), select, whyLine(k), helpLine(k));
@@ -72,8 +75,8 @@ function control(k) {
     const suggested = (k.suggestions || []).length ? 'list-' + k.field : null;
     const input = el('input', {type: 'text', id: k.field, name: k.field,
                                inputmode: k.kind === 'str' || k.units ? 'text' : 'decimal',
-                               'aria-describedby': 'why-' + k.field + ' help-' + k.field,
-                               spellcheck: 'false', list: suggested});
+                               'aria-describedby': describedBy(k), spellcheck: 'false',
+                               list: suggested});
     input.addEventListener('keydown', e => {
       if (e.key === 'Enter') { e.preventDefault(); commit(); }
     });
