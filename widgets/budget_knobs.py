@@ -37,6 +37,8 @@ LABELS = {
     "devices": "data-parallel devices", "zero": "ZeRO stage", "device_memory": "memory (bytes)",
     "device_flops": "FLOP/s", "mfu": "MFU", "headroom": "headroom (bytes)",
     "lora_rank": "LoRA rank r", "lora_targets": "LoRA targets", "lora_dropout": "LoRA dropout",
+    "qlora": "QLoRA (4-bit base)", "dora": "DoRA", "modules_to_save": "trained modules",
+    "zero_engine": "ZeRO engine",
 }
 # The tab each group of the table goes to; a group not listed gets a tab of its own.
 TABS = {"model": "model", "batch": "training", "policy": "training",

@@ -289,6 +289,10 @@ RULES = (
          refuses=False),
     # what has no device does nothing
     Rule("zero", lambda c: c.devices == 1, "one device: nothing to shard", refuses=False),
+    # whose ZeRO holds the gradients matters only where gradients are sharded
+    Rule("zero_engine", lambda c: c.devices == 1 or c.zero < 2,
+         "only ZeRO stages 2 and 3 over several devices shard the gradients",
+         refuses=False),
     Rule("mfu", lambda c: c.device == "none" and not c.device_flops,
          "no device chosen: no step time to estimate", refuses=False),
 )

@@ -221,14 +221,14 @@ KNOBS = {k.field: k for k in (
        zero_means="no dropout"),
     _k("qlora", "--qlora", bool, False, "the frozen model's linear layers in bitsandbytes' "
        "4-bit NF4 under the adapters (QLoRA: blocks of 64 weights, an fp32 absmax each)",
-       "policy", fronts=CLI_ONLY),
+       "policy"),
     # recipes built on LoRA's adapters (engine.budget.dora, engine.budget.trained_modules)
     _k("dora", "--dora", bool, False, "peft's DoRA (use_dora=True): each adapted layer "
        "also trains a magnitude per output column and rescales its output by it "
-       "(default: off, plain LoRA)", "policy", fronts=CLI_ONLY),
+       "(default: off, plain LoRA)", "policy"),
     _k("modules_to_save", "--modules-to-save", str, "", "peft's modules_to_save: a comma "
        "list of modules outside the blocks trained in full beside the adapters (lm_head, "
-       "embed_tokens; GPT-2: wte); default: none", "policy", fronts=CLI_ONLY),
+       "embed_tokens; GPT-2: wte); default: none", "policy"),
     # what the practitioner's loop does beyond the model
     _k("outputs", "--outputs", str, DEFAULT, "what the loop does with the model's output "
        "(the logits): kept until the next forward returns, freed as the forward returns "
@@ -253,7 +253,7 @@ KNOBS = {k.field: k for k in (
        "the gradients in a pytorch or hf step: deepspeed (reduced in buckets of "
        "reduce_bucket_size, 5e8 elements, DeepSpeed's defaults) or fsdp (each block's "
        "gradients reduce-scattered as its backward ends)", "parallel",
-       choices=ZERO_ENGINES, fronts=CLI_ONLY),
+       choices=ZERO_ENGINES),
     # the device
     _k("device", "--device", str, "none", "the accelerator to check against (a full or "
        "short name in any case: h200, mi300x, rtx-3090)", "device"),

@@ -10,14 +10,14 @@ them to each answer it sends, its own 400 and 503 included).
                          panels, 400 naming the knob and its fix, 503 when busy
                          (`hf_model=owner/name`: a Hub model's config.json, fetched
                          on a worker thread, once per model)
-    GET /assumptions     what the budget assumes (engine.budget's own text)
+    GET /assumptions?... what the answer for the settings assumes: the docstrings of
+                         the modules that model its step (budget_page.assumptions)
 
 Every route but the budget's is async: it runs on the event loop, so a crowd waiting
 for the worker threads that compute budgets never delays the page itself.
 """
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from engine import budget as B
 
-from . import answers, settings
+from . import answers, assumptions, settings
 
 STATIC = Path(__file__).with_name("static")
 _KINDS = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
@@ -84,7 +84,7 @@ async def budget_route(request: Request) -> Response:
     try:
         if "hf_model" in params:  # the network, at most once per model: off the event loop
             await run_in_threadpool(settings.hub_model, params["hf_model"])
-        cfg, query = settings.config_from_params(params)
+        cfg, query, notes = settings.settings_of(params)
         panels = answers.cached(cfg) or await _compute(cfg)
     except B.BudgetError as exc:
         message = str(exc)
@@ -95,6 +95,7 @@ async def budget_route(request: Request) -> Response:
                              "with other visitors' settings; try again in a moment."},
                             status_code=503, headers={"Retry-After": "1"})
     return JSONResponse({"ok": True, "query": query, "values": settings.control_values(cfg),
+                         "idle": settings.idle_reasons(cfg), "notes": notes,
                          "panels": panels})
 
 
@@ -106,12 +107,12 @@ async def knobs_route(request: Request) -> Response:
 
 
 async def assumptions_route(request: Request) -> Response:
-    return HTMLResponse(
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        "<title>Assumptions of the training-step budget</title></head><body><main>"
-        "<h1>What the budget assumes</h1><p><a href='./'>back to the calculator</a></p>"
-        f"<pre style='white-space:pre-wrap;max-width:90ch'>{html.escape(B.__doc__ or '')}"
-        "</pre></main></body></html>")
+    params = dict(request.query_params)
+    try:  # a Hub model's config.json may be fetched: off the event loop
+        cfg, query = await run_in_threadpool(settings.config_from_params, params)
+        return HTMLResponse(assumptions.assumptions_html(cfg, query))
+    except B.BudgetError as exc:
+        return HTMLResponse(assumptions.assumptions_html(None, refused=str(exc)))
 
 
 def create_app(allowed_hosts, preset: str = settings.DEFAULT_PRESET):

@@ -6,7 +6,10 @@ from it; every knob the table shows on the page
 (`engine.budget.knobs.shown_on("page")`) may appear, read by its kind and checked by
 its own bounds (`Knob.problem`, `BudgetConfig.validate`), so a knob added to the table
 is a setting of the page with its help and its limits. A value that is not allowed
-raises BudgetError naming the knob and the fix, before any work.
+raises BudgetError naming the knob and the fix, before any work; one the visitor set
+that the other settings grey out and refuse is put back, saying so (`put_back`), and
+each answer names the knobs greyed out with the compatibility table's reasons
+(`idle_reasons`).
 """
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ from dataclasses import replace
 from urllib.parse import urlencode
 
 from engine import budget as B
+from engine.budget import compat
 from engine.budget import devices as D
 from engine.budget.cli import flop_rate, memory_size
 from engine.budget.hf import config_from_hf
 from engine.budget.hub import hub_config
 from engine.budget.knobs import KNOBS, REAL_STEP_MODELS, Knob, shown_on
+from engine.budget.linears import ALL_LINEAR
 
 DEFAULT_PRESET = "gpt2-small"
 # The knob the budget defaults to when a preset does not choose one.
@@ -49,6 +54,8 @@ CUSTOM_DEVICE = "custom"
 PASTED = "the pasted config.json"
 _BY_UNIT = {"device_memory": memory_size, "device_flops": flop_rate, "headroom": memory_size}
 _SWITCH = {"on": True, "off": False, "true": True, "false": False}
+# Values a text box offers as you type (a datalist); any other value may be typed.
+SUGGESTIONS = {"lora_targets": (ALL_LINEAR,)}
 
 
 def page_knobs() -> dict[str, Knob]:
@@ -83,7 +90,8 @@ def describe_knobs() -> list[dict]:
         out.append({"field": k.field, "label": k.field.replace("_", " "), "help": k.help,
                     "group": k.group, "kind": kind, "choices": [str(c) for c in choices],
                     "choice_help": choice_help(k), "low": k.low, "high": k.high,
-                    "zero_means": k.zero_means, "units": k.field in _BY_UNIT})
+                    "zero_means": k.zero_means, "units": k.field in _BY_UNIT,
+                    "suggestions": list(SUGGESTIONS.get(k.field, ()))})
     return out
 
 
@@ -196,6 +204,13 @@ def config_from_params(params: dict) -> tuple[B.BudgetConfig, str]:
     """The configuration of a query's parameters (a dict of strings), and the
     normalised query that reproduces it: the model and the knobs that differ from
     the model's start."""
+    cfg, query, _ = settings_of(params)
+    return cfg, query
+
+
+def settings_of(params: dict) -> tuple[B.BudgetConfig, str, list[str]]:
+    """`config_from_params`, and a sentence for each value put back to its knob's
+    default (`put_back`)."""
     knobs = page_knobs()
     unknown = sorted(set(params) - set(knobs) - set(MODEL_PARAMS))
     if unknown:
@@ -213,12 +228,43 @@ def config_from_params(params: dict) -> tuple[B.BudgetConfig, str]:
         except B.BudgetError:  # the page's defaults do not suit this file: all is said
             start = None
         length = {"seq_len": start.seq_len} if start else {}
+        notes = put_back(start, changes) if start else []
         cfg = config_from_hf(data, source, **{**PAGE_DEFAULTS, **length, **changes})
         start = start or B.BudgetConfig()
     else:
+        notes = put_back(start, changes)
         cfg = replace(start, **changes).validate()
     differ = {f: cfg_value(cfg, f) for f in knobs if getattr(cfg, f) != getattr(start, f)}
-    return cfg, urlencode({**model_query, **differ})
+    return cfg, urlencode({**model_query, **differ}), notes
+
+
+def put_back(start: B.BudgetConfig, changes: dict) -> list[str]:
+    """As the widget does: a page knob the visitor set away from the model's start that
+    the other settings grey out and refuse (DoRA left on when the LoRA rank goes back to
+    0), or that the page chose (attention 'flash' when the engine's GPT is asked for),
+    goes back to its default in `changes`; one sentence each says so. What the model
+    itself brings is never put back: a conflict with it is refused by name."""
+    knobs, notes = page_knobs(), []
+    for _ in range(len(knobs)):  # each pass puts back at least one knob, or ends
+        cfg = replace(start, **changes)
+        refused = {f: rule for f, rule in compat.idle_knobs(cfg).items()
+                   if f in knobs and rule.refuses and not rule.accepts(cfg)
+                   and (f in PAGE_DEFAULTS or getattr(cfg, f) != getattr(start, f))}
+        if not refused:
+            break
+        for field, rule in refused.items():
+            changes[field] = KNOBS[field].default
+            said = cfg_value(replace(cfg, **{field: changes[field]}), field) or "empty"
+            notes.append(f"{field.replace('_', ' ')} set back to {said} for you: "
+                         f"{rule.why(cfg)}.")
+    return notes
+
+
+def idle_reasons(cfg: B.BudgetConfig) -> dict[str, str]:
+    """The page's knobs that do nothing in `cfg`, each with why: the budget's
+    compatibility table (`engine.budget.compat.idle_knobs`), read, not copied."""
+    knobs = page_knobs()
+    return {f: rule.why(cfg) for f, rule in compat.idle_knobs(cfg).items() if f in knobs}
 
 
 def cfg_value(cfg: B.BudgetConfig, field: str) -> str:

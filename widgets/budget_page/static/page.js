@@ -3,7 +3,9 @@
 // answer: on an error the old numbers are removed and the message offers the
 // controls it names; each change is a step in the browser's history (Back undoes it).
 // Never a lost keystroke: an answer leaves alone the control that has the focus and
-// every control edited after its request left.
+// every control edited after its request left. A knob that does nothing with the
+// answered settings is greyed out with the reason the budget's compatibility table
+// gives (the answer's `idle`); a value the server put back is said (its `notes`).
 'use strict';
 const form = document.getElementById('knobs');
 const controls = document.getElementById('controls');
@@ -26,6 +28,14 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+function describedBy(k) {  // why it is greyed out (while it is), then its help
+  return 'why-' + k.field + ' help-' + k.field;
+}
+
+function whyLine(k) {  // filled while the knob is greyed out
+  return el('p', {class: 'why', id: 'why-' + k.field, hidden: ''});
+}
+
 function helpLine(k) {
   const zero = k.zero_means ? ' (0: ' + k.zero_means + ')' : '';
   const units = k.units ? ' Units allowed: 80GB, 24GiB, 312T.' : '';
@@ -36,14 +46,14 @@ function helpLine(k) {
 
 function buttonRow(k) {
   const choices = k.kind === 'bool' ? ['on', 'off'] : k.choices;
-  const box = el('fieldset', {id: k.field, 'aria-describedby': 'help-' + k.field});
+  const box = el('fieldset', {id: k.field, 'aria-describedby': describedBy(k)});
   const row = el('div', {class: 'row'});
   for (const c of choices) {
     const input = el('input', {type: 'radio', name: k.field, value: c});
     row.append(el('label', {class: 'choice', title: k.choice_help[c] || null},
                   input, el('span', {}, c)));
   }
-  box.append(el('legend', {}, k.label), row, helpLine(k));
+  box.append(el('legend', {}, k.label), row, whyLine(k), helpLine(k));
   if (Object.keys(k.choice_help).length) {
     box.append(el('ul', {class: 'choice-help'}, ...choices.map(
       c => el('li', {'data-choice': c}, c + ': ' + k.choice_help[c]))));
@@ -57,18 +67,22 @@ function control(k) {
     wrap.append(buttonRow(k));
   } else if (k.kind === 'choice') {
     // An empty choice until the first answer: a change made before it sends no device.
-    const select = el('select', {id: k.field, name: k.field, 'aria-describedby': 'help-' + k.field},
+    const select = el('select', {id: k.field, name: k.field, 'aria-describedby': describedBy(k)},
                       el('option', {value: '', hidden: ''}, ''),
                       ...k.choices.map(c => el('option', {value: c}, c)));
-    wrap.append(el('label', {for: k.field}, k.label), select, helpLine(k));
+    wrap.append(el('label', {for: k.field}, k.label), select, whyLine(k), helpLine(k));
   } else {
+    const suggested = (k.suggestions || []).length ? 'list-' + k.field : null;
     const input = el('input', {type: 'text', id: k.field, name: k.field,
                                inputmode: k.kind === 'str' || k.units ? 'text' : 'decimal',
-                               'aria-describedby': 'help-' + k.field, spellcheck: 'false'});
+                               'aria-describedby': describedBy(k), spellcheck: 'false',
+                               list: suggested});
     input.addEventListener('keydown', e => {
       if (e.key === 'Enter') { e.preventDefault(); commit(); }
     });
-    wrap.append(el('label', {for: k.field}, k.label), input, helpLine(k));
+    wrap.append(el('label', {for: k.field}, k.label), input, whyLine(k), helpLine(k));
+    if (suggested) wrap.append(el('datalist', {id: suggested},
+                                  ...k.suggestions.map(v => el('option', {value: v}))));
   }
   return wrap;
 }
@@ -133,6 +147,26 @@ function setModel(params) {
   } else if (params.has('preset')) form.elements.preset.value = params.get('preset');
 }
 
+function greyOut(idle) {  // knob -> reason, from the budget's compatibility table
+  for (const k of meta.knobs) setIdle(k.field, idle[k.field]);
+}
+
+function setIdle(field, reason) {  // reason undefined: the knob is enabled
+  const wrap = form.querySelector(`[data-field="${field}"]`);
+  if (!wrap) return;
+  wrap.classList.toggle('idle', reason !== undefined);
+  wrap.querySelectorAll('input, select').forEach(i => { i.disabled = reason !== undefined; });
+  const why = document.getElementById('why-' + field);
+  why.textContent = reason === undefined ? '' : 'Greyed out: ' + reason + '.';
+  why.hidden = reason === undefined;
+}
+
+function say(notes) {  // the values the server put back, and why
+  const box = document.getElementById('notes');
+  box.replaceChildren(...notes.map(n => el('p', {}, n)));
+  box.hidden = !notes.length;
+}
+
 function withdraw() {  // the old numbers go: never shown beside an error
   for (const id of PANELS) document.getElementById(id).replaceChildren();
   answer.hidden = true;
@@ -153,6 +187,8 @@ function fail(text, query, options) {
   withdraw();
   message.replaceChildren(el('p', {}, text));
   const named = (options.knobs || []).filter(f => document.getElementById(f) || form.elements[f]);
+  say([]);
+  named.forEach(f => setIdle(f, undefined));  // a message never names a greyed-out control
   if (named.length) {
     const labels = Object.fromEntries(meta.knobs.map(k => [k.field, k.label]));
     message.append(el('p', {}, 'Change: ', ...named.map(f => {
@@ -208,7 +244,11 @@ async function show(query, {push = true, again = false} = {}) {
   // with the focus, nor one edited since this request left.
   const focused = focusedField();
   setControls(data.values, f => f === focused || (editedAt[f] || 0) > sentEdits);
-  document.getElementById('verdict').textContent = data.panels.verdict;
+  greyOut(data.idle || {});
+  say(data.notes || []);
+  document.getElementById('assumptions').href = 'assumptions?' + data.query;
+  document.getElementById('verdict').textContent =
+    [data.panels.verdict, ...(data.notes || [])].join(' ');
   shownQuery = data.query;
   history.replaceState(null, '', '?' + data.query);
   if (edits === sentEdits) committed = values().toString();
