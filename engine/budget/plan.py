@@ -231,7 +231,8 @@ def _assumptions(cfg, memory, rate, bandwidth, tokens, sequences) -> tuple[str, 
         f"tokens (micro-batch x accumulation) on each of {cfg.devices} device(s)",
         f"step time = FLOPs per device (forward, backward, recompute) / ({cfg.devices} "
         f"device(s) each at {human_flops(rate)}/s x MFU {cfg.mfu:g}) + bytes sent per device / "
-        f"{human_bytes(bandwidth)}/s (--link-bandwidth, not overlapped: an upper bound)",
+        f"{human_bytes(bandwidth)}/s (link_bandwidth; not overlapped with the compute: an "
+        f"upper bound)",
         "the MFU is the same at every micro-batch: each combination lists its largest "
         "micro-batch that fits (a smaller one only repeats ZeRO 2 and 3's collectives)",
         f"fits: the larger of step 1's and later steps' peaks + headroom "
