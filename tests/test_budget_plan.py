@@ -134,3 +134,16 @@ def test_cli_plan_json_is_the_list_of_rows(capsys):
 def test_cli_plan_errors_name_the_flag(capsys):
     code, _, err = _cli(capsys, "--tokens-per-step", "1000")
     assert code == 2 and "--tokens-per-step 1,000" in err
+
+
+def test_a_huge_step_is_split_within_the_knobs_bounds():
+    # 2^30 sequences a device: only splits with B and K at most MAX_BATCH are tried
+    from engine.budget.knobs import MAX_BATCH
+    small = preset("tiny").with_(device="h100", seq_len=16)
+    huge = plan(small, tokens_per_step=2 ** 34)
+    assert huge.rows and huge.sequences_per_device == 2 ** 30
+    for row in huge.rows:
+        assert row.config.micro_batch <= MAX_BATCH and row.config.accumulation <= MAX_BATCH
+        assert row.config.micro_batch * row.config.accumulation == 2 ** 30
+    with pytest.raises(BudgetError, match="more than micro-batch x accumulation can reach"):
+        plan(small.with_(seq_len=4), tokens_per_step=2 ** 44)

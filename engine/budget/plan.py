@@ -24,6 +24,7 @@ What a row's step time assumes (stated in `Plan.assumptions`):
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, replace
 
 from . import compat
@@ -31,7 +32,8 @@ from .config import BudgetConfig, BudgetError
 from .counts import fixed_bytes, flops
 from .devices import device_figures, find_device
 from .fit import largest_fitting, step_peak, without_adapters
-from .knobs import ATTENTIONS, KNOBS, LINK_BANDWIDTH, PLAN_KNOBS, RECOMPUTE, ZERO_STAGES
+from .knobs import (ATTENTIONS, KNOBS, LINK_BANDWIDTH, MAX_BATCH, PLAN_KNOBS, RECOMPUTE,
+                    ZERO_STAGES)
 from .report import human_bytes, human_flops
 from .sharding import communication
 
@@ -144,7 +146,21 @@ def _sequences_per_device(cfg: BudgetConfig, tokens_per_step: int) -> int:
             f"tokens_per_step={tokens_per_step:,} is not a whole number of sequences of "
             f"{cfg.seq_len:,} tokens on each of {cfg.devices} device(s); use a multiple of "
             f"{per:,}, e.g. {fewer:,} or {fewer + per:,}.")
-    return tokens_per_step // per
+    sequences = tokens_per_step // per
+    if not _splits(sequences):
+        raise BudgetError(
+            f"tokens_per_step={tokens_per_step:,} needs {sequences:,} sequences per device, "
+            f"more than micro-batch x accumulation can reach ({MAX_BATCH:,} each); use at "
+            f"most {MAX_BATCH * MAX_BATCH * per:,}.")
+    return sequences
+
+
+def _splits(sequences: int) -> list[int]:
+    """The micro-batches B that divide `sequences` with B and K = sequences / B both
+    within the knobs' bound (MAX_BATCH), ascending: at most 2 x sqrt(sequences) tries."""
+    small = [b for b in range(1, math.isqrt(sequences) + 1) if sequences % b == 0]
+    every = sorted({*small, *(sequences // b for b in small)})
+    return [b for b in every if b <= MAX_BATCH and sequences // b <= MAX_BATCH]
 
 
 def _combinations(recipe: BudgetConfig, refused: collections.Counter):
@@ -170,7 +186,7 @@ def _combinations(recipe: BudgetConfig, refused: collections.Counter):
 
 def _fastest_fitting(recipe, changes, sequences, usable, rate, bandwidth, refused):
     """The largest micro-batch dividing `sequences` that fits, as a row (None: none)."""
-    splits = [b for b in range(1, sequences + 1) if sequences % b == 0]
+    splits = _splits(sequences)
 
     def setting(i):
         return recipe.with_(**changes, micro_batch=splits[i],
