@@ -26,6 +26,7 @@ Models: what a step costs
   weights_dtype.py     a model loaded in bf16: its weights as 16-bit leaves
   optimizer_step.py    what the optimizer's step and the end of the backward allocate
   framework_step.py    a real framework's step as moments: model, loop and optimizer
+  recipe.py            what a fine-tuning recipe is: its rewriters, the rows they rewrite
   recipes.py           the fine-tuning recipes' registry: rewriters of the base rows
   lora.py              LoRA's adapters over the frozen model
   dora.py              DoRA's magnitudes over LoRA's adapters
@@ -33,6 +34,7 @@ Models: what a step costs
   trained_modules.py   peft's modules_to_save: whole modules trained beside the adapters
   sharding.py          data parallelism with ZeRO 0-3: what a device holds, what it sends
   fit.py               whether a step fits a device; largest batch, fewest devices, time
+  plan.py              the settings that fit a device, fastest first (`--plan`)
   total.py             the whole budget of a step (`Budget`, `budget`) and its sweeps
   report.py            units, and the budget as text
   cli.py               the command line (`python -m engine.budget --help`)

@@ -12,7 +12,8 @@ from .config import BudgetConfig, BudgetError, PRESET_NAMES, REAL_STEP_MODELS, p
 from .devices import DEVICES, this_machine
 from .hf import LLAMA_SHAPED, config_and_sources, read_hf_config
 from .hub import hub_config
-from .knobs import KNOBS, SWITCH, Knob, shown_on
+from .knobs import KNOBS, PLAN_KNOBS, SWITCH, Knob, shown_on
+from .plan import describe_plan, plan
 from .total import budget
 from .report import describe, describe_breakdown
 
@@ -73,7 +74,8 @@ def finite_number(text: str) -> float:
 
 
 # How the command line reads each kind of knob (the knob table says which exist).
-_PARSE = {"device_memory": memory_size, "device_flops": flop_rate, "headroom": memory_size}
+_PARSE = {"device_memory": memory_size, "device_flops": flop_rate, "headroom": memory_size,
+          "link_bandwidth": memory_size}
 _KIND_PARSE = {int: whole_number, float: finite_number, str: str}
 
 
@@ -138,7 +140,14 @@ def _parser() -> argparse.ArgumentParser:
                     "PyTorch (pytorch and hf models; needs torch, and transformers for hf) "
                     "and print measured beside predicted: on CUDA at the given shape, on "
                     "the CPU at a scaled-down one")
-    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--plan", action="store_true", help="list the settings that fit the "
+                    "device, fastest first (micro-batch x accumulation, recompute, attention, "
+                    "ZeRO stage, LoRA or full fine-tuning), each with its step time and peak "
+                    "(engine.budget.plan; needs --device)")
+    for k in PLAN_KNOBS.values():
+        _add_knob(ap, k)
+    ap.add_argument("--json", action="store_true", help="machine-readable output (with "
+                    "--plan: the plan's rows as a list)")
     return ap
 
 
@@ -206,7 +215,7 @@ def _with_flags(message: str) -> str:
     """Say `--batch 0` where the library says `micro_batch=0`."""
     for phrase, flags in _PHRASES.items():
         message = message.replace(phrase, flags)
-    for k in shown_on("cli"):
+    for k in (*shown_on("cli"), *PLAN_KNOBS.values()):
         if k.field in ("device", "tied_embedding"):
             continue
         message = re.sub(rf"(?<![\w-]){k.field}[= ]", f"{k.flag} ", message)
@@ -222,11 +231,15 @@ def main(argv=None) -> int:
             raise BudgetError(f"--measure torch runs a PyTorch step, so it needs --activations "
                               f"pytorch or hf, not {b.config.activation_model}.")
         comparison = measured_beside_predicted(b.config) if args.measure else None
+        planned = _plan_from_args(cfg, args) if args.plan else None
     except BudgetError as exc:
         print(f"error: {_with_flags(str(exc))}", file=sys.stderr)
         return 2
     try:
-        if args.json:
+        if planned is not None:
+            print(json.dumps(planned.as_list(), indent=1) if args.json
+                  else describe_plan(planned, cfg, _plan_values(args)))
+        elif args.json:
             out = b.as_dict()
             out["config_sources"] = {knob: str(where) for knob, where in sources.items()}
             if comparison:
@@ -239,6 +252,19 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `... | head` closed the pipe early: not an error of ours
         sys.stderr.close()
     return 0
+
+
+def _plan_values(args: argparse.Namespace) -> dict:
+    """The plan's knobs the flags set (None: not given)."""
+    values = {k.field: getattr(args, k.field) for k in PLAN_KNOBS.values()}
+    return {f: (v == "on" if isinstance(v, str) else v) for f, v in values.items()}
+
+
+def _plan_from_args(cfg: BudgetConfig, args: argparse.Namespace):
+    given = {f: v for f, v in _plan_values(args).items() if v is not None}
+    return plan(cfg, tokens_per_step=given.get("tokens_per_step", 0),
+                link_bandwidth=given.get("link_bandwidth", PLAN_KNOBS["link_bandwidth"].default),
+                full_fine_tuning=given.get("plan_full_fine_tuning", True))
 
 
 def _describe_sources(path, sources: dict) -> str:

@@ -41,7 +41,7 @@ from __future__ import annotations
 from .kept import Saved
 from .linears import targeted, width
 from .lora import input_requires_grad, needs_no_gradient
-from .recipes import Recipe, Rows
+from .recipe import Recipe, Rows
 from .weights_dtype import bf16_weights
 
 FP32 = 4

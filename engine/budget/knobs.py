@@ -289,3 +289,21 @@ def problems(values: dict) -> list[str]:
 def shown_on(front: str) -> list[Knob]:
     """The knobs a front end shows, in the table's order."""
     return [k for k in KNOBS.values() if front in k.fronts]
+
+
+# The plan's questions (engine.budget.plan): not settings of one step, so not fields
+# of BudgetConfig; the command line shows them beside the plan's flag.
+LINK_BANDWIDTH = 100 * 10 ** 9
+PLAN_KNOBS = {k.field: k for k in (
+    _k("tokens_per_step", "--tokens-per-step", int, 0, "tokens each optimizer step sees, "
+       "all devices together (default: the setting's own, batch x seq x accum x devices)",
+       "plan", low=1, high=MAX_COUNT * MAX_BATCH, zero_means="the setting's own",
+       fronts=CLI_ONLY),
+    _k("link_bandwidth", "--link-bandwidth", int, LINK_BANDWIDTH, "bytes per second "
+       "each device sends in the collectives of ZeRO and data parallelism (default "
+       "100 GB/s, a stated allowance between PCIe 4 (about 25) and H100 NVLink (about "
+       "450)); the plan adds this time to the compute", "plan", low=1,
+       high=MAX_DEVICE_MEMORY, fronts=CLI_ONLY),
+    _k("plan_full_fine_tuning", "--plan-full-fine-tuning", bool, True, "under LoRA, the "
+       "plan also lists full fine-tuning (default: on)", "plan", fronts=CLI_ONLY),
+)}

@@ -46,7 +46,7 @@ from dataclasses import replace
 from .kept import Saved
 from .linears import BLOCK_LINEARS, Linear, targeted, width
 from . import real_step
-from .recipes import Recipe, Rows
+from .recipe import Recipe, Rows
 from .weights_dtype import bf16_weights, frozen_weight_bytes
 
 FP32 = 4

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .linears import BLOCK_LINEARS, width
-from .recipes import Recipe, Rows
+from .recipe import Recipe, Rows
 from .weights_dtype import frozen_weight_bytes
 
 FP32 = 4

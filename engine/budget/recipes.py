@@ -3,7 +3,7 @@
 The base model's step is a full fine-tune: every parameter trained, every op keeping
 what its backward reads (`real_step`). A recipe practitioners copy from peft or
 bitsandbytes (LoRA, QLoRA, DoRA, trained copies of whole modules) changes that step
-in a few fixed ways, and a `Recipe` says each in its own module:
+in a few fixed ways, and a `Recipe` (`recipe`) says each in its own module:
 
   rows            which of the base model's saved entries stay, and what the recipe
                   adds (blocks, the first block, the entries outside the blocks)
@@ -21,61 +21,15 @@ frozen weights). The step's code (`framework_step`, `optimizer_step`, `counts`,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from functools import cache
-from typing import Callable
 
-from .kept import Saved
-
-
-@dataclass(frozen=True)
-class Rows:
-    """What the forward keeps, as a recipe rewrites it: one block's entries (every block
-    but the first), the first block's, the entries outside the blocks, and under
-    checkpointing what each checkpoint keeps (None without checkpointing)."""
-    block: list[Saved]
-    first: list[Saved]
-    outside: list[Saved]
-    checkpointed: list[Saved] | None = None
-
-    def blocks(self, n_layer: int) -> list[Saved]:
-        """Every block's entries: the checkpoints' under checkpointing, else the first
-        block's `first` and the other L - 1 `block`'s."""
-        if self.checkpointed is not None:
-            return list(self.checkpointed)
-        if n_layer == 1:
-            return [replace(x, count=1) for x in self.first]
-        if self.block == self.first:
-            return [replace(x, count=n_layer) for x in self.block]
-        return ([replace(x, count=n_layer - 1) for x in self.block]
-                + [replace(x, op=f"{x.op} (first block)", count=1) for x in self.first])
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """One fine-tuning recipe. Each rewriter is optional (None: the recipe leaves that
-    part as it found it)."""
-    name: str
-    applies: Callable[[object], bool]
-    # (cfg, the base model's rows, the rows so far, device) -> rows
-    rows: Callable | None = None
-    # (cfg, the trained tensors so far, make(name, numel, decays)) -> tensors
-    tensors: Callable | None = None
-    # (cfg, fixed bytes so far, bytes per trained parameter, parameter count, trained
-    #  count) -> fixed bytes
-    fixed: Callable | None = None
-    # (cfg, bytes so far) -> bytes
-    autocast_cache: Callable | None = None
-    # (cfg, elements so far) -> elements
-    head_gradient: Callable | None = None
-    freezes_base: bool = False   # the base model's own parameters get no gradient
+from . import dora, lora, qlora, trained_modules
+from .recipe import Recipe, Rows  # noqa: F401  (the recipes' record, read here)
 
 
 @cache
 def registry() -> tuple[Recipe, ...]:
-    """Every recipe, in the order they apply (imported on first use: each recipe's
-    module imports `Recipe` from here)."""
-    from . import dora, lora, qlora, trained_modules
+    """Every recipe, in the order they apply."""
     return (lora.RECIPE, dora.RECIPE, qlora.RECIPE, trained_modules.RECIPE)
 
 

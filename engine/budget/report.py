@@ -76,6 +76,37 @@ def _trainable(c) -> list[str]:
             f"{','.join(target_names(c))}, the model's own parameters frozen ({said})"]
 
 
+def describe_fixed(b: Budget) -> list[str]:
+    """The memory section's head and its fixed buffers, each with its bytes per parameter."""
+    c = b.config
+    lines = []
+    bpp = training_bytes(c, bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
+                                                c.real_16bit))
+    sharded = c.devices > 1 and c.zero > 0
+    lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices"
+                              + (f"; gradients as {engine_name(c)}"
+                                 if b.real_step and shards_gradients(c) else "") + ")"
+                              if c.devices > 1 else
+                              f" (ZeRO stage {c.zero} shards nothing on one device: set the "
+                              f"number of data-parallel devices)" if c.zero else "")]
+    frozen = recipes.freezes_base(c)
+    per = "param" if not frozen else "trainable param"
+    for k, v in b.fixed_per_device.items():
+        note = f"({bpp[k]} bytes/{'param' if k == 'weights' else per}"
+        if k == "weights" and bf16_weights(c) and frozen:  # peft's adapters in fp32
+            note = f"(2 bytes/frozen param, {bpp[k]} bytes/trainable param"
+        if k == "weights" and c.qlora:
+            note = (f"({per_parameter(fixed_bytes_per_parameter_by_buffer(c)[k])} bytes/param: "
+                    f"the blocks' linear weights in 4 bits with an fp32 absmax per 64")
+        if sharded and v != b.fixed[k]:
+            note += f"; 1/{c.devices} of {human_bytes(b.fixed[k])}"
+        lines.append(f"  {k:<22}{human_bytes(v):>12}   {note})")
+    lines.append(f"  {'fixed total':<22}{human_bytes(b.fixed_total):>12}   "
+                 + (f"(of {human_bytes(sum(b.fixed.values()))} for the whole model, " if sharded
+                    else "(") + describe_per_parameter(c) + ")")
+    return lines
+
+
 def describe(b: Budget) -> str:
     """The human-readable report the command line prints."""
     c = b.config
@@ -115,30 +146,7 @@ def describe(b: Budget) -> str:
         row = [b.flops[w][k] for w in ("per_token", "per_micro_batch", "per_step")]
         lines.append(f"  {k:<10}" + "".join(f"{human_flops(v):>{w}}"
                                             for v, w in zip(row, (14, 18, 16))))
-    bpp = training_bytes(c, bytes_per_parameter(c.precision, c.optimizer, c.grad_precision,
-                                                c.real_16bit))
-    sharded = c.devices > 1 and c.zero > 0
-    lines += ["", "memory" + (f" of one device (ZeRO stage {c.zero} over {c.devices} devices"
-                              + (f"; gradients as {engine_name(c)}"
-                                 if b.real_step and shards_gradients(c) else "") + ")"
-                              if c.devices > 1 else
-                              f" (ZeRO stage {c.zero} shards nothing on one device: set the "
-                              f"number of data-parallel devices)" if c.zero else "")]
-    frozen = recipes.freezes_base(c)
-    per = "param" if not frozen else "trainable param"
-    for k, v in b.fixed_per_device.items():
-        note = f"({bpp[k]} bytes/{'param' if k == 'weights' else per}"
-        if k == "weights" and bf16_weights(c) and frozen:  # peft's adapters in fp32
-            note = f"(2 bytes/frozen param, {bpp[k]} bytes/trainable param"
-        if k == "weights" and c.qlora:
-            note = (f"({per_parameter(fixed_bytes_per_parameter_by_buffer(c)[k])} bytes/param: "
-                    f"the blocks' linear weights in 4 bits with an fp32 absmax per 64")
-        if sharded and v != b.fixed[k]:
-            note += f"; 1/{c.devices} of {human_bytes(b.fixed[k])}"
-        lines.append(f"  {k:<22}{human_bytes(v):>12}   {note})")
-    lines.append(f"  {'fixed total':<22}{human_bytes(b.fixed_total):>12}   "
-                 + (f"(of {human_bytes(sum(b.fixed.values()))} for the whole model, " if sharded
-                    else "(") + describe_per_parameter(c) + ")")
+    lines += describe_fixed(b)
     lines.append(f"  {'one B x N x d tensor':<22}{human_bytes(b.one_tensor_bytes):>12}")
     lines.append(f"  {'activations (saved)':<22}{human_bytes(b.activations.saved):>12}")
     if b.activations.transient and not b.real_step:

@@ -22,7 +22,7 @@ Modelled for untied heads (a tied head's copy would untie it: refused in `compat
 from __future__ import annotations
 
 from .linears import OUTSIDE_MODULES, trained_modules
-from .recipes import Recipe, Rows
+from .recipe import Recipe, Rows
 
 
 def _head(cfg) -> bool:

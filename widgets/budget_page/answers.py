@@ -8,6 +8,7 @@ links that differ only in how they spell the same settings share one answer.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 import re
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from engine import budget as B
 from engine.budget.devices import NO_DEVICE
+from engine.budget.plan import plan
 
 CACHE_SIZE = 256
 MAX_DRAWINGS = 2            # one per core: more would only queue inside matplotlib
@@ -122,3 +124,41 @@ def plain_text(fragment: str) -> str:
     """An HTML fragment's words, for the screen reader's announcement."""
     words = re.sub(r"<[^>]+>", "", re.sub(r"</?div[^>]*>", " ", fragment))
     return html.unescape(re.sub(r"\s+", " ", words)).strip()
+
+
+# ------------------------------------------------------------------------- the plan
+PLAN_COLUMNS = ("#", "micro-batch x accum.", "recompute", "attention", "ZeRO",
+                "tuning", "step", "peak", "why slower than the row above")
+
+
+@functools.lru_cache(maxsize=64)
+def plan_html(cfg: B.BudgetConfig) -> str:
+    """engine.budget.plan's table for `cfg`, at the tokens per step its settings give
+    (micro-batch x sequence x accumulation x devices), with what the step time assumes
+    and what the compatibility table refused. BudgetError where no device is chosen."""
+    found = plan(cfg)
+    head = "".join(f"<th scope='col'{' class=num' if c in ('step', 'peak') else ''}>"
+                   f"{c}</th>" for c in PLAN_COLUMNS)
+    rows = []
+    for i, r in enumerate(found.rows, 1):
+        s = r.settings()
+        cells = (f"<td class='num'>{i}</td><td>{s['micro_batch']} x {s['accumulation']}</td>"
+                 f"<td>{s['recompute']}</td><td>{s['attention']}</td><td>{s['zero']}</td>"
+                 f"<td>{html.escape(s['fine_tuning'])}</td>"
+                 f"<td class='num'>{r.step_seconds:.3g} s</td>"
+                 f"<td class='num'>{B.human_bytes(r.peak)}</td>"
+                 f"<td class='why'>{html.escape(r.why)}</td>")
+        rows.append(f"<tr>{cells}</tr>")
+    table = (f"<table class='plan-table'><thead><tr>{head}</tr></thead>"
+             f"<tbody>{''.join(rows)}</tbody></table>" if rows else
+             "<p class='plan-none'>No setting fits: more devices, a shorter sequence, LoRA "
+             "or a larger card would.</p>")
+    refused = "".join(f"<li>{n} setting(s): {html.escape(why)}</li>" for why, n in found.refused)
+    assumptions = "".join(f"<li>{html.escape(a)}</li>" for a in found.assumptions)
+    return (f"<p class='plan-count'>{len(found.rows)} setting(s) fit, fastest first.</p>"
+            f"<div class='plan-scroll' tabindex='0' role='region' aria-label='the plan, "
+            f"fastest first'>{table}</div>"
+            f"<p class='budget-hint'>The step time assumes:</p><ul class='budget-why'>"
+            f"{assumptions}</ul>"
+            + (f"<p class='budget-hint'>Refused by the compatibility table, never listed:"
+               f"</p><ul class='budget-why'>{refused}</ul>" if refused else ""))

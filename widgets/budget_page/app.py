@@ -1,4 +1,4 @@
-"""The page's web application (Starlette): four routes, the Host allow-list, and the
+"""The page's web application (Starlette): five routes, the Host allow-list, and the
 security headers every response carries (the server gives them to uvicorn, which adds
 them to each answer it sends, its own 400 and 503 included).
 
@@ -10,6 +10,8 @@ them to each answer it sends, its own 400 and 503 included).
                          panels, 400 naming the knob and its fix, 503 when busy
                          (`hf_model=owner/name`: a Hub model's config.json, fetched
                          on a worker thread, once per model)
+    GET /api/plan?...    the plan for the same settings: the ones that fit, fastest
+                         first (engine.budget.plan), or 400 naming the fix
     GET /assumptions?... what the answer for the settings assumes: the docstrings of
                          the modules that model its step (budget_page.assumptions)
 
@@ -99,6 +101,23 @@ async def budget_route(request: Request) -> Response:
                          "panels": panels})
 
 
+async def plan_route(request: Request) -> Response:
+    """engine.budget.plan's table for the same settings as api/budget (computed on a
+    worker thread only when the visitor opens the plan)."""
+    if _cross_site(request):
+        return JSONResponse({"ok": False, "error": "This calculator answers its own page "
+                             "only; open it at its address."}, status_code=403)
+    params = dict(request.query_params)
+    try:
+        if "hf_model" in params:
+            await run_in_threadpool(settings.hub_model, params["hf_model"])
+        cfg, _ = settings.config_from_params(params)
+        table = await run_in_threadpool(answers.plan_html, cfg)
+    except B.BudgetError as exc:
+        return JSONResponse({"ok": False, "error": str(exc)}, status_code=400)
+    return JSONResponse({"ok": True, "plan": table})
+
+
 async def knobs_route(request: Request) -> Response:
     return JSONResponse({"knobs": settings.describe_knobs(), "presets": B.PRESET_NAMES,
                          "default_preset": request.app.state.preset,
@@ -132,6 +151,7 @@ def create_app(allowed_hosts, preset: str = settings.DEFAULT_PRESET):
     app = Starlette(routes=[
         Route("/", page_route), Route("/static/{name}", static_route),
         Route("/api/knobs", knobs_route), Route("/api/budget", budget_route),
+        Route("/api/plan", plan_route),
         Route("/assumptions", assumptions_route)],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))])
     app.state.preset = preset

@@ -8,8 +8,8 @@ visitor) with:
     response (`timeout_keep_alive`), so a connection that sends nothing, or a request
     head byte by byte, is closed after HEAD_SECONDS by the small protocol class below,
     which also gives uvicorn's own 400 (a malformed request) the security headers. It
-    extends uvicorn's HTTP/1.1 protocol, which is not a public interface: pyproject's
-    extra `page` bounds uvicorn to the versions it is tested with;
+    extends uvicorn's HTTP/1.1 protocol, which is not a public interface: a uvicorn
+    newer than NEWEST_TESTED_UVICORN is named in a warning when this module loads;
   * bounded request heads (h11's `max_incomplete_event_size`);
   * SIGTERM and Ctrl-C: uvicorn's graceful stop, then exit status 0.
 The socket is bound here, before uvicorn starts, so a fault names its cause: the
@@ -33,6 +33,13 @@ import uvicorn
 
 from . import answers, settings
 from .app import SECURITY_HEADERS, create_app
+
+# The newest uvicorn the page's tests passed with (its protocol class is extended below).
+NEWEST_TESTED_UVICORN = (0, 55)
+if tuple(int(p) for p in uvicorn.__version__.split(".")[:2] if p.isdigit()) > NEWEST_TESTED_UVICORN:
+    import warnings
+    warnings.warn(f"uvicorn {uvicorn.__version__} is newer than the page was tested with "
+                  f"(0.55): if the page misbehaves, install 'uvicorn<0.56'.", stacklevel=1)
 
 HEAD_SECONDS = 5            # to send a request's head, from connecting or the last answer
 MAX_CONNECTIONS = 1000      # connections and requests in flight (uvicorn: 503 beyond)

@@ -19,6 +19,7 @@ const CONFIG = '(pasted config.json)', HUB = '(Hub model)';
 const KEPT_FOR_OWN_MODEL = ['seq_len'];  // a model of your own keeps the page's length
 let meta = null, asked = 0, shownQuery = '', pasted = '';
 let edits = 0, committed = '';
+let plannedQuery = null, planAsked = 0;  // the query the plan shown answers
 const editedAt = {};  // a control's name -> the edit count when it was last edited
 
 function el(tag, attrs = {}, ...children) {
@@ -168,7 +169,8 @@ function say(notes) {  // the values the server put back, and why
 }
 
 function withdraw() {  // the old numbers go: never shown beside an error
-  for (const id of PANELS) document.getElementById(id).replaceChildren();
+  for (const id of [...PANELS, 'plan']) document.getElementById(id).replaceChildren();
+  plannedQuery = null;
   answer.hidden = true;
   document.getElementById('verdict').textContent = '';
 }
@@ -252,7 +254,28 @@ async function show(query, {push = true, again = false} = {}) {
   shownQuery = data.query;
   history.replaceState(null, '', '?' + data.query);
   if (edits === sentEdits) committed = values().toString();
+  showPlan();
 }
+
+// The plan (api/plan) is asked for only while its panel is open: it tries every
+// setting, which an answer need not wait for.
+const planPanel = document.getElementById('plan-panel');
+const planBox = document.getElementById('plan');
+async function showPlan() {
+  if (!planPanel.open || plannedQuery === shownQuery) return;
+  const mine = ++planAsked, query = shownQuery;
+  planBox.replaceChildren(el('p', {}, 'Trying every setting ...'));
+  try {
+    const data = await (await fetch('api/plan?' + query, {headers: {Accept: 'application/json'}})).json();
+    if (mine !== planAsked) return;
+    if (data.ok) planBox.innerHTML = data.plan;
+    else planBox.replaceChildren(el('p', {class: 'plan-error'}, data.error));
+    plannedQuery = query;
+  } catch (error) {
+    if (mine === planAsked) planBox.replaceChildren(el('p', {class: 'plan-error'}, 'The calculator did not answer (' + error.message + '); close and open the plan to retry.'));
+  }
+}
+planPanel.addEventListener('toggle', showPlan);
 
 function commit() {
   // Enter and then leaving the box both say "commit": one step in the history.

@@ -1,0 +1,51 @@
+"""What a fine-tuning recipe is: a `Recipe` of optional rewriters, and the `Rows` the
+forward keeps as they rewrite them (`recipes` holds the registry of every recipe)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from .kept import Saved
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What the forward keeps, as a recipe rewrites it: one block's entries (every block
+    but the first), the first block's, the entries outside the blocks, and under
+    checkpointing what each checkpoint keeps (None without checkpointing)."""
+    block: list[Saved]
+    first: list[Saved]
+    outside: list[Saved]
+    checkpointed: list[Saved] | None = None
+
+    def blocks(self, n_layer: int) -> list[Saved]:
+        """Every block's entries: the checkpoints' under checkpointing, else the first
+        block's `first` and the other L - 1 `block`'s."""
+        if self.checkpointed is not None:
+            return list(self.checkpointed)
+        if n_layer == 1:
+            return [replace(x, count=1) for x in self.first]
+        if self.block == self.first:
+            return [replace(x, count=n_layer) for x in self.block]
+        return ([replace(x, count=n_layer - 1) for x in self.block]
+                + [replace(x, op=f"{x.op} (first block)", count=1) for x in self.first])
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One fine-tuning recipe. Each rewriter is optional (None: the recipe leaves that
+    part as it found it)."""
+    name: str
+    applies: Callable[[object], bool]
+    # (cfg, the base model's rows, the rows so far, device) -> rows
+    rows: Callable | None = None
+    # (cfg, the trained tensors so far, make(name, numel, decays)) -> tensors
+    tensors: Callable | None = None
+    # (cfg, fixed bytes so far, bytes per trained parameter, parameter count, trained
+    #  count) -> fixed bytes
+    fixed: Callable | None = None
+    # (cfg, bytes so far) -> bytes
+    autocast_cache: Callable | None = None
+    # (cfg, elements so far) -> elements
+    head_gradient: Callable | None = None
+    freezes_base: bool = False   # the base model's own parameters get no gradient
