@@ -1024,7 +1024,7 @@ print(f"flash / standard, forward + backward: "
 # The tape engine has the other answer to the same row of the failure table: *selective
 # recompute* (`engine.recompute.selective_recompute`) keeps q, k, v and rebuilds only the
 # probabilities in the backward, block by block, the cheap-to-redo and large-to-keep part
-# that Korthikanti et al. single out; `engine.budget.measure` now measures it.
+# that Korthikanti et al. single out; `engine.budget.lab.measure` now measures it.
 
 # %% [markdown]
 # ## What you built, and what it costs
