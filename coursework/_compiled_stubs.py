@@ -50,7 +50,7 @@ def uncompile_stubs(functions, shell=None) -> None:
                 shell.user_ns[name] = fn.py_func
 
     previous = getattr(shell, "_after_each_cell_of_stubs", None)
-    if previous is not None:            # the lesson's first cell ran again: one hook, not two
+    if previous in shell.events.callbacks["post_run_cell"]:  # the first cell ran again: one hook
         shell.events.unregister("post_run_cell", previous)
     shell.events.register("post_run_cell", after_each_cell)
     shell._after_each_cell_of_stubs = after_each_cell

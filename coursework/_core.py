@@ -252,7 +252,7 @@ def name_unfinished_exercises(functions: dict[str, str], shell=None) -> None:
         shell.showtraceback((UnfinishedExercise, unfinished, tb))
 
     previous = getattr(shell, "_before_each_cell_of_exercises", None)
-    if previous is not None:        # the lesson's first cell ran again: one hook, not two
+    if previous in shell.events.callbacks["pre_run_cell"]:  # the first cell ran again: one hook
         shell.events.unregister("pre_run_cell", previous)
     shell.events.register("pre_run_cell", before_each_cell)
     shell._before_each_cell_of_exercises = before_each_cell

@@ -58,6 +58,8 @@ def shell():
             hook = getattr(shell, name, None)
             if hook in shell.events.callbacks[event]:
                 shell.events.unregister(event, hook)
+        if hasattr(shell, name):
+            delattr(shell, name)
 
 
 def test_a_cell_after_a_compiled_stub_says_which_exercise_in_one_line(shell, capsys):
