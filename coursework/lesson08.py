@@ -8,6 +8,9 @@
 Each check compares with the engine in float64 and recognises the typical
 wrong answers (a missing /K, stale gradients, a recompute under no_grad, a
 backward seeded with ones, the approximate peak formula) by their numbers.
+08.2 and 08.3 compare over generated cases beside the story's (08.2: seeded
+segments of one op or several, with and without parameters) and name a slip
+only when running it on the same input gives the learner's numbers.
 08.1 also runs the loop through the fused model's view (on the tape GPT, so
 nothing is compiled): a loop that reads more of a loss than the view offers
 (a Tensor sum of the losses, loss.data) is refused here, not in lesson 13.
@@ -16,12 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine import F, Tensor, memory, nn, no_grad
+from engine import F, Tensor, enable_grad, memory, nn, no_grad
 from engine.tensor import is_grad_enabled
 from engine.accumulation import accumulate_gradients, split_batch
 from engine.recompute import checkpoint_sequential
 from engine.gpt_config import GPTConfig, init_params
-from ._cases import Case, Slip, compare_over_cases, number_difference
+from ._cases import (Case, Slip, compare_over_cases, differing_digits, number_difference,
+                     raise_first_difference)
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
 from .slots import (SlotError, check_accumulate_through_view, checkpointed_gpt_mismatch,
@@ -190,31 +194,130 @@ def check_accumulate(accumulate) -> None:
 
 
 # ------------------------------------------------------------------ 08.2
-def _segment_case():
-    rng = np.random.default_rng(2)
-    w = Tensor(rng.normal(size=(4, 5)) / 2, requires_grad=True, name="w")
-    v = Tensor(rng.normal(size=(5, 4)) / 2, requires_grad=True, name="v")
+#: The segments 08.2 replays: how a message writes each, its parameters' shapes from
+#: (the input's width d, a hidden width h), and the segment as a function of them and x.
+_SEGMENT_FORMS = {
+    "tanh(gelu(x @ w) @ v) + x": (
+        {"w": lambda d, h: (d, h), "v": lambda d, h: (h, d)},
+        lambda p, x: F.tanh(F.gelu(x @ p["w"]) @ p["v"]) + x),
+    "x @ w": ({"w": lambda d, h: (d, h)}, lambda p, x: x @ p["w"]),
+    "gelu(x) * x": ({}, lambda p, x: F.gelu(x) * x),
+    "tanh(x @ w + b)": (
+        {"w": lambda d, h: (d, h), "b": lambda d, h: (h,)},
+        lambda p, x: F.tanh(x @ p["w"] + p["b"])),
+    "x + relu(layer_norm(x, a, c) @ w) @ v": (
+        {"a": lambda d, h: (d,), "c": lambda d, h: (d,), "w": lambda d, h: (d, h),
+         "v": lambda d, h: (h, d)},
+        lambda p, x: x + F.relu(F.layer_norm(x, p["a"], p["c"]) @ p["w"]) @ p["v"]),
+}
+
+
+def _segment_cases() -> list[Case]:
+    """The story's segment (3 rows of width 4, hidden width 5), then one generated segment
+    of each form at seeded random sizes: one op or several, with parameters that get
+    gradients (matrices, a bias, a layer norm's weights) and with none."""
+    story = Case(("tanh(gelu(x @ w) @ v) + x", 2, 3, 4, 5),
+                 "on the story's segment fn(x) = tanh(gelu(x @ w) @ v) + x, x of shape (3, 4)")
+    rng = np.random.default_rng(82)
+    generated = []
+    for i, form in enumerate(("x @ w", "gelu(x) * x", "tanh(x @ w + b)",
+                              "x + relu(layer_norm(x, a, c) @ w) @ v",
+                              "tanh(gelu(x @ w) @ v) + x"), start=1):
+        n, d, h = (int(v) for v in rng.integers(2, 7, 3))
+        generated.append(Case((form, 820 + i, n, d, h), f"on generated segment {i}, fn(x) = "
+                                                        f"{form}, x of shape ({n}, {d})"))
+    return [story] + generated
+
+
+def _segment(form: str, seed: int, n: int, d: int, h: int):
+    """A fresh segment of `form` (its parameters with no gradient yet), the saved input and
+    the gradient reaching its output, all drawn from `seed`."""
+    shapes, apply_form = _SEGMENT_FORMS[form]
+    rng = np.random.default_rng(seed)
+    params = {name: Tensor(rng.normal(size=shape(d, h)) / 2, requires_grad=True, name=name)
+              for name, shape in shapes.items()}
 
     def segment(x):
-        return F.tanh(F.gelu(x @ w) @ v) + x
+        return apply_form(params, x)
 
-    saved = rng.normal(size=(3, 4))
-    g = rng.normal(size=(3, 4))
-    return segment, (w, v), saved, g
+    saved = rng.normal(size=(n, d))
+    with no_grad():
+        out_shape = segment(Tensor(saved)).shape
+    return segment, params, saved, rng.normal(size=out_shape)
+
+
+def _replayed(replay, form, seed, n, d, h):
+    """What `replay` gives on the segment, called as the backward pass calls it (under
+    no_grad): the input gradient it returns and each parameter's gradient afterwards."""
+    segment, params, saved, g = _segment(form, seed, n, d, h)
+    with no_grad():
+        got = replay(segment, saved, g)
+    return _replay_answer(got, params)
+
+
+def _replay_answer(got, params):
+    got = got.data if isinstance(got, Tensor) else got
+    return (None if got is None else np.asarray(got),
+            tuple((name, None if p.grad is None else p.grad.copy())
+                  for name, p in params.items()))
+
+
+def _segment_gradients(form, seed, n, d, h):
+    """The reference: one plain backward through the segment, recording on."""
+    segment, params, saved, g = _segment(form, seed, n, d, h)
+    x = Tensor(saved, requires_grad=True)
+    segment(x).backward(g)
+    return _replay_answer(x.grad, params)
+
+
+def _same_gradients(got, want) -> bool:
+    (gx, gp), (wx, wp) = got, want
+    return (_close(gx, wx) and
+            all((g is None and w is None) or (g is not None and w is not None and _close(g, w))
+                for (_, g), (_, w) in zip(gp, wp)))
+
+
+def _entry_apart(got, want) -> str:
+    """The entry furthest from the segment's, both values to the digits that tell them
+    apart, and how many entries differ."""
+    err = np.abs(got - want)
+    k = np.unravel_index(int(np.argmax(np.where(np.isnan(err), np.inf, err))), got.shape)
+    yours, theirs = differing_digits(float(got[k]), float(want[k]), least=4)
+    n_off = int(np.count_nonzero(~np.isclose(got, want, rtol=1e-9, atol=1e-14)))
+    return (f"at {tuple(int(i) for i in k)} yours is {yours}, the segment's {theirs} "
+            f"({n_off} of {got.size} entries differ)")
+
+
+def _where_replay_differs(got, want, case: Case) -> str:
+    """The first gradient that differs from the segment's (the input's, then each
+    parameter's), and where, with no cause."""
+    (gx, gp), (wx, wp) = got, want
+    if not _close(gx, wx):
+        if gx.shape != wx.shape:
+            return (f"you returned an array of shape {gx.shape}; the input's gradient has the "
+                    f"input's shape {wx.shape}")
+        return f"the input gradient is off: {_entry_apart(gx, wx)}"
+    for (name, g), (_, w) in zip(gp, wp):
+        if g is None:
+            return (f"the parameter {name} got no gradient (its .grad is None), though fn "
+                    f"uses it: the backward through the recomputed segment is what fills it")
+        if not _close(g, w):
+            return f"the gradient of the parameter {name} is off: {_entry_apart(g, w)}"
+    return "the gradients differ"
 
 
 def _unrecorded_hint(recording: list, returned: list) -> str:
     """Why backward found nothing to walk, from whether recording was on while the
     segment ran and whether its outputs require grad."""
     if recording and all(recording) and all(o.requires_grad for o in returned):
-        return ("you ran fn with recording on (good), and its output requires grad, "
+        return ("You ran fn with recording on (good), and its output requires grad, "
                 "but what you called backward on does not: it was made from fn's "
                 "output after the `with engine.enable_grad():` block, where recording "
                 "is off again (a .sum(), a product), or cut from it (.detach(), a new "
                 "Tensor of its .data). The backward has to start at fn's own output, "
                 "carrying the gradient that reached the segment.")
     if recording and all(recording):
-        return ("you ran fn with recording on (good), yet its output does not require "
+        return ("You ran fn with recording on (good), yet its output does not require "
                 "grad, so nothing of the recompute was tracked: was the output detached, "
                 "or its .data wrapped in a new Tensor? Or is the input one the tape does "
                 "not track?")
@@ -223,9 +326,12 @@ def _unrecorded_hint(recording: list, returned: list) -> str:
             "must be on while fn runs again (engine.enable_grad() is the switch).")
 
 
-def _run_replay(checkpointed_backward, segment, saved, g):
-    """Call the learner's replay as the backward pass does (under no_grad), watching the
-    segment it recomputes; returns what it returned."""
+def _learner_replay(checkpointed_backward, case: Case):
+    """Run the learner's replay on the case's segment as the backward pass does (under
+    no_grad), watching the segment it recomputes. Errors the run itself shows (a backward
+    with nothing recorded, the saved input edited, nothing returned) end the check here;
+    otherwise returns the gradients, as `_replayed` does."""
+    segment, params, saved, g = _segment(*case.args)
     recording = []   # was recording on while the learner's code ran the segment?
     returned = []    # what the segment gave back, to tell a cut graph from an unrecorded op
 
@@ -234,85 +340,89 @@ def _run_replay(checkpointed_backward, segment, saved, g):
         returned.append(segment(x))
         return returned[-1]
 
+    probe = saved.copy()
     try:
         with no_grad():  # backward does not have to record; your recompute must
-            return attempt(EX_REPLAY, checkpointed_backward, watched_segment, saved, g)
+            got = attempt(EX_REPLAY, checkpointed_backward, watched_segment, probe, g)
     except RuntimeError as err:
         if "does not require grad" in str(err):
-            raise ExerciseError(EX_REPLAY, "the recomputed output does not require grad, so "
-                                "backward has nothing to walk. "
+            raise ExerciseError(EX_REPLAY, f"{case.label}: the recomputed output does not "
+                                f"require grad, so backward has nothing to walk. "
                                 + _unrecorded_hint(recording, returned)) from None
         raise
-
-
-def _check_input_gradient(got, want_x, ones_x, g) -> None:
-    """The returned input gradient; a backward seeded with ones, or grad_output handed
-    back unchanged, is named."""
+    if not np.array_equal(probe, saved):
+        raise ExerciseError(EX_REPLAY, "saved_input was changed by your function; the tape "
+                            "still owns it. Wrap it in a new Tensor instead of editing it.")
     if got is None:
         raise ExerciseError(EX_REPLAY, "you returned None: return the input's gradient, an "
                             "array. If None is an input Tensor's .grad, the backward never "
                             "filled it: the backward fills .grad only on Tensors it tracks.")
-    got = np.asarray(got)
-    if _close(got, ones_x) and not _close(got, want_x):
-        raise ExerciseError(EX_REPLAY, "you backpropagated a gradient of ones (as .sum() or "
-                            "backward() with no argument does), a fresh gradient, not the one "
-                            "that reached the segment.")
-    if _close(got, g) and not _close(got, want_x):
-        raise ExerciseError(EX_REPLAY, "you returned grad_output itself: the segment's input "
-                            "gradient needs the recompute and a backward through it.")
-    if not _close(got, want_x):
-        if got.shape != want_x.shape:
-            raise ExerciseError(EX_REPLAY, f"you returned an array of shape {got.shape}; the "
-                                f"input's gradient has the input's shape {want_x.shape}.")
-        k = np.unravel_index(int(np.argmax(np.abs(got - want_x))), got.shape)
-        raise ExerciseError(EX_REPLAY, f"the input gradient is wrong (at {tuple(map(int, k))} "
-                            f"yours is {got[k]:.4g}, the segment's {want_x[k]:.4g}), and it is "
-                            f"none of the usual slips (a gradient of ones, grad_output handed "
-                            f"back, a second backward). Check which Tensor's gradient you "
-                            f"return and which gradient you sent into the backward.")
+    return _replay_answer(got, params)
 
 
-def _check_parameter_gradients(expected) -> None:
-    """Each (parameter, its gradient) pair: filled by one backward through the recompute."""
-    for p, want in expected:
-        if p.grad is None:
-            raise ExerciseError(EX_REPLAY, f"the parameter {p.name} got no gradient: the "
-                                f"backward through the recomputed segment is what fills it.")
-        if _close(p.grad, 2 * want):
-            raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is twice what it should "
-                                f"be: run the recompute and its backward once.")
-        if not _close(p.grad, want):
-            raise ExerciseError(EX_REPLAY, f"the gradient of {p.name} is wrong; the one "
-                                f"backward through the recomputed output provides it.")
+# The usual wrong replays, each run on the same segment as the learner's to reproduce it.
+def _replay_seeded_with_ones(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    with enable_grad():
+        fn(x).sum().backward()
+    return x.grad
+
+
+def _replay_handing_back(fn, saved_input, grad_output):
+    return grad_output
+
+
+def _replay_twice(fn, saved_input, grad_output, zero_input_between=True):
+    x = Tensor(saved_input, requires_grad=True)
+    with enable_grad():
+        fn(x).backward(grad_output)
+        if zero_input_between:
+            x.zero_grad()
+        fn(x).backward(grad_output)
+    return x.grad
+
+
+def _replay_slips() -> list[Slip]:
+    """The usual wrong replays, each reproduced by running it on the case's segment."""
+    def reproduce(replay):
+        return lambda *args: _replayed(replay, *args)
+
+    twice = ("every parameter's gradient is exactly twice the segment's, as a second "
+             "recompute with its own backward gives: run the recompute and its backward once.")
+    return [
+        Slip(reproduce(_replay_seeded_with_ones),
+             "you backpropagated a gradient of ones (as .sum() or backward() with no "
+             "argument does), a fresh gradient, not the one that reached the segment."),
+        Slip(reproduce(_replay_handing_back),
+             "you returned grad_output itself: the segment's input gradient needs the "
+             "recompute and a backward through it."),
+        Slip(reproduce(_replay_twice), twice),
+        Slip(reproduce(lambda *a: _replay_twice(*a, zero_input_between=False)), twice),
+    ]
 
 
 def check_checkpointed_backward(checkpointed_backward) -> None:
-    """checkpointed_backward(fn, saved_input, grad_output) -> dL/d(input), with
-    the segment's parameters' gradients accumulated as a side effect."""
-    segment, (w, v), saved, g = _segment_case()
-    x = Tensor(saved, requires_grad=True)
-    segment(x).backward(g)
-    want_x, want_w, want_v = x.grad, w.grad.copy(), v.grad.copy()
-    ones_x = Tensor(saved, requires_grad=True)
-    w.zero_grad(), v.zero_grad()
-    segment(ones_x).backward(np.ones_like(g))
-    w.zero_grad(), v.zero_grad()
-
-    probe = saved.copy()
-    got = _run_replay(checkpointed_backward, segment, probe, g)
-    if not np.array_equal(probe, saved):
-        raise ExerciseError(EX_REPLAY, "saved_input was changed by your function; the tape "
-                            "still owns it. Wrap it in a new Tensor instead of editing it.")
-    _check_input_gradient(got.data if isinstance(got, Tensor) else got, want_x, ones_x.grad, g)
-    _check_parameter_gradients(((w, want_w), (v, want_v)))
+    """checkpointed_backward(fn, saved_input, grad_output) -> dL/d(input), with the
+    segment's parameters' gradients accumulated as a side effect: equal to one plain
+    backward through the segment, on the story's segment and generated ones."""
+    cases = _segment_cases()
+    answers = [_learner_replay(checkpointed_backward, case) for case in cases]
+    raise_first_difference(
+        EX_REPLAY, cases, answers, [_segment_gradients(*case.args) for case in cases],
+        slips=_replay_slips(), same=_same_gradients, difference=_where_replay_differs,
+        neutral_hint="It is none of the usual slips (a gradient of ones, grad_output handed "
+                     "back, a second backward). Check which Tensor's gradient you return and "
+                     "which gradient you sent into the backward.")
     # and in the engine: a checkpointed GPT that uses your replay
     name = checkpointed_gpt_mismatch(checkpointed_backward)
     if name is not None:
-        raise ExerciseError(EX_REPLAY, f"your function passes on one segment, but in a "
-                            f"checkpointed GPT the gradient of {name} differs from the "
+        raise ExerciseError(EX_REPLAY, f"your function passes on {len(cases)} segments, but "
+                            f"in a checkpointed GPT the gradient of {name} differs from the "
                             f"plain one. Does it depend on anything but its arguments?")
     save_piece("checkpoint_replay", checkpointed_backward, EX_REPLAY)
-    passed(EX_REPLAY, "A 2-block GPT checkpointed with your replay has the plain gradients.")
+    passed(EX_REPLAY, f"{len(cases)} segments (the lesson's and {len(cases) - 1} generated) "
+                      f"have the plain backward's gradients, and a 2-block GPT checkpointed "
+                      f"with your replay has the plain gradients.")
 
 
 # ------------------------------------------------------------------ 08.3

@@ -295,6 +295,61 @@ def test_08_2_names_the_typical_mistakes(answer, phrase):
     fails_with(lesson08.check_checkpointed_backward, answer, phrase)
 
 
+def replay_twice_keeping_the_input_gradient(fn, saved_input, grad_output):
+    x = Tensor(saved_input, requires_grad=True)
+    with engine.enable_grad():
+        fn(x).backward(grad_output)
+        fn(x).backward(grad_output)
+    return x.grad
+
+
+def replay_negated(fn, saved_input, grad_output):
+    return replay_right(fn, saved_input, -grad_output)
+
+
+def test_08_2_compares_over_the_story_and_generated_segments():
+    cases = lesson08._segment_cases()
+    forms = [case.args[0] for case in cases]
+    assert cases[0].label.startswith("on the story's segment") and len(cases) >= 6
+    assert "gelu(x) * x" in forms and "x @ w" in forms          # no parameters; one op
+    assert len(set(forms)) == len(lesson08._SEGMENT_FORMS)
+    # the reference is one plain backward, and every segment gives its parameters gradients
+    for case in cases:
+        x_grad, params = lesson08._segment_gradients(*case.args)
+        assert x_grad.shape == case.args[2:4]
+        assert all(g is not None and np.any(g) for _, g in params)
+    # cases are drawn from fixed seeds: the same segments, numbers and messages every run
+    again = lesson08._segment_cases()
+    assert [c.args for c in again] == [c.args for c in cases]
+    first = lesson08._segment_gradients(*cases[3].args)
+    assert lesson08._same_gradients(lesson08._segment_gradients(*cases[3].args), first)
+
+
+@pytest.mark.parametrize("answer, slip", [
+    (replay_seeded_with_ones, 0), (replay_passthrough, 1), (replay_twice, 2),
+    (replay_twice_keeping_the_input_gradient, 3),
+])
+def test_08_2_each_named_slip_is_the_wrong_replay_it_names(answer, slip):
+    """A slip's reproduction gives exactly what a learner's replay making that slip gives,
+    on every segment, and the check names it with that slip's hint."""
+    slips = lesson08._replay_slips()
+    for case in lesson08._segment_cases():
+        got = lesson08._learner_replay(answer, case)
+        assert lesson08._same_gradients(got, slips[slip].reproduce(*case.args)), case.label
+    message = fails_with(lesson08.check_checkpointed_backward, answer, "Hint: ")
+    assert slips[slip].says(None, None, None) in message
+
+
+@pytest.mark.parametrize("answer", [replay_halved, replay_negated])
+def test_08_2_a_wrong_replay_that_is_no_slip_is_told_where_it_differs(answer):
+    message = fails_with(lesson08.check_checkpointed_backward, answer,
+                         "on the story's segment fn(x) = tanh(gelu(x @ w) @ v) + x")
+    assert "the input gradient is off: at (" in message and "entries differ" in message
+    assert "none of the usual slips" in message
+    for hint in lesson08._replay_slips():
+        assert hint.says(None, None, None) not in message
+
+
 # ================================================================ 08.3
 def peak_right(n_blocks, k, a, b):
     starts = range(0, n_blocks, k)
