@@ -31,15 +31,16 @@ So in a layer whose input needs no gradient (the first block's first adapters), 
 over an identity matrix) and W + s * B @ A are transients of the forward: no op keeps
 them, but B @ A and its graph (the identity, A(I)) live until the layer's forward
 returns. Under checkpointing that happens again while a block is rebuilt in the
-backward: the rebuilt block holds the largest layer's. Where that transient meets the
-gradients made so far is not followed further: two checkpointed steps measured on the
-CPU stay off (peaks 0.89 and 1.06 of the prediction, strict xfails in the test). Measured on the CPU in fp32 and under bf16 autocast; on CUDA the same ops run,
-so the same tensors are kept (an assumption: no GPU measured it).
+backward, beside the block's saved entries made so far (`_while_rebuilt`); and
+non-reentrant checkpointing stops the rebuild at the block's last saved entry, inside
+the last adapted layer when nothing after it saves anything, with that layer's B @ A
+still alive. Measured on the CPU in fp32 and under bf16 autocast; on CUDA the same ops
+run, so the same tensors are kept (an assumption: no GPU measured it).
 """
 from __future__ import annotations
 
 from .kept import Saved
-from .linears import targeted, width
+from .linears import BLOCK_LINEARS, targeted, width
 from .lora import input_requires_grad, needs_no_gradient
 from .recipe import Recipe, Rows
 from .weights_dtype import bf16_weights
@@ -76,26 +77,94 @@ def _layer_terms(cfg, layer, first: bool) -> list[Saved]:
     return items
 
 
-def _lora_weight_bytes(cfg, layer) -> int:
-    """B @ A as `get_lora_weight` makes it, held with its graph until the layer's forward
-    returns: the identity A read (16-bit under autocast), A(I), and B(A(I)) (cast back
-    to fp32 under autocast, where the 16-bit product goes)."""
-    fan_in, fan_out, r = width(cfg, layer.fan_in), width(cfg, layer.fan_out), cfg.lora_rank
+# Layers whose input a matmul made (16-bit under autocast); the others read a norm's
+# output, which autocast leaves in fp32.
+_READS_A_MATMUL = ("projection matmul", "fc-proj matmul", "down matmul")
+
+
+def _while_rebuilt(cfg, layer) -> tuple[int, int]:
+    """(bytes alive while the layer's forward runs again, beyond the saved entries made
+    before it, at the product B(A(I)); the same when the recomputation stops at its
+    last saved entry, in its last product). Read from peft's `DoraLinearLayer.forward`
+    and the CPU allocator's memory events of a rebuilt block: `get_lora_weight` runs
+    the adapters over `torch.eye(fan_in)` in A's fp32, so the identity, A(I) and
+    B(A(I)) exist together; under autocast A reads a 16-bit copy of the identity (kept
+    by A(I)'s graph, the fp32 one goes when `get_lora_weight` returns) and B(A(I)) is
+    cast to fp32 (`lora_weight.to(x.dtype)`, x being peft's fp32 cast of the input).
+    The graph of B @ A lives until the layer's forward returns."""
+    n, r = cfg.micro_batch * cfg.seq_len, cfg.lora_rank
+    fan_in, fan_out = width(cfg, layer.fan_in), width(cfg, layer.fan_out)
+    autocast = cfg.autocast and not bf16_weights(cfg)
     lo = 2 if cfg.autocast else FP32
-    return fan_in * fan_in * lo + fan_in * r * lo + fan_in * fan_out * FP32
+    minus_bias = _has_bias(cfg, layer) and not cfg.lora_dropout and not bf16_weights(cfg)
+    around = 0
+    if autocast:
+        # nothing keeps these under autocast (A keeps its own 16-bit copy of the
+        # input): the module's input, a norm's fp32 output, is alive while the module
+        # runs; a layer reading a 16-bit input has it and peft's fp32 cast of it
+        sdpa_keeps = layer.reads == "projection matmul" and cfg.attention == "flash"
+        around = n * cfg.d_model * FP32
+        if layer.reads in _READS_A_MATMUL:
+            around += n * fan_in * FP32 + (0 if sdpa_keeps else n * fan_in * 2)
+    if minus_bias:  # the base layer's output, before the bias is taken off it
+        around += n * fan_out * lo
+    eye = fan_in * fan_in * (FP32 + (2 if autocast else 0))
+    at_product = around + eye + fan_in * r * lo + fan_in * fan_out * lo
+    kept_eye = fan_in * fan_in * (2 if autocast else FP32)
+    # at the stop: (scale - 1) * base(x), fp32 by promotion with the fp32 scale
+    at_stop = around + kept_eye + fan_in * r * lo + fan_in * fan_out * FP32 + n * fan_out * FP32
+    return at_product, at_stop
+
+
+def _made_after_product(cfg, layer, lora_terms: int) -> int:
+    """Bytes of the layer's own saved entries made after B(A(I)): its adapter's
+    (`lora_terms`), and its DoRA terms but a base output made before (the layer's
+    output itself, when no bias is taken off and no dropout makes it again)."""
+    made_before = not _has_bias(cfg, layer) and not cfg.lora_dropout
+    return lora_terms + sum(t.bytes for t in _layer_terms(cfg, layer, False)
+                            if not (made_before and t.tensor.startswith("the base layer")))
+
+
+def _rebuilt_block_extra(cfg, lora_block: list[Saved]) -> int:
+    """What the rebuilt block holds at its peak beyond everything it saves: the
+    largest, over the adapted layers, of what a layer's forward holds again less the
+    entries made after that moment. Non-reentrant checkpointing stops recomputing at
+    the last saved entry (`early_stop`): when nothing after the last adapted layer
+    saves anything, that is in its last product, with all the block saved."""
+    layers, linears = targeted(cfg), BLOCK_LINEARS[cfg.architecture]
+    copies = 2 if cfg.autocast else 0
+    frozen_copy = 0 if bf16_weights(cfg) else copies
+    rows = [x for x in lora_block if x.op not in ("frozen matmuls", "lora adapters")]
+    best = 0
+    for k, layer in enumerate(layers):
+        own = [i for i, x in enumerate(rows) if x.op == f"lora {layer.name}"]
+        mine = sum(rows[i].bytes for i in own)
+        # saved after this layer's forward: the rows after its adapter's, the later
+        # layers' 16-bit weight copies and the later adapted layers' DoRA terms
+        later = (sum(x.bytes for x in rows[own[-1] + 1:])
+                 + sum(width(cfg, l.fan_in) * width(cfg, l.fan_out) * frozen_copy
+                       for l in linears[linears.index(layer) + 1:])
+                 + sum(cfg.lora_rank * (width(cfg, l.fan_in) + width(cfg, l.fan_out)) * copies
+                       + sum(t.bytes for t in _layer_terms(cfg, l, False))
+                       for l in layers[k + 1:]))
+        at_product, at_stop = _while_rebuilt(cfg, layer)
+        best = max(best, at_product - _made_after_product(cfg, layer, mine) - later)
+        if layer is layers[-1] and later == 0:
+            best = max(best, at_stop)
+    return best
 
 
 def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
     """Each adapted layer's DoRA terms added to LoRA's block (and first block). Under
-    checkpointing the rebuilt block also holds, while each layer's forward runs again,
-    that layer's B @ A (the largest layer's: one at a time)."""
+    checkpointing the rebuilt block also holds what its layers' forwards make again
+    and no op keeps (`_rebuilt_block_extra`)."""
     first = not input_requires_grad(cfg)  # the first block starts without gradients
     block = rows.block + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, False)]
     head = rows.first + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, first)]
     if rows.checkpointed is not None:
-        largest = max(_lora_weight_bytes(cfg, l) for l in targeted(cfg))
-        block.append(Saved("dora (recomputed forward)", "B @ A over an identity, until the "
-                           "layer's forward returns", largest, 1))
+        block.append(Saved("dora (recomputed forward)", "B @ A over an identity and what "
+                           "a layer's forward holds with it, beyond what the block saves",
+                           _rebuilt_block_extra(cfg, rows.block), 1))
     return Rows(block, head, rows.outside, rows.checkpointed)
 
 
