@@ -344,3 +344,24 @@ def test_lora_flops_skip_the_frozen_weights_gradients():
     # input gradients only through the frozen matmuls; both of the adapters'
     assert l["backward"] == 2 * matmul + 2 * attention + 4 * adapters
     assert l["backward"] < 0.6 * f["backward"]
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_under_lora_zero_1_and_2_gather_back_only_the_adapters(zero):
+    """The frozen model is replicated under ZeRO 1 and 2 (nothing updates it), so the
+    all-gather after the step carries the adapters alone: LLaMA-2-7B, rank 16 on q and v,
+    32 layers x 2 modules x 16 x (4096 + 4096) fp32 weights."""
+    adapters = 32 * 2 * 16 * (4096 + 4096) * 4
+    cfg = bm.preset("llama2-7b", activation_model="hf", devices=8, zero=zero, lora_rank=16)
+    rows = {r["collective"]: r for r in bm.budget(cfg).communication}
+    assert rows["all-gather"]["bytes"] == adapters == rows["reduce-scatter"]["bytes"]
+    assert rows["all-gather"]["sent_per_device"] == 7 * adapters // 8
+
+
+def test_under_lora_zero_3_gathers_every_weight_but_reduces_the_adapters_alone():
+    cfg = bm.preset("llama2-7b", activation_model="hf", devices=8, zero=3, lora_rank=16)
+    b = bm.budget(cfg)
+    gathers = [r["bytes"] for r in b.communication if r["collective"] == "all-gather"]
+    assert gathers == [b.fixed["weights"]] * 2          # forward and backward, frozen or not
+    reduced = [r["bytes"] for r in b.communication if r["collective"] == "reduce-scatter"]
+    assert reduced == [32 * 2 * 16 * (4096 + 4096) * 4]

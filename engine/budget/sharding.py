@@ -27,6 +27,9 @@ gradient bytes and W the weight bytes of the whole model:
     stage 3  the weights are gathered for the forward and again for the
              backward of every micro-batch; gradients reduce-scattered after
              every micro-batch
+Under a recipe that freezes the model (LoRA, QLoRA) G is the trained tensors'
+gradients, and stages 1 and 2 gather back only those tensors (the frozen
+weights are replicated and never change); stage 3 still gathers every weight.
 A ring collective on N devices sends (N-1)/N of the buffer per device for a
 reduce-scatter or an all-gather, 2(N-1)/N for an all-reduce (one of each).
 One device communicates nothing.
@@ -58,7 +61,7 @@ transformer, engine) keep the paper's shard alone.
 from __future__ import annotations
 
 from .config import BudgetConfig
-from . import moments as M
+from . import moments as M, recipes
 from .moments import SHARDED  # the fixed buffers each ZeRO stage splits (the term table's)
 
 # DeepSpeed's zero_optimization.reduce_bucket_size default, in elements (see above).
@@ -84,14 +87,19 @@ def communication(cfg: BudgetConfig, fixed: dict[str, int]) -> list[dict]:
     if n == 1:
         return []
     grads, weights = fixed["gradients"], fixed["weights"]
+    # ZeRO 1 and 2 gather back only what the optimizer updated: under a recipe that
+    # freezes the model, its trained tensors, whose gradients have their own dtype
+    # (a PyTorch gradient takes its parameter's), so they are as large as the gradients.
+    # ZeRO 3 shards every weight, frozen or not, and gathers them all for each pass.
+    updated = grads if recipes.freezes_base(cfg) else weights
     if cfg.zero == 0:
         plan = [("all-reduce", "gradients", grads, 1)]
     elif cfg.zero == 1:
         plan = [("reduce-scatter", "gradients", grads, 1),
-                ("all-gather", "weights", weights, 1)]
+                ("all-gather", "weights", updated, 1)]
     elif cfg.zero == 2:
         plan = [("reduce-scatter", "gradients", grads, k),
-                ("all-gather", "weights", weights, 1)]
+                ("all-gather", "weights", updated, 1)]
     else:
         plan = [("all-gather", "weights (forward)", weights, k),
                 ("all-gather", "weights (backward)", weights, k),
