@@ -471,6 +471,19 @@ def _end(child, kill: bool) -> bool:
     return left
 
 
+def _why_stopped(late: str, computed: float, waited: float, seconds: float) -> str:
+    """Why a piece past its deadline was stopped. On a busy machine a loop that never ends
+    gets a share of a core, so the clock's limit comes first; a piece that sleeps or blocks
+    computes almost nothing, so a tenth of the clock spent computing tells the two apart."""
+    if late == "run":
+        return "a loop that never ends?"
+    if computed >= waited / 10:
+        return (f"it computed for {computed:.1f} s of CPU time in {waited:.0f} s on the clock, "
+                f"on a busy machine: a loop that never ends?")
+    return (f"it waited {WAIT_FACTOR * seconds:g} s: a sleep, a read or a lock that never "
+            f"returns?")
+
+
 def _verdict(piece: str, child, watched: _Watch):
     left = _end(child, kill=bool(watched.late or watched.written > OUTPUT_LIMIT))
     seconds = _piece_guard.PIECE_SECONDS
@@ -480,9 +493,7 @@ def _verdict(piece: str, child, watched: _Watch):
                          if watched.late else f"it ended before the piece ran: "
                          f"{said[-1][:200] if said else child.returncode}")
     if watched.late in ("run", "wait"):
-        why = ("a loop that never ends?" if watched.late == "run" else
-               f"it waited {WAIT_FACTOR * seconds:g} s: a sleep, a read or a lock that never "
-               f"returns?")
+        why = _why_stopped(watched.late, watched.computed, watched.waited, seconds)
         return "refused", (f"{piece} ran longer than {seconds:g} s and was stopped ({why}). "
                            f"Fix the loop and run its exercise's check again")
     if watched.late == "compile":

@@ -271,9 +271,13 @@ def scatter_previous_token(ids, g, vocab_size):
 
 
 def test_11_1_a_block_that_walks_every_column_is_refused_at_the_trainers_width():
-    fails_with(lesson11.check_embedding_backward, scatter_blocks_walk_every_column, 2,
-               words=("every entry is 2 times its sum, at C = 17",
-                      "column blocks added every column"))
+    # This kernel also races (its blocks write the same columns), and whether a run shows
+    # the race first depends on how the threads meet: either diagnosis is true of it.
+    message = fails_with(lesson11.check_embedding_backward, scatter_blocks_walk_every_column, 2)
+    walks = ("every entry is 2 times its sum, at C = 17" in message
+             and "column blocks added every column" in message)
+    races = "differ from run to run" in message and "updates were lost" in message
+    assert walks or races, message
 
 
 def test_11_1_floor_division_of_the_width_is_not_called_a_race():

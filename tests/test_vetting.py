@@ -230,6 +230,18 @@ def test_a_piece_that_waits_forever_is_stopped_on_the_clock(folder):
         owner
 
 
+
+@pytest.mark.parametrize("computed, says", [
+    (0.01, "it waited 6 s: a sleep, a read or a lock"),
+    (1.5, "it computed for 1.5 s of CPU time in 6 s on the clock, on a busy machine: a loop"),
+])
+def test_a_loop_on_a_busy_machine_is_not_called_a_wait(computed, says):
+    """Past the clock's limit, a piece that computed for a share of it is a loop slowed by
+    other processes, not a sleep: the reason follows the CPU time it used."""
+    from coursework._vetting import _why_stopped
+    assert _why_stopped("wait", computed, 6.0, 2.0).startswith(says)
+    assert _why_stopped("run", 2.1, 2.5, 2.0) == "a loop that never ends?"
+
 # ------------------------------------------------------------------ several pieces, one child
 FUNCTION = "central_difference_gradient"
 THREAD = ("import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], "
