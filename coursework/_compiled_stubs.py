@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from ._core import function_syntax
+from ._core import function_syntax, register_once
 
 
 # ------------------------------------------------------------------ compiled stubs
@@ -49,8 +49,4 @@ def uncompile_stubs(functions, shell=None) -> None:
             if hasattr(fn, "py_func") and is_stub(fn):
                 shell.user_ns[name] = fn.py_func
 
-    previous = getattr(shell, "_after_each_cell_of_stubs", None)
-    if previous in shell.events.callbacks["post_run_cell"]:  # the first cell ran again: one hook
-        shell.events.unregister("post_run_cell", previous)
-    shell.events.register("post_run_cell", after_each_cell)
-    shell._after_each_cell_of_stubs = after_each_cell
+    register_once(shell, "post_run_cell", "_after_each_cell_of_stubs", after_each_cell)

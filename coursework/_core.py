@@ -216,6 +216,18 @@ def is_call(node, name: str) -> bool:
                                                          and f.attr == name)
 
 
+def register_once(shell, event: str, attribute: str, hook) -> None:
+    """Register `hook` for the shell's `event`, replacing the one an earlier run of the
+    lesson's first cell left under `attribute`: one hook, not two. The earlier one is
+    unregistered only if it is still registered (another user of the shell may have
+    removed it)."""
+    previous = getattr(shell, attribute, None)
+    if previous in shell.events.callbacks[event]:
+        shell.events.unregister(event, previous)
+    shell.events.register(event, hook)
+    setattr(shell, attribute, hook)
+
+
 def name_unfinished_exercises(functions: dict[str, str], shell=None) -> None:
     """In IPython, show a NameError or NotImplementedError that comes from an unfinished
     exercise of `functions` as the one line of `UnfinishedExercise`; every other error shows
@@ -251,11 +263,7 @@ def name_unfinished_exercises(functions: dict[str, str], shell=None) -> None:
             made_by[name] = unfinished.exercise
         shell.showtraceback((UnfinishedExercise, unfinished, tb))
 
-    previous = getattr(shell, "_before_each_cell_of_exercises", None)
-    if previous in shell.events.callbacks["pre_run_cell"]:  # the first cell ran again: one hook
-        shell.events.unregister("pre_run_cell", previous)
-    shell.events.register("pre_run_cell", before_each_cell)
-    shell._before_each_cell_of_exercises = before_each_cell
+    register_once(shell, "pre_run_cell", "_before_each_cell_of_exercises", before_each_cell)
     shell.set_custom_exc((NameError, NotImplementedError), show)
 
 

@@ -132,8 +132,8 @@ def _rebuilt_block_extra(cfg, lora_block: list[Saved]) -> int:
     the last saved entry (`early_stop`): when nothing after the last adapted layer
     saves anything, that is in its last product, with all the block saved."""
     layers, linears = targeted(cfg), BLOCK_LINEARS[cfg.architecture]
-    copies = 2 if cfg.autocast else 0
-    frozen_copy = 0 if bf16_weights(cfg) else copies
+    copy_bytes = 2 if cfg.autocast else 0       # autocast's 16-bit copy of a weight, per entry
+    frozen_copy_bytes = 0 if bf16_weights(cfg) else copy_bytes
     rows = [x for x in lora_block if x.op not in ("frozen matmuls", "lora adapters")]
     best = 0
     for k, layer in enumerate(layers):
@@ -142,9 +142,9 @@ def _rebuilt_block_extra(cfg, lora_block: list[Saved]) -> int:
         # saved after this layer's forward: the rows after its adapter's, the later
         # layers' 16-bit weight copies and the later adapted layers' DoRA terms
         later = (sum(x.bytes for x in rows[own[-1] + 1:])
-                 + sum(width(cfg, l.fan_in) * width(cfg, l.fan_out) * frozen_copy
+                 + sum(width(cfg, l.fan_in) * width(cfg, l.fan_out) * frozen_copy_bytes
                        for l in linears[linears.index(layer) + 1:])
-                 + sum(cfg.lora_rank * (width(cfg, l.fan_in) + width(cfg, l.fan_out)) * copies
+                 + sum(cfg.lora_rank * (width(cfg, l.fan_in) + width(cfg, l.fan_out)) * copy_bytes
                        + sum(t.bytes for t in _layer_terms(cfg, l, False))
                        for l in layers[k + 1:]))
         at_product, at_stop = _while_rebuilt(cfg, layer)
