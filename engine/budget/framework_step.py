@@ -33,7 +33,7 @@ from .real_step import (FP32, block_biases, block_saved, block_weights, compute_
                         kept_output_terms, log_probs_bytes, outside_saved,
                         sdpa_gets_mask, vocab_fp32_bytes)
 from .sharding import (gradients_in_flight, per_device_fixed, shard, shards_gradients,
-                       shards_optimizer)
+                       shards_optimizer, weights_gathered)
 from .weights_dtype import BF16, bf16_weights, hidden_bytes, trains_bf16, training_bytes
 
 
@@ -206,7 +206,9 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
         ("optimizer state", fixed["optimizer state"]),
         *_optimizer_temporaries(cfg, tensors, device),
         *output.get(M.OPTIMIZER_STEP, ())]))
-    return tuple(found)
+    gathered = weights_gathered(cfg, first_step)  # ZeRO 3's whole weights (sharding)
+    return tuple(M.moment(m.name, [*m.terms, *(("gathered weights", what, size) for what, size
+                                               in gathered.get(m.name, ()))]) for m in found)
 
 
 def framework_step(cfg: BudgetConfig, fixed: dict[str, int],

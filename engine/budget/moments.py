@@ -19,6 +19,9 @@ lists what is alive then; each thing alive is a term of `STEP_TERMS`:
     gradients in flight                 gradients         wherever the ZeRO  never (the
                                                           engine holds them  unsharded part
                                                           (sharding.py)      beyond a shard)
+    gathered weights                    weights           wherever ZeRO 3's  never (whole
+                                                          engine holds them  weights beyond
+                                                          (sharding.py)      the shard)
     saved by the forward                activations       the forward's end  never
                                                           to the first
                                                           block's backward
@@ -81,6 +84,7 @@ STEP_TERMS = {t.name: t for t in (
     _term("gradients of earlier micro-batches", "gradients",
           (FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED, BACKWARD_END), 2),
     _term("gradients in flight", "gradients", EVERY),
+    _term("gathered weights", "weights", EVERY),
     _term("saved by the forward", "activations", (SAVED_ALL, REBUILT, FORWARD_END,
                                                   LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED)),
     _term("the loop's output", "activations", (FORWARD_END, *_BACKWARD, OPTIMIZER_STEP)),

@@ -57,15 +57,74 @@ engine (`zero_engine`):
 Either way a tied head's gradient contribution waits in autograd for the
 embedding's until the end of the backward. The textbook models (rule,
 transformer, engine) keep the paper's shard alone.
+
+Weights as the engines gather them (stage 3, the pytorch and hf steps)
+----------------------------------------------------------------------
+Under stage 3 a device stores only its shard of the weights, but every op computes
+with whole ones: the engine all-gathers a part of the model into a buffer of its own
+before the part's forward and again before its backward, and frees it after. Beyond
+the shard a device then holds (`weights_gathered`, terms named "gathered weights"):
+  fsdp       FSDP1 (`FullyShardedDataParallel`) with the transformer auto-wrap policy
+             and its defaults: each block a unit, the root unit the rest (embeddings,
+             final norm, head). A block's unit is gathered for its forward and freed
+             after it (FULL_SHARD reshards after forward), gathered again for its
+             backward and freed after it. The root unit is not freed after the forward
+             (torch/distributed/fsdp/_runtime_utils.py, `_post_forward_reshard`: "Do
+             not free the root's parameters in the post-forward for FULL_SHARD"), so it
+             stays whole from the start of the forward to the end of the backward.
+             `backward_prefetch=BACKWARD_PRE` (the default) issues the next unit's
+             all-gather in the current unit's pre-backward hook, before its gradients
+             are computed, the next being the unit before it in the forward's
+             post-forward order (`_exec_order_utils.get_handle_to_backward_prefetch`):
+             the root's pre-backward, at the loss's backward, prefetches the last
+             block; a block's prefetches the block before it. So the loss's and the
+             head's backward hold the root and the last block whole, a block's backward
+             (the recomputed one) the root and two blocks, the end of the backward (the
+             token embedding's gradient, after the first block's unit was freed) the
+             root alone. Nothing is whole at the optimizer step.
+  deepspeed  DeepSpeed gathers each module's own parameters (a Linear, a norm, the
+             embedding) before the module runs and releases them after, replaying the
+             order of modules recorded in the first step. Its defaults
+             (deepspeed/runtime/zero/config.py, `DeepSpeedZeroConfig`):
+             `stage3_prefetch_bucket_size` 5e7 elements gathered ahead of use, no more
+             while `stage3_max_live_parameters` (1e9 elements) are whole, and a module
+             used again within `stage3_max_reuse_distance` (1e9 elements of the
+             modules in between) is not released: around the turn from the forward to
+             the backward the last blocks and the head stay whole. The step is
+             replayed module by module with these three rules (`_deepspeed_replay`);
+             each moment holds what is whole at its module: the head's at the end of
+             the forward, the head's backward, the last block's backward (with
+             recompute: its modules rerun, then their backward) and the token
+             embedding's backward. Step 1 records that order (partitioned_param_
+             coordinator.py: no prefetch and every module released until the trace is
+             complete): it holds only the module running. Parameters under
+             `stage3_param_persistence_threshold` (1e5 elements: the norm gains) are
+             never partitioned; their few elements are left out. (transformers'
+             DeepSpeed integration fills a config's "auto" with other values, e.g. a
+             prefetch bucket of 0.9 x width^2: not modelled.)
+Each module or unit is gathered in the dtype its weights are stored in (an engine
+that computes in 16 bits over fp32 weights under autocast, as the budget's step does,
+gathers the fp32 weights and autocast casts them, its 16-bit copies counted where they
+are kept; FSDP's `MixedPrecision(param_dtype=bf16)` would gather 16-bit ones and is not
+modelled); a QLoRA layer's 4-bit weight in its packed bytes. Under LoRA and QLoRA the
+frozen weights are sharded too and gathered like the rest, beside the adapters.
 """
 from __future__ import annotations
 
 from .config import BudgetConfig
 from . import moments as M, recipes
+from .counts import bytes_per_parameter
 from .moments import SHARDED  # the fixed buffers each ZeRO stage splits (the term table's)
+from .optimizer_step import parameter_tensors, trainable_tensors
+from .qlora import NF4_BLOCK
+from .weights_dtype import bf16_weights, frozen_weight_bytes, training_bytes
 
 # DeepSpeed's zero_optimization.reduce_bucket_size default, in elements (see above).
 REDUCE_BUCKET_ELEMENTS = 500_000_000
+# DeepSpeed's stage-3 defaults, in elements (deepspeed/runtime/zero/config.py).
+PREFETCH_BUCKET_ELEMENTS = 50_000_000       # stage3_prefetch_bucket_size
+MAX_LIVE_ELEMENTS = 1_000_000_000           # stage3_max_live_parameters
+MAX_REUSE_ELEMENTS = 1_000_000_000          # stage3_max_reuse_distance
 
 
 def shard(total: int, devices: int) -> int:
@@ -171,3 +230,198 @@ def gradients_in_flight(cfg: BudgetConfig, tensors, grad_bytes: int,
         for at in (M.FORWARD_END, M.LOSS_BACKWARD, M.OPTIMIZER_STEP):
             found[at] = bucket
     return found
+
+
+# ------------------------------------------------------- ZeRO-3 weights gathered whole
+def gathers_weights(cfg: BudgetConfig) -> bool:
+    """Whether each device stores only a shard of the weights (ZeRO 3 over several)."""
+    return cfg.devices > 1 and cfg.zero == 3
+
+
+def _module_of(name: str) -> str:
+    """The module that owns a parameter: its name without the last part ("weight")."""
+    return name.rsplit(".", 1)[0]
+
+
+def weight_modules(cfg: BudgetConfig) -> list[tuple[str, int, int]]:
+    """Every module holding weights, in the order the forward runs them: (name, elements,
+    bytes as stored). Under a recipe that freezes the model, the frozen weights (in the
+    dtype they were loaded in, a QLoRA layer's packed 4 bits) and right after each the
+    trained tensors that sit in it (LoRA's A and B, DoRA's magnitudes, a trained
+    copy). Their bytes add up to `counts.fixed_bytes(cfg)["weights"]`."""
+    trained = training_bytes(cfg, bytes_per_parameter(
+        cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.real_16bit))["weights"]
+    frozen = recipes.freezes_base(cfg)
+    base = (frozen_weight_bytes(cfg) if bf16_weights(cfg) else trained) if frozen else trained
+    modules: dict[str, list[int]] = {}
+    for t in parameter_tensors(cfg):
+        quantized = cfg.qlora and frozen and t.rows_and_columns and block_of(t.name)
+        size = ((t.numel + 1) // 2 + -(-t.numel // NF4_BLOCK) * 4 if quantized
+                else t.numel * base)
+        entry = modules.setdefault(_module_of(t.name), [0, 0])
+        entry[0] += t.numel
+        entry[1] += size
+    if frozen:
+        order = list(modules)
+        for t in trainable_tensors(cfg):  # each after the module it sits in
+            owner = max((m for m in order if t.name.startswith(m + ".")), key=len, default=None)
+            name = _module_of(t.name)
+            if name not in modules:
+                order.insert(order.index(owner) + 1 if owner else len(order), name)
+                modules[name] = [0, 0]
+            modules[name][0] += t.numel
+            modules[name][1] += t.numel * trained
+        modules = {m: modules[m] for m in order}
+    return [(m, n, b) for m, (n, b) in modules.items()]
+
+
+def _unit(module: str) -> str | None:
+    """The FSDP unit of a module: its block, None for the root's."""
+    return block_of(module + ".weight")
+
+
+def _fsdp_gathered(cfg: BudgetConfig, modules) -> dict[str, list[tuple[str, int]]]:
+    root = sum(b for m, _, b in modules if _unit(m) is None)
+    blocks: dict[str, int] = {}
+    for m, _, b in modules:
+        if _unit(m) is not None:
+            blocks[_unit(m)] = blocks.get(_unit(m), 0) + b
+    block = max(blocks.values(), default=0)
+    kept = [("the root unit's weights (embeddings, final norm, head), whole all forward "
+             "and backward", root)]
+    ahead = [("the last block's weights, gathered ahead of its backward "
+              "(backward_prefetch=BACKWARD_PRE)", block)]
+    found = {M.FORWARD_END: kept, M.LOSS_BACKWARD: kept + ahead,
+             M.HEAD_BACKWARD: kept + ahead, M.BACKWARD_END: kept}
+    if cfg.recompute == "full":
+        found[M.RECOMPUTED] = kept + [
+            ("the block's weights, gathered again for its backward", block),
+            ("the block before it, gathered ahead of its backward (BACKWARD_PRE)", block)]
+    return found
+
+
+# Why DeepSpeed holds a module whole (`_deepspeed_replay`), as the output says it.
+_WHY = {"used": "the weights of the module running now, gathered whole",
+        "ahead": "weights gathered ahead of use (stage3_prefetch_bucket_size "
+                 f"{PREFETCH_BUCKET_ELEMENTS:.0e} elements)".replace("e+0", "e"),
+        "kept": "weights kept whole for their use again soon (stage3_max_reuse_distance "
+                f"{MAX_REUSE_ELEMENTS:.0e} elements)".replace("e+0", "e")}
+
+
+def deepspeed_trace(cfg: BudgetConfig, modules) -> tuple[list[str], dict[str, int]]:
+    """The modules in the order DeepSpeed fetches them in one forward and backward, and
+    where the backward starts, the first block's backward starts and ends, and the
+    token embedding's backward is (indices into the trace)."""
+    names = [m for m, _, _ in modules]
+    tied_head = [m for m in names if _unit(m) is None][0] if cfg.tied_embedding else None
+    forward = names + ([tied_head] if tied_head else [])
+    blocks: dict[str, list[str]] = {}
+    for m in names:
+        if _unit(m) is not None:
+            blocks.setdefault(_unit(m), []).append(m)
+    backward, where = [], {}
+    seen = set()
+    for m in reversed(forward):
+        unit = _unit(m)
+        if unit is None:
+            backward.append(m)
+        elif unit not in seen:  # a block's backward, after its modules rerun under recompute
+            seen.add(unit)
+            start = len(forward) + len(backward)
+            if cfg.recompute == "full":
+                backward += blocks[unit]
+            backward += list(reversed(blocks[unit]))
+            if "block" not in where:
+                where["block"] = (start, len(forward) + len(backward))
+    where["backward"] = len(forward)
+    where["embedding"] = len(forward) + len(backward) - 1 - backward[::-1].index(names[0])
+    return forward + backward, where
+
+
+def _deepspeed_replay(trace: list[str], numel: dict[str, int], size: dict[str, int],
+                      recorded: bool = True):
+    """DeepSpeed's parameter coordinator (partitioned_param_coordinator.py), module by
+    module: fetch the module, prefetch the next modules of the trace up to the bucket
+    while fewer than the live limit are whole, run it, then release it unless it is used
+    again within the reuse distance, or the prefetcher passed its next use by while it
+    was whole (DeepSpeed keeps those, not to lose the prefetch). Before the order is
+    `recorded` (step 1) nothing is prefetched and every module is released after use.
+    Returns, for each step, the bytes whole while it runs and after its release, by why
+    (`_WHY`)."""
+    whole: dict[str, str] = {}       # module -> why it is whole
+    passed: dict[str, int] = {}      # module -> the latest use the prefetcher passed by
+    running, released = [], []
+    queue = 0                        # the next step of the trace not yet looked at
+    for step, m in enumerate(trace):
+        whole[m] = "used"
+        queue = max(queue, step + 1)
+        live = sum(numel[x] for x in whole)
+        budget, fetched = min(MAX_LIVE_ELEMENTS - live, PREFETCH_BUCKET_ELEMENTS), 0
+        if not recorded:
+            budget, queue = 0, len(trace)
+        while queue < len(trace) and fetched < budget:
+            if trace[queue] not in whole:
+                whole[trace[queue]] = "ahead"
+                fetched += numel[trace[queue]]
+            else:  # whole already: the prefetcher passes this use by, so it stays whole
+                passed[trace[queue]] = queue
+            queue += 1
+        running.append(_by_why(whole, size))
+        traversed, again = 0, False
+        for later in trace[step + 1:]:
+            if traversed >= MAX_REUSE_ELEMENTS:
+                break
+            if later == m:
+                again = True
+                break
+            traversed += numel[later]
+        if again and recorded:
+            whole[m] = "kept"
+        elif passed.get(m, -1) > step:  # its next use was passed by: not released
+            whole[m] = "ahead"
+        else:
+            del whole[m]
+        released.append(_by_why(whole, size))
+    return running, released
+
+
+def _by_why(whole: dict[str, str], size: dict[str, int]) -> dict[str, int]:
+    found = dict.fromkeys(_WHY, 0)
+    for m, why in whole.items():
+        found[why] += size[m]
+    return found
+
+
+def _deepspeed_gathered(cfg: BudgetConfig, modules,
+                        first_step: bool) -> dict[str, list[tuple[str, int]]]:
+    trace, where = deepspeed_trace(cfg, modules)
+    numel = {m: n for m, n, _ in modules}
+    size = {m: b for m, _, b in modules}
+    running, released = _deepspeed_replay(trace, numel, size, recorded=not first_step)
+
+    def terms(held: dict[str, int]) -> list[tuple[str, int]]:
+        return [(_WHY[why], held[why]) for why in _WHY]
+
+    at_turn = terms(released[where["backward"] - 1])  # the forward done, the loss runs
+    found = {M.FORWARD_END: at_turn, M.LOSS_BACKWARD: at_turn,
+             M.HEAD_BACKWARD: terms(running[where["backward"]]),
+             M.BACKWARD_END: terms(running[where["embedding"]])}
+    if cfg.recompute == "full":
+        first, end = where["block"]
+        found[M.RECOMPUTED] = terms(max(running[first:end], key=lambda h: sum(h.values())))
+    return found
+
+
+def weights_gathered(cfg: BudgetConfig,
+                     first_step: bool = False) -> dict[str, list[tuple[str, int]]]:
+    """Moment -> the (what, bytes) of whole weights one device holds beyond its shard
+    under ZeRO 3 over several devices, as `cfg.zero_engine` gathers them (see the
+    module's doc); empty otherwise. Nothing is gathered at the optimizer step. In
+    `first_step` DeepSpeed is still recording the order of the modules: it gathers
+    only the module running (FSDP reads its order from the same step's forward)."""
+    if not gathers_weights(cfg):
+        return {}
+    modules = weight_modules(cfg)
+    if cfg.zero_engine == "fsdp":
+        return _fsdp_gathered(cfg, modules)
+    return _deepspeed_gathered(cfg, modules, first_step)
