@@ -84,19 +84,25 @@ def number_difference(got: float, want: float, unit: str = "",
             f"{'+' if off > 0 else ''}{_show(off)}{unit} off)")
 
 
-def array_difference(got, want, unit: str = "") -> str:
+def array_difference(got, want, unit: str = "", *, theirs: str = "the reference has",
+                     digits: int | None = None, rtol: float = 1e-12, atol: float = 0.0) -> str:
     """Where an array differs from the reference's, with no cause: the entry that differs
-    most, the two values, and how many entries differ."""
+    most, the two values, and how many entries differ. `theirs` names the reference as
+    `number_difference` does; `digits` prints the two values with the fewest significant
+    digits, at least `digits`, that tell them apart (`differing_digits`) instead of in
+    full; an entry differs when it is not within `rtol` and `atol` of the reference's."""
     a, b = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     if a.shape != b.shape:
-        return f"your result has shape {a.shape}, the reference's {b.shape}"
+        return f"your result has shape {a.shape}, {theirs} shape {b.shape}"
     err = np.abs(a - b)
     err = np.where(np.isnan(err), np.inf, err)
     i = np.unravel_index(int(np.argmax(err)), err.shape) if err.ndim else ()
     unit = f" {unit}" if unit else ""
-    n_off = int(np.count_nonzero(~np.isclose(a, b, rtol=1e-12, atol=0.0)))
-    return (f"entry {tuple(int(k) for k in i)} is {float(a[i])!r}{unit} where the reference "
-            f"has {float(b[i])!r}{unit} (off by {a[i] - b[i]:+.3g}{unit}); {n_off} of {a.size} "
+    yours, right = (repr(float(a[i])), repr(float(b[i]))) if digits is None else \
+        differing_digits(float(a[i]), float(b[i]), least=digits)
+    n_off = int(np.count_nonzero(~np.isclose(a, b, rtol=rtol, atol=atol)))
+    return (f"entry {tuple(int(k) for k in i)} is {yours}{unit} where {theirs} {right}{unit} "
+            f"(off by {a[i] - b[i]:+.3g}{unit}); {n_off} of {a.size} "
             f"entr{'y' if a.size == 1 else 'ies'} differ")
 
 

@@ -24,7 +24,7 @@ from engine.tensor import is_grad_enabled
 from engine.accumulation import accumulate_gradients, split_batch
 from engine.recompute import checkpoint_sequential
 from engine.gpt_config import GPTConfig, init_params
-from ._cases import (Case, Slip, compare_over_cases, differing_digits, number_difference,
+from ._cases import (Case, Slip, array_difference, compare_over_cases, number_difference,
                      raise_first_difference)
 from ._core import ExerciseError, attempt, passed
 from .pieces import save_piece
@@ -41,9 +41,13 @@ def _tiny_gpt(n_layer=1, seed=0):
     return cfg, init_params(cfg, seed=seed, dtype=np.float64)
 
 
-def _close(a, b, rtol=1e-9) -> bool:
+#: How close a gradient must be to the reference's (float64, summed in another order).
+_RTOL, _ATOL = 1e-9, 1e-14
+
+
+def _close(a, b, rtol=_RTOL) -> bool:
     return a is not None and np.shape(a) == np.shape(b) and np.allclose(a, b, rtol=rtol,
-                                                                        atol=1e-14)
+                                                                        atol=_ATOL)
 
 
 # ------------------------------------------------------------------ 08.1
@@ -277,15 +281,11 @@ def _same_gradients(got, want) -> bool:
                 for (_, g), (_, w) in zip(gp, wp)))
 
 
-def _entry_apart(got, want) -> str:
-    """The entry furthest from the segment's, both values to the digits that tell them
-    apart, and how many entries differ."""
-    err = np.abs(got - want)
-    k = np.unravel_index(int(np.argmax(np.where(np.isnan(err), np.inf, err))), got.shape)
-    yours, theirs = differing_digits(float(got[k]), float(want[k]), least=4)
-    n_off = int(np.count_nonzero(~np.isclose(got, want, rtol=1e-9, atol=1e-14)))
-    return (f"at {tuple(int(i) for i in k)} yours is {yours}, the segment's {theirs} "
-            f"({n_off} of {got.size} entries differ)")
+def _gradient_difference(got, want) -> str:
+    """Where a gradient differs from the plain backward's, its values to the digits that
+    tell them apart, an entry counted as differing by `_close`'s tolerance."""
+    return array_difference(got, want, theirs="the plain backward has", digits=4, rtol=_RTOL,
+                            atol=_ATOL)
 
 
 def _where_replay_differs(got, want, case: Case) -> str:
@@ -296,13 +296,13 @@ def _where_replay_differs(got, want, case: Case) -> str:
         if gx.shape != wx.shape:
             return (f"you returned an array of shape {gx.shape}; the input's gradient has the "
                     f"input's shape {wx.shape}")
-        return f"the input gradient is off: {_entry_apart(gx, wx)}"
+        return f"the input gradient is off: {_gradient_difference(gx, wx)}"
     for (name, g), (_, w) in zip(gp, wp):
         if g is None:
             return (f"the parameter {name} got no gradient (its .grad is None), though fn "
                     f"uses it: the backward through the recomputed segment is what fills it")
         if not _close(g, w):
-            return f"the gradient of the parameter {name} is off: {_entry_apart(g, w)}"
+            return f"the gradient of the parameter {name} is off: {_gradient_difference(g, w)}"
     return "the gradients differ"
 
 

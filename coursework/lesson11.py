@@ -8,7 +8,8 @@
      rows, a row missing some of its tokens' additions (lost updates), and
      runs that differ (a race). Generated float64 cases of widths around a
      block of 16 columns and lesson 13's C = 128 catch column blocks that stop
-     short of C or that each add every column, named when reproduced.
+     short of C or that each add every column, named when reproduced (the
+     latter also race: a run on one thread names the walk before any race).
 11.2 the memory of an embedding gradient for one batch: dense, the whole
      (V, C) table, or row-sparse, the distinct rows the batch touched plus
      one id each. The check recognises a row per token (repeats counted
@@ -21,6 +22,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 
 import numpy as np
@@ -61,6 +63,39 @@ def _max_threads():
         return numba.config.NUMBA_NUM_THREADS
     except ImportError:
         return 1
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """numba's parallel loops run on one thread inside the block; the caller's count is
+    put back after. Yields whether there were several (False without numba)."""
+    try:
+        import numba
+        before = numba.get_num_threads()
+        numba.set_num_threads(1)
+    except (ImportError, ValueError):
+        yield False
+        return
+    try:
+        yield before > 1
+    finally:
+        numba.set_num_threads(before)
+
+
+def _column_slip_on_one_thread(embedding_backward, ids, g, vocab_size, got, want):
+    """`_column_slip_hint` of the learner's table, or else of a run on one thread. Blocks
+    that each walk every column also write the same entries at once, so on several
+    threads some of their extra additions may be lost and the table is no whole multiple
+    of the sums: it would be called a race, or not, by the threads' timing. On one thread
+    the slip's table comes out whole every time, and the walk is named first."""
+    hint = _column_slip_hint(got, want)
+    if hint is not None:
+        return hint
+    with _one_thread() as several:
+        if not several:
+            return None
+        alone = np.asarray(attempt(EX_SCATTER, embedding_backward, ids, g, vocab_size))
+    return _column_slip_hint(alone, want) if alone.shape == want.shape else None
 
 
 def _diagnose(ids, g, vocab_size, got):
@@ -128,7 +163,8 @@ def _column_slip_hint(got, want) -> str | None:
         if np.allclose(got, times * want, rtol=1e-9, atol=1e-12):
             return (f"every entry is {times} times its sum, at C = {c}: each of your "
                     f"{times} column blocks added every column, not its own block's (the "
-                    f"inner loop walks all C columns).")
+                    f"inner loop walks all C columns; on several threads the blocks then "
+                    f"also write the same entries at once, and some additions are lost).")
     return None
 
 
@@ -174,8 +210,10 @@ def _check_exact_sums(embedding_backward, rng) -> None:
                                         f"not. Start from np.zeros((vocab_size, C)), not "
                                         f"np.empty.")
     if not np.allclose(got, want, rtol=1e-12, atol=1e-12):
-        _check_repeatable(embedding_backward, ids, g, V, got)
-        hint = _diagnose(ids, g, V, got) or _column_slip_hint(got, want)
+        hint = _column_slip_on_one_thread(embedding_backward, ids, g, V, got, want)
+        if hint is None:
+            _check_repeatable(embedding_backward, ids, g, V, got)
+            hint = _diagnose(ids, g, V, got)
         if hint is None:
             err = np.abs(got - want).max(axis=1)
             row = int(np.argmax(err))
@@ -203,7 +241,8 @@ def _check_generated_widths(embedding_backward, seed: int = 1111) -> None:
         if np.allclose(got, want, rtol=1e-12, atol=1e-12):
             continue
         what = f"generated case {case} ({n} tokens, vocab_size {V}, C = {C}, float64)"
-        hint = _column_slip_hint(got, want) or _diagnose(ids, g, V, got)
+        hint = (_column_slip_on_one_thread(embedding_backward, ids, g, V, got, want)
+                or _diagnose(ids, g, V, got))
         if hint is None:
             _check_repeatable(embedding_backward, ids, g, V, got)
         raise ExerciseError(EX_SCATTER, hint if hint else _where_it_differs(got, want, ids,

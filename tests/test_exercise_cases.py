@@ -59,3 +59,15 @@ def test_differences_name_the_entry_and_the_gap_in_units():
                                                                          [3.0, 4.0]]))
     assert text.startswith("entry (1, 1) is 4.5 where the reference has 4.0 (off by +0.5)")
     assert "1 of 4 entries differ" in text
+
+
+def test_an_array_difference_can_name_its_reference_and_print_the_digits_that_differ():
+    got, want = np.array([0.1234567891, 2.0]), np.array([0.1234599999, 2.0 + 1e-10])
+    assert array_difference(got, want) == (
+        "entry (0,) is 0.1234567891 where the reference has 0.1234599999 (off by -3.21e-06); "
+        "2 of 2 entries differ")
+    assert array_difference(got, want, theirs="the plain backward has", digits=4, rtol=1e-9) \
+        == ("entry (0,) is 0.123457 where the plain backward has 0.12346 (off by -3.21e-06); "
+            "1 of 2 entries differ")
+    assert array_difference(got[:1], want, theirs="the plain backward has") == (
+        "your result has shape (1,), the plain backward has shape (2,)")

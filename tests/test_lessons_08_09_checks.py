@@ -344,7 +344,8 @@ def test_08_2_each_named_slip_is_the_wrong_replay_it_names(answer, slip):
 def test_08_2_a_wrong_replay_that_is_no_slip_is_told_where_it_differs(answer):
     message = fails_with(lesson08.check_checkpointed_backward, answer,
                          "on the story's segment fn(x) = tanh(gelu(x @ w) @ v) + x")
-    assert "the input gradient is off: at (" in message and "entries differ" in message
+    assert "the input gradient is off: entry (" in message and "entries differ" in message
+    assert "where the plain backward has" in message and "(off by " in message
     assert "none of the usual slips" in message
     for hint in lesson08._replay_slips():
         assert hint.says(None, None, None) not in message

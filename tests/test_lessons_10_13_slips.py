@@ -193,16 +193,19 @@ def test_10_2_a_float32_accumulator_is_printed_with_the_digits_that_differ():
 
 
 # ------------------------------------------------------------------ no cell fails raw
-@pytest.mark.parametrize("stem", ["10_fused_kernels", "11_embeddings"])
+@pytest.mark.parametrize("stem", ["10_fused_kernels", "11_embeddings",
+                                  "12_between_backward_and_step"])
 def test_run_all_with_the_stubs_run_fails_only_with_one_line_each(stem, tmp_path, monkeypatch):
     """The untouched student notebook, every cell run in order, its @njit stubs included:
     a check says "not done yet"; any other cell that fails says in one line which exercise
     it needs (numba raised the stubs' NotImplementedError empty, and `measured` was then
-    a NameError)."""
+    a NameError). Lesson 12 takes its in-process data-parallel path (BACKPROP_NO_MPI), so
+    the run is the same with or without the MPI extra."""
     import re
 
     from notebook_tools import ROOT, build_course, cell_errors
     monkeypatch.setenv("BACKPROP_PIECES_DIR", str(tmp_path / "pieces"))
+    monkeypatch.setenv("BACKPROP_NO_MPI", "1")
     source = (ROOT / "course" / "source" / f"{stem}.py").read_text()
     nb = build_course.make_notebook(build_course.parse_cells(source), student=True)
     ran = build_course.execute(nb, cwd=ROOT / "course", allow_errors=True).cells
@@ -271,13 +274,56 @@ def scatter_previous_token(ids, g, vocab_size):
 
 
 def test_11_1_a_block_that_walks_every_column_is_refused_at_the_trainers_width():
-    # This kernel also races (its blocks write the same columns), and whether a run shows
-    # the race first depends on how the threads meet: either diagnosis is true of it.
-    message = fails_with(lesson11.check_embedding_backward, scatter_blocks_walk_every_column, 2)
-    walks = ("every entry is 2 times its sum, at C = 17" in message
-             and "column blocks added every column" in message)
-    races = "differ from run to run" in message and "updates were lost" in message
-    assert walks or races, message
+    # This kernel also races (its blocks write the same columns); the check runs it on one
+    # thread, where it cannot, and names the walk whatever the threads did.
+    for _ in range(3):
+        message = fails_with(lesson11.check_embedding_backward,
+                             scatter_blocks_walk_every_column, 2,
+                             words=("every entry is 2 times its sum, at C = 17",
+                                    "column blocks added every column"))
+        assert "differ from run to run" not in message, message
+
+
+def _loses_on_several_threads(table, ids, g, rng):
+    """`table` with some additions lost, as a race does, when numba runs on several threads."""
+    import numba
+    if numba.get_num_threads() > 1:
+        for t in rng.choice(len(ids), size=min(5, len(ids)), replace=False):
+            table[ids[t]] -= g[t]
+    return table
+
+
+def simulated_walk_that_races(ids, g, vocab_size, rng=np.random.default_rng(5)):
+    """What scatter_blocks_walk_every_column does when its race strikes on every run: each
+    block of 16 columns adds every column, and where there are several blocks and several
+    threads some additions vanish."""
+    blocks = (g.shape[1] + 15) // 16
+    table = blocks * lesson11.scatter_add_reference(ids, g, vocab_size)
+    return table if blocks == 1 else _loses_on_several_threads(table, ids, g, rng)
+
+
+def simulated_race(ids, g, vocab_size, rng=np.random.default_rng(6)):
+    """A token split whose race strikes on every run with several threads, never on one."""
+    return _loses_on_several_threads(lesson11.scatter_add_reference(ids, g, vocab_size),
+                                     ids, g, rng)
+
+
+def test_11_1_the_walk_is_named_even_when_the_race_strikes_every_time():
+    import numba
+    if numba.get_num_threads() < 2:
+        pytest.skip("needs numba on several threads")
+    fails_with(lesson11.check_embedding_backward, simulated_walk_that_races, 2,
+               words=("every entry is 2 times its sum, at C = 17", "walks all C columns"))
+
+
+def test_11_1_a_race_that_is_no_walk_is_still_named_a_race():
+    import numba
+    if numba.get_num_threads() < 2:
+        pytest.skip("needs numba on several threads")
+    message = fails_with(lesson11.check_embedding_backward, simulated_race, 2,
+                         words=("differ from run to run", "updates were lost"))
+    assert "column" not in message.split("updates were lost")[0], message
+    assert numba.get_num_threads() > 1          # the check put the thread count back
 
 
 def test_11_1_floor_division_of_the_width_is_not_called_a_race():
