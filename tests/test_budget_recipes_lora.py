@@ -42,6 +42,15 @@ def test_the_recipes_apply_in_a_fixed_order_and_only_where_set():
     assert recipes.applied(bm.preset("llama2-7b", **HF)) == ()
 
 
+def test_each_recipe_over_lora_names_a_knob_of_the_table_and_an_adapter_knob():
+    """The report lists each recipe's setting beside LoRA's from the registry, so a new
+    recipe shows up there without an edit to the report."""
+    from engine.budget.knobs import ADAPTER_KNOBS, KNOBS
+    knobs = [r.knob for r in recipes.registry() if r.knob]
+    assert knobs == ["dora", "qlora", "modules_to_save"]
+    assert all(k in KNOBS and k in ADAPTER_KNOBS for k in knobs)
+
+
 # ------------------------------------------------------------- all-linear
 @pytest.mark.parametrize("preset, names", [
     ("gpt2-small", ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]),
