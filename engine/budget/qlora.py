@@ -83,4 +83,4 @@ def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) 
 
 
 RECIPE = Recipe("qlora", lambda cfg: bool(cfg.lora_rank and cfg.qlora), rows=rows,
-                fixed=fixed)
+                fixed=fixed, knob="qlora")

@@ -49,3 +49,6 @@ class Recipe:
     # (cfg, elements so far) -> elements
     head_gradient: Callable | None = None
     freezes_base: bool = False   # the base model's own parameters get no gradient
+    # the knob (knobs.KNOBS) that turns on a recipe built on LoRA's adapters: the report
+    # names its setting beside LoRA's
+    knob: str | None = None

@@ -60,9 +60,6 @@ def human_seconds(t: float) -> str:
     return f"{t:.3g} s"
 
 
-LORA_RECIPE_KNOBS = ("dora", "qlora", "modules_to_save")
-
-
 def _trainable(c) -> list[str]:
     """Under LoRA, the line of the parameters the optimizer updates."""
     if not recipes.freezes_base(c):
@@ -71,7 +68,8 @@ def _trainable(c) -> list[str]:
     # the recipes built on LoRA, each with its setting (the defaults included)
     said = ", ".join(f"{KNOBS[k].flag} " + (("on" if v else "off") if isinstance(v, bool)
                                              else v or "none")
-                     for k, v in ((k, getattr(c, k)) for k in LORA_RECIPE_KNOBS))
+                     for k, v in ((r.knob, getattr(c, r.knob)) for r in recipes.registry()
+                                   if r.knob))
     return [f"trainable  {count:,} ({human_count(count)}): LoRA rank {c.lora_rank} on "
             f"{','.join(target_names(c))}, the model's own parameters frozen ({said})"]
 

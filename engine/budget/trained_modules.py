@@ -60,5 +60,5 @@ def tensors(cfg, trained: list, make) -> list:
 
 RECIPE = Recipe(
     "modules_to_save", lambda cfg: bool(cfg.lora_rank and cfg.modules_to_save), rows=rows,
-    tensors=tensors,
+    tensors=tensors, knob="modules_to_save",
     head_gradient=lambda cfg, elements: cfg.vocab_size * cfg.d_model if _head(cfg) else elements)
