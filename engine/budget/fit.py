@@ -21,6 +21,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
+from . import sharding
 from .activations import activations
 from .config import BudgetConfig, BudgetError
 from .counts import parameter_count
@@ -71,6 +72,7 @@ def clear_caches() -> None:
     """Forget every step evaluated (a benchmark's uncached run starts here)."""
     moment_bytes.cache_clear()
     _answers.cache_clear()
+    sharding.clear_caches()
 
 
 def largest_fitting(fits, low: int, high: int, guess: int | None = None) -> int | None:

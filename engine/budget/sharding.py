@@ -111,6 +111,9 @@ frozen weights are sharded too and gathered like the rest, beside the adapters.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 from .config import BudgetConfig
 from . import moments as M, recipes
 from .counts import bytes_per_parameter
@@ -308,12 +311,12 @@ _WHY = {"used": "the weights of the module running now, gathered whole",
                 f"{MAX_REUSE_ELEMENTS:.0e} elements)".replace("e+0", "e")}
 
 
-def deepspeed_trace(cfg: BudgetConfig, modules) -> tuple[list[str], dict[str, int]]:
+def deepspeed_trace(tied: bool, recompute: bool, modules) -> tuple[list[str], dict[str, int]]:
     """The modules in the order DeepSpeed fetches them in one forward and backward, and
     where the backward starts, the first block's backward starts and ends, and the
     token embedding's backward is (indices into the trace)."""
     names = [m for m, _, _ in modules]
-    tied_head = [m for m in names if _unit(m) is None][0] if cfg.tied_embedding else None
+    tied_head = [m for m in names if _unit(m) is None][0] if tied else None
     forward = names + ([tied_head] if tied_head else [])
     blocks: dict[str, list[str]] = {}
     for m in names:
@@ -328,7 +331,7 @@ def deepspeed_trace(cfg: BudgetConfig, modules) -> tuple[list[str], dict[str, in
         elif unit not in seen:  # a block's backward, after its modules rerun under recompute
             seen.add(unit)
             start = len(forward) + len(backward)
-            if cfg.recompute == "full":
+            if recompute:
                 backward += blocks[unit]
             backward += list(reversed(blocks[unit]))
             if "block" not in where:
@@ -339,23 +342,26 @@ def deepspeed_trace(cfg: BudgetConfig, modules) -> tuple[list[str], dict[str, in
 
 
 def _deepspeed_replay(trace: list[str], numel: dict[str, int], size: dict[str, int],
-                      recorded: bool = True):
+                      recorded: bool = True, read=None):
     """DeepSpeed's parameter coordinator (partitioned_param_coordinator.py), module by
     module: fetch the module, prefetch the next modules of the trace up to the bucket
     while fewer than the live limit are whole, run it, then release it unless it is used
     again within the reuse distance, or the prefetcher passed its next use by while it
     was whole (DeepSpeed keeps those, not to lose the prefetch). Before the order is
     `recorded` (step 1) nothing is prefetched and every module is released after use.
-    Returns, for each step, the bytes whole while it runs and after its release, by why
-    (`_WHY`)."""
+    Returns, for each step of `read` (every step when None), the bytes whole while it
+    runs and after its release, by why (`_WHY`)."""
     whole: dict[str, str] = {}       # module -> why it is whole
     passed: dict[str, int] = {}      # module -> the latest use the prefetcher passed by
-    running, released = [], []
+    running, released = {}, {}
+    read = range(len(trace)) if read is None else read
     queue = 0                        # the next step of the trace not yet looked at
+    live = 0                         # elements whole now
     for step, m in enumerate(trace):
+        if m not in whole:
+            live += numel[m]
         whole[m] = "used"
         queue = max(queue, step + 1)
-        live = sum(numel[x] for x in whole)
         budget, fetched = min(MAX_LIVE_ELEMENTS - live, PREFETCH_BUCKET_ELEMENTS), 0
         if not recorded:
             budget, queue = 0, len(trace)
@@ -363,10 +369,12 @@ def _deepspeed_replay(trace: list[str], numel: dict[str, int], size: dict[str, i
             if trace[queue] not in whole:
                 whole[trace[queue]] = "ahead"
                 fetched += numel[trace[queue]]
+                live += numel[trace[queue]]
             else:  # whole already: the prefetcher passes this use by, so it stays whole
                 passed[trace[queue]] = queue
             queue += 1
-        running.append(_by_why(whole, size))
+        if step in read:
+            running[step] = _by_why(whole, size)
         traversed, again = 0, False
         for later in trace[step + 1:]:
             if traversed >= MAX_REUSE_ELEMENTS:
@@ -381,7 +389,9 @@ def _deepspeed_replay(trace: list[str], numel: dict[str, int], size: dict[str, i
             whole[m] = "ahead"
         else:
             del whole[m]
-        released.append(_by_why(whole, size))
+            live -= numel[m]
+        if step in read:
+            released[step] = _by_why(whole, size)
     return running, released
 
 
@@ -394,22 +404,36 @@ def _by_why(whole: dict[str, str], size: dict[str, int]) -> dict[str, int]:
 
 def _deepspeed_gathered(cfg: BudgetConfig, modules,
                         first_step: bool) -> dict[str, list[tuple[str, int]]]:
-    trace, where = deepspeed_trace(cfg, modules)
+    return _deepspeed_moments(tuple(modules), cfg.tied_embedding, cfg.recompute == "full",
+                              first_step)
+
+
+def _deepspeed_moments(modules: tuple, tied: bool, recompute: bool,
+                       first_step: bool) -> dict[str, list[tuple[str, int]]]:
+    trace, where = deepspeed_trace(tied, recompute, modules)
     numel = {m: n for m, n, _ in modules}
     size = {m: b for m, _, b in modules}
-    running, released = _deepspeed_replay(trace, numel, size, recorded=not first_step)
+    turn, head, embedding = where["backward"] - 1, where["backward"], where["embedding"]
+    first, end = where["block"] if recompute else (0, 0)
+    running, released = _deepspeed_replay(trace, numel, size, recorded=not first_step,
+                                          read={turn, head, embedding, *range(first, end)})
 
     def terms(held: dict[str, int]) -> list[tuple[str, int]]:
         return [(_WHY[why], held[why]) for why in _WHY]
 
-    at_turn = terms(released[where["backward"] - 1])  # the forward done, the loss runs
+    at_turn = terms(released[turn])  # the forward done, the loss runs
     found = {M.FORWARD_END: at_turn, M.LOSS_BACKWARD: at_turn,
-             M.HEAD_BACKWARD: terms(running[where["backward"]]),
-             M.BACKWARD_END: terms(running[where["embedding"]])}
-    if cfg.recompute == "full":
-        first, end = where["block"]
-        found[M.RECOMPUTED] = terms(max(running[first:end], key=lambda h: sum(h.values())))
+             M.HEAD_BACKWARD: terms(running[head]),
+             M.BACKWARD_END: terms(running[embedding])}
+    if recompute:
+        found[M.RECOMPUTED] = terms(max((running[k] for k in range(first, end)),
+                                        key=lambda h: sum(h.values())))
     return found
+
+
+def clear_caches() -> None:
+    """Forget every shape's gathered weights (a benchmark's uncached run starts here)."""
+    _gathered.cache_clear()
 
 
 def weights_gathered(cfg: BudgetConfig,
@@ -421,7 +445,13 @@ def weights_gathered(cfg: BudgetConfig,
     only the module running (FSDP reads its order from the same step's forward)."""
     if not gathers_weights(cfg):
         return {}
-    modules = weight_modules(cfg)
-    if cfg.zero_engine == "fsdp":
-        return _fsdp_gathered(cfg, modules)
-    return _deepspeed_gathered(cfg, modules, first_step)
+    # the fit searches ask for every batch size and device count: none changes it
+    return _gathered(replace(cfg, devices=2, micro_batch=1, accumulation=1), first_step)
+
+
+@functools.lru_cache(maxsize=256)
+def _gathered(shape: BudgetConfig, first_step: bool) -> dict[str, list[tuple[str, int]]]:
+    modules = weight_modules(shape)
+    if shape.zero_engine == "fsdp":
+        return _fsdp_gathered(shape, modules)
+    return _deepspeed_gathered(shape, modules, first_step)
