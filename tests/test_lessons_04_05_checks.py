@@ -216,6 +216,77 @@ def test_04_2_names_the_mistake(answer, phrase):
     assert "max(|a|, |n|" not in str(err.value) and "np.maximum(np.maximum" not in str(err.value)
 
 
+# ---------------------------------------------------------------- numpy's errors, one line
+# An error numpy's C code raises on a line of the learner's function, from an array method
+# or an operator, leaves no numpy frame in the traceback; it is named all the same.
+def reshape_wrong(g):
+    return g.reshape(3, 5)
+
+
+def matmul_wrong(x, y):
+    return x.T @ y
+
+
+def broadcast_wrong(a, b):
+    return a + b
+
+
+def argmax_wrong_axis(a):
+    return a.argmax(axis=3)
+
+
+def truth_of_an_array(a):
+    if a > 0:
+        return a
+    return -a
+
+
+def index_past_the_end(a):
+    return a[7]
+
+
+@pytest.mark.parametrize("fn, args, words", [
+    (reshape_wrong, (np.ones(4),), ["`return g.reshape(3, 5)`", "ValueError: cannot reshape"]),
+    (matmul_wrong, (np.ones((3, 4)), np.ones((5, 2))),
+     ["`return x.T @ y`", "mismatch in its core dimension", "in a @ b, the last dimension"]),
+    (broadcast_wrong, (np.ones(3), np.ones(4)),
+     ["`return a + b`", "could not be broadcast", "do not line up"]),
+    (argmax_wrong_axis, (np.ones((2, 3)),), ["`return a.argmax(axis=3)`", "AxisError"]),
+    (truth_of_an_array, (np.ones(3),), ["`if a > 0:`", "truth value of an array"]),
+    (index_past_the_end, (np.ones(3),), ["`return a[7]`", "IndexError: index 7 is out of"]),
+])
+def test_numpy_error_on_an_array_method_or_operator_is_one_named_line(fn, args, words):
+    from coursework import _core
+    with pytest.raises(ExerciseError) as info:
+        _core.attempt("99.9 (numpy)", fn, *args)
+    message = str(info.value)
+    assert "numpy stopped your function at" in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_numpy_error_never_calls_a_learners_own_raise_numpys():
+    """A learner's `raise ValueError(...)` stays the learner's error, even on a line that
+    calls numpy or with a message that reads like numpy's."""
+    from coursework import _core
+
+    def own_check(g):
+        raise ValueError(f"expected a (3, 5) gradient, got shape {np.shape(g)}")
+
+    def own_copy_of_numpys_words(g):
+        raise ValueError(
+            "cannot reshape array of size 4 into shape (3,5)")
+
+    def plain_python(g):
+        return int("three")
+
+    for fn in (own_check, own_copy_of_numpys_words, plain_python):
+        with pytest.raises(ValueError) as info:
+            _core.attempt("99.9 (numpy)", fn, np.ones(4))
+        assert not isinstance(info.value, ExerciseError)
+        assert _core.numpy_error(fn, info.value) is None
+
+
 # ---------------------------------------------------------------- 04.3
 class Spot(NamedTuple):
     index: tuple
