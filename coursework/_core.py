@@ -24,6 +24,9 @@ class ExerciseError(AssertionError):
 
     def __init__(self, exercise: str, message: str):
         self.exercise = exercise
+        self.detail = message
+        #: the learner's own error that `attempt` named in one line (numpy's, numba's)
+        self.stopped_by: BaseException | None = None
         super().__init__(f"Exercise {exercise}: {message}")
 
     def _render_traceback_(self) -> list[str]:
@@ -49,11 +52,16 @@ def attempt(exercise: str, fn, *args, **kwargs):
             "run that cell, then run this check again.") from None
     except Exception as err:
         if _numba_typing_error(err):
-            raise ExerciseError(exercise, numba_typing_line(err)) from None
-        line = numpy_error(fn, err) if isinstance(err, (TypeError, ValueError, IndexError)) else None
+            line = numba_typing_line(err)
+        elif isinstance(err, (TypeError, ValueError, IndexError)):
+            line = numpy_error(fn, err)
+        else:
+            line = None
         if line is None:
             raise
-        raise ExerciseError(exercise, line) from None
+        named = ExerciseError(exercise, line)
+        named.stopped_by = err
+        raise named from None
 
 
 def _numba_typing_error(err: BaseException) -> bool:
