@@ -24,6 +24,9 @@ class ExerciseError(AssertionError):
 
     def __init__(self, exercise: str, message: str):
         self.exercise = exercise
+        self.detail = message
+        #: the learner's own error that `attempt` named in one line (numpy's, numba's)
+        self.stopped_by: BaseException | None = None
         super().__init__(f"Exercise {exercise}: {message}")
 
     def _render_traceback_(self) -> list[str]:
@@ -49,11 +52,16 @@ def attempt(exercise: str, fn, *args, **kwargs):
             "run that cell, then run this check again.") from None
     except Exception as err:
         if _numba_typing_error(err):
-            raise ExerciseError(exercise, numba_typing_line(err)) from None
-        line = numpy_error(fn, err) if isinstance(err, (TypeError, ValueError, IndexError)) else None
+            line = numba_typing_line(err)
+        elif isinstance(err, (TypeError, ValueError, IndexError)):
+            line = numpy_error(fn, err)
+        else:
+            line = None
         if line is None:
             raise
-        raise ExerciseError(exercise, line) from None
+        named = ExerciseError(exercise, line)
+        named.stopped_by = err
+        raise named from None
 
 
 def _numba_typing_error(err: BaseException) -> bool:
@@ -94,12 +102,50 @@ _NUMPY_NOTES = {
     "output array": "a ufunc such as np.maximum takes two inputs; a third positional "
                     "argument is the array it writes its result into (`out`)",
     "could not be broadcast": "the two arrays' shapes do not line up element by element",
+    "mismatch in its core dimension": "in a @ b, the last dimension of a must equal the "
+                                      "first (or next to last) dimension of b",
 }
+
+# The messages numpy's own array methods and operators raise from C, with no numpy frame in
+# the traceback: `g.reshape(3, 5)`, `x.T @ y`, `a + b`, `if a > 0:`, `a[7]`, `a.argmax(3)`.
+_NUMPY_MESSAGES = re.compile("|".join((
+    r"cannot reshape array of size \d+ into shape",
+    r"operands could not be broadcast together",
+    r"could not broadcast input array from shape",
+    r"non-broadcastable output operand",
+    r"has a mismatch in its core dimension",
+    r"shapes \(.*\) and \(.*\) not aligned",
+    r"is out of bounds for (axis \d+ with size|array of dimension)",
+    r"too many indices for array",
+    r"boolean index did not match indexed array",
+    r"truth value of an array with more than one element is ambiguous",
+    r"setting an array element with a sequence",
+    r"axes don't match array",
+    r"cannot select an axis to squeeze out",
+    r"arrays used as indices must be of integer",
+)))
+
+
+def _raise_statement(tb) -> bool:
+    """Did the traceback entry `tb` stop at a `raise` the code itself wrote?"""
+    import dis
+    return any(i.offset == tb.tb_lasti and i.opname in ("RAISE_VARARGS", "RERAISE")
+               for i in dis.get_instructions(tb.tb_frame.f_code))
+
+
+def _numpy_raised_it(err: BaseException) -> bool:
+    """Is `err` one of numpy's own exceptions (AxisError, a ufunc's type error, LinAlgError)
+    or one of the messages numpy's array methods and operators raise?"""
+    return (type(err).__module__.split(".")[0] == "numpy"
+            or _NUMPY_MESSAGES.search(str(err)) is not None)
 
 
 def numpy_error(fn, err: BaseException) -> str | None:
-    """One line for an error numpy raised inside the learner's `fn` (on a line of `fn` that
-    calls numpy, or in numpy's own code called from it), or None for any other error."""
+    """One line for an error numpy raised inside the learner's `fn`, or None for any other
+    error: raised in numpy's own code called from a line of `fn`, or on a line of `fn` itself
+    by numpy's C code (an array method or operator: `g.reshape(3, 5)`, `x.T @ y`), told by
+    numpy's exception type or message, or by a line that calls numpy. An error the learner's
+    own `raise` statement raised is never numpy's."""
     code = getattr(getattr(fn, "py_func", fn), "__code__", None)
     frames, tb = [], err.__traceback__
     while tb is not None:
@@ -113,8 +159,12 @@ def numpy_error(fn, err: BaseException) -> str | None:
     source = linecache.getline(at.tb_frame.f_code.co_filename, at.tb_lineno).strip()
     below = frames[mine[-1] + 1:]
     note = next((f" ({text})" for key, text in _NUMPY_NOTES.items() if key in str(err)), "")
-    from_numpy = (all("numpy" in f.tb_frame.f_code.co_filename for f in below) if below
-                  else ("np." in source or "numpy." in source or (not source and note)))
+    if below:
+        from_numpy = all("numpy" in f.tb_frame.f_code.co_filename for f in below)
+    else:
+        from_numpy = not _raise_statement(at) and (
+            _numpy_raised_it(err) or "np." in source or "numpy." in source
+            or (not source and bool(note)))
     if not from_numpy:
         return None
     where = f"`{source}`" if source else f"line {at.tb_lineno}"

@@ -29,11 +29,14 @@ EX_PRODUCT = "03.5 (predict the gradient's shrinking or growth)"
 
 
 def _call(exercise, what, fn, *args, hint=""):
-    """attempt(), and also turn any other error into the exercise's message."""
+    """attempt(), and also turn any other error into the exercise's message, naming the case
+    it stopped on (and numpy's line, where `attempt` named it)."""
     try:
         return attempt(exercise, fn, *args)
-    except ExerciseError:
-        raise
+    except ExerciseError as err:
+        if err.stopped_by is None:
+            raise
+        raise ExerciseError(exercise, f"{what}: {err.detail} {hint}".rstrip()) from None
     except Exception as err:  # a learner's code may fail in any way; say where
         raise ExerciseError(exercise, f"{what} raised {type(err).__name__}: {err}. "
                                       f"{hint}".rstrip()) from None

@@ -216,6 +216,77 @@ def test_04_2_names_the_mistake(answer, phrase):
     assert "max(|a|, |n|" not in str(err.value) and "np.maximum(np.maximum" not in str(err.value)
 
 
+# ---------------------------------------------------------------- numpy's errors, one line
+# An error numpy's C code raises on a line of the learner's function, from an array method
+# or an operator, leaves no numpy frame in the traceback; it is named all the same.
+def reshape_wrong(g):
+    return g.reshape(3, 5)
+
+
+def matmul_wrong(x, y):
+    return x.T @ y
+
+
+def broadcast_wrong(a, b):
+    return a + b
+
+
+def argmax_wrong_axis(a):
+    return a.argmax(axis=3)
+
+
+def truth_of_an_array(a):
+    if a > 0:
+        return a
+    return -a
+
+
+def index_past_the_end(a):
+    return a[7]
+
+
+@pytest.mark.parametrize("fn, args, words", [
+    (reshape_wrong, (np.ones(4),), ["`return g.reshape(3, 5)`", "ValueError: cannot reshape"]),
+    (matmul_wrong, (np.ones((3, 4)), np.ones((5, 2))),
+     ["`return x.T @ y`", "mismatch in its core dimension", "in a @ b, the last dimension"]),
+    (broadcast_wrong, (np.ones(3), np.ones(4)),
+     ["`return a + b`", "could not be broadcast", "do not line up"]),
+    (argmax_wrong_axis, (np.ones((2, 3)),), ["`return a.argmax(axis=3)`", "AxisError"]),
+    (truth_of_an_array, (np.ones(3),), ["`if a > 0:`", "truth value of an array"]),
+    (index_past_the_end, (np.ones(3),), ["`return a[7]`", "IndexError: index 7 is out of"]),
+])
+def test_numpy_error_on_an_array_method_or_operator_is_one_named_line(fn, args, words):
+    from coursework import _core
+    with pytest.raises(ExerciseError) as info:
+        _core.attempt("99.9 (numpy)", fn, *args)
+    message = str(info.value)
+    assert "numpy stopped your function at" in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_numpy_error_never_calls_a_learners_own_raise_numpys():
+    """A learner's `raise ValueError(...)` stays the learner's error, even on a line that
+    calls numpy or with a message that reads like numpy's."""
+    from coursework import _core
+
+    def own_check(g):
+        raise ValueError(f"expected a (3, 5) gradient, got shape {np.shape(g)}")
+
+    def own_copy_of_numpys_words(g):
+        raise ValueError(
+            "cannot reshape array of size 4 into shape (3,5)")
+
+    def plain_python(g):
+        return int("three")
+
+    for fn in (own_check, own_copy_of_numpys_words, plain_python):
+        with pytest.raises(ValueError) as info:
+            _core.attempt("99.9 (numpy)", fn, np.ones(4))
+        assert not isinstance(info.value, ExerciseError)
+        assert _core.numpy_error(fn, info.value) is None
+
+
 # ---------------------------------------------------------------- 04.3
 class Spot(NamedTuple):
     index: tuple
@@ -416,13 +487,31 @@ def same_mask_other_seed(loss, seed):
     return lambda values: loss(values, np.random.default_rng(seed + 1))
 
 
-def test_04_5_names_unseeded_masks_every_time():
-    """An unseeded generator gives one of 64 masks: its first draw matches the seeded one
-    one time in 64, so a check that read only the first call misnamed it as made once."""
-    for _ in range(300):
+def same_mask_seed_seven(loss, seed):
+    return lambda values: loss(values, np.random.default_rng(7))    # the demonstration's seed
+
+
+def same_mask_first_loss_kept(loss, seed):
+    """The right loss on every call, but the values' changes never reach it."""
+    kept = []
+
+    def f(values):
+        if not kept:
+            kept.append(loss(values, np.random.default_rng(seed)))
+        return kept[0]
+    return f
+
+
+def test_04_5_unseeded_masks_are_never_named_a_slip():
+    """An unseeded generator draws masks no reproduction can repeat: the check says where the
+    losses differ, every time, and never names the generator made once (whose first draw
+    an unseeded one matches one time in 64)."""
+    for _ in range(60):
         with pytest.raises(ExerciseError) as info:
             lesson04.fair._check_same_mask(same_mask_unseeded)
-        assert "every forward pass draws its own mask" in str(info.value)
+        message = str(info.value)
+        assert "calls of your function on the same values gave the losses" in message
+        assert "Hint" not in message and "made once" not in message
 
 
 def test_04_5_passes_both_fixes(capsys):
@@ -444,16 +533,103 @@ def test_04_5_accepts_any_margin_beyond_eps():
     (away_sign, same_mask_right, ["np.sign(0) is 0"]),
     (away_abs, same_mask_right, ["across the kink", "both branches"]),
     (away_by_eps, same_mask_right, ["within eps of the kink", "farther than eps"]),
-    (away_fixed_gap, same_mask_right, ["eps=1e-3", "margin must grow with eps"]),
-    (away_dropped, same_mask_right, ["do not drop them"]),
+    (away_fixed_gap, same_mask_right, ["eps=0.001", "margin must grow with eps"]),
+    (away_dropped, same_mask_right, ["every point of x comes back"]),
     (away_right, same_mask_made_once, ["a generator made once", "advanced by every call"]),
-    (away_right, same_mask_unseeded, ["every forward pass draws its own mask"]),
-    (away_right, same_mask_other_seed, ["not the mask of the backward pass"]),
+    (away_right, same_mask_seed_seven, ["the mask of seed 7", "whatever the seed argument"]),
+    (away_right, same_mask_unseeded, ["calls of your function on the same values gave"]),
+    (away_right, same_mask_other_seed, ["every call of your function gives the loss"]),
     (away_right, lambda loss, seed: loss, ["a checker calls f(values), one argument"]),
     (away_right, lambda loss, seed: 0.5, ["should return a function"]),
 ])
 def test_04_5_names_the_mistake(away, same, words):
     fails_with(lesson04.check_fair_checks, away, same, words=["Exercise 04.5", *words])
+
+
+def test_04_5_each_kink_slip_is_named_by_its_reproduction():
+    fair = lesson04.fair
+    assert_each_slip_named(lambda away: lesson04.check_fair_checks(away, same_mask_right),
+                           fair._kink_cases(), fair.KINK_SLIPS, fair.away_from_kink_reference,
+                           same=fair._same_points)
+
+
+@pytest.mark.parametrize("away, slip", [
+    (away_shift_all, 0), (away_sign, 2), (away_abs, 3), (away_by_eps, 4), (away_fixed_gap, 5),
+])
+def test_04_5_a_kink_slip_written_by_hand_gets_its_reproductions_name(away, slip):
+    fair = lesson04.fair
+    for case in fair._kink_cases():
+        assert np.allclose(away(case.args[0].copy(), case.args[1]),
+                           fair.KINK_SLIPS[slip].reproduce(*case.args), rtol=1e-12, atol=0)
+    hint = fair.KINK_SLIPS[slip].hint
+    message = fails_with(lesson04.check_fair_checks, away, same_mask_right)
+    assert (hint if isinstance(hint, str) else "margin must grow with eps") in message
+
+
+@pytest.mark.parametrize("same, slip", [(same_mask_made_once, 0), (same_mask_seed_seven, 1)])
+def test_04_5_each_mask_slip_is_named_by_its_reproduction(same, slip):
+    """The reproduction gives, call for call, what a checker sees through the learner's
+    function written as that slip; that function gets the slip's hint."""
+    fair = lesson04.fair
+    for case in fair._mask_cases():
+        loss, seed, values = case.args
+        got = fair._mask_answer(same(loss, seed), values)
+        assert fair._same_mask_answer(got, fair.MASK_SLIPS[slip].reproduce(*case.args))
+    message = fails_with(lesson04.check_fair_checks, away_right, same)
+    assert fair.MASK_SLIPS[slip].hint in message
+
+
+def away_times_ten(x, eps=1e-6):
+    return np.where(np.abs(x) < 10 * eps, 10 * x, x)      # 0 stays on the kink
+
+
+def away_half_eps(x, eps=1e-6):
+    return np.where(np.abs(x) < 10 * eps, np.where(x < 0, -eps / 2, eps / 2), x)
+
+
+@pytest.mark.parametrize("away, same, words", [
+    (away_times_ten, same_mask_right, ["x[0, 0] = 0 came back as 0", "the lesson's answer has 1e-05",
+                                       "cannot use 1 of the 8 points"]),
+    (away_half_eps, same_mask_right, ["on the lesson's points", "came back as 5e-07"]),
+    (away_right, same_mask_unseeded, ["same_mask(loss, seed=11)", "where the backward pass "
+                                      "under check has"]),
+    (away_right, same_mask_other_seed, ["every call of your function gives the loss",
+                                        "off)"]),
+    (away_right, same_mask_first_loss_kept, ["central differences through your function",
+                                             "is 0.0 where the reference has"]),
+])
+def test_04_5_a_wrong_answer_that_is_no_known_slip_gets_the_neutral_message(away, same, words):
+    message = fails_with(lesson04.check_fair_checks, away, same, words=["Exercise 04.5", *words])
+    assert "Hint" not in message
+    # and no message hands over a line of the answer
+    assert "default_rng(seed)" not in message and "np.abs(x) < 10" not in message
+
+
+def test_04_5_a_right_answer_written_differently_passes_every_case(capsys):
+    def away_by_steps(x, eps=1e-6):
+        out = np.array(x, dtype=float)
+        for i in np.ndindex(out.shape):
+            if abs(out[i]) < 10 * eps:
+                out[i] = -10 * eps if out[i] < 0 else 10 * eps
+        return out
+
+    def same_mask_by_class(loss, seed):
+        class Fixed:
+            def __call__(self, values):
+                return loss(values, np.random.default_rng(seed))
+        return Fixed()
+
+    lesson04.check_fair_checks(away_by_steps, same_mask_by_class)
+    out = capsys.readouterr().out
+    assert "Exercise 04.5 (away_from_kink, same_mask) passed." in out
+    assert "the lesson's 2 and 4 generated" in out and "the lesson's and 3 generated" in out
+
+
+def test_04_5_the_untouched_stubs_say_not_done_yet():
+    for away, same in ((stub, same_mask_right), (away_right, stub), (stub, stub)):
+        message = fails_with(lesson04.check_fair_checks, away, same,
+                             words=["Exercise 04.5", "not done yet"])
+        assert "Hint" not in message
 
 
 def test_04_5_the_unfair_checks_fail_a_right_gradient():
@@ -558,11 +734,11 @@ def test_04_6_the_cases_are_what_the_lesson_says():
     (stub, ["not done yet"]),
     (localize_top_down, ["the end-to-end check only says something is wrong"]),
     (localize_dict_order, ["first failing part in the order the dict lists them"]),
-    (localize_layers_first, ["fails because one of its ops does"]),
-    (localize_ops_only, ["every op passes on its own here", "check the layers after the ops"]),
+    (localize_layers_first, ["you checked the layers before the ops"]),
+    (localize_ops_only, ["every op passes on its own here", "you stopped after the ops"]),
     (localize_report, ["returned a report", "return the part's name"]),
     (localize_raises, ["raised on a failing check", "raise_on_failure=False"]),
-    (localize_always_softplus, ["'softplus' passes its check"]),
+    (localize_always_softplus, ["'softplus' (op, passes its check)"]),
     (localize_all_failing, ["return one name"]),
 ])
 def test_04_6_names_the_mistake(answer, words):
@@ -573,15 +749,83 @@ def test_04_6_a_layer_named_when_its_op_fails(monkeypatch):
     # parts listed network first, so a layers-first walk is not the dict's order
     monkeypatch.setattr(lesson04.localize, "_LOCAL_CASES", lesson04.localize._LOCAL_CASES[1:2])
     fails_with(lesson04.check_localize, localize_layers_first,
-               words=["the layer 'hidden' fails because one of its ops does",
-                      "check every op before any layer"])
+               words=["you returned 'hidden' (layer, fails its check)",
+                      "'add_bias' (op, fails its check)", "you checked the layers before"])
 
 
 def test_04_6_none_when_nothing_fails():
     def never_none(parts):
         return localize_right(parts) or "network"
-    fails_with(lesson04.check_localize, never_none,
-               words=["every part passes its check here", "return None"])
+    message = fails_with(lesson04.check_localize, never_none,
+                         words=["the network with no bug", "every part passes its check here"])
+    assert "Hint" not in message
+
+
+def localize_ops_then_network(parts):
+    for level in ("op", "network"):
+        for name, part in parts.items():
+            if part.level == level and not report_of(part).ok:
+                return name
+    return None
+
+
+def localize_last_failing_op_first(parts):
+    """Within a level, the last failing part in the dict's order: right whenever one part
+    of a level fails, wrong where two ops fail at once."""
+    for level in ("op", "layer", "network"):
+        failing = [n for n, p in parts.items() if p.level == level and not report_of(p).ok]
+        if failing:
+            return failing[-1]
+    return None
+
+
+def test_04_6_each_slip_is_named_by_its_reproduction():
+    import operator
+    from coursework.lesson04 import localize
+    assert_each_slip_named(lesson04.check_localize, localize._local_cases(),
+                           localize.LOCAL_SLIPS, localize.localize_reference, same=operator.eq)
+
+
+@pytest.mark.parametrize("answer, slip", [
+    (localize_ops_then_network, 0), (localize_top_down, 1), (localize_dict_order, 2),
+    (localize_layers_first, 3), (localize_ops_only, 4),
+])
+def test_04_6_a_slip_written_by_hand_gets_its_reproductions_name(answer, slip):
+    from coursework.lesson04 import localize
+    reproduce = localize.LOCAL_SLIPS[slip].reproduce
+    assert all(answer(dict(case.args[0])) == reproduce(*case.args)
+               for case in localize._local_cases())
+    fails_with(lesson04.check_localize, answer, words=[localize.LOCAL_SLIPS[slip].hint])
+
+
+@pytest.mark.parametrize("answer, words", [
+    (localize_last_failing_op_first, ["generated network #1 (seed 47)",
+                                      "you returned 'add_bias' (op, fails its check)",
+                                      "the most local failing part is 'softplus'"]),
+    (localize_always_softplus, ["halved: you returned 'softplus' (op, passes its check)"]),
+])
+def test_04_6_a_wrong_answer_that_is_no_known_slip_gets_the_neutral_message(answer, words):
+    message = fails_with(lesson04.check_localize, answer, words=["Exercise 04.6", *words])
+    assert "Hint" not in message
+
+
+def test_04_6_a_right_answer_written_differently_passes_every_case(capsys):
+    def localize_by_sets(parts):
+        verdicts = {name: report_of(part).ok for name, part in parts.items()}
+        for level in lesson04.LEVELS:
+            bad = [name for name in parts if parts[name].level == level and not verdicts[name]]
+            if bad:
+                return bad[0]
+        return None
+
+    lesson04.check_localize(localize_by_sets)
+    out = capsys.readouterr().out
+    assert "Exercise 04.6 (localize) passed." in out and "the lesson's 4 and 5 generated" in out
+
+
+def test_04_6_the_untouched_stub_says_not_done_yet():
+    message = fails_with(lesson04.check_localize, stub, words=["Exercise 04.6", "not done yet"])
+    assert "Hint" not in message
 
 
 # ---------------------------------------------------------------- the notebook

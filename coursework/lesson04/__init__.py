@@ -7,7 +7,9 @@ where truncation and rounding error balance, 04.5 fair checks of a correct
 gradient (away from a kink, one dropout mask), 04.6 the local-to-global walk
 that names the most local failing part of a network. Each check feeds the learner's
 function cases where a typical wrong answer gives itself away (a forward
-difference, a missing floor, relative error alone) and names it.
+difference, a missing floor, relative error alone); 04.4 to 04.6 run the lesson's
+cases beside seeded generated ones and name a slip only when its reproduction gives
+the learner's answer on every case it gets wrong (`coursework._cases`).
 
 Each exercise's check lives in a module of its own (partial.py, errors.py,
 spot.py, step.py, fair.py, localize.py); this package gathers the names the

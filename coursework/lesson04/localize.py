@@ -2,10 +2,12 @@
 (op, then layer, then the network), or None when every part passes."""
 from __future__ import annotations
 
+import operator
 from typing import Callable, NamedTuple
 
 import numpy as np
 
+from .._cases import Case, Slip, raise_first_difference
 from .._core import ExerciseError, attempt, passed
 # 04.6's network is built from two of lesson 05's suspect ops (the same classes, so a planted
 # bug means the same in both lessons): softplus's "formula" forgets to divide by 1 + e^x;
@@ -85,13 +87,20 @@ def check_part(part: Part):
     return engine.gradcheck(part.fn, part.inputs, eps=1e-5, raise_on_failure=False)
 
 
-def _most_local_failure(parts: dict, failing: dict):
-    for level in LEVELS:
-        for name, part in parts.items():
-            if part.level == level and failing[name]:
-                return name
-    return None
+def _walk(levels):
+    """A walk over the parts, level by level in `levels` and in the dict's order within a
+    level, returning the first part whose check fails (None when none does)."""
+    def walk(parts):
+        for level in levels:
+            for name, part in parts.items():
+                if part.level == level and not check_part(part).ok:
+                    return name
+        return None
+    return walk
 
+
+#: The lesson's answer: ops, then layers, then the network.
+localize_reference = _walk(LEVELS)
 
 #: The cases 04.6 hands the learner's function: the lesson's bug, listed layers first (so
 #: a walk in the dict's order stops at a layer), a bug in another op, a bug that no op's own
@@ -105,72 +114,101 @@ _LOCAL_CASES = (
     ("the network with no bug", {}, None),
 )
 
+#: The planted bugs of the generated cases, each listed in a seeded random order: two ops
+#: failing at once (the dict's order decides between them), the batch-only bug beside an
+#: op's, and the three single bugs again.
+_GENERATED_BUGS = ({"softplus": "formula", "add_bias": "scale"},
+                   {"softplus": "formula", "add_bias": "broadcast"},
+                   {"add_bias": "broadcast"}, {"add_bias": "scale"}, {"softplus": "formula"})
+
+
+def _local_cases() -> list[Case]:
+    """The lesson's 4 networks, then the generated ones (parts shuffled with seed 47)."""
+    cases = [Case((network_parts(bugs, order),), what) for what, bugs, order in _LOCAL_CASES]
+    rng = np.random.default_rng(47)
+    names = list(network_parts())
+    for k, bugs in enumerate(_GENERATED_BUGS):
+        order = [names[i] for i in rng.permutation(len(names))]
+        planted = " and ".join(f"{op} ({bug})" for op, bug in bugs.items())
+        cases.append(Case((network_parts(bugs, order),),
+                          f"generated network #{k + 1} (seed 47), bugs in {planted}, its "
+                          f"parts in the order {', '.join(order)}"))
+    return cases
+
+
+#: The usual wrong walks. Skipping the layers goes first: where it is wrong (every op passes,
+#: a layer fails), the walk from the network down gives the same answer, and a learner who
+#: walked from the network down is also wrong where an op fails.
+LOCAL_SLIPS = [
+    Slip(_walk(("op", "network")),
+         "you skipped the layers: every op passes on its own here, and the network's check "
+         "only says something is wrong somewhere; a layer's check narrows it down."),
+    Slip(_walk(("network", "layer", "op")),
+         "you walked from the network down: the end-to-end check only says something is "
+         "wrong somewhere; it does not say where."),
+    Slip(lambda parts: next((n for n, p in parts.items() if not check_part(p).ok), None),
+         "you returned the first failing part in the order the dict lists them, but the "
+         "dict's order is not the local-to-global order."),
+    Slip(_walk(("layer", "op", "network")),
+         "you checked the layers before the ops: a layer also fails when one of its ops "
+         "does, and only the op's own check points at the cause."),
+    Slip(_walk(("op",)),
+         "you stopped after the ops: every op passes on its own here, yet a check further "
+         "out fails, a bug no single op's check shows."),
+]
+
+
+def _where_walk_differs(got, want, case: Case) -> str:
+    parts = case.args[0]
+
+    def described(name):
+        verdict = "passes" if check_part(parts[name]).ok else "fails"
+        return f"{name!r} ({parts[name].level}, {verdict} its check)"
+    if want is None:
+        return f"you returned {described(got)}, where every part passes its check here"
+    if got is None:
+        return (f"you returned None, where a check fails: the most local failing part is "
+                f"{described(want)}")
+    return (f"you returned {described(got)}, where the most local failing part is "
+            f"{described(want)}")
+
+
+def _learner_part(localize, case: Case):
+    """The learner's answer on one case, after checking it is a name of `parts` or None."""
+    from engine.gradcheck import GradcheckError, GradcheckReport
+    parts, what = case.args[0], case.label
+    try:
+        got = attempt(EX_LOCAL, localize, dict(parts))
+    except GradcheckError as err:
+        raise ExerciseError(EX_LOCAL, f"for {what}, your function raised on a failing "
+                                      f"check ({str(err).split(';')[0]}). Hint: call "
+                                      f"engine.gradcheck(..., raise_on_failure=False) and "
+                                      f"read report.ok, so one failure does not stop the "
+                                      f"walk before you know which part is the most "
+                                      f"local.") from None
+    if isinstance(got, GradcheckReport) or (isinstance(got, (tuple, list)) and any(
+            isinstance(v, GradcheckReport) for v in got)):
+        raise ExerciseError(EX_LOCAL, f"for {what}, your function returned a report "
+                                      f"({type(got).__name__}); return the part's name, "
+                                      f"the key of `parts` (a str), or None.")
+    if got is not None and not isinstance(got, str):
+        raise ExerciseError(EX_LOCAL, f"for {what}, your function returned {got!r}; "
+                                      f"return one name, a key of `parts`, or None.")
+    if got is not None and got not in parts:
+        raise ExerciseError(EX_LOCAL, f"for {what}, {got!r} is not one of the parts "
+                                      f"{sorted(parts)}.")
+    return got
+
 
 def check_localize(localize) -> None:
     """04.6: walk the parts from local to global; the name of the most local failing part
-    (None if every part passes), for the lesson's network and three hidden variants."""
-    from engine.gradcheck import GradcheckError, GradcheckReport
-    for what, bugs, order in _LOCAL_CASES:
-        parts = network_parts(bugs, order)
-        failing = {name: not check_part(p).ok for name, p in parts.items()}
-        want = _most_local_failure(parts, failing)
-        try:
-            got = attempt(EX_LOCAL, localize, dict(parts))
-        except GradcheckError as err:
-            raise ExerciseError(EX_LOCAL, f"for {what}, your function raised on a failing "
-                                          f"check ({str(err).split(';')[0]}). Hint: call "
-                                          f"engine.gradcheck(..., raise_on_failure=False) and "
-                                          f"read report.ok, so one failure does not stop the "
-                                          f"walk before you know which part is the most "
-                                          f"local.") from None
-        if isinstance(got, GradcheckReport) or (isinstance(got, (tuple, list)) and any(
-                isinstance(v, GradcheckReport) for v in got)):
-            raise ExerciseError(EX_LOCAL, f"for {what}, your function returned a report "
-                                          f"({type(got).__name__}); return the part's name, "
-                                          f"the key of `parts` (a str), or None.")
-        if got is not None and not isinstance(got, str):
-            raise ExerciseError(EX_LOCAL, f"for {what}, your function returned {got!r}; "
-                                          f"return one name, a key of `parts`, or None.")
-        if got == want:
-            continue
-        if got is not None and got not in parts:
-            raise ExerciseError(EX_LOCAL, f"for {what}, {got!r} is not one of the parts "
-                                          f"{sorted(parts)}.")
-        first_in_dict = next((n for n in parts if failing[n]), None)
-        if want is None:
-            hint = (f"every part passes its check here, yet you returned {got!r}. Hint: "
-                    f"return None when no check fails, and judge each part by report.ok "
-                    f"(with eps=1e-5: a much larger step's truncation error can fail a "
-                    f"correct part).")
-        elif got is None:
-            hint = ("you returned None, but a check fails. Hint: "
-                    + ("every op passes on its own here; the layer "
-                       f"{want!r} is the first to fail: check the layers after the ops, then "
-                       f"the network." if parts[want].level == "layer" else
-                       "run engine.gradcheck on every part, and read report.ok."))
-        elif got == first_in_dict and parts[got].level != "network":
-            because = (f" It fails because one of its ops does: {want!r} fails on its own."
-                       if parts[want].level == "op" else "")
-            hint = (f"{got!r} is the first failing part in the order the dict lists them, "
-                    f"but the dict's order is not the local-to-global order.{because} Hint: "
-                    f"walk the levels in order, {', '.join(LEVELS)}, and within each level "
-                    f"the parts of that level.")
-        elif parts[got].level == "network":
-            hint = (f"the end-to-end check only says something is wrong somewhere; it does "
-                    f"not say where. Here {want!r} ({parts[want].level}) fails too. Hint: "
-                    f"check the ops first, then the layers, then the network, and return the "
-                    f"first failure.")
-        elif parts[got].level == "layer" and parts[want].level == "op":
-            hint = (f"the layer {got!r} fails because one of its ops does: {want!r} fails on "
-                    f"its own. Hint: check every op before any layer; the most local failure "
-                    f"is the one that points at its cause.")
-        elif not failing[got]:
-            hint = (f"{got!r} passes its check. Hint: return a part whose report is not ok, "
-                    f"the first in local-to-global order.")
-        else:
-            hint = (f"walk the levels in order, {', '.join(LEVELS)}, and return the first "
-                    f"failing part.")
-        raise ExerciseError(EX_LOCAL, f"for {what}, you returned {got!r}; the most local "
-                                      f"failing part is {want!r}. {hint}")
-    passed(EX_LOCAL, "ops, then layers, then the network: the first failure names the op, "
-                     "the layer where only the batch shows a bug, or None.")
+    (None if every part passes), for the lesson's network, its three hidden variants and
+    generated ones."""
+    cases = _local_cases()
+    answers = [_learner_part(localize, case) for case in cases]
+    raise_first_difference(EX_LOCAL, cases, answers,
+                           [localize_reference(*case.args) for case in cases],
+                           slips=LOCAL_SLIPS, same=operator.eq, difference=_where_walk_differs)
+    passed(EX_LOCAL, f"ops, then layers, then the network: the first failure names the op, "
+                     f"the layer where only the batch shows a bug, or None, on "
+                     f"{len(cases)} networks (the lesson's 4 and {len(cases) - 4} generated).")
