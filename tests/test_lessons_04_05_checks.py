@@ -1212,3 +1212,14 @@ def test_lesson_05_claims_about_the_engine():
     ((Tensor(x4) * g_right) ** 2).sum().backward()
     ((Tensor(x4) * g_wrong.reshape(-1, 1)) ** 2).sum().backward()
     assert not np.allclose(g_right.grad, g_wrong.grad)
+
+
+def same_mask_legacy_generator(loss, seed):
+    return lambda values: loss(values, np.random.RandomState(seed))
+
+
+def test_04_5_a_legacy_generator_is_named_not_a_traceback_through_the_check():
+    """numpy's RandomState has no `integers`: the loss the check hands out says which
+    generator it was given instead of failing inside the checker with AttributeError."""
+    message = fails_with(lesson04.check_fair_checks, away_right, same_mask_legacy_generator)
+    assert "handed a RandomState" in message and "Generator" in message

@@ -169,6 +169,11 @@ class _DropoutLoss:
     def __call__(self, values, rng):
         from engine import Tensor
         from engine import functional as F
+        if not isinstance(rng, np.random.Generator):  # e.g. the legacy RandomState
+            raise ExerciseError(EX_FAIR, f"the loss was handed a {type(rng).__name__} as its "
+                                         f"generator; it draws its mask with rng.integers, a "
+                                         f"method of numpy's Generator, which "
+                                         f"{type(rng).__name__} does not have.")
         out = F.dropout(Tensor(values), p=0.5, seed=int(rng.integers(2 ** 31)))
         return float((out * Tensor(self.weights)).sum().data)
 
