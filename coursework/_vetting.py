@@ -362,10 +362,14 @@ class _Watch:
     def run(self, seconds: float, count: int) -> "_Watch":
         start = last = time.monotonic()
         cpu = last_cpu = 0.0
+        counted = self.worker           # the process whose CPU time `last_cpu` is
         open_fds = [self.progress, self.output]
         while len(self.verdicts) < count:
             readable, _, _ = select.select(open_fds, [], [], _TICK)
             now, cpu = time.monotonic(), _cpu_seconds(self.worker)
+            if self.worker != counted:  # the keeper named its worker: count from here, not
+                counted = self.worker   # the worker's start-up (its imports) as the piece's
+                last_cpu = 0.0 if cpu is None else cpu
             if self.ready:
                 if self.compiling:
                     self.compiled += now - last

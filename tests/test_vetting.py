@@ -242,6 +242,29 @@ def test_a_loop_on_a_busy_machine_is_not_called_a_wait(computed, says):
     assert _why_stopped("wait", computed, 6.0, 2.0).startswith(says)
     assert _why_stopped("run", 2.1, 2.5, 2.0) == "a loop that never ends?"
 
+
+def test_the_workers_start_up_is_not_counted_as_the_pieces_computing(monkeypatch):
+    """The keeper names its worker ("p") and the worker says it is ready ("r") in one read
+    on a busy machine: the worker's imports before it was ready are not the piece's CPU
+    time, so a piece that then sleeps is stopped as a wait, not as a loop."""
+    import types
+
+    from coursework import _vetting
+    keeper, worker = 1000, 2000
+    monkeypatch.setattr(_vetting, "_cpu_seconds", {keeper: 0.05, worker: 0.7}.get)
+    progress, write_progress = os.pipe()
+    output, write_output = os.pipe()
+    child = types.SimpleNamespace(pid=keeper, stdout=types.SimpleNamespace(fileno=lambda: output),
+                                  poll=lambda: None)
+    try:
+        os.write(write_progress, f"p{worker}\nr".encode())
+        watched = _vetting._Watch(child, progress).run(0.1, 1)
+    finally:
+        for fd in (progress, write_progress, output, write_output):
+            os.close(fd)
+    assert watched.worker == worker and watched.late == "wait", watched.late
+    assert watched.computed == 0.0
+
 # ------------------------------------------------------------------ several pieces, one child
 FUNCTION = "central_difference_gradient"
 THREAD = ("import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], "
