@@ -78,3 +78,26 @@ def test_a_device_fit_evaluates_few_steps(monkeypatch):
     d = bm.budget(cfg).device
     assert d.largest_micro_batch and d.longest_sequence and d.fewest_devices
     assert len(evaluated) <= 25
+
+
+@pytest.mark.parametrize("preset, changes", [
+    ("llama2-7b", dict(lora_rank=16, lora_targets="all-linear", dora=True)),
+    ("llama2-7b", dict(lora_rank=8, modules_to_save="lm_head", qlora=True, precision="bf16")),
+    ("gpt2-small", {}),
+])
+def test_what_a_shape_computes_once_is_what_each_setting_computes(preset, changes):
+    """The trained tensors and ZeRO 3's gathered weights are computed once per shape and
+    read for every batch size and device count the searches try: each equals what that
+    setting computes on its own, the caches emptied."""
+    from engine.budget import optimizer_step as opt
+    from engine.budget import recipes, sharding
+    base = bm.preset(preset, activation_model="hf", **changes)
+    for micro_batch, devices, zero, accumulation in [(1, 1, 0, 1), (7, 8, 3, 4), (3, 2, 2, 2)]:
+        cfg = base.with_(micro_batch=micro_batch, devices=devices, zero=zero,
+                         accumulation=accumulation)
+        shared = (opt.trainable_tensors(cfg), sharding.weights_gathered(cfg))
+        fit.clear_caches()
+        alone = (recipes.tensors(cfg, opt.parameter_tensors(cfg), opt.ParamTensor),
+                 sharding._gathered.__wrapped__(cfg, False) if sharding.gathers_weights(cfg)
+                 else {})
+        assert shared == alone

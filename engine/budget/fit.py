@@ -21,7 +21,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from . import sharding
+from . import optimizer_step, sharding
 from .activations import activations
 from .config import BudgetConfig, BudgetError
 from .counts import parameter_count
@@ -73,6 +73,7 @@ def clear_caches() -> None:
     moment_bytes.cache_clear()
     _answers.cache_clear()
     sharding.clear_caches()
+    optimizer_step.clear_caches()
 
 
 def largest_fitting(fits, low: int, high: int, guess: int | None = None) -> int | None:

@@ -80,7 +80,8 @@ backward and the end of the backward (an untied head under accumulation).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 from . import recipes
 from .gemma import norms_around
@@ -189,7 +190,19 @@ def trainable_tensors(cfg) -> list[ParamTensor]:
     """The tensors the optimizer updates, the last of the backward's gradients
     first: `parameter_tensors` as the fine-tuning recipes rewrite them (`recipes`:
     LoRA's adapters instead, DoRA's magnitudes beside them, trained modules)."""
-    return recipes.tensors(cfg, parameter_tensors(cfg), ParamTensor)
+    # the fit searches ask for every batch size and device count: none changes them
+    return list(_trainable_tensors(replace(cfg, micro_batch=1, accumulation=1, devices=1,
+                                           zero=0)))
+
+
+@functools.lru_cache(maxsize=256)
+def _trainable_tensors(shape) -> tuple[ParamTensor, ...]:
+    return tuple(recipes.tensors(shape, parameter_tensors(shape), ParamTensor))
+
+
+def clear_caches() -> None:
+    """Forget every shape's tensors (a benchmark's uncached run starts here)."""
+    _trainable_tensors.cache_clear()
 
 
 def grouped_tensors(cfg, tensors: list[ParamTensor]) -> list[list[ParamTensor]]:
