@@ -241,6 +241,12 @@ class BudgetConfig:
         over bf16 weights)."""
         return self.real_16bit and self.autocast_mode == "on"
 
+    def one_shape(self) -> "BudgetConfig":
+        """The same model, recipe and loop at one micro-batch on one device: the key of
+        what is computed once per shape (the trained tensors, ZeRO 3's gathered weights),
+        since the fit searches vary only the batch, the devices and the stage."""
+        return replace(self, micro_batch=1, accumulation=1, devices=1, zero=0)
+
     def with_(self, **changes) -> "BudgetConfig":
         """A copy with some knobs changed (validated)."""
         return replace(self, **changes).validate()

@@ -207,6 +207,8 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
         *_optimizer_temporaries(cfg, tensors, device),
         *output.get(M.OPTIMIZER_STEP, ())]))
     gathered = weights_gathered(cfg, first_step)  # ZeRO 3's whole weights (sharding)
+    if not gathered:  # every step but ZeRO 3's over several devices: nothing to add
+        return tuple(found)
     return tuple(M.moment(m.name, [*m.terms, *(("gathered weights", what, size) for what, size
                                                in gathered.get(m.name, ()))]) for m in found)
 

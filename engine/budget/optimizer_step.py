@@ -81,7 +81,7 @@ backward and the end of the backward (an untied head under accumulation).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from . import recipes
 from .gemma import norms_around
@@ -190,9 +190,7 @@ def trainable_tensors(cfg) -> list[ParamTensor]:
     """The tensors the optimizer updates, the last of the backward's gradients
     first: `parameter_tensors` as the fine-tuning recipes rewrite them (`recipes`:
     LoRA's adapters instead, DoRA's magnitudes beside them, trained modules)."""
-    # the fit searches ask for every batch size and device count: none changes them
-    return list(_trainable_tensors(replace(cfg, micro_batch=1, accumulation=1, devices=1,
-                                           zero=0)))
+    return list(_trainable_tensors(cfg.one_shape()))
 
 
 @functools.lru_cache(maxsize=256)

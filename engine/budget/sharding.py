@@ -112,7 +112,6 @@ frozen weights are sharded too and gathered like the rest, beside the adapters.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 from .config import BudgetConfig
 from . import moments as M, recipes
@@ -311,12 +310,12 @@ _WHY = {"used": "the weights of the module running now, gathered whole",
                 f"{MAX_REUSE_ELEMENTS:.0e} elements)".replace("e+0", "e")}
 
 
-def deepspeed_trace(tied: bool, recompute: bool, modules) -> tuple[list[str], dict[str, int]]:
+def deepspeed_trace(cfg: BudgetConfig, modules) -> tuple[list[str], dict[str, int]]:
     """The modules in the order DeepSpeed fetches them in one forward and backward, and
     where the backward starts, the first block's backward starts and ends, and the
     token embedding's backward is (indices into the trace)."""
     names = [m for m, _, _ in modules]
-    tied_head = [m for m in names if _unit(m) is None][0] if tied else None
+    tied_head = [m for m in names if _unit(m) is None][0] if cfg.tied_embedding else None
     forward = names + ([tied_head] if tied_head else [])
     blocks: dict[str, list[str]] = {}
     for m in names:
@@ -331,7 +330,7 @@ def deepspeed_trace(tied: bool, recompute: bool, modules) -> tuple[list[str], di
         elif unit not in seen:  # a block's backward, after its modules rerun under recompute
             seen.add(unit)
             start = len(forward) + len(backward)
-            if recompute:
+            if cfg.recompute == "full":
                 backward += blocks[unit]
             backward += list(reversed(blocks[unit]))
             if "block" not in where:
@@ -404,13 +403,8 @@ def _by_why(whole: dict[str, str], size: dict[str, int]) -> dict[str, int]:
 
 def _deepspeed_gathered(cfg: BudgetConfig, modules,
                         first_step: bool) -> dict[str, list[tuple[str, int]]]:
-    return _deepspeed_moments(tuple(modules), cfg.tied_embedding, cfg.recompute == "full",
-                              first_step)
-
-
-def _deepspeed_moments(modules: tuple, tied: bool, recompute: bool,
-                       first_step: bool) -> dict[str, list[tuple[str, int]]]:
-    trace, where = deepspeed_trace(tied, recompute, modules)
+    recompute = cfg.recompute == "full"
+    trace, where = deepspeed_trace(cfg, modules)
     numel = {m: n for m, n, _ in modules}
     size = {m: b for m, _, b in modules}
     turn, head, embedding = where["backward"] - 1, where["backward"], where["embedding"]
@@ -445,8 +439,7 @@ def weights_gathered(cfg: BudgetConfig,
     only the module running (FSDP reads its order from the same step's forward)."""
     if not gathers_weights(cfg):
         return {}
-    # the fit searches ask for every batch size and device count: none changes it
-    return _gathered(replace(cfg, devices=2, micro_batch=1, accumulation=1), first_step)
+    return _gathered(cfg.one_shape(), first_step)
 
 
 @functools.lru_cache(maxsize=256)
