@@ -307,3 +307,43 @@ def test_the_command_line_takes_the_recipes_flags_and_states_their_defaults(caps
     cfg = bm.preset("llama2-7b", activation_model="hf", lora_rank=8, lora_targets="all-linear",
                     dora=True, modules_to_save="lm_head")
     assert got["trainable_parameters"] == sum(t.numel for t in opt.trainable_tensors(cfg))
+
+
+# ------------------------------------------------------- how peft spells each recipe
+def test_each_recipe_spells_its_own_peft_option_and_the_lab_reads_them_all():
+    """The lab's `LoraConfig` is the applied recipes' options in order, so a new recipe
+    over LoRA reaches the measured model from its own module."""
+    cfg = bm.preset("llama2-7b", **HF, lora_rank=8, dora=True, modules_to_save="lm_head",
+                    lora_targets="all-linear", lora_dropout=0.05)
+    assert recipes.peft_options(cfg) == dict(
+        r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.05,
+        fan_in_fan_out=False, bias="none", task_type="CAUSAL_LM", use_dora=True,
+        modules_to_save=["lm_head"])
+    plain = recipes.peft_options(bm.preset("gpt2-small", **HF, lora_rank=4))
+    assert plain["target_modules"] == ["c_attn"] and plain["fan_in_fan_out"] is True
+    assert "use_dora" not in plain and "modules_to_save" not in plain
+    assert recipes.peft_options(bm.preset("llama2-7b", **HF)) == {}
+
+
+def test_a_new_recipes_peft_option_reaches_the_lab_without_an_edit_to_it(monkeypatch):
+    from engine.budget.lab import recipe_models
+    extra = recipes.Recipe("pissa", lambda cfg: bool(cfg.lora_rank),
+                           peft_options=lambda cfg: {"init_lora_weights": "pissa"})
+    registry = recipes.registry()
+    monkeypatch.setattr(recipes, "registry", lambda: (*registry, extra))
+    built = {}
+
+    class FakePeft:  # stands in for peft: records the LoraConfig the lab hands it
+        @staticmethod
+        def LoraConfig(**options):
+            built.update(options)
+            return options
+
+        @staticmethod
+        def get_peft_model(model, config):
+            return model
+
+    monkeypatch.setitem(__import__("sys").modules, "peft", FakePeft)
+    recipe_models.peft_model(object(), bm.preset("llama2-7b", **HF, lora_rank=8, dora=True))
+    assert built["init_lora_weights"] == "pissa" and built["use_dora"] is True
+    assert built["r"] == 8 and built["target_modules"] == ["q_proj", "v_proj"]

@@ -182,4 +182,4 @@ def tensors(cfg, trained: list, make) -> list:
 
 
 RECIPE = Recipe("dora", lambda cfg: bool(cfg.lora_rank and cfg.dora), rows=rows,
-                tensors=tensors, knob="dora")
+                tensors=tensors, knob="dora", peft_options=lambda cfg: {"use_dora": True})

@@ -48,10 +48,6 @@ BACKENDS = ("cuda", "cpu")
 WEIGHTS_DTYPES = ("fp32", "bf16")
 # "default": the framework's own choice (engine.budget.frameworks), stated in the output.
 DEFAULT = "default"
-# The knobs that describe LoRA's adapters: meaningless without a rank (validation refuses
-# them at lora_rank 0), and reset to their defaults where a step is compared with full
-# fine-tuning (engine.budget.fit.without_adapters). A new adapter knob belongs here.
-ADAPTER_KNOBS = ("lora_targets", "lora_dropout", "qlora", "dora", "modules_to_save")
 
 FRONT_ENDS = frozenset({"cli", "widget", "page"})
 CLI_ONLY = frozenset({"cli"})
@@ -88,6 +84,9 @@ class Knob:
     high: float | None = None     # the largest allowed (0 is also allowed when
     zero_means: str = ""           #   `zero_means` says what 0 stands for)
     fronts: frozenset = FRONT_ENDS
+    # describes LoRA's adapters: meaningless without a rank (refused at lora_rank 0),
+    # reset where a step is compared with full fine-tuning (fit.without_adapters)
+    adapter: bool = False
 
     def problem(self, value) -> str | None:
         """None when `value` is allowed, else a sentence naming the knob, the value
@@ -215,20 +214,20 @@ KNOBS = {k.field: k for k in (
        "target_modules: a comma list of names or '.'-separated suffixes (GPT-2: c_attn, "
        "c_proj, c_fc; LLaMA: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
        "down_proj), or all-linear (every linear layer but the output head); default "
-       "(empty): peft's, c_attn or q_proj,v_proj", "policy"),
+       "(empty): peft's, c_attn or q_proj,v_proj", "policy", adapter=True),
     _k("lora_dropout", "--lora-dropout", float, 0.0, "peft's lora_dropout, the probability "
-       "of dropping an adapter's input", "policy", low=0.0, high=1.0,
+       "of dropping an adapter's input", "policy", adapter=True, low=0.0, high=1.0,
        zero_means="no dropout"),
     _k("qlora", "--qlora", bool, False, "the frozen model's linear layers in bitsandbytes' "
        "4-bit NF4 under the adapters (QLoRA: blocks of 64 weights, an fp32 absmax each)",
-       "policy"),
+       "policy", adapter=True),
     # recipes built on LoRA's adapters (engine.budget.dora, engine.budget.trained_modules)
     _k("dora", "--dora", bool, False, "peft's DoRA (use_dora=True): each adapted layer "
        "also trains a magnitude per output column and rescales its output by it "
-       "(default: off, plain LoRA)", "policy"),
+       "(default: off, plain LoRA)", "policy", adapter=True),
     _k("modules_to_save", "--modules-to-save", str, "", "peft's modules_to_save: a comma "
        "list of modules outside the blocks trained in full beside the adapters (lm_head, "
-       "embed_tokens; GPT-2: wte); default: none", "policy"),
+       "embed_tokens; GPT-2: wte); default: none", "policy", adapter=True),
     # what the practitioner's loop does beyond the model
     _k("outputs", "--outputs", str, DEFAULT, "what the loop does with the model's output "
        "(the logits): kept until the next forward returns, freed as the forward returns "
@@ -270,6 +269,10 @@ KNOBS = {k.field: k for k in (
     _k("mfu", "--mfu", float, 0.4, "model FLOP utilization of the step-time estimate "
        "(0.4 is typical of large runs)", "device", low=0.0, high=1.0),
 )}
+
+
+# The knobs that describe LoRA's adapters, in the table's order.
+ADAPTER_KNOBS = tuple(k.field for k in KNOBS.values() if k.adapter)
 
 
 def knob(field: str) -> Knob:

@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .kept import Saved
-from .linears import BLOCK_LINEARS, Linear, targeted, width
+from .linears import ALL_LINEAR, BLOCK_LINEARS, Linear, target_names, targeted, width
 from . import real_step
 from .recipe import Recipe, Rows
 from .weights_dtype import bf16_weights, frozen_weight_bytes
@@ -266,8 +266,19 @@ def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) 
             for k, b in per_parameter.items()}
 
 
+def peft_options(cfg) -> dict:
+    """LoRA's `LoraConfig` as practitioners write it: rank r with alpha 2r (alpha scales
+    the output, not the memory) and the targets (peft resolves `all-linear` itself, so
+    the step measured is peft's meaning of it); GPT-2's Conv1D weights are transposed."""
+    targets = (ALL_LINEAR if cfg.lora_targets.strip() == ALL_LINEAR
+               else list(target_names(cfg)))
+    return dict(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules=targets,
+                lora_dropout=cfg.lora_dropout, fan_in_fan_out=cfg.architecture == "gpt2",
+                bias="none", task_type="CAUSAL_LM")
+
+
 RECIPE = Recipe(
-    "lora", lambda cfg: bool(cfg.lora_rank), rows=rows,
+    "lora", lambda cfg: bool(cfg.lora_rank), rows=rows, peft_options=peft_options,
     tensors=lambda cfg, tensors, make: adapter_tensors(cfg, make), fixed=fixed,
     autocast_cache=lambda cfg, _: autocast_cache_bytes(cfg),
     head_gradient=lambda cfg, _: 0,  # the head is frozen

@@ -52,3 +52,6 @@ class Recipe:
     # the knob (knobs.KNOBS) that turns on a recipe built on LoRA's adapters: the report
     # names its setting beside LoRA's
     knob: str | None = None
+    # (cfg) -> the keyword arguments the recipe adds to peft's `LoraConfig`, as its
+    # library spells it: what the lab builds and measures (engine.budget.lab)
+    peft_options: Callable | None = None

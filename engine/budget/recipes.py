@@ -13,11 +13,17 @@ in a few fixed ways, and a `Recipe` (`recipe`) says each in its own module:
                   optimizer state
   autocast_cache  the 16-bit copies autocast caches that no op keeps
   head_gradient   the elements of the weight gradient the head's backward makes
+  peft_options    what the recipe adds to peft's `LoraConfig` (the model the lab measures)
 
 `registry()` lists them in the order they apply to one configuration: each rewriter
 reads what the ones before it made (DoRA rewrites LoRA's adapters, QLoRA LoRA's
 frozen weights). The step's code (`framework_step`, `optimizer_step`, `counts`,
-`report`) asks this registry, never a recipe's knob.
+`report`) and the lab that measures the step ask this registry, never a recipe's knob.
+
+A new recipe over LoRA is its own module (its rewriters, how peft spells it, its
+`RECIPE`) and a line in `registry()`; its setting is a row of `knobs.KNOBS` marked
+`adapter=True` with `BudgetConfig`'s field of that name; what it cannot be combined
+with is a rule in `compat`; and a test measures its step against peft's.
 """
 from __future__ import annotations
 
@@ -80,4 +86,13 @@ def head_gradient(cfg, base: int) -> int:
     for r in applied(cfg):
         if r.head_gradient is not None:
             out = r.head_gradient(cfg, out)
+    return out
+
+
+def peft_options(cfg) -> dict:
+    """peft's `LoraConfig` keyword arguments for `cfg`: every applied recipe's, in order."""
+    out: dict = {}
+    for r in applied(cfg):
+        if r.peft_options is not None:
+            out.update(r.peft_options(cfg))
     return out

@@ -61,4 +61,5 @@ def tensors(cfg, trained: list, make) -> list:
 RECIPE = Recipe(
     "modules_to_save", lambda cfg: bool(cfg.lora_rank and cfg.modules_to_save), rows=rows,
     tensors=tensors, knob="modules_to_save",
+    peft_options=lambda cfg: {"modules_to_save": list(trained_modules(cfg))},
     head_gradient=lambda cfg, elements: cfg.vocab_size * cfg.d_model if _head(cfg) else elements)
