@@ -204,6 +204,11 @@ QLORA_TABLE = [
     ("gemma2, eager, qlora", GEMMA2, dict(attention="standard", lora_rank=8, qlora=True)),
     ("gemma3, sdpa, qlora all linear", GEMMA3, dict(attention="flash", lora_rank=8,
                                                     qlora=True, lora_targets=ALL)),
+    # under autocast the GeGLU reads the 4-bit gate's and up's fp32 outputs
+    ("gemma2, eager, bf16 autocast, qlora, dropout", GEMMA2,
+     dict(attention="standard", lora_rank=32, qlora=True, lora_dropout=0.1, **AUTOCAST)),
+    ("gemma3, sdpa, bf16 autocast, qlora all linear", GEMMA3,
+     dict(attention="flash", lora_rank=8, qlora=True, lora_targets=ALL, **AUTOCAST)),
 ]
 
 

@@ -130,6 +130,25 @@ def test_qlora_stores_the_blocks_linear_weights_in_four_bits_and_an_absmax_per_6
         cfg.with_(lora_rank=0)
 
 
+@pytest.mark.parametrize("preset", ["gpt2-small", "llama2-7b", "qwen2.5-7b", "gemma2-2b",
+                                    "gemma3-1b"])
+def test_under_autocast_qlora_makes_every_op_between_the_mlps_projections_keep_fp32(preset):
+    """Every row between the MLP's up-projections and its down-projection (its
+    activation and the product with up, GPT-2's five GELU ops) reads a 4-bit layer's fp32
+    output: none of them may keep a 16-bit tensor, whatever the family names its
+    activation (Gemma's GELU was once left at 16 bits)."""
+    from engine.budget.real_step import MLP_ELEMENTWISE
+    from engine.budget.framework_step import _kept
+    cfg = bm.preset(preset, **{**HF, "precision": "bf16"}, lora_rank=8, seq_len=128)
+    for qlora, size in ((False, 2), (True, 4)):
+        blocks, _, _ = _kept(cfg.with_(qlora=qlora), "cpu")
+        between = [x for x in blocks if x.op in MLP_ELEMENTWISE]
+        assert between, "the block's MLP rows are named as MLP_ELEMENTWISE names them"
+        sizes = {x.itemsize for x in between if not (x.op.endswith("product")
+                                                    and x.tensor == "0.5 * x" and not qlora)}
+        assert sizes == {size}, (qlora, sorted({(x.op, x.tensor, x.itemsize) for x in between}))
+
+
 # ------------------------------------------------ measured with peft here
 needs_peft = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "peft")),

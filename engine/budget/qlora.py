@@ -17,9 +17,9 @@ peft's adapters, trained in fp32 or under bf16 autocast (the Trainer's `bf16=Tru
 3. Under autocast a 4-bit layer's input is fp32 (a norm's output, the residual
    stream), so its output is fp32 where autocast's matmul makes 16 bits: the MLP's
    elementwise ops between the up-projections and the down-projection (LLaMA's SiLU
-   and product, GPT-2's GELU written as five ops) keep fp32 tensors. Attention
-   keeps what LoRA's does: rotary's fp32 Q and K, and the 16-bit copies SDPA and
-   eager attention's matmuls make, are the same bytes.
+   and Gemma's GELU and their products, GPT-2's GELU written as five ops) keep fp32
+   tensors. Attention keeps what LoRA's does: rotary's fp32 Q and K, and the 16-bit
+   copies SDPA and eager attention's matmuls make, are the same bytes.
 
 Measured on the CPU through bitsandbytes' PyTorch fallback (`tests/test_budget_lora.py`,
 `tests/test_budget_recipes_lora.py`); the same ops run on CUDA (an assumption there:
@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .linears import BLOCK_LINEARS, width
+from .real_step import MLP_ELEMENTWISE
 from .recipe import Recipe, Rows
 from .weights_dtype import frozen_weight_bytes
 
@@ -53,13 +54,9 @@ def quantized_bytes(cfg) -> int:
     return sum((n + 1) // 2 + -(-n // NF4_BLOCK) * FP32 for n in quantized_weights(cfg))
 
 
-# The MLP's elementwise ops between its up-projections and its down-projection: under
-# autocast they read a 4-bit layer's fp32 output where LoRA's read a 16-bit one.
-MLP_ELEMENTWISE = ("SiLU", "SiLU(gate) * up", "GELU: x ** 3", "GELU: tanh", "GELU: product")
-
-
 def _rewritten(cfg, items: list) -> list:
-    """No frozen matmul keeps a weight copy; under autocast the MLP keeps fp32 tensors."""
+    """No frozen matmul keeps a weight copy; under autocast the MLP's elementwise ops
+    read a 4-bit layer's fp32 output where LoRA's read a 16-bit one."""
     out = []
     for x in items:
         if x.op == FROZEN_COPIES:

@@ -42,6 +42,15 @@ from .weights_dtype import bf16_weights, hidden_bytes
 FP32 = 4
 INDEX = 8         # int64 token ids and labels
 
+# The ops between an MLP's up-projections and its down-projection, as the block rows
+# name them: LLaMA's SiLU and Gemma's GELU with their products with up, transformers'
+# GPT-2 GELU written as small ops. They keep what the up-projections output, in the
+# dtype those make (`qlora`'s 4-bit layers change it).
+GATED_ACTIVATIONS = ("SiLU", "GELU")
+GPT2_GELU_OPS = ("GELU: x ** 3", "GELU: tanh", "GELU: product")
+MLP_ELEMENTWISE = frozenset({*GATED_ACTIVATIONS, *(f"{a}(gate) * up" for a in GATED_ACTIVATIONS),
+                             *GPT2_GELU_OPS})
+
 
 # ------------------------------------------------------------------ dtypes
 def compute_bytes(cfg: BudgetConfig) -> int:
@@ -230,11 +239,11 @@ def gpt2_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
         # pow is on CUDA's autocast fp32 list, so x**3 and everything after it
         # is fp32 there; the CPU's list leaves pow in the input's 16 bits.
         g = backend_of(device).output_bytes("pow", lo, cfg.autocast)
-        items += [Saved("GELU: x ** 3", "x (fp32 copy)" if g != lo else "x (fc's output)",
-                        n * f, g),
-                  Saved("GELU: tanh", "output", n * f, g),
-                  Saved("GELU: product", "1 + tanh(...)", n * f, g),
-                  Saved("GELU: product", "0.5 * x", n * f, lo),
+        cube, tanh, product = GPT2_GELU_OPS
+        items += [Saved(cube, "x (fp32 copy)" if g != lo else "x (fc's output)", n * f, g),
+                  Saved(tanh, "output", n * f, g),
+                  Saved(product, "1 + tanh(...)", n * f, g),
+                  Saved(product, "0.5 * x", n * f, lo),
                   Saved("fc-proj matmul", "input (GELU's output)", n * f, lo)]
     else:  # F.gelu(approximate="tanh"): one op, not on any autocast list
         items += [Saved("GELU", "input (fc's output)", n * f, lo),
@@ -276,7 +285,8 @@ def llama_block(cfg: BudgetConfig, device: str = "cuda") -> list[Saved]:
     if norms_around(cfg):
         items += _norm_after_matmul(cfg, "post-attention norm")
     items += norm("2", 2, "gate/up matmuls")
-    act = "GELU" if is_gemma(cfg) else "SiLU"  # Gemma: gelu_pytorch_tanh
+    silu, gelu = GATED_ACTIVATIONS
+    act = gelu if is_gemma(cfg) else silu  # Gemma: gelu_pytorch_tanh
     items += [Saved(act, "input (gate's output)", n * f, lo),
               Saved(f"{act}(gate) * up", f"{act}'s output and up's output", 2 * n * f, lo),
               Saved("down matmul", "input (the product)", n * f, lo)]
