@@ -142,6 +142,25 @@ def test_8bit_adamws_fused_cuda_kernel_allocates_nothing_and_its_cpu_fallback_fi
     assert sum(a.bytes for a in opt.adamw_8bit_temporaries(tensors, "cpu")) == 4 * 500_000
 
 
+def test_step_one_of_8bit_adamw_holds_only_the_state_it_has_made_by_its_largest_update():
+    """bitsandbytes makes each tensor's state as it first visits it, so in step 1 the
+    embedding's update (first of the decay group, and the largest) runs beside its own
+    state only; from step 2 on every state is there."""
+    cfg = bm.preset("llama2-7b", activation_model="hf", optimizer="adamw-8bit")
+    emb, norm, w = (opt.ParamTensor("emb", 64_000, True), opt.ParamTensor("norm", 64, False),
+                    opt.ParamTensor("w", 8192, True))
+    made, temporaries = opt.first_step_state_and_temporaries(cfg, [emb, norm, w], "cpu")
+    # its two uint8 states, an fp32 absmax per 256 for each, the two shared maps
+    assert made == 2 * 64_000 + 2 * 4 * 250 + 2 * 256 * 4
+    assert [t.bytes for t in temporaries] == [5 * 64_000 * 4]
+    # a later tensor with the larger temporaries runs beside every state made before it
+    big = opt.ParamTensor("big", 100_000, True)
+    made, temporaries = opt.first_step_state_and_temporaries(cfg, [emb, norm, big], "cpu")
+    assert made == 132_048 + 2 * 100_000 + 2 * 4 * 391 and temporaries[0].bytes == 2_000_000
+    assert opt.first_step_state_and_temporaries(cfg.with_(optimizer="adamw"), [emb], "cpu") \
+        is None
+
+
 @pytest.mark.parametrize("changes, says", [
     (dict(activation_model="transformer", optimizer="adafactor"), "activation_model"),
     (dict(activation_model="hf", optimizer="adamw-8bit", optimizer_impl="fused"),
@@ -199,8 +218,11 @@ def test_the_state_is_the_librarys_own_state_tensors(optimizer, shape):
     ("hf", WIDE), ("hf", {**WIDE, **LLAMA, "tied_embedding": False}), ("pytorch", WIDE),
     ("hf", BIG_VOCAB), ("hf", {**WIDE, "precision": "bf16"}),
     ("hf", {**SMALL_STEP, **LLAMA, "lora_rank": 8, "recompute": "full"}),
+    # step 1 peaks at the embedding's update, the first, before the blocks' state exists
+    ("hf", {**SMALL_STEP, **LLAMA, "vocab_size": 1000, "seq_len": 32, "recompute": "full",
+            "attention": "standard"}),
 ], ids=["hf-gpt2-wide", "hf-llama-wide", "pytorch-wide", "hf-gpt2-big-vocab",
-        "hf-gpt2-wide-autocast", "hf-llama-lora-checkpointed"])
+        "hf-gpt2-wide-autocast", "hf-llama-lora-checkpointed", "hf-llama-checkpointed"])
 def test_each_step_of_these_optimizers_matches_the_cpu(optimizer, model, shape):
     """Wide steps at micro-batch 1 peak at the optimizer step, where the state and
     the temporaries decide (predicted to the byte but for the 2 KB of shared maps

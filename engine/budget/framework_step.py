@@ -140,18 +140,28 @@ def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict
             M.OPTIMIZER_STEP: shard + held[M.OPTIMIZER_STEP]}
 
 
-def _optimizer_temporaries(cfg: BudgetConfig, tensors, device: str) -> list:
-    """The optimizer's temporaries (optimizer_step); under ZeRO 1 and up each device
-    steps over its shard of the parameters, so they shrink with it."""
+def _optimizer_terms(cfg: BudgetConfig, fixed: dict, tensors, device: str,
+                     first_step: bool) -> list:
+    """The optimizer's state and temporaries at its step (optimizer_step): the whole
+    state, except in step 1 of an optimizer that makes each tensor's state as it
+    visits it (only what it has made by its largest moment). Under ZeRO 1 and up each
+    device steps over its shard of the parameters, so they shrink with it."""
+    state = [("optimizer state", fixed["optimizer state"])]
     impl = cfg.resolved_optimizer_impl
     if not impl:
-        return []
+        return state
     found = opt.step_temporaries(cfg, tensors, impl, device,
                                  BF16 if trains_bf16(cfg) else FP32)
+    so_far = opt.first_step_state_and_temporaries(cfg, tensors, device) if first_step else None
+    if so_far is not None:
+        made, found = so_far
+        whole = opt.optimizer_state_bytes(cfg)
+        state = [("optimizer state", "optimizer state: what step 1 has made by then",
+                  fixed["optimizer state"] * made // whole if whole else 0)]
     if shards_optimizer(cfg):
         found = [M.Alive(a.term, f"{a.what} (this device's shard)", shard(a.bytes, cfg.devices))
                  for a in found]
-    return found
+    return state + found
 
 
 def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device: str,
@@ -203,8 +213,7 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
                                            *output.get(M.BACKWARD_END, ())]))
     found.append(M.moment(M.OPTIMIZER_STEP, [
         ("weights", weights), *grads[M.OPTIMIZER_STEP],
-        ("optimizer state", fixed["optimizer state"]),
-        *_optimizer_temporaries(cfg, tensors, device),
+        *_optimizer_terms(cfg, fixed, tensors, device, first_step),
         *output.get(M.OPTIMIZER_STEP, ())]))
     gathered = weights_gathered(cfg, first_step)  # ZeRO 3's whole weights (sharding)
     if not gathered:  # every step but ZeRO 3's over several devices: nothing to add

@@ -39,8 +39,10 @@ The optimizer's state appears in the first `step()`: AdamW's `exp_avg` and
 `exp_avg_sq` (`torch.zeros_like` in `Adam._init_group`, before any update, so
 step 1's optimizer moment already holds them), momentum's buffer a
 `grad.detach().clone()` (`_single_tensor_sgd`), or `torch.empty_like(g)` (fused).
-The optimizer moment is therefore the same in step 1 and step 2; only the moments
-before the first `step()` run without the state.
+Their optimizer moment is therefore the same in step 1 and step 2; only the moments
+before the first `step()` run without the state. Adafactor and 8-bit AdamW make each
+tensor's state as they first visit it, so their step 1 holds only the state made so
+far beside each tensor's temporaries (`first_step_state_and_temporaries`).
 
 Adafactor and 8-bit AdamW
 -------------------------
@@ -289,13 +291,22 @@ def optimizer_state_bytes(cfg) -> int | None:
     states, as 32-bit AdamW."""
     if cfg.optimizer not in ("adafactor", "adamw-8bit"):
         return None
-    tensors = trainable_tensors(cfg)
+    return sum(_state_made(cfg, trainable_tensors(cfg)))
+
+
+def _state_made(cfg, tensors: list[ParamTensor]) -> list[int]:
+    """The state bytes Adafactor or 8-bit AdamW makes for each of `tensors` as it first
+    visits it (`optimizer_state_bytes`); the 8-bit maps with the first 8-bit tensor."""
     if cfg.optimizer == "adafactor":
-        return sum((t.rows_and_columns or t.numel) * FP32 + FP32 for t in tensors)
-    quantized = [t.numel for t in tensors if t.numel >= MIN_8BIT_SIZE]
-    full = sum(t.numel for t in tensors if t.numel < MIN_8BIT_SIZE)
-    return (sum(2 * n + 2 * FP32 * _blocks(n) for n in quantized) + 2 * FP32 * full
-            + (QMAP_BYTES if quantized else 0))
+        return [(t.rows_and_columns or t.numel) * FP32 + FP32 for t in tensors]
+    made, maps = [], QMAP_BYTES
+    for t in tensors:
+        if t.numel < MIN_8BIT_SIZE:
+            made.append(2 * FP32 * t.numel)
+        else:
+            made.append(2 * t.numel + 2 * FP32 * _blocks(t.numel) + maps)
+            maps = 0
+    return made
 
 
 def adafactor_temporaries(tensors: list[ParamTensor]) -> list:
@@ -307,17 +318,27 @@ def adafactor_temporaries(tensors: list[ParamTensor]) -> list:
     row and column factors, `rsqrt` of a quotient and of the column vector), a vector
     `exp_avg_sq.rsqrt()` (n beside n), and both apply `p.add_(-update)` (n beside n).
     The RMS clipping (`update.div_`, `update.mul_(lr)`) is in place."""
-    peak, what, previous = 0, "", 0
+    return _largest(_adafactor_each(tensors))
+
+
+def _adafactor_each(tensors: list[ParamTensor]) -> list[tuple[int, str]]:
+    """(bytes, what) at the largest while each tensor is updated (see above)."""
+    each, previous = [], 0
     for t in tensors:
-        for size, how in ((previous + 2 * t.numel, "(grad**2) + eps beside the previous "
-                           "tensor's update"),
-                          (2 * t.numel + t.rows_and_columns, "the approximated rsqrt (row "
-                           "and column factors) beside the update" if t.rows_and_columns
-                           else "exp_avg_sq.rsqrt() beside the update")):
-            if size > peak:
-                peak, what = size, how
+        each.append(max(
+            (previous + 2 * t.numel, "(grad**2) + eps beside the previous tensor's update"),
+            (2 * t.numel + t.rows_and_columns, "the approximated rsqrt (row and column "
+             "factors) beside the update" if t.rows_and_columns
+             else "exp_avg_sq.rsqrt() beside the update"), key=lambda x: x[0]))
         previous = t.numel
-    return [_temporary(f"Adafactor: {what}", peak * FP32)] if peak else []
+    return [(size * FP32, f"Adafactor: {what}") for size, what in each]
+
+
+def _largest(each: list[tuple[int, str]]) -> list:
+    """The largest of the per-tensor temporaries, as the step's term (the first of
+    equals)."""
+    size, what = max(each, key=lambda x: x[0], default=(0, ""))
+    return [_temporary(what, size)] if size else []
 
 
 def adamw_8bit_temporaries(tensors: list[ParamTensor], device: str) -> list:
@@ -332,13 +353,36 @@ def adamw_8bit_temporaries(tensors: list[ParamTensor], device: str) -> list:
     and its sum with eps: three."""
     if device != "cpu":
         return []
-    quantized = max((t.numel for t in tensors if t.numel >= MIN_8BIT_SIZE), default=0)
-    full = max((t.numel for t in tensors if t.numel < MIN_8BIT_SIZE), default=0)
-    if 5 * quantized >= 3 * full:
-        return [_temporary("8-bit AdamW on the CPU: both states dequantized to fp32, the "
-                           "gradient's copy, sqrt and its quotient", 5 * quantized * FP32)]
-    return [_temporary("8-bit AdamW on the CPU, a 32-bit tensor: the gradient's copy, "
-                       "sqrt and its sum with eps", 3 * full * FP32)]
+    return _largest(_adamw_8bit_each(tensors))
+
+
+def _adamw_8bit_each(tensors: list[ParamTensor]) -> list[tuple[int, str]]:
+    """(bytes, what) while each tensor is updated on the CPU (see above)."""
+    return [(5 * t.numel * FP32, "8-bit AdamW on the CPU: both states dequantized to fp32, "
+             "the gradient's copy, sqrt and its quotient") if t.numel >= MIN_8BIT_SIZE
+            else (3 * t.numel * FP32, "8-bit AdamW on the CPU, a 32-bit tensor: the "
+                  "gradient's copy, sqrt and its sum with eps") for t in tensors]
+
+
+def first_step_state_and_temporaries(cfg, tensors: list[ParamTensor],
+                                     device: str) -> tuple[int, list] | None:
+    """Step 1 of an optimizer that makes each tensor's state as it first visits it
+    (Adafactor's and bitsandbytes' `step()`: `if len(state) == 0: init` inside the
+    loop over the parameters, where torch's AdamW makes every state before any
+    update): the largest, over the tensors in the order visited, of the state made so
+    far and that tensor's temporaries, as (state bytes, the temporaries' terms). None
+    for the optimizers whose step 1 holds its whole state throughout."""
+    if cfg.optimizer not in ("adafactor", "adamw-8bit"):
+        return None
+    visited = [t for group in grouped_tensors(cfg, tensors) for t in group]
+    each = (_adafactor_each(visited) if cfg.optimizer == "adafactor"
+            else _adamw_8bit_each(visited) if device == "cpu" else [(0, "")] * len(visited))
+    made, best = 0, (-1, 0, [])
+    for state, (size, what) in zip(_state_made(cfg, visited), each):
+        made += state
+        if made + size > best[0]:
+            best = (made + size, made, [_temporary(what, size)] if size else [])
+    return best[1], best[2]
 
 
 def step_temporaries(cfg, tensors: list[ParamTensor], impl: str, device: str,
