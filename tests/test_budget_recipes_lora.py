@@ -153,6 +153,10 @@ def test_a_recipe_over_lora_needs_lora(changes, says):
 
 
 ALL = dict(lora_targets="all-linear")
+WIDE_LLAMA = {**LLAMA, "hidden_size": 128, "intermediate_size": 352, "vocab_size": 300}
+WIDE_GEMMA3 = {**WIDE_LLAMA, "model_type": "gemma3_text", "head_dim": 32,
+               "num_key_value_heads": 2, "sliding_window": 512, "query_pre_attn_scalar": 32,
+               "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}
 DORA_TABLE = [
     ("gpt2 r64 all-linear, eager", SMALL_GPT2, dict(lora_rank=64, **ALL)),
     ("gpt2 r64 all-linear, lora_dropout, sdpa", SMALL_GPT2,
@@ -170,6 +174,10 @@ DORA_TABLE = [
     # q, k and v with biases: each keeps its output less the bias, fp32 by promotion
     ("bf16: qwen2 r32 all-linear, sdpa", {**LLAMA, "model_type": "qwen2"},
      dict(lora_rank=32, attention="flash", precision="bf16", qkv_bias=True, **ALL)),
+    # wide blocks, a small vocabulary: the peak is the last block's down_proj forward,
+    # its identity, B @ A and the weight's norm beside every block's entries
+    ("llama gqa r32 all-linear, wide, eager", WIDE_LLAMA, dict(lora_rank=32, **ALL)),
+    ("gemma3 r32 all-linear, wide, eager", WIDE_GEMMA3, dict(lora_rank=32, **ALL)),
 ]
 # Checkpointed steps whose first block's backward (their peak) the step model does not
 # yet follow. The rebuilt block's rows are as measured (DoRA's transient included), but

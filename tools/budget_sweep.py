@@ -1,6 +1,7 @@
 """Steps nobody chose: random real-step settings measured on this CPU against the budget.
 
-    python tools/budget_sweep.py [--seed 1] [--steps 40] [--wide] [--save FOLDER]
+    python tools/budget_sweep.py [--seed 1] [--steps 40] [--wide] [--recompute none|full]
+                                 [--save FOLDER]
 
 The tests measure steps someone picked. This draws settings at random (a family's
 config.json shrunk to seconds, LoRA, DoRA, QLoRA, trained modules, the optimizers and
@@ -10,9 +11,10 @@ PyTorch's profiler (`engine.budget.lab.torch_step.measure_step`) and prints the 
 ratios the tests hold within 5%: activations, the peak, step 1's peak (predicted over
 measured), with the moment the budget puts the peak in. `--wide` widens the blocks
 (width 128, MLP 352) and shrinks the vocabulary (300), so the blocks rather than the
-loss decide the peak. Needs torch, transformers, peft and bitsandbytes (the extra
-`lora`); a step needing a package that is missing is skipped, saying so. The same seed
-draws the same settings.
+loss decide the peak; `--recompute` draws only steps with (full) or without (none)
+checkpointing. Needs torch, transformers, peft and bitsandbytes (the extra `lora`); a
+step needing a package that is missing is skipped, saying so. The same seed draws the
+same settings.
 """
 from __future__ import annotations
 
@@ -58,12 +60,14 @@ def config_json(family: str, wide: bool) -> dict:
     return {**data, **SHRUNK, **(WIDE if wide else {})}
 
 
-def draw(rng: random.Random) -> tuple[str, dict]:
-    """One family and one setting of the knobs, at random."""
+def draw(rng: random.Random, recompute: str | None = None) -> tuple[str, dict]:
+    """One family and one setting of the knobs, at random (checkpointing as
+    `recompute` says, when it says)."""
     knobs = dict(activation_model="hf", backend="cpu", micro_batch=rng.choice([1, 2, 3]),
                  seq_len=rng.choice([32, 48, 64]), precision=rng.choice(["fp32", "bf16"]),
                  attention=rng.choice(["standard", "flash"]),
-                 recompute=rng.choice(["none", "full"]), accumulation=rng.choice([1, 1, 2]),
+                 recompute=recompute or rng.choice(["none", "full"]),
+                 accumulation=rng.choice([1, 1, 2]),
                  optimizer_impl=rng.choice(["for-loop", "foreach", "fused"]))
     rank = rng.choice([0, 0, 8, 32])
     if rank:
@@ -98,12 +102,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--wide", action="store_true")
+    parser.add_argument("--recompute", choices=("none", "full"))
     parser.add_argument("--save", type=Path, help="a folder for each (config, measurement)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     rng, measured, outside = random.Random(args.seed), 0, 0
     while measured < args.steps:
-        family, knobs = draw(rng)
+        family, knobs = draw(rng, args.recompute)
         try:
             cfg = B.config_from_hf(config_json(family, args.wide), **knobs)
         except B.BudgetError:

@@ -39,6 +39,8 @@ run, so the same tensors are kept (an assumption: no GPU measured it).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .kept import Saved
 from .linears import BLOCK_LINEARS, targeted, width
 from .lora import input_requires_grad, needs_no_gradient
@@ -83,15 +85,18 @@ _READS_A_MATMUL = ("projection matmul", "fc-proj matmul", "down matmul")
 
 
 def _while_rebuilt(cfg, layer) -> tuple[int, int]:
-    """(bytes alive while the layer's forward runs again, beyond the saved entries made
-    before it, at the product B(A(I)); the same when the recomputation stops at its
-    last saved entry, in its last product). Read from peft's `DoraLinearLayer.forward`
-    and the CPU allocator's memory events of a rebuilt block: `get_lora_weight` runs
-    the adapters over `torch.eye(fan_in)` in A's fp32, so the identity, A(I) and
-    B(A(I)) exist together; under autocast A reads a 16-bit copy of the identity (kept
-    by A(I)'s graph, the fp32 one goes when `get_lora_weight` returns) and B(A(I)) is
-    cast to fp32 (`lora_weight.to(x.dtype)`, x being peft's fp32 cast of the input).
-    The graph of B @ A lives until the layer's forward returns."""
+    """(bytes alive while the layer's forward runs, beyond the saved entries made
+    before it, at its largest: at the product B(A(I)) or in the weight's norm; the same
+    when a recomputation stops at its last saved entry, in its last product). Read
+    from peft's `DoraLinearLayer.forward` and the CPU allocator's memory events of a
+    rebuilt block and of a forward: `get_lora_weight` runs the adapters over
+    `torch.eye(fan_in)` in A's fp32, so the identity, A(I) and B(A(I)) exist together;
+    under autocast A reads a 16-bit copy of the identity (kept by A(I)'s graph, the
+    fp32 one goes when `get_lora_weight` returns) and B(A(I)) is cast to fp32
+    (`lora_weight.to(x.dtype)`, x being peft's fp32 cast of the input). Then
+    `get_weight_norm` makes `scaling * lora_weight` and `weight + ...` beside it, two
+    more weight-sized tensors in x's dtype. The graph of B @ A lives until the layer's
+    forward returns."""
     n, r = cfg.micro_batch * cfg.seq_len, cfg.lora_rank
     fan_in, fan_out = width(cfg, layer.fan_in), width(cfg, layer.fan_out)
     autocast = cfg.autocast and not bf16_weights(cfg)
@@ -111,9 +116,13 @@ def _while_rebuilt(cfg, layer) -> tuple[int, int]:
     eye = fan_in * fan_in * (FP32 + (2 if autocast else 0))
     at_product = around + eye + fan_in * r * lo + fan_in * fan_out * lo
     kept_eye = fan_in * fan_in * (2 if autocast else FP32)
+    # in the norm: B(A(I)) in x's dtype (fp32 under autocast: its 16-bit one has gone),
+    # the scaled copy and the sum
+    in_norm = around + kept_eye + fan_in * r * lo + 3 * fan_in * fan_out * (
+        2 if bf16_weights(cfg) else FP32)
     # at the stop: (scale - 1) * base(x), fp32 by promotion with the fp32 scale
     at_stop = around + kept_eye + fan_in * r * lo + fan_in * fan_out * FP32 + n * fan_out * FP32
-    return at_product, at_stop
+    return max(at_product, in_norm), at_stop
 
 
 def _made_after_product(cfg, layer, lora_terms: int) -> int:
@@ -125,12 +134,13 @@ def _made_after_product(cfg, layer, lora_terms: int) -> int:
                             if not (made_before and t.tensor.startswith("the base layer")))
 
 
-def _rebuilt_block_extra(cfg, lora_block: list[Saved]) -> int:
-    """What the rebuilt block holds at its peak beyond everything it saves: the
-    largest, over the adapted layers, of what a layer's forward holds again less the
-    entries made after that moment. Non-reentrant checkpointing stops recomputing at
-    the last saved entry (`early_stop`): when nothing after the last adapted layer
-    saves anything, that is in its last product, with all the block saved."""
+def _block_forward_extra(cfg, lora_block: list[Saved], rebuilt: bool) -> int:
+    """What a block's forward holds at its peak beyond everything the block saves: the
+    largest, over the adapted layers, of what a layer's forward holds less the
+    entries made after that moment. When the block is `rebuilt` under non-reentrant
+    checkpointing, the recomputation stops at the last saved entry (`early_stop`):
+    when nothing after the last adapted layer saves anything, that is in its last
+    product, with all the block saved."""
     layers, linears = targeted(cfg), BLOCK_LINEARS[cfg.architecture]
     copy_bytes = 2 if cfg.autocast else 0       # autocast's 16-bit copy of a weight, per entry
     frozen_copy_bytes = 0 if bf16_weights(cfg) else copy_bytes
@@ -149,23 +159,26 @@ def _rebuilt_block_extra(cfg, lora_block: list[Saved]) -> int:
                        for l in layers[k + 1:]))
         at_product, at_stop = _while_rebuilt(cfg, layer)
         best = max(best, at_product - _made_after_product(cfg, layer, mine) - later)
-        if layer is layers[-1] and later == 0:
+        if rebuilt and layer is layers[-1] and later == 0:
             best = max(best, at_stop)
     return best
 
 
 def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
-    """Each adapted layer's DoRA terms added to LoRA's block (and first block). Under
-    checkpointing the rebuilt block also holds what its layers' forwards make again
-    and no op keeps (`_rebuilt_block_extra`)."""
+    """Each adapted layer's DoRA terms added to LoRA's block (and first block). What
+    its layers' forwards make and no op keeps (`_block_forward_extra`) is the block's
+    forward transient; under checkpointing the rebuilt block holds it again."""
     first = not input_requires_grad(cfg)  # the first block starts without gradients
     block = rows.block + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, False)]
     head = rows.first + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, first)]
+    transient = _block_forward_extra(cfg, rows.block, rebuilt=False)
     if rows.checkpointed is not None:
         block.append(Saved("dora (recomputed forward)", "B @ A over an identity and what "
                            "a layer's forward holds with it, beyond what the block saves",
-                           _rebuilt_block_extra(cfg, rows.block), 1))
-    return Rows(block, head, rows.outside, rows.checkpointed)
+                           _block_forward_extra(cfg, rows.block, rebuilt=True), 1))
+        transient = 0  # the forward keeps no block's entries: the rebuild holds more
+    return replace(rows, block=block, first=head,
+                   forward_transient=max(rows.forward_transient, transient))
 
 
 def tensors(cfg, trained: list, make) -> list:

@@ -3,6 +3,9 @@ moments: what each moment holds, from what the model keeps (`real_step`), what t
 keeps (the model's output) and what the optimizer's code allocates (`optimizer_step`).
 
 The moments, in the order they happen (names in `moments`):
+  the last block's forward            where a recipe's layers hold transients no op
+                                      keeps (DoRA's B @ A): every block's saved
+                                      tensors and the last block's transient
   the loss at the end of the forward  the forward's saved tensors, the loss's
                                       vocabulary-sized tensors, the model's output
                                       until it returns, autocast's weight cache
@@ -62,14 +65,16 @@ def checkpoint_kept(cfg: BudgetConfig, device: str) -> list[Saved]:
     return held
 
 
-def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int]:
-    """Saved entries (blocks then outside), and the bytes of one block: the base
-    model's rows as the fine-tuning recipes rewrite them (`recipes`)."""
+def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int, int]:
+    """Saved entries (blocks then outside), the bytes of one block and the block
+    forward's transient: the base model's rows as the fine-tuning recipes rewrite
+    them (`recipes`)."""
     block = block_saved(cfg, device)
     held = checkpoint_kept(cfg, device) if cfg.recompute == "full" else None
     rows = recipes.rows(cfg, recipes.Rows(block, block, outside_saved(cfg, device), held),
                         device)
-    return rows.blocks(cfg.n_layer), rows.outside, sum(x.bytes for x in rows.block)
+    return (rows.blocks(cfg.n_layer), rows.outside, sum(x.bytes for x in rows.block),
+            rows.forward_transient)
 
 
 def autocast_cache_bytes(cfg: BudgetConfig) -> int:
@@ -164,8 +169,25 @@ def _optimizer_terms(cfg: BudgetConfig, fixed: dict, tensors, device: str,
     return state + found
 
 
+def _last_block(cfg: BudgetConfig, resident: list, grads: dict, before_loss: int,
+                transient: int, output: dict) -> list:
+    """The last block's forward, where a block's forward transient peaks beside
+    everything saved before it (none without a transient): every block's entries and
+    the embeddings' (`before_loss`), the autocast cache made by then, the loop's
+    previous output."""
+    if not transient:
+        return []
+    return [M.moment(M.LAST_BLOCK, [
+        *resident, *grads[M.FORWARD_END],
+        ("saved by the forward", "saved by the embeddings and every block", before_loss),
+        ("autocast cache", "autocast cache: 16-bit weight copies", autocast_cache_bytes(cfg)),
+        ("forward transient", "what a layer's forward holds beyond what the block saves "
+         "(the recipe's rows)", transient),
+        *(a for a in output.get(M.FORWARD_END, ()) if a.term == "the loop's output")])]
+
+
 def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device: str,
-             first_step: bool, tensors) -> tuple:
+             first_step: bool, tensors, before_loss: int = 0, transient: int = 0) -> tuple:
     """Every moment of one step (step 1 when `first_step`); `tensors` are the trained
     parameters (optimizer_step.trainable_tensors)."""
     weights = fixed["weights"] + fixed["master weights"]
@@ -192,7 +214,8 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     else:  # nll_loss's fp32 gradient first; the 16-bit ones follow as its copy goes
         loss_grads = [("loss", "gradient of nll_loss's fp32 input", vocab)]
         at_head = saved - vocab  # 16-bit log-probs and fp32 copy gone, 16-bit gradient
-    found = [M.moment(M.FORWARD_END, fwd_end),
+    found = [*_last_block(cfg, resident, grads, before_loss, transient, output),
+             M.moment(M.FORWARD_END, fwd_end),
              M.moment(M.LOSS_BACKWARD, [
                  *resident, *grads[M.LOSS_BACKWARD], ("saved by the forward", saved),
                  *loss_grads]),
@@ -227,14 +250,17 @@ def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
     """The step of `cfg.activation_model` ("pytorch" or "hf") on one device holding
     `fixed` (bytes of weights, master weights, gradients, optimizer state)."""
     device = device or cfg.backend
-    blocks, outside, one_block = _kept(cfg, device)
+    blocks, outside, one_block, transient = _kept(cfg, device)
     items = tuple(blocks + outside)
     saved = sum(x.bytes for x in items)
+    # made before the loss: the blocks' entries and the embeddings' (kept to the end)
+    before_loss = sum(x.bytes for x in blocks) + sum(x.bytes for x in outside if x.until_end)
     tensors = opt.trainable_tensors(cfg)
     return M.StepMoments(items=items,
-                         moments=_moments(cfg, fixed, saved, one_block, device, False, tensors),
+                         moments=_moments(cfg, fixed, saved, one_block, device, False, tensors,
+                                          before_loss, transient),
                          first_step=_moments(cfg, fixed, saved, one_block, device, True,
-                                             tensors))
+                                             tensors, before_loss, transient))
 
 
 def real_step_activations(cfg: BudgetConfig, device: str | None = None) -> Activations:

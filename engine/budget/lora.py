@@ -253,7 +253,7 @@ def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
         n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
         outside.append(Saved("token embedding", "output, a leaf requiring a gradient",
                              n * h, FP32, until_end=True))
-    return Rows(one, first, outside, rows.checkpointed)
+    return replace(rows, block=one, first=first, outside=outside)
 
 
 # ------------------------------------------------------- the fixed bytes

@@ -34,6 +34,8 @@ lists what is alive then; each thing alive is a term of `STEP_TERMS`:
                                                           and the loss's
                                                           backward
     autocast cache                      step transient    the forward's end  never
+    forward transient                   step transient    the last block's   never
+                                                          forward
     backward's last gradients           step transient    the end of the     never
                                                           backward
     optimizer temporaries               step transient    the optimizer step never
@@ -46,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The moments of a step, in the order they happen.
+LAST_BLOCK = "the last block's forward"
 FORWARD_END = "the loss at the end of the forward"
 LOSS_BACKWARD = "the loss's backward"
 HEAD_BACKWARD = "the head's backward"
@@ -55,8 +58,8 @@ OPTIMIZER_STEP = "the optimizer step"
 # The textbook models' moments: the forward's end and the backward's rebuilt block.
 SAVED_ALL = "the end of the forward"
 REBUILT = "the backward's rebuilt block"
-MOMENTS = (SAVED_ALL, REBUILT, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED,
-           BACKWARD_END, OPTIMIZER_STEP)
+MOMENTS = (SAVED_ALL, REBUILT, LAST_BLOCK, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD,
+           RECOMPUTED, BACKWARD_END, OPTIMIZER_STEP)
 EVERY = frozenset(MOMENTS)
 CATEGORIES = ("weights", "master weights", "gradients", "optimizer state", "activations",
               "recompute transient", "step transient")
@@ -82,16 +85,18 @@ STEP_TERMS = {t.name: t for t in (
     _term("gradients", "gradients", (HEAD_BACKWARD, RECOMPUTED, BACKWARD_END, OPTIMIZER_STEP,
                                      SAVED_ALL, REBUILT), 2),
     _term("gradients of earlier micro-batches", "gradients",
-          (FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED, BACKWARD_END), 2),
+          (LAST_BLOCK, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED, BACKWARD_END), 2),
     _term("gradients in flight", "gradients", EVERY),
     _term("gathered weights", "weights", EVERY),
-    _term("saved by the forward", "activations", (SAVED_ALL, REBUILT, FORWARD_END,
+    _term("saved by the forward", "activations", (SAVED_ALL, REBUILT, LAST_BLOCK, FORWARD_END,
                                                   LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED)),
-    _term("the loop's output", "activations", (FORWARD_END, *_BACKWARD, OPTIMIZER_STEP)),
+    _term("the loop's output", "activations", (LAST_BLOCK, FORWARD_END, *_BACKWARD,
+                                               OPTIMIZER_STEP)),
     _term("the forward's output", "activations", (FORWARD_END,)),
     _term("recompute", "recompute transient", (REBUILT, RECOMPUTED)),
     _term("loss", "step transient", (FORWARD_END, LOSS_BACKWARD)),
-    _term("autocast cache", "step transient", (FORWARD_END,)),
+    _term("autocast cache", "step transient", (LAST_BLOCK, FORWARD_END)),
+    _term("forward transient", "step transient", (LAST_BLOCK,)),
     _term("backward's last gradients", "step transient", (HEAD_BACKWARD, BACKWARD_END)),
     _term("optimizer temporaries", "step transient", (OPTIMIZER_STEP,)),
 )}

@@ -69,8 +69,7 @@ def _rewritten(cfg, items: list) -> list:
 
 def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
     """Each block's rows as the 4-bit layers change them (see the module's doc)."""
-    return Rows(_rewritten(cfg, rows.block), _rewritten(cfg, rows.first), rows.outside,
-                rows.checkpointed)
+    return replace(rows, block=_rewritten(cfg, rows.block), first=_rewritten(cfg, rows.first))
 
 
 def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) -> dict:

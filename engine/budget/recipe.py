@@ -12,11 +12,15 @@ from .kept import Saved
 class Rows:
     """What the forward keeps, as a recipe rewrites it: one block's entries (every block
     but the first), the first block's, the entries outside the blocks, and under
-    checkpointing what each checkpoint keeps (None without checkpointing)."""
+    checkpointing what each checkpoint keeps (None without checkpointing). Beside
+    them, what a block's forward holds at its largest beyond the entries it saves
+    (transients no op keeps, such as DoRA's B @ A), which the last block's forward
+    holds beside every block's entries."""
     block: list[Saved]
     first: list[Saved]
     outside: list[Saved]
     checkpointed: list[Saved] | None = None
+    forward_transient: int = 0
 
     def blocks(self, n_layer: int) -> list[Saved]:
         """Every block's entries: the checkpoints' under checkpointing, else the first

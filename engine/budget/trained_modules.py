@@ -21,6 +21,8 @@ Modelled for untied heads (a tied head's copy would untie it: refused in `compat
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .linears import OUTSIDE_MODULES, trained_modules
 from .recipe import Recipe, Rows
 
@@ -45,7 +47,7 @@ def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
             later = [outside.index(y) for y in base.outside[i + 1:] if y in outside]
             outside.insert(later[0] if later else len(outside), x)
     first = rows.block if _embedding(cfg) else rows.first
-    return Rows(rows.block, first, outside, rows.checkpointed)
+    return replace(rows, first=first, outside=outside)
 
 
 def tensors(cfg, trained: list, make) -> list:
