@@ -192,6 +192,9 @@ DORA_TABLE = [
 # first block's and the embeddings' gradients, counted before autograd makes them,
 # stand in for those working sets. Following them needs a walk through the block's
 # ops in both directions. Measured peaks: 0.94 (step 1: 0.94) and 1.05 (1.07).
+# Wider blocks show it more (`python tools/budget_sweep.py --wide --recompute full`:
+# checkpointed peaks 0.74-1.07), as does accumulation, where no gradient is counted
+# early and the working set alone is missing.
 DORA_GAPS = [
     ("bf16: gpt2 r16 all-linear, checkpointing", SMALL_GPT2,
      dict(lora_rank=16, recompute="full", precision="bf16", **ALL)),
