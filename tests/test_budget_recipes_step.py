@@ -149,13 +149,16 @@ def test_step_one_of_8bit_adamw_holds_only_the_state_it_has_made_by_its_largest_
     cfg = bm.preset("llama2-7b", activation_model="hf", optimizer="adamw-8bit")
     emb, norm, w = (opt.ParamTensor("emb", 64_000, True), opt.ParamTensor("norm", 64, False),
                     opt.ParamTensor("w", 8192, True))
-    made, temporaries = opt.first_step_state_and_temporaries(cfg, [emb, norm, w], "cpu")
+    made, whole, temporaries = opt.first_step_state_and_temporaries(cfg, [emb, norm, w],
+                                                                     "cpu")
     # its two uint8 states, an fp32 absmax per 256 for each, the two shared maps
     assert made == 2 * 64_000 + 2 * 4 * 250 + 2 * 256 * 4
     assert [t.bytes for t in temporaries] == [5 * 64_000 * 4]
+    # by the end of step 1 every tensor has its state: the norm's two fp32 states too
+    assert whole == made + 2 * 4 * 64 + 2 * 8192 + 2 * 4 * 32
     # a later tensor with the larger temporaries runs beside every state made before it
     big = opt.ParamTensor("big", 100_000, True)
-    made, temporaries = opt.first_step_state_and_temporaries(cfg, [emb, norm, big], "cpu")
+    made, _, temporaries = opt.first_step_state_and_temporaries(cfg, [emb, norm, big], "cpu")
     assert made == 132_048 + 2 * 100_000 + 2 * 4 * 391 and temporaries[0].bytes == 2_000_000
     assert opt.first_step_state_and_temporaries(cfg.with_(optimizer="adamw"), [emb], "cpu") \
         is None

@@ -89,12 +89,14 @@ def draw(rng: random.Random, recompute: str | None = None) -> tuple[str, dict]:
     return rng.choice(sorted(FAMILIES)), knobs
 
 
-def ratios(cfg, measured) -> tuple[float, float, float]:
-    """Predicted over measured: activations, the peak, step 1's peak."""
+def ratios(cfg, measured) -> tuple[tuple[float, float, float], str]:
+    """Predicted over measured (activations, the peak, step 1's peak), and the moment
+    the budget puts the peak in."""
     acts = real_step_activations(cfg, device="cpu")
     peak = B.budget(cfg).fixed_total + acts.peak
-    return (acts.saved / measured.activations, peak / measured.peak,
-            acts.step.first_step_peak_moment.bytes / measured.peak_first_step)
+    return ((acts.saved / measured.activations, peak / measured.peak,
+             acts.step.first_step_peak_moment.bytes / measured.peak_first_step),
+            acts.step.peak_moment.name)
 
 
 def main(argv=None) -> int:
@@ -119,10 +121,9 @@ def main(argv=None) -> int:
             continue
         m = measure_step(cfg, device="cpu")
         measured += 1
-        r = ratios(cfg, m)
+        r, moment = ratios(cfg, m)
         out = max(abs(x - 1) for x in r) > 0.05
         outside += out
-        moment = real_step_activations(cfg, device="cpu").step.peak_moment.name
         print(f"{'OUT' if out else 'ok '} {r[0]:.3f} {r[1]:.3f} {r[2]:.3f}  {family:8} "
               f"peak in {moment}  {json.dumps(knobs)}", flush=True)
         if args.save:

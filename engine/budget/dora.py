@@ -30,8 +30,9 @@ So in a layer whose input needs no gradient (the first block's first adapters), 
 `scale - 1` and no copy of W are kept. `B @ A` itself (made by running the adapters
 over an identity matrix) and W + s * B @ A are transients of the forward: no op keeps
 them, but B @ A and its graph (the identity, A(I)) live until the layer's forward
-returns. Under checkpointing that happens again while a block is rebuilt in the
-backward, beside the block's saved entries made so far (`_while_rebuilt`); and
+returns, beside the block's saved entries made so far (`_while_forward`): without
+checkpointing the last block's forward holds them beside every block's entries, and
+under checkpointing that happens again while a block is rebuilt in the backward; and
 non-reentrant checkpointing stops the rebuild at the block's last saved entry, inside
 the last adapted layer when nothing after it saves anything, with that layer's B @ A
 still alive. Measured on the CPU in fp32 and under bf16 autocast; on CUDA the same ops
@@ -84,7 +85,7 @@ def _layer_terms(cfg, layer, first: bool) -> list[Saved]:
 _READS_A_MATMUL = ("projection matmul", "fc-proj matmul", "down matmul")
 
 
-def _while_rebuilt(cfg, layer) -> tuple[int, int]:
+def _while_forward(cfg, layer) -> tuple[int, int]:
     """(bytes alive while the layer's forward runs, beyond the saved entries made
     before it, at its largest: at the product B(A(I)) or in the weight's norm; the same
     when a recomputation stops at its last saved entry, in its last product). Read
@@ -126,7 +127,8 @@ def _while_rebuilt(cfg, layer) -> tuple[int, int]:
 
 
 def _made_after_product(cfg, layer, lora_terms: int) -> int:
-    """Bytes of the layer's own saved entries made after B(A(I)): its adapter's
+    """Bytes of the layer's own saved entries made after B(A(I)) and the weight's norm:
+    its adapter's
     (`lora_terms`), and its DoRA terms but a base output made before (the layer's
     output itself, when no bias is taken off and no dropout makes it again)."""
     made_before = not _has_bias(cfg, layer) and not cfg.lora_dropout
@@ -157,8 +159,8 @@ def _block_forward_extra(cfg, lora_block: list[Saved], rebuilt: bool) -> int:
                  + sum(cfg.lora_rank * (width(cfg, l.fan_in) + width(cfg, l.fan_out)) * copy_bytes
                        + sum(t.bytes for t in _layer_terms(cfg, l, False))
                        for l in layers[k + 1:]))
-        at_product, at_stop = _while_rebuilt(cfg, layer)
-        best = max(best, at_product - _made_after_product(cfg, layer, mine) - later)
+        at_largest, at_stop = _while_forward(cfg, layer)
+        best = max(best, at_largest - _made_after_product(cfg, layer, mine) - later)
         if rebuilt and layer is layers[-1] and later == 0:
             best = max(best, at_stop)
     return best
@@ -171,14 +173,15 @@ def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
     first = not input_requires_grad(cfg)  # the first block starts without gradients
     block = rows.block + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, False)]
     head = rows.first + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, first)]
-    transient = _block_forward_extra(cfg, rows.block, rebuilt=False)
-    if rows.checkpointed is not None:
-        block.append(Saved("dora (recomputed forward)", "B @ A over an identity and what "
-                           "a layer's forward holds with it, beyond what the block saves",
-                           _block_forward_extra(cfg, rows.block, rebuilt=True), 1))
-        transient = 0  # the forward keeps no block's entries: the rebuild holds more
-    return replace(rows, block=block, first=head,
-                   forward_transient=max(rows.forward_transient, transient))
+    if rows.checkpointed is None:
+        transient = _block_forward_extra(cfg, rows.block, rebuilt=False)
+        return replace(rows, block=block, first=head,
+                       forward_transient=max(rows.forward_transient, transient))
+    # the forward keeps no block's entries: the rebuilt block, which does, holds more
+    block.append(Saved("dora (recomputed forward)", "B @ A over an identity and what "
+                       "a layer's forward holds with it, beyond what the block saves",
+                       _block_forward_extra(cfg, rows.block, rebuilt=True), 1))
+    return replace(rows, block=block, first=head)
 
 
 def tensors(cfg, trained: list, make) -> list:

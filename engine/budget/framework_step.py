@@ -159,8 +159,7 @@ def _optimizer_terms(cfg: BudgetConfig, fixed: dict, tensors, device: str,
                                  BF16 if trains_bf16(cfg) else FP32)
     so_far = opt.first_step_state_and_temporaries(cfg, tensors, device) if first_step else None
     if so_far is not None:
-        made, found = so_far
-        whole = opt.optimizer_state_bytes(cfg)
+        made, whole, found = so_far
         state = [("optimizer state", "optimizer state: what step 1 has made by then",
                   fixed["optimizer state"] * made // whole if whole else 0)]
     if shards_optimizer(cfg):

@@ -365,13 +365,14 @@ def _adamw_8bit_each(tensors: list[ParamTensor]) -> list[tuple[int, str]]:
 
 
 def first_step_state_and_temporaries(cfg, tensors: list[ParamTensor],
-                                     device: str) -> tuple[int, list] | None:
+                                     device: str) -> tuple[int, int, list] | None:
     """Step 1 of an optimizer that makes each tensor's state as it first visits it
     (Adafactor's and bitsandbytes' `step()`: `if len(state) == 0: init` inside the
     loop over the parameters, where torch's AdamW makes every state before any
     update): the largest, over the tensors in the order visited, of the state made so
-    far and that tensor's temporaries, as (state bytes, the temporaries' terms). None
-    for the optimizers whose step 1 holds its whole state throughout."""
+    far and that tensor's temporaries, as (state bytes made by then, the whole state's
+    bytes, the temporaries' terms). None for the optimizers whose step 1 holds its
+    whole state throughout."""
     if cfg.optimizer not in ("adafactor", "adamw-8bit"):
         return None
     visited = [t for group in grouped_tensors(cfg, tensors) for t in group]
@@ -382,7 +383,7 @@ def first_step_state_and_temporaries(cfg, tensors: list[ParamTensor],
         made += state
         if made + size > best[0]:
             best = (made + size, made, [_temporary(what, size)] if size else [])
-    return best[1], best[2]
+    return best[1], made, best[2]
 
 
 def step_temporaries(cfg, tensors: list[ParamTensor], impl: str, device: str,
