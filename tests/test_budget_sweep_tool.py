@@ -42,3 +42,14 @@ def test_one_drawn_step_is_measured_and_its_ratios_printed(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "1 of 1 steps within 5% on all three ratios"
     assert out[-2].startswith("ok  ") and "peak in the " in out[-2]
+
+
+def test_saving_never_overwrites_a_folders_measurements(tmp_path, capsys):
+    """A folder already holding this seed's files is refused before anything is
+    measured, naming the folder and the fix; the file there is left as it was."""
+    kept = tmp_path / "3_1.pkl"
+    kept.write_bytes(b"someone's measurement")
+    with pytest.raises(SystemExit):
+        budget_sweep.main(["--seed", "3", "--steps", "1", "--save", str(tmp_path)])
+    assert "already holds this seed's measurements" in capsys.readouterr().err
+    assert kept.read_bytes() == b"someone's measurement"

@@ -105,8 +105,13 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--wide", action="store_true")
     parser.add_argument("--recompute", choices=("none", "full"))
-    parser.add_argument("--save", type=Path, help="a folder for each (config, measurement)")
+    parser.add_argument("--save", type=Path, help="a folder for each (config, measurement), "
+                        "pickled as SEED_N.pkl; a folder already holding the seed's is refused")
     args = parser.parse_args(argv)
+    if args.save and any(args.save.glob(f"{args.seed}_*.pkl")):
+        parser.error(f"--save {args.save}: it already holds this seed's measurements "
+                     f"({args.seed}_*.pkl); name an empty folder or another seed, so none "
+                     f"is overwritten")
     warnings.filterwarnings("ignore")
     rng, measured, outside = random.Random(args.seed), 0, 0
     while measured < args.steps:
@@ -128,7 +133,7 @@ def main(argv=None) -> int:
               f"peak in {moment}  {json.dumps(knobs)}", flush=True)
         if args.save:
             args.save.mkdir(parents=True, exist_ok=True)
-            with open(args.save / f"{args.seed}_{measured}.pkl", "wb") as f:
+            with open(args.save / f"{args.seed}_{measured}.pkl", "xb") as f:  # never over one
                 pickle.dump((cfg, m), f)
     print(f"{measured - outside} of {measured} steps within 5% on all three ratios")
     return 0
