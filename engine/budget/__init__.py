@@ -25,6 +25,7 @@ Models: what a step costs
   gemma.py             Gemma, Gemma 2 and Gemma 3's traits in that step
   weights_dtype.py     a model loaded in bf16: its weights as 16-bit leaves
   optimizer_step.py    what the optimizer's step and the end of the backward allocate
+  block_backward.py    one block's backward walked op by op: the most it holds
   framework_step.py    a real framework's step as moments: model, loop and optimizer
   recipe.py            what a fine-tuning recipe is: its rewriters, the rows they rewrite
   recipes.py           the fine-tuning recipes' registry: rewriters of the base rows

@@ -169,19 +169,13 @@ def _block_forward_extra(cfg, lora_block: list[Saved], rebuilt: bool) -> int:
 def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
     """Each adapted layer's DoRA terms added to LoRA's block (and first block). What
     its layers' forwards make and no op keeps (`_block_forward_extra`) is the block's
-    forward transient; under checkpointing the rebuilt block holds it again."""
+    forward transient; under checkpointing the rebuilt block's forward holds it again."""
     first = not input_requires_grad(cfg)  # the first block starts without gradients
     block = rows.block + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, False)]
     head = rows.first + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, first)]
-    if rows.checkpointed is None:
-        transient = _block_forward_extra(cfg, rows.block, rebuilt=False)
-        return replace(rows, block=block, first=head,
-                       forward_transient=max(rows.forward_transient, transient))
-    # the forward keeps no block's entries: the rebuilt block, which does, holds more
-    block.append(Saved("dora (recomputed forward)", "B @ A over an identity and what "
-                       "a layer's forward holds with it, beyond what the block saves",
-                       _block_forward_extra(cfg, rows.block, rebuilt=True), 1))
-    return replace(rows, block=block, first=head)
+    transient = _block_forward_extra(cfg, rows.block, rebuilt=rows.checkpointed is not None)
+    return replace(rows, block=block, first=head,
+                   forward_transient=max(rows.forward_transient, transient))
 
 
 def tensors(cfg, trained: list, make) -> list:

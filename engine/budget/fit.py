@@ -62,10 +62,12 @@ def step_peak(cfg: BudgetConfig) -> int:
 
 @functools.lru_cache(maxsize=8192)
 def moment_bytes(cfg: BudgetConfig) -> tuple[int, ...]:
-    """The bytes of every moment of one device's step, the steady state's then step 1's
-    (BudgetConfig is frozen and compares by its knobs: one evaluation per setting)."""
+    """The bytes of every moment of one device's step, the steady state's then step 1's,
+    each of a moment's arrangements apart (BudgetConfig is frozen and compares by its
+    knobs: one evaluation per setting)."""
     step = activations(cfg).step
-    return tuple(m.bytes for m in (*step.moments, *step.first_step))
+    return tuple(size for m in (*step.moments, *step.first_step)
+                 for size in (m.arrangements or (m.bytes,)))
 
 
 def clear_caches() -> None:

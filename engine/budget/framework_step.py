@@ -28,6 +28,7 @@ from __future__ import annotations
 from . import moments as M
 from . import optimizer_step as opt
 from . import recipes
+from .block_backward import backward_by_op
 from .config import REAL_STEP_MODELS, BudgetConfig
 from .counts import bytes_per_parameter, fixed_bytes
 from .gemma import layer_kinds
@@ -43,12 +44,14 @@ from .weights_dtype import BF16, bf16_weights, hidden_bytes, trains_bf16, traini
 RNG_STATE_BYTES = 5056  # torch.get_rng_state(): the CPU generator's state
 
 
-def checkpoint_kept(cfg: BudgetConfig, device: str) -> list[Saved]:
+def checkpoint_kept(cfg: BudgetConfig, device: str, blocks: int | None = None) -> list[Saved]:
     """What checkpointing every block keeps: each block's input; in transformers'
     step also the attention mask every block is handed (eager's float mask, SDPA's
     bool one when it gets a mask), and, on the CPU, the CPU generator's state each
-    checkpoint stashes (`preserve_rng_state`: a CPU tensor, no device memory on CUDA)."""
-    L, n, h = cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
+    checkpoint stashes (`preserve_rng_state`: a CPU tensor, no device memory on CUDA).
+    `blocks`: how many blocks' checkpoints are still alive (all by default; the
+    backward frees each block's as it ends)."""
+    L, n, h = blocks or cfg.n_layer, cfg.micro_batch * cfg.seq_len, cfg.d_model
     e = hidden_bytes(cfg)  # the hidden states' dtype: the weights'
     dtype = "fp32" if e == FP32 else "bf16"
     held = [Saved("block", f"input (checkpoint, {dtype})", n * h, e, L)]
@@ -65,16 +68,15 @@ def checkpoint_kept(cfg: BudgetConfig, device: str) -> list[Saved]:
     return held
 
 
-def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], int, int]:
-    """Saved entries (blocks then outside), the bytes of one block and the block
-    forward's transient: the base model's rows as the fine-tuning recipes rewrite
-    them (`recipes`)."""
+def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], list[Saved], int]:
+    """Saved entries (blocks then outside), one block's rows and the block forward's
+    transient: the base model's rows as the fine-tuning recipes rewrite them
+    (`recipes`)."""
     block = block_saved(cfg, device)
     held = checkpoint_kept(cfg, device) if cfg.recompute == "full" else None
     rows = recipes.rows(cfg, recipes.Rows(block, block, outside_saved(cfg, device), held),
                         device)
-    return (rows.blocks(cfg.n_layer), rows.outside, sum(x.bytes for x in rows.block),
-            rows.forward_transient)
+    return rows.blocks(cfg.n_layer), rows.outside, rows.block, rows.forward_transient
 
 
 def autocast_cache_bytes(cfg: BudgetConfig) -> int:
@@ -174,7 +176,7 @@ def _last_block(cfg: BudgetConfig, resident: list, grads: dict, before_loss: int
     everything saved before it (none without a transient): every block's entries and
     the embeddings' (`before_loss`), the autocast cache made by then, the loop's
     previous output."""
-    if not transient:
+    if not transient or cfg.recompute == "full":  # checkpointed: the rebuild holds it
         return []
     return [M.moment(M.LAST_BLOCK, [
         *resident, *grads[M.FORWARD_END],
@@ -185,8 +187,52 @@ def _last_block(cfg: BudgetConfig, resident: list, grads: dict, before_loss: int
         *(a for a in output.get(M.FORWARD_END, ()) if a.term == "the loop's output")])]
 
 
-def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device: str,
-             first_step: bool, tensors, before_loss: int = 0, transient: int = 0) -> tuple:
+def _rebuilt_blocks(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes: int,
+                    block_rows: list, transient: int, kept_to_end: int, output: dict,
+                    tensors, device: str) -> list:
+    """With checkpointing, each block's backward starts by rebuilding the block, then
+    walks it back (`block_backward`): its recomputed tensors, and as the walk goes
+    on its own gradients and the gradients it is making, sit beside the checkpoints
+    of the blocks not yet done (its own and those before it), what the embeddings
+    keep to the end, the gradients made so far (the later blocks', the final norm's
+    and the head's; every gradient under accumulation) and the gradient of the
+    block's output. From one block to the one before it a checkpoint goes and a
+    block's gradients come, so the largest is the last block's backward or the
+    first's. Under ZeRO 2 and 3 the gradients are the shard and what the engine holds
+    whole at the first block (sharding), at most as much at the last."""
+    n, h, L = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.n_layer
+    tied = cfg.tied_embedding and not recipes.freezes_base(cfg)
+    one_block = sum(x.bytes for x in block_rows)
+    found = []
+    for i in sorted({L - 1, 0}, reverse=True):
+        if shards_gradients(cfg) or cfg.accumulation > 1:
+            made, own = grads[M.RECOMPUTED], 0  # own gradients: added in place
+        else:
+            made = [("gradients", "gradients made before this block's backward",
+                     opt.gradients_before_block(tensors, i, tied) * grad_bytes)]
+            own = grad_bytes
+        # rebuilding the block (its layers' forward transient), then walking it back
+        held = [one_block + transient, *backward_by_op(cfg, block_rows, tensors, i, own)]
+        checkpoints = sum(x.bytes for x in checkpoint_kept(cfg, device, i + 1))
+        at = M.moment(M.RECOMPUTED if i == 0 else M.LAST_REBUILT, [
+            *resident, *made,
+            ("recompute", "the block's recomputed tensors", one_block),
+            ("the block's backward", "what rebuilding the block or walking it back holds "
+             "beyond them at its largest: a layer's forward transient, or its own gradients "
+             "and those it is making", max(held) - one_block),
+            ("saved by the forward", "the checkpoints of this block and those before it",
+             checkpoints),
+            ("saved by the forward", "what the embeddings keep to the end", kept_to_end),
+            ("the block's backward", "the gradient of the block's output",
+             n * h * hidden_bytes(cfg)),
+            *output.get(M.RECOMPUTED, ())])
+        found.append(M.with_arrangements(at, (at.bytes - max(held) + x for x in held)))
+    return found
+
+
+def _moments(cfg: BudgetConfig, fixed: dict, saved: int, block_rows: list, device: str,
+             first_step: bool, tensors, before_loss: int = 0, transient: int = 0,
+             kept_to_end: int = 0) -> tuple:
     """Every moment of one step (step 1 when `first_step`); `tensors` are the trained
     parameters (optimizer_step.trainable_tensors)."""
     weights = fixed["weights"] + fixed["master weights"]
@@ -225,12 +271,8 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
                  ("backward's last gradients", "the head's new weight gradient",
                   _head_weights(cfg) * grad_bytes)])]
     if cfg.recompute == "full":
-        n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
-        found.append(M.moment(M.RECOMPUTED, [
-            *resident, *grads[M.RECOMPUTED],
-            ("recompute", "the first block's recomputed tensors", one_block),
-            ("saved by the forward", "its checkpointed input", n * h * hidden_bytes(cfg)),
-            *output.get(M.RECOMPUTED, ())]))
+        found += _rebuilt_blocks(cfg, resident, grads, grad_bytes, block_rows, transient,
+                                 kept_to_end, output, tensors, device)
     found.append(M.moment(M.BACKWARD_END, [*resident, *grads[M.BACKWARD_END],
                                            *output.get(M.BACKWARD_END, ())]))
     found.append(M.moment(M.OPTIMIZER_STEP, [
@@ -240,8 +282,17 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, one_block: int, device:
     gathered = weights_gathered(cfg, first_step)  # ZeRO 3's whole weights (sharding)
     if not gathered:  # every step but ZeRO 3's over several devices: nothing to add
         return tuple(found)
-    return tuple(M.moment(m.name, [*m.terms, *(("gathered weights", what, size) for what, size
-                                               in gathered.get(m.name, ()))]) for m in found)
+    return tuple(_with_gathered(m, gathered.get(m.name, ())) for m in found)
+
+
+def _with_gathered(found: M.Moment, gathered) -> M.Moment:
+    """A moment with ZeRO 3's gathered weights beside what it holds (each of its
+    arrangements holds them too)."""
+    at = M.moment(found.name, [*found.terms, *(("gathered weights", what, size)
+                                               for what, size in gathered)])
+    if not found.arrangements:
+        return at
+    return M.with_arrangements(at, (x + at.bytes - found.bytes for x in found.arrangements))
 
 
 def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
@@ -249,17 +300,18 @@ def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
     """The step of `cfg.activation_model` ("pytorch" or "hf") on one device holding
     `fixed` (bytes of weights, master weights, gradients, optimizer state)."""
     device = device or cfg.backend
-    blocks, outside, one_block, transient = _kept(cfg, device)
+    blocks, outside, block_rows, transient = _kept(cfg, device)
     items = tuple(blocks + outside)
     saved = sum(x.bytes for x in items)
     # made before the loss: the blocks' entries and the embeddings' (kept to the end)
-    before_loss = sum(x.bytes for x in blocks) + sum(x.bytes for x in outside if x.until_end)
+    kept_to_end = sum(x.bytes for x in outside if x.until_end)
+    before_loss = sum(x.bytes for x in blocks) + kept_to_end
     tensors = opt.trainable_tensors(cfg)
     return M.StepMoments(items=items,
-                         moments=_moments(cfg, fixed, saved, one_block, device, False, tensors,
-                                          before_loss, transient),
-                         first_step=_moments(cfg, fixed, saved, one_block, device, True,
-                                             tensors, before_loss, transient))
+                         moments=_moments(cfg, fixed, saved, block_rows, device, False, tensors,
+                                          before_loss, transient, kept_to_end),
+                         first_step=_moments(cfg, fixed, saved, block_rows, device, True,
+                                             tensors, before_loss, transient, kept_to_end))
 
 
 def real_step_activations(cfg: BudgetConfig, device: str | None = None) -> Activations:

@@ -52,6 +52,7 @@ LAST_BLOCK = "the last block's forward"
 FORWARD_END = "the loss at the end of the forward"
 LOSS_BACKWARD = "the loss's backward"
 HEAD_BACKWARD = "the head's backward"
+LAST_REBUILT = "the last block's backward (recomputed)"
 RECOMPUTED = "the first block's backward (recomputed)"
 BACKWARD_END = "the end of the backward"
 OPTIMIZER_STEP = "the optimizer step"
@@ -59,7 +60,7 @@ OPTIMIZER_STEP = "the optimizer step"
 SAVED_ALL = "the end of the forward"
 REBUILT = "the backward's rebuilt block"
 MOMENTS = (SAVED_ALL, REBUILT, LAST_BLOCK, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD,
-           RECOMPUTED, BACKWARD_END, OPTIMIZER_STEP)
+           LAST_REBUILT, RECOMPUTED, BACKWARD_END, OPTIMIZER_STEP)
 EVERY = frozenset(MOMENTS)
 CATEGORIES = ("weights", "master weights", "gradients", "optimizer state", "activations",
               "recompute transient", "step transient")
@@ -77,23 +78,27 @@ def _term(name, category, alive_in, sharded_from=None) -> StepTerm:
     return StepTerm(name, category, frozenset(alive_in), sharded_from)
 
 
-_BACKWARD = (LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED, REBUILT, BACKWARD_END)
+_BACKWARD = (LOSS_BACKWARD, HEAD_BACKWARD, LAST_REBUILT, RECOMPUTED, REBUILT, BACKWARD_END)
+_REBUILT_BLOCKS = (LAST_REBUILT, RECOMPUTED)
 STEP_TERMS = {t.name: t for t in (
     _term("weights", "weights", EVERY, 3),
     _term("master weights", "master weights", EVERY, 1),
     _term("optimizer state", "optimizer state", EVERY, 1),
-    _term("gradients", "gradients", (HEAD_BACKWARD, RECOMPUTED, BACKWARD_END, OPTIMIZER_STEP,
-                                     SAVED_ALL, REBUILT), 2),
+    _term("gradients", "gradients", (HEAD_BACKWARD, *_REBUILT_BLOCKS, BACKWARD_END,
+                                     OPTIMIZER_STEP, SAVED_ALL, REBUILT), 2),
     _term("gradients of earlier micro-batches", "gradients",
-          (LAST_BLOCK, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED, BACKWARD_END), 2),
+          (LAST_BLOCK, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, *_REBUILT_BLOCKS,
+           BACKWARD_END), 2),
     _term("gradients in flight", "gradients", EVERY),
     _term("gathered weights", "weights", EVERY),
     _term("saved by the forward", "activations", (SAVED_ALL, REBUILT, LAST_BLOCK, FORWARD_END,
-                                                  LOSS_BACKWARD, HEAD_BACKWARD, RECOMPUTED)),
+                                                  LOSS_BACKWARD, HEAD_BACKWARD,
+                                                  *_REBUILT_BLOCKS)),
     _term("the loop's output", "activations", (LAST_BLOCK, FORWARD_END, *_BACKWARD,
                                                OPTIMIZER_STEP)),
     _term("the forward's output", "activations", (FORWARD_END,)),
-    _term("recompute", "recompute transient", (REBUILT, RECOMPUTED)),
+    _term("recompute", "recompute transient", (REBUILT, *_REBUILT_BLOCKS)),
+    _term("the block's backward", "step transient", _REBUILT_BLOCKS),
     _term("loss", "step transient", (FORWARD_END, LOSS_BACKWARD)),
     _term("autocast cache", "step transient", (LAST_BLOCK, FORWARD_END)),
     _term("forward transient", "step transient", (LAST_BLOCK,)),
@@ -128,9 +133,13 @@ class Alive:
 
 @dataclass(frozen=True)
 class Moment:
-    """One moment of the step and what is alive then, largest first."""
+    """One moment of the step and what is alive then, largest first. A moment that is
+    the largest of several arrangements (a block's backward, op by op) keeps every
+    arrangement's bytes in `arrangements`: each is a plain sum of tensors, which the
+    fit searches extrapolate (fit.py), where their largest is not."""
     name: str
     terms: tuple  # Alive entries
+    arrangements: tuple = ()  # bytes of each arrangement, the largest being `bytes`
 
     @property
     def alive(self) -> tuple:
@@ -159,6 +168,13 @@ def moment(name: str, entries) -> Moment:
         if entry.bytes:
             alive.append(entry)
     return Moment(name, tuple(sorted(alive, key=lambda a: -a.bytes)))
+
+
+def with_arrangements(found: Moment, arrangements) -> Moment:
+    """`found`, the largest of `arrangements` (their bytes, `found`'s among them)."""
+    arrangements = tuple(arrangements)
+    assert max(arrangements) == found.bytes, (max(arrangements), found.bytes)
+    return Moment(found.name, found.terms, arrangements)
 
 
 def peak(moments) -> Moment:

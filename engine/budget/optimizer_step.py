@@ -111,6 +111,31 @@ class ParamTensor:
     decays: bool
     rows_and_columns: int = 0
 
+    @functools.cached_property
+    def block(self) -> int | None:
+        """The block it belongs to, read from its name (`h.N.` in GPT-2, `layers.N.` in
+        LLaMA); None outside the blocks."""
+        first, _, rest = self.name.partition(".")
+        return int(rest.split(".", 1)[0]) if first in ("h", "layers") else None
+
+
+def gradients_before_block(tensors: list[ParamTensor], block: int, tied: bool) -> int:
+    """Elements of the gradients that exist when block `block`'s backward starts, in one
+    micro-batch with nothing accumulated: the later blocks' and those of what follows
+    the blocks (the final norm, an untied head, a tied head's contribution to the
+    embedding). The embeddings' come last. `tensors` are in `trainable_tensors`' order:
+    the embeddings first, the blocks, then what follows them."""
+    first_block = next((k for k, t in enumerate(tensors) if t.block is not None),
+                       len(tensors))
+    return sum(t.numel for k, t in enumerate(tensors)
+               if (t.block is not None and t.block > block)
+               or (t.block is None and k > first_block) or (k == 0 and tied))
+
+
+def block_gradients(tensors: list[ParamTensor], block: int) -> int:
+    """Elements of block `block`'s own gradients."""
+    return sum(t.numel for t in tensors if t.block == block)
+
 
 def _matrix(name: str, rows: int, columns: int) -> ParamTensor:
     """A weight matrix (in the decay group)."""

@@ -296,7 +296,8 @@ def _fsdp_gathered(cfg: BudgetConfig, modules) -> dict[str, list[tuple[str, int]
     found = {M.FORWARD_END: kept, M.LOSS_BACKWARD: kept + ahead,
              M.HEAD_BACKWARD: kept + ahead, M.BACKWARD_END: kept}
     if cfg.recompute == "full":
-        found[M.RECOMPUTED] = kept + [
+        # any block's backward, the last's as the first's
+        found[M.RECOMPUTED] = found[M.LAST_REBUILT] = kept + [
             ("the block's weights, gathered again for its backward", block),
             ("the block before it, gathered ahead of its backward (BACKWARD_PRE)", block)]
     return found
@@ -420,8 +421,9 @@ def _deepspeed_gathered(cfg: BudgetConfig, modules,
              M.HEAD_BACKWARD: terms(running[head]),
              M.BACKWARD_END: terms(running[embedding])}
     if recompute:
-        found[M.RECOMPUTED] = terms(max((running[k] for k in range(first, end)),
-                                        key=lambda h: sum(h.values())))
+        # the most held in any block's backward, the last's as the first's
+        found[M.RECOMPUTED] = found[M.LAST_REBUILT] = terms(
+            max((running[k] for k in range(first, end)), key=lambda h: sum(h.values())))
     return found
 
 
