@@ -1,0 +1,101 @@
+"""A checkpointed block's backward, walked op by op (engine/budget/block_backward.py),
+and the rebuilt blocks' moments around it: counted by hand, and measured on this CPU
+for wide blocks, where the block's backward decides the peak."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import engine.budget as bm
+from budget_step_tools import assert_cpu_step_as_predicted
+from engine.budget import moments as M
+from engine.budget import optimizer_step as opt
+from engine.budget.block_backward import backward_by_op
+from engine.budget.framework_step import RNG_STATE_BYTES as RNG
+from engine.budget.kept import Saved
+
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 160,
+         "vocab_size": 1000, "max_position_embeddings": 128, "tie_word_embeddings": False}
+WIDE = {"hidden_size": 128, "intermediate_size": 352, "vocab_size": 300}
+HF = dict(activation_model="hf", backend="cpu", recompute="full")
+needs_torch = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")),
+    reason="torch and transformers are not installed (pip install -e '.[torch]')")
+
+
+def test_the_walk_counts_what_each_op_of_the_block_holds_by_hand():
+    """An MLP of three ops, walked back: at the down matmul every row, its weight's
+    gradient, the gradient of its input (the size of its row) and of its output (none
+    after the last op); at the activation the down matmul's row is released and the
+    gradients of both the activation's input and output are alive; at the up matmul
+    its own weight's gradient joins."""
+    cfg = bm.config_from_hf(LLAMA, **HF)
+    rows = [Saved("gate/up matmuls", "input", 10, 4),
+            Saved("SiLU", "input", 30, 2),
+            Saved("down matmul", "input", 30, 2)]
+    tensors = [opt.ParamTensor("layers.1.mlp.gate_proj.weight", 7, True),
+               opt.ParamTensor("layers.1.mlp.up_proj.weight", 7, True),
+               opt.ParamTensor("layers.1.mlp.down_proj.weight", 7, True),
+               opt.ParamTensor("layers.0.mlp.down_proj.weight", 1000, True)]  # not this block
+    at_down = (40 + 60 + 60) + 7 * 4 + 60
+    at_silu = (40 + 60) + 7 * 4 + (60 + 60)
+    at_up = 40 + 3 * 7 * 4 + (40 + 60)
+    assert backward_by_op(cfg, rows, tensors, 1, 4) == [at_down, at_silu, at_up]
+    assert backward_by_op(cfg, rows, tensors, 1, 0) == [220, 220, 140]  # added in place
+
+
+def test_weight_copies_stay_to_the_end_of_the_walk():
+    cfg = bm.config_from_hf(LLAMA, **HF)
+    rows = [Saved("down matmul", "input", 30, 2), Saved("block matmuls", "copies", 100, 2)]
+    assert backward_by_op(cfg, rows, [], 0, 4) == [200 + 60 + 60]
+
+
+def test_a_checkpointed_step_has_the_last_blocks_backward_and_the_firsts():
+    """The last block's backward holds every checkpoint and few gradients; the first's
+    one checkpoint and the later blocks' gradients: both are moments, with the same
+    arrangements (one per op and the rebuild) for the fit searches."""
+    cfg = bm.config_from_hf({**LLAMA, **WIDE}, micro_batch=2, seq_len=64, **HF)
+    step = bm.real_step_activations(cfg, device="cpu").step
+    found = {m.name: m for m in step.moments}
+    last, first = found[M.LAST_REBUILT], found[M.RECOMPUTED]
+    assert len(last.arrangements) == len(first.arrangements) > 1
+    assert max(last.arrangements) == last.bytes and max(first.arrangements) == first.bytes
+
+    def held(m, what):
+        return sum(a.bytes for a in m.terms if a.what.startswith(what))
+    n, h = 2 * 64, 128
+    # one block's input, and the CPU generator's state its checkpoint stashed
+    assert held(last, "the checkpoints") - held(first, "the checkpoints") == n * h * 4 + RNG
+    block = sum(t.numel for t in opt.trainable_tensors(cfg) if t.block == 1) * 4
+    assert held(first, "gradients made before") - held(last, "gradients made before") == block
+
+
+# Wide blocks and a small vocabulary: the peak is inside a block's backward.
+WIDE_STEPS = [
+    ("mistral fp32, eager", {**LLAMA, **WIDE, "model_type": "mistral", "sliding_window": 4096},
+     dict(micro_batch=3, seq_len=32, optimizer_impl="fused")),
+    ("qwen2 fp32, eager, accumulation 2, 8-bit AdamW",
+     {**LLAMA, **WIDE, "model_type": "qwen2", "tie_word_embeddings": True,
+      "use_sliding_window": False},
+     dict(micro_batch=3, seq_len=64, accumulation=2, optimizer="adamw-8bit")),
+    ("gemma3 bf16 autocast, sdpa",
+     {**LLAMA, **WIDE, "model_type": "gemma3_text", "head_dim": 32, "sliding_window": 512,
+      "query_pre_attn_scalar": 32, "hidden_activation": "gelu_pytorch_tanh",
+      "tie_word_embeddings": True},
+     dict(micro_batch=3, seq_len=32, precision="bf16", attention="flash",
+          optimizer_impl="fused")),
+    ("llama fp32, sdpa, LoRA r32 q,v",
+     {**LLAMA, **WIDE}, dict(micro_batch=3, seq_len=64, attention="flash", lora_rank=32)),
+]
+
+
+@needs_torch
+@pytest.mark.parametrize("name, data, knobs", [pytest.param(*c, id=c[0]) for c in WIDE_STEPS])
+def test_each_wide_checkpointed_step_matches_this_cpu(name, data, knobs):
+    if knobs.get("lora_rank") and importlib.util.find_spec("peft") is None:
+        pytest.skip("peft is not installed (pip install -e '.[lora]')")
+    if knobs.get("optimizer") == "adamw-8bit" and importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("bitsandbytes is not installed (pip install -e '.[qlora]')")
+    assert_cpu_step_as_predicted(bm.config_from_hf(data, **{**HF, **knobs}))
