@@ -53,13 +53,19 @@ def test_fsdp_holds_the_root_unit_and_one_or_two_blocks_whole(first_step):
     assert found[M.HEAD_BACKWARD] == 1_858_125_824
 
 
-def test_fsdp_moves_the_peak_by_the_root_and_a_block():
+def test_fsdp_moves_the_peak_by_the_root_and_two_blocks():
+    """Without checkpointing the peak is the last block's backward (every block's rows
+    beside it): the root unit, that block and the one prefetched before it are whole;
+    at the head's backward the root and the prefetched last block."""
     cfg = _llama(zero_engine="fsdp")
     b = bm.budget(cfg)
+    moments = {m.name: m for m in b.activations.step.moments}
     peak = b.activations.step.peak_moment
-    assert peak.name == M.HEAD_BACKWARD
+    assert peak.name == M.LAST_REBUILT
     gathered = sum(a.bytes for a in peak.terms if a.term == GATHERED)
-    assert gathered == (ROOT + BLOCK) * FP32
+    assert gathered == (ROOT + 2 * BLOCK) * FP32
+    assert sum(a.bytes for a in moments[M.HEAD_BACKWARD].terms
+               if a.term == GATHERED) == (ROOT + BLOCK) * FP32
     rest = sum(a.bytes for a in peak.terms if a.term != GATHERED)
     assert b.peak == rest + gathered
 

@@ -64,16 +64,31 @@ def weight_gradients_by_op(cfg, ops: list[str], tensors, block: int,
     return made
 
 
-def backward_by_op(cfg, rows: list[Saved], tensors, block: int, grad_bytes: int) -> list[int]:
+def backward_by_op(cfg, rows: list[Saved], tensors, block: int, grad_bytes: int,
+                   layers: tuple = (), rebuilt: bool = False) -> list[int]:
     """What block `block`'s backward holds beyond what was alive before it, at each of
     its ops, the last first: its saved rows not yet released, its weight gradients made
-    so far and the gradients it is making (see the module's doc)."""
+    so far and the gradients it is making (see the module's doc). `layers`: (the op
+    whose rows come before a layer that keeps no row, what its backward holds), each
+    one more moment of the walk, where the rows of that op and those before it are
+    still saved; when the block is `rebuilt` (checkpointing), a layer after the last
+    op with rows runs its backward before anything asks for the rebuild: no row is
+    alive yet."""
     ops = _ops(rows)
+    names = [op for op, _ in ops]
     copies = sum(x.bytes for x in rows if x.op in WEIGHT_COPIES)
-    made = weight_gradients_by_op(cfg, [op for op, _ in ops], tensors, block, grad_bytes)
+    made = weight_gradients_by_op(cfg, names, tensors, block, grad_bytes)
     held = []
     for k in range(len(ops) - 1, -1, -1):
         still_saved = sum(size for _, size in ops[:k + 1])
         working = ops[k][1] + (ops[k + 1][1] if k + 1 < len(ops) else 0)
         held.append(copies + still_saved + sum(made[k:]) + working)
+    for before, size in layers:
+        if before not in names:
+            continue
+        k = names.index(before)
+        if rebuilt and k == len(ops) - 1:
+            held.append(size)
+        else:
+            held.append(copies + sum(s for _, s in ops[:k + 1]) + sum(made[k + 1:]) + size)
     return held

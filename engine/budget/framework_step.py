@@ -13,8 +13,13 @@ The moments, in the order they happen (names in `moments`):
                                       log_softmax output and of the logits
   the head's backward                 the head's weight gradient, vocabulary by width,
                                       beside everything saved
-  the first block's backward          with checkpointing: every gradient so far and
-                                      one rebuilt block
+  the last block's backward           the block walked back op by op (block_backward):
+                                      its rows, its own gradients and those it is
+                                      making, beside the earlier blocks' rows (their
+                                      checkpoints, and the block rebuilt first, under
+                                      checkpointing) and the gradients made so far
+  the first block's backward          the same at block 0: the later blocks' gradients
+                                      made, no earlier block's rows
   the end of the backward             every gradient, the token embedding's last, and a
                                       tied head's two contributions and their sum
   the optimizer step                  the gradients, the state and the temporaries of
@@ -68,15 +73,17 @@ def checkpoint_kept(cfg: BudgetConfig, device: str, blocks: int | None = None) -
     return held
 
 
-def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], list[Saved], int]:
-    """Saved entries (blocks then outside), one block's rows and the block forward's
-    transient: the base model's rows as the fine-tuning recipes rewrite them
-    (`recipes`)."""
+def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], list[Saved],
+                                                  tuple[int, tuple]]:
+    """Saved entries (blocks then outside), one block's rows, a block's forward
+    transient and what the layers without rows hold in their backward: the base model's
+    rows as the fine-tuning recipes rewrite them (`recipes`)."""
     block = block_saved(cfg, device)
     held = checkpoint_kept(cfg, device) if cfg.recompute == "full" else None
     rows = recipes.rows(cfg, recipes.Rows(block, block, outside_saved(cfg, device), held),
                         device)
-    return rows.blocks(cfg.n_layer), rows.outside, rows.block, rows.forward_transient
+    return rows.blocks(cfg.n_layer), rows.outside, rows.block, (rows.forward_transient,
+                                                                rows.layer_backwards)
 
 
 def autocast_cache_bytes(cfg: BudgetConfig) -> int:
@@ -187,22 +194,25 @@ def _last_block(cfg: BudgetConfig, resident: list, grads: dict, before_loss: int
         *(a for a in output.get(M.FORWARD_END, ()) if a.term == "the loop's output")])]
 
 
-def _rebuilt_blocks(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes: int,
-                    block_rows: list, transient: int, kept_to_end: int, output: dict,
-                    tensors, device: str) -> list:
-    """With checkpointing, each block's backward starts by rebuilding the block, then
-    walks it back (`block_backward`): its recomputed tensors, and as the walk goes
-    on its own gradients and the gradients it is making, sit beside the checkpoints
-    of the blocks not yet done (its own and those before it), what the embeddings
-    keep to the end, the gradients made so far (the later blocks', the final norm's
-    and the head's; every gradient under accumulation) and the gradient of the
-    block's output. From one block to the one before it a checkpoint goes and a
-    block's gradients come, so the largest is the last block's backward or the
-    first's. Under ZeRO 2 and 3 the gradients are the shard and what the engine holds
-    whole at the first block (sharding), at most as much at the last."""
+def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes: int,
+                     block_rows: list, blocks_saved: int, transients: tuple[int, tuple],
+                     kept_to_end: int, output: dict, tensors, device: str) -> list:
+    """The last block's backward and the first's. A block's backward walks the block
+    back op by op (`block_backward`): its rows, and as the walk goes on its own
+    gradients and the gradients it is making, beside the gradients made so far (the
+    later blocks', the final norm's and the head's; every gradient under accumulation),
+    what the embeddings keep to the end and the gradient of the block's output. Without
+    checkpointing the earlier blocks' rows wait beside it; with it, only their
+    checkpoints, and the block is rebuilt first (its rows and its layers' forward
+    transient). From one block to the one before it, a block's rows or checkpoint go
+    and its gradients come: the largest is the last block's backward or the first's.
+    Under ZeRO 2 and 3 the gradients are the shard and what the engine holds whole at
+    the first block (sharding), at most as much at the last."""
     n, h, L = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.n_layer
     tied = cfg.tied_embedding and not recipes.freezes_base(cfg)
     one_block = sum(x.bytes for x in block_rows)
+    rebuilt = cfg.recompute == "full"
+    transient, layer_backwards = transients  # a block's forward's, rowless layers' backward's
     found = []
     for i in sorted({L - 1, 0}, reverse=True):
         if shards_gradients(cfg) or cfg.accumulation > 1:
@@ -211,17 +221,21 @@ def _rebuilt_blocks(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes: 
             made = [("gradients", "gradients made before this block's backward",
                      opt.gradients_before_block(tensors, i, tied) * grad_bytes)]
             own = grad_bytes
-        # rebuilding the block (its layers' forward transient), then walking it back
-        held = [one_block + transient, *backward_by_op(cfg, block_rows, tensors, i, own)]
-        checkpoints = sum(x.bytes for x in checkpoint_kept(cfg, device, i + 1))
+        held = backward_by_op(cfg, block_rows, tensors, i, own, layer_backwards, rebuilt)
+        if rebuilt:  # rebuilding the block (its layers' forward transient), then the walk
+            held.append(one_block + transient)
+            before = [("recompute", "the block's recomputed tensors", one_block),
+                      ("saved by the forward", "the checkpoints of this block and those "
+                       "before it", sum(x.bytes for x in checkpoint_kept(cfg, device, i + 1)))]
+        else:
+            before = [("saved by the forward", "this block's entries", one_block),
+                      ("saved by the forward", "the entries of the blocks before it",
+                       blocks_saved - one_block if i else 0)]
         at = M.moment(M.RECOMPUTED if i == 0 else M.LAST_REBUILT, [
-            *resident, *made,
-            ("recompute", "the block's recomputed tensors", one_block),
+            *resident, *made, *before,
             ("the block's backward", "what rebuilding the block or walking it back holds "
-             "beyond them at its largest: a layer's forward transient, or its own gradients "
-             "and those it is making", max(held) - one_block),
-            ("saved by the forward", "the checkpoints of this block and those before it",
-             checkpoints),
+             "beyond its rows at its largest: a layer's forward transient, or its own "
+             "gradients and those it is making", max(held) - one_block),
             ("saved by the forward", "what the embeddings keep to the end", kept_to_end),
             ("the block's backward", "the gradient of the block's output",
              n * h * hidden_bytes(cfg)),
@@ -231,8 +245,8 @@ def _rebuilt_blocks(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes: 
 
 
 def _moments(cfg: BudgetConfig, fixed: dict, saved: int, block_rows: list, device: str,
-             first_step: bool, tensors, before_loss: int = 0, transient: int = 0,
-             kept_to_end: int = 0) -> tuple:
+             first_step: bool, tensors, before_loss: int = 0,
+             transients: tuple[int, tuple] = (0, ()), kept_to_end: int = 0) -> tuple:
     """Every moment of one step (step 1 when `first_step`); `tensors` are the trained
     parameters (optimizer_step.trainable_tensors)."""
     weights = fixed["weights"] + fixed["master weights"]
@@ -259,6 +273,7 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, block_rows: list, devic
     else:  # nll_loss's fp32 gradient first; the 16-bit ones follow as its copy goes
         loss_grads = [("loss", "gradient of nll_loss's fp32 input", vocab)]
         at_head = saved - vocab  # 16-bit log-probs and fp32 copy gone, 16-bit gradient
+    transient, layer_backwards = transients  # a block's forward's, rowless layers' backward's
     found = [*_last_block(cfg, resident, grads, before_loss, transient, output),
              M.moment(M.FORWARD_END, fwd_end),
              M.moment(M.LOSS_BACKWARD, [
@@ -270,9 +285,9 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, block_rows: list, devic
                   "place now the gradient of the logits)", at_head),
                  ("backward's last gradients", "the head's new weight gradient",
                   _head_weights(cfg) * grad_bytes)])]
-    if cfg.recompute == "full":
-        found += _rebuilt_blocks(cfg, resident, grads, grad_bytes, block_rows, transient,
-                                 kept_to_end, output, tensors, device)
+    found += _block_backwards(cfg, resident, grads, grad_bytes, block_rows,
+                              before_loss - kept_to_end, transients, kept_to_end, output,
+                              tensors, device)
     found.append(M.moment(M.BACKWARD_END, [*resident, *grads[M.BACKWARD_END],
                                            *output.get(M.BACKWARD_END, ())]))
     found.append(M.moment(M.OPTIMIZER_STEP, [
@@ -300,7 +315,7 @@ def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
     """The step of `cfg.activation_model` ("pytorch" or "hf") on one device holding
     `fixed` (bytes of weights, master weights, gradients, optimizer state)."""
     device = device or cfg.backend
-    blocks, outside, block_rows, transient = _kept(cfg, device)
+    blocks, outside, block_rows, (transient, layer_backwards) = _kept(cfg, device)
     items = tuple(blocks + outside)
     saved = sum(x.bytes for x in items)
     # made before the loss: the blocks' entries and the embeddings' (kept to the end)
@@ -309,9 +324,11 @@ def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
     tensors = opt.trainable_tensors(cfg)
     return M.StepMoments(items=items,
                          moments=_moments(cfg, fixed, saved, block_rows, device, False, tensors,
-                                          before_loss, transient, kept_to_end),
+                                          before_loss, (transient, layer_backwards),
+                                          kept_to_end),
                          first_step=_moments(cfg, fixed, saved, block_rows, device, True,
-                                             tensors, before_loss, transient, kept_to_end))
+                                             tensors, before_loss,
+                                             (transient, layer_backwards), kept_to_end))
 
 
 def real_step_activations(cfg: BudgetConfig, device: str | None = None) -> Activations:

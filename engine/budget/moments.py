@@ -25,11 +25,15 @@ lists what is alive then; each thing alive is a term of `STEP_TERMS`:
     saved by the forward                activations       the forward's end  never
                                                           to the first
                                                           block's backward
+                                                          (its checkpoints
+                                                          under checkpointing)
     the loop's output                   activations       where the loop     never
                                                           holds it
     the forward's output                activations       the forward's end  never
     recompute                           recompute         a rebuilt block    never
                                         transient
+    the block's backward                step transient    a block's backward never
+                                                          (block_backward.py)
     loss                                step transient    the forward's end  never
                                                           and the loss's
                                                           backward
@@ -52,8 +56,8 @@ LAST_BLOCK = "the last block's forward"
 FORWARD_END = "the loss at the end of the forward"
 LOSS_BACKWARD = "the loss's backward"
 HEAD_BACKWARD = "the head's backward"
-LAST_REBUILT = "the last block's backward (recomputed)"
-RECOMPUTED = "the first block's backward (recomputed)"
+LAST_REBUILT = "the last block's backward"
+RECOMPUTED = "the first block's backward"
 BACKWARD_END = "the end of the backward"
 OPTIMIZER_STEP = "the optimizer step"
 # The textbook models' moments: the forward's end and the backward's rebuilt block.

@@ -113,10 +113,17 @@ class ParamTensor:
 
     @functools.cached_property
     def block(self) -> int | None:
-        """The block it belongs to, read from its name (`h.N.` in GPT-2, `layers.N.` in
-        LLaMA); None outside the blocks."""
-        first, _, rest = self.name.partition(".")
-        return int(rest.split(".", 1)[0]) if first in ("h", "layers") else None
+        """The index of the block it belongs to; None outside the blocks."""
+        unit = block_of(self.name)
+        return None if unit is None else int(unit.split(".")[1])
+
+
+def block_of(name: str) -> str | None:
+    """The block a parameter belongs to ("h.3", "layers.3"), None for the root's."""
+    parts = name.split(".")
+    if len(parts) > 2 and parts[0] in ("h", "layers") and parts[1].isdigit():
+        return ".".join(parts[:2])
+    return None
 
 
 def gradients_before_block(tensors: list[ParamTensor], block: int, tied: bool) -> int:

@@ -35,6 +35,7 @@ from .recipe import Recipe, Rows
 from .weights_dtype import frozen_weight_bytes
 
 FP32 = 4
+BF16 = 2  # bnb_4bit_compute_dtype
 NF4_BLOCK = 64  # bitsandbytes' 4-bit blocksize: one fp32 absmax per 64 weights
 # LoRA's row of the frozen matmuls' 16-bit weight copies (`lora.weight_copies`)
 FROZEN_COPIES = "frozen matmuls"
@@ -67,9 +68,67 @@ def _rewritten(cfg, items: list) -> list:
     return out
 
 
+def _layer_forward(cfg, layer) -> int:
+    """What a 4-bit layer's forward holds at its matmul beyond what the block saves:
+    its input cast to the compute dtype (bf16; an input already in 16 bits, attention's
+    output under autocast, is used as it is), the weight dequantized to it
+    (`dequantize_4bit`, freed when the matmul returns) and the product in bf16, before
+    it is cast back to the input's dtype."""
+    n = cfg.micro_batch * cfg.seq_len
+    fan_in, fan_out = width(cfg, layer.fan_in), width(cfg, layer.fan_out)
+    cast = 0 if cfg.autocast and layer.reads == "projection matmul" else n * fan_in * BF16
+    return cast + fan_in * fan_out * BF16 + n * fan_out * BF16
+
+
+def _forward_transient(cfg, base: list) -> int:
+    """The most a block's forward holds in a 4-bit layer beyond the block's rows: each
+    layer's `_layer_forward`, less the rows the block saves after that layer (read off
+    the full fine-tune's rows `base`, where every layer's input has its row)."""
+    ops = [x.op for x in base]
+    best = 0
+    for layer in BLOCK_LINEARS[cfg.architecture]:
+        reads = layer.reads if layer.reads in ops else "scaled_dot_product_attention"
+        if reads not in ops:
+            continue
+        last = len(ops) - 1 - ops[::-1].index(reads)
+        later = sum(x.bytes for x in base[last + 1:] if x.op != "block matmuls")
+        best = max(best, _layer_forward(cfg, layer) - later)
+    return best
+
+
+def _layer_backwards(cfg, base: list) -> tuple:
+    """What each 4-bit layer's backward holds beyond the rows saved before it, as
+    (the op whose rows come before the layer, bytes): `MatMul4Bit.backward`
+    dequantizes the weight to the dtype it was quantized from (the dtype the model was
+    loaded in) and casts it to bf16, both alive at once, beside the gradient of the
+    layer's output (the input's dtype and its bf16 cast) and of its input in bf16.
+    Read off the full fine-tune's rows `base`, where every layer's input has its row."""
+    n, ops = cfg.micro_batch * cfg.seq_len, [x.op for x in base]
+    found = []
+    for layer in BLOCK_LINEARS[cfg.architecture]:
+        fan_in, fan_out = width(cfg, layer.fan_in), width(cfg, layer.fan_out)
+        if layer.reads in ops:  # the op before the row of the layer's input
+            before = ops[ops.index(layer.reads) - 1]
+        elif "scaled_dot_product_attention" in ops:  # SDPA's output is its input
+            before = "scaled_dot_product_attention"
+        else:
+            continue
+        # the output is cast back to the input's dtype: bf16 for attention's output
+        # under autocast (its gradient needs no cast then), fp32 for the others
+        sixteen = cfg.autocast and layer.reads == "projection matmul"
+        grad_out = n * fan_out * (BF16 if sixteen else FP32 + BF16)
+        found.append((before, fan_in * fan_out * (frozen_weight_bytes(cfg) + BF16)
+                      + grad_out + n * fan_in * BF16))
+    return tuple(found)
+
+
 def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
-    """Each block's rows as the 4-bit layers change them (see the module's doc)."""
-    return replace(rows, block=_rewritten(cfg, rows.block), first=_rewritten(cfg, rows.first))
+    """Each block's rows as the 4-bit layers change them (see the module's doc), and
+    what a 4-bit layer's forward and backward hold beyond them."""
+    return replace(rows, block=_rewritten(cfg, rows.block), first=_rewritten(cfg, rows.first),
+                   forward_transient=max(rows.forward_transient,
+                                         _forward_transient(cfg, base.block)),
+                   layer_backwards=rows.layer_backwards + _layer_backwards(cfg, base.block))
 
 
 def fixed(cfg, fixed: dict, per_parameter: dict, parameters: int, trained: int) -> dict:

@@ -15,12 +15,15 @@ class Rows:
     checkpointing what each checkpoint keeps (None without checkpointing). Beside
     them, what a block's forward holds at its largest beyond the entries it saves
     (transients no op keeps, such as DoRA's B @ A), which the last block's forward
-    holds beside every block's entries."""
+    holds beside every block's entries, and what a layer keeps no row for holds in its
+    backward (`block_backward`: QLoRA's dequantized weights and the gradients around
+    them), each as (the op whose rows come before the layer, bytes)."""
     block: list[Saved]
     first: list[Saved]
     outside: list[Saved]
     checkpointed: list[Saved] | None = None
     forward_transient: int = 0
+    layer_backwards: tuple = ()
 
     def blocks(self, n_layer: int) -> list[Saved]:
         """Every block's entries: the checkpoints' under checkpointing, else the first

@@ -79,7 +79,8 @@ the shard a device then holds (`weights_gathered`, terms named "gathered weights
              the root's pre-backward, at the loss's backward, prefetches the last
              block; a block's prefetches the block before it. So the loss's and the
              head's backward hold the root and the last block whole, a block's backward
-             (the recomputed one) the root and two blocks, the end of the backward (the
+             (the last's or the first's, rebuilt first under checkpointing) the root
+             and two blocks, the end of the backward (the
              token embedding's gradient, after the first block's unit was freed) the
              root alone. Nothing is whole at the optimizer step.
   deepspeed  DeepSpeed gathers each module's own parameters (a Linear, a norm, the
@@ -93,9 +94,9 @@ the shard a device then holds (`weights_gathered`, terms named "gathered weights
              the backward the last blocks and the head stay whole. The step is
              replayed module by module with these three rules (`_deepspeed_replay`);
              each moment holds what is whole at its module: the head's at the end of
-             the forward, the head's backward, the last block's backward (with
-             recompute: its modules rerun, then their backward) and the token
-             embedding's backward. Step 1 records that order (partitioned_param_
+             the forward, the head's backward, the block's backward that holds the
+             most (with recompute: its modules rerun, then their backward; the last
+             block's and the first's both read it) and the token embedding's backward. Step 1 records that order (partitioned_param_
              coordinator.py: no prefetch and every module released until the trace is
              complete): it holds only the module running. Parameters under
              `stage3_param_persistence_threshold` (1e5 elements: the norm gains) are
@@ -117,7 +118,7 @@ from .config import BudgetConfig
 from . import moments as M, recipes
 from .counts import bytes_per_parameter
 from .moments import SHARDED  # the fixed buffers each ZeRO stage splits (the term table's)
-from .optimizer_step import parameter_tensors, trainable_tensors
+from .optimizer_step import block_of, parameter_tensors, trainable_tensors
 from .qlora import NF4_BLOCK
 from .weights_dtype import bf16_weights, frozen_weight_bytes, training_bytes
 
@@ -183,14 +184,6 @@ def shards_gradients(cfg: BudgetConfig) -> bool:
 def shards_optimizer(cfg: BudgetConfig) -> bool:
     """Whether each device steps the optimizer over its own shard (ZeRO 1 and up)."""
     return cfg.devices > 1 and cfg.zero >= 1
-
-
-def block_of(name: str) -> str | None:
-    """The block a parameter belongs to ("h.3", "layers.3"), None for the root's."""
-    parts = name.split(".")
-    if len(parts) > 2 and parts[0] in ("h", "layers") and parts[1].isdigit():
-        return ".".join(parts[:2])
-    return None
 
 
 def engine_name(cfg: BudgetConfig) -> str:
@@ -295,11 +288,10 @@ def _fsdp_gathered(cfg: BudgetConfig, modules) -> dict[str, list[tuple[str, int]
               "(backward_prefetch=BACKWARD_PRE)", block)]
     found = {M.FORWARD_END: kept, M.LOSS_BACKWARD: kept + ahead,
              M.HEAD_BACKWARD: kept + ahead, M.BACKWARD_END: kept}
-    if cfg.recompute == "full":
-        # any block's backward, the last's as the first's
-        found[M.RECOMPUTED] = found[M.LAST_REBUILT] = kept + [
-            ("the block's weights, gathered again for its backward", block),
-            ("the block before it, gathered ahead of its backward (BACKWARD_PRE)", block)]
+    # any block's backward, the last's as the first's
+    found[M.RECOMPUTED] = found[M.LAST_REBUILT] = kept + [
+        ("the block's weights, gathered again for its backward", block),
+        ("the block before it, gathered ahead of its backward (BACKWARD_PRE)", block)]
     return found
 
 
@@ -404,12 +396,11 @@ def _by_why(whole: dict[str, str], size: dict[str, int]) -> dict[str, int]:
 
 def _deepspeed_gathered(cfg: BudgetConfig, modules,
                         first_step: bool) -> dict[str, list[tuple[str, int]]]:
-    recompute = cfg.recompute == "full"
     trace, where = deepspeed_trace(cfg, modules)
     numel = {m: n for m, n, _ in modules}
     size = {m: b for m, _, b in modules}
     turn, head, embedding = where["backward"] - 1, where["backward"], where["embedding"]
-    first, end = where["block"] if recompute else (0, 0)
+    first, end = where["block"]
     running, released = _deepspeed_replay(trace, numel, size, recorded=not first_step,
                                           read={turn, head, embedding, *range(first, end)})
 
@@ -420,10 +411,10 @@ def _deepspeed_gathered(cfg: BudgetConfig, modules,
     found = {M.FORWARD_END: at_turn, M.LOSS_BACKWARD: at_turn,
              M.HEAD_BACKWARD: terms(running[head]),
              M.BACKWARD_END: terms(running[embedding])}
-    if recompute:
-        # the most held in any block's backward, the last's as the first's
-        found[M.RECOMPUTED] = found[M.LAST_REBUILT] = terms(
-            max((running[k] for k in range(first, end)), key=lambda h: sum(h.values())))
+    # the most held in any block's backward (its modules rerun first under
+    # checkpointing), the last's as the first's
+    found[M.RECOMPUTED] = found[M.LAST_REBUILT] = terms(
+        max((running[k] for k in range(first, end)), key=lambda h: sum(h.values())))
     return found
 
 
