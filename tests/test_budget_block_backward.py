@@ -59,7 +59,7 @@ def test_a_checkpointed_step_has_the_last_blocks_backward_and_the_firsts():
     cfg = bm.config_from_hf({**LLAMA, **WIDE}, micro_batch=2, seq_len=64, **HF)
     step = bm.real_step_activations(cfg, device="cpu").step
     found = {m.name: m for m in step.moments}
-    last, first = found[M.LAST_REBUILT], found[M.RECOMPUTED]
+    last, first = found[M.LAST_BLOCK_BACKWARD], found[M.FIRST_BLOCK_BACKWARD]
     assert len(last.arrangements) == len(first.arrangements) > 1
     assert max(last.arrangements) == last.bytes and max(first.arrangements) == first.bytes
 

@@ -67,7 +67,7 @@ def test_freed_after_backward_holds_the_logits_through_the_backward_only():
     cfg = BudgetConfig(activation_model="pytorch", **ON_CPU, **OPTIMIZER_BOUND,
                        outputs="freed-after-backward").validate()
     terms = kept_output_terms(cfg, "cpu")
-    assert set(terms) == {M.BACKWARD_END, M.RECOMPUTED}
+    assert set(terms) == {M.BACKWARD_END, M.FIRST_BLOCK_BACKWARD}
     assert {a.term for a in terms[M.BACKWARD_END]} == {"the loop's output"}
     kept = {m.name: m.bytes for m in framework_step(cfg.with_(outputs="kept"),
                                                         fixed_bytes(cfg), "cpu").moments}

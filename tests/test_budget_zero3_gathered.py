@@ -45,8 +45,8 @@ def test_fsdp_holds_the_root_unit_and_one_or_two_blocks_whole(first_step):
     assert found == {M.FORWARD_END: ROOT * FP32,
                      M.LOSS_BACKWARD: (ROOT + BLOCK) * FP32,
                      M.HEAD_BACKWARD: (ROOT + BLOCK) * FP32,
-                     M.LAST_REBUILT: (ROOT + 2 * BLOCK) * FP32,
-                     M.RECOMPUTED: (ROOT + 2 * BLOCK) * FP32,
+                     M.LAST_BLOCK_BACKWARD: (ROOT + 2 * BLOCK) * FP32,
+                     M.FIRST_BLOCK_BACKWARD: (ROOT + 2 * BLOCK) * FP32,
                      M.BACKWARD_END: ROOT * FP32,
                      M.OPTIMIZER_STEP: 0}
     # 1.05 GB + 0.81 GB at the head's backward, on top of the step it was before
@@ -61,7 +61,7 @@ def test_fsdp_moves_the_peak_by_the_root_and_two_blocks():
     b = bm.budget(cfg)
     moments = {m.name: m for m in b.activations.step.moments}
     peak = b.activations.step.peak_moment
-    assert peak.name == M.LAST_REBUILT
+    assert peak.name == M.LAST_BLOCK_BACKWARD
     gathered = sum(a.bytes for a in peak.terms if a.term == GATHERED)
     assert gathered == (ROOT + 2 * BLOCK) * FP32
     assert sum(a.bytes for a in moments[M.HEAD_BACKWARD].terms
@@ -120,7 +120,7 @@ def test_deepspeed_step_one_records_the_order_and_gathers_one_module_at_a_time()
     used = sharding._WHY["used"]
     assert found[M.FORWARD_END] == {} and found[M.LOSS_BACKWARD] == {}
     assert found[M.HEAD_BACKWARD] == {used: V * D * FP32}
-    assert found[M.RECOMPUTED] == {used: MLP * FP32}    # its largest module, gate/up/down
+    assert found[M.FIRST_BLOCK_BACKWARD] == {used: MLP * FP32}  # its largest: gate/up/down
     assert found[M.BACKWARD_END] == {used: V * D * FP32}
 
 
@@ -131,7 +131,7 @@ def test_under_lora_and_qlora_the_frozen_weights_are_gathered_too():
     lora = bm.budget(_llama(zero_engine="fsdp", lora_rank=16, recompute="full"))
     found = {at: sum(h.values()) for at, h in _gathered(lora).items()}
     assert found[M.FORWARD_END] == ROOT * FP32
-    assert found[M.RECOMPUTED] == (ROOT + 2 * (BLOCK + adapters)) * FP32
+    assert found[M.FIRST_BLOCK_BACKWARD] == (ROOT + 2 * (BLOCK + adapters)) * FP32
     nf4 = sum(n // 2 + n // 64 * 4 for n in [ATTENTION] * 4 + [MLP] * 3)
     qlora = bm.budget(_llama(zero_engine="fsdp", lora_rank=16, qlora=True,
                              recompute="full"))

@@ -13,7 +13,7 @@ from engine.budget.sharding import REDUCE_BUCKET_ELEMENTS, block_of
 
 GRADIENT_TERMS = ("gradients", "gradients of earlier micro-batches", "gradients in flight",
                   "backward's last gradients")
-BACKWARD_MOMENTS = (M.HEAD_BACKWARD, M.RECOMPUTED, M.BACKWARD_END, M.OPTIMIZER_STEP)
+BACKWARD_MOMENTS = (M.HEAD_BACKWARD, M.FIRST_BLOCK_BACKWARD, M.BACKWARD_END, M.OPTIMIZER_STEP)
 
 
 def _grid():

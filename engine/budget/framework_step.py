@@ -135,7 +135,7 @@ def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict
                                      autocast)
         every = [("gradients", fixed["gradients"])]
         return {M.FORWARD_END: earlier, M.LOSS_BACKWARD: earlier, M.HEAD_BACKWARD: earlier,
-                M.RECOMPUTED: every, M.BACKWARD_END: end,
+                M.FIRST_BLOCK_BACKWARD: every, M.BACKWARD_END: end,
                 M.OPTIMIZER_STEP: every}
     # Each micro-batch's gradients are reduced into the shard as they are made, so
     # every micro-batch ends its backward as the first does.
@@ -144,12 +144,12 @@ def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict
     shard = [("gradients", "gradients: this device's shard", fixed["gradients"])]
     flight = gradients_in_flight(cfg, tensors, grad_bytes, _head_weights(cfg))
     held = {at: [("gradients in flight", what, size) for what, size in flight.get(at, [])]
-            for at in (M.FORWARD_END, M.LOSS_BACKWARD, M.HEAD_BACKWARD, M.RECOMPUTED,
+            for at in (M.FORWARD_END, M.LOSS_BACKWARD, M.HEAD_BACKWARD, M.FIRST_BLOCK_BACKWARD,
                        M.BACKWARD_END, M.OPTIMIZER_STEP)}
     return {M.FORWARD_END: earlier + held[M.FORWARD_END],
             M.LOSS_BACKWARD: earlier + held[M.LOSS_BACKWARD],
             M.HEAD_BACKWARD: shard + held[M.HEAD_BACKWARD],
-            M.RECOMPUTED: shard + held[M.RECOMPUTED],
+            M.FIRST_BLOCK_BACKWARD: shard + held[M.FIRST_BLOCK_BACKWARD],
             M.BACKWARD_END: shard + held[M.BACKWARD_END] + end,
             M.OPTIMIZER_STEP: shard + held[M.OPTIMIZER_STEP]}
 
@@ -216,7 +216,7 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
     found = []
     for i in sorted({L - 1, 0}, reverse=True):
         if shards_gradients(cfg) or cfg.accumulation > 1:
-            made, own = grads[M.RECOMPUTED], 0  # own gradients: added in place
+            made, own = grads[M.FIRST_BLOCK_BACKWARD], 0  # own gradients: added in place
         else:
             made = [("gradients", "gradients made before this block's backward",
                      opt.gradients_before_block(tensors, i, tied) * grad_bytes)]
@@ -231,7 +231,7 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
             before = [("saved by the forward", "this block's entries", one_block),
                       ("saved by the forward", "the entries of the blocks before it",
                        blocks_saved - one_block if i else 0)]
-        at = M.moment(M.RECOMPUTED if i == 0 else M.LAST_REBUILT, [
+        at = M.moment(M.FIRST_BLOCK_BACKWARD if i == 0 else M.LAST_BLOCK_BACKWARD, [
             *resident, *made, *before,
             ("the block's backward", "what rebuilding the block or walking it back holds "
              "beyond its rows at its largest: a layer's forward transient, or its own "
@@ -239,7 +239,7 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
             ("saved by the forward", "what the embeddings keep to the end", kept_to_end),
             ("the block's backward", "the gradient of the block's output",
              n * h * hidden_bytes(cfg)),
-            *output.get(M.RECOMPUTED, ())])
+            *output.get(M.FIRST_BLOCK_BACKWARD, ())])
         found.append(M.with_arrangements(at, (at.bytes - max(held) + x for x in held)))
     return found
 
@@ -273,8 +273,7 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, block_rows: list, devic
     else:  # nll_loss's fp32 gradient first; the 16-bit ones follow as its copy goes
         loss_grads = [("loss", "gradient of nll_loss's fp32 input", vocab)]
         at_head = saved - vocab  # 16-bit log-probs and fp32 copy gone, 16-bit gradient
-    transient, layer_backwards = transients  # a block's forward's, rowless layers' backward's
-    found = [*_last_block(cfg, resident, grads, before_loss, transient, output),
+    found = [*_last_block(cfg, resident, grads, before_loss, transients[0], output),
              M.moment(M.FORWARD_END, fwd_end),
              M.moment(M.LOSS_BACKWARD, [
                  *resident, *grads[M.LOSS_BACKWARD], ("saved by the forward", saved),

@@ -56,15 +56,15 @@ LAST_BLOCK = "the last block's forward"
 FORWARD_END = "the loss at the end of the forward"
 LOSS_BACKWARD = "the loss's backward"
 HEAD_BACKWARD = "the head's backward"
-LAST_REBUILT = "the last block's backward"
-RECOMPUTED = "the first block's backward"
+LAST_BLOCK_BACKWARD = "the last block's backward"
+FIRST_BLOCK_BACKWARD = "the first block's backward"
 BACKWARD_END = "the end of the backward"
 OPTIMIZER_STEP = "the optimizer step"
 # The textbook models' moments: the forward's end and the backward's rebuilt block.
 SAVED_ALL = "the end of the forward"
 REBUILT = "the backward's rebuilt block"
 MOMENTS = (SAVED_ALL, REBUILT, LAST_BLOCK, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD,
-           LAST_REBUILT, RECOMPUTED, BACKWARD_END, OPTIMIZER_STEP)
+           LAST_BLOCK_BACKWARD, FIRST_BLOCK_BACKWARD, BACKWARD_END, OPTIMIZER_STEP)
 EVERY = frozenset(MOMENTS)
 CATEGORIES = ("weights", "master weights", "gradients", "optimizer state", "activations",
               "recompute transient", "step transient")
@@ -82,27 +82,27 @@ def _term(name, category, alive_in, sharded_from=None) -> StepTerm:
     return StepTerm(name, category, frozenset(alive_in), sharded_from)
 
 
-_BACKWARD = (LOSS_BACKWARD, HEAD_BACKWARD, LAST_REBUILT, RECOMPUTED, REBUILT, BACKWARD_END)
-_REBUILT_BLOCKS = (LAST_REBUILT, RECOMPUTED)
+_BLOCK_BACKWARDS = (LAST_BLOCK_BACKWARD, FIRST_BLOCK_BACKWARD)
+_BACKWARD = (LOSS_BACKWARD, HEAD_BACKWARD, *_BLOCK_BACKWARDS, REBUILT, BACKWARD_END)
 STEP_TERMS = {t.name: t for t in (
     _term("weights", "weights", EVERY, 3),
     _term("master weights", "master weights", EVERY, 1),
     _term("optimizer state", "optimizer state", EVERY, 1),
-    _term("gradients", "gradients", (HEAD_BACKWARD, *_REBUILT_BLOCKS, BACKWARD_END,
+    _term("gradients", "gradients", (HEAD_BACKWARD, *_BLOCK_BACKWARDS, BACKWARD_END,
                                      OPTIMIZER_STEP, SAVED_ALL, REBUILT), 2),
     _term("gradients of earlier micro-batches", "gradients",
-          (LAST_BLOCK, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, *_REBUILT_BLOCKS,
+          (LAST_BLOCK, FORWARD_END, LOSS_BACKWARD, HEAD_BACKWARD, *_BLOCK_BACKWARDS,
            BACKWARD_END), 2),
     _term("gradients in flight", "gradients", EVERY),
     _term("gathered weights", "weights", EVERY),
     _term("saved by the forward", "activations", (SAVED_ALL, REBUILT, LAST_BLOCK, FORWARD_END,
                                                   LOSS_BACKWARD, HEAD_BACKWARD,
-                                                  *_REBUILT_BLOCKS)),
+                                                  *_BLOCK_BACKWARDS)),
     _term("the loop's output", "activations", (LAST_BLOCK, FORWARD_END, *_BACKWARD,
                                                OPTIMIZER_STEP)),
     _term("the forward's output", "activations", (FORWARD_END,)),
-    _term("recompute", "recompute transient", (REBUILT, *_REBUILT_BLOCKS)),
-    _term("the block's backward", "step transient", _REBUILT_BLOCKS),
+    _term("recompute", "recompute transient", (REBUILT, *_BLOCK_BACKWARDS)),
+    _term("the block's backward", "step transient", _BLOCK_BACKWARDS),
     _term("loss", "step transient", (FORWARD_END, LOSS_BACKWARD)),
     _term("autocast cache", "step transient", (LAST_BLOCK, FORWARD_END)),
     _term("forward transient", "step transient", (LAST_BLOCK,)),

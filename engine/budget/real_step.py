@@ -35,7 +35,8 @@ from __future__ import annotations
 from .backends import backend as backend_of
 from .gemma import is_gemma, norms_around, rotary_tables, soft_capped
 from .kept import Saved
-from .moments import BACKWARD_END, FORWARD_END, OPTIMIZER_STEP, RECOMPUTED, Alive
+from .moments import (BACKWARD_END, FIRST_BLOCK_BACKWARD, FORWARD_END, OPTIMIZER_STEP,
+                      Alive)
 from .config import BudgetConfig
 from .weights_dtype import bf16_weights, hidden_bytes
 
@@ -493,7 +494,7 @@ def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",
     output = [("the caller's output: logits", logits)] + (
         [("the caller's output: key/value cache", cache)] if cache else [])
     held = [Alive("the loop's output", what, b) for what, b in output]
-    terms = {RECOMPUTED: held, BACKWARD_END: held}
+    terms = {FIRST_BLOCK_BACKWARD: held, BACKWARD_END: held}
     if not output_outlives_backward(cfg):
         return terms
     terms[OPTIMIZER_STEP] = held

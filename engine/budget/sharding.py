@@ -96,9 +96,10 @@ the shard a device then holds (`weights_gathered`, terms named "gathered weights
              each moment holds what is whole at its module: the head's at the end of
              the forward, the head's backward, the block's backward that holds the
              most (with recompute: its modules rerun, then their backward; the last
-             block's and the first's both read it) and the token embedding's backward. Step 1 records that order (partitioned_param_
-             coordinator.py: no prefetch and every module released until the trace is
-             complete): it holds only the module running. Parameters under
+             block's and the first's both read it) and the token embedding's
+             backward. Step 1 records that order (partitioned_param_coordinator.py: no
+             prefetch and every module released until the trace is complete): it
+             holds only the module running. Parameters under
              `stage3_param_persistence_threshold` (1e5 elements: the norm gains) are
              never partitioned; their few elements are left out. (transformers'
              DeepSpeed integration fills a config's "auto" with other values, e.g. a
@@ -212,14 +213,15 @@ def gradients_in_flight(cfg: BudgetConfig, tensors, grad_bytes: int,
         block = [("one block's gradients, whole until its reduce-scatter ends",
                   max(blocks.values(), default=0) * grad_bytes)]
         root = sum(t.numel for t in tensors[1:] if block_of(t.name) is None)
-        return {M.RECOMPUTED: [*block, ("the head's gradient (the root unit's, whole until "
-                                        "the end of the backward)", head * grad_bytes)],
+        return {M.FIRST_BLOCK_BACKWARD: [*block, ("the head's gradient (the root unit's, "
+                                                  "whole until the end of the backward)",
+                                                  head * grad_bytes)],
                 M.BACKWARD_END: [*block, ("the root unit's other gradients (head, norms), "
                                           "whole until the end of the backward",
                                           root * grad_bytes)]}
     bucket = [("DeepSpeed's gradient bucket (reduce_bucket_size elements)",
                REDUCE_BUCKET_ELEMENTS * grad_bytes)]
-    found = {M.HEAD_BACKWARD: bucket, M.RECOMPUTED: [*bucket, *tied_head],
+    found = {M.HEAD_BACKWARD: bucket, M.FIRST_BLOCK_BACKWARD: [*bucket, *tied_head],
              M.BACKWARD_END: bucket}
     if cfg.zero == 3:  # allocated once at the start: alive in every moment
         for at in (M.FORWARD_END, M.LOSS_BACKWARD, M.OPTIMIZER_STEP):
@@ -289,7 +291,7 @@ def _fsdp_gathered(cfg: BudgetConfig, modules) -> dict[str, list[tuple[str, int]
     found = {M.FORWARD_END: kept, M.LOSS_BACKWARD: kept + ahead,
              M.HEAD_BACKWARD: kept + ahead, M.BACKWARD_END: kept}
     # any block's backward, the last's as the first's
-    found[M.RECOMPUTED] = found[M.LAST_REBUILT] = kept + [
+    found[M.FIRST_BLOCK_BACKWARD] = found[M.LAST_BLOCK_BACKWARD] = kept + [
         ("the block's weights, gathered again for its backward", block),
         ("the block before it, gathered ahead of its backward (BACKWARD_PRE)", block)]
     return found
@@ -413,7 +415,7 @@ def _deepspeed_gathered(cfg: BudgetConfig, modules,
              M.BACKWARD_END: terms(running[embedding])}
     # the most held in any block's backward (its modules rerun first under
     # checkpointing), the last's as the first's
-    found[M.RECOMPUTED] = found[M.LAST_REBUILT] = terms(
+    found[M.FIRST_BLOCK_BACKWARD] = found[M.LAST_BLOCK_BACKWARD] = terms(
         max((running[k] for k in range(first, end)), key=lambda h: sum(h.values())))
     return found
 
