@@ -37,6 +37,13 @@ choices differ, and each changes the bytes a step holds:
                    `F.cross_entropy(logits, y)` on 16-bit logits (nanoGPT's)
                    therefore keeps one more 16-bit B x T x V tensor on CUDA.
 
+One difference is left out on purpose: for some shapes the CPU's bf16 matmul
+(oneDNN) allocates scratch while it runs, an fp32 buffer of its output and a pack of
+its input for each thread (a LoRA adapter's A over a 352-wide input, 96 tokens: 95 KB
+on two threads, 49 KB on one). It depends on the thread count, so a prediction that
+counted it would change with the machine; CUDA's cuBLAS keeps its workspace from
+step to step. It is most of what the budget misses of small LoRA steps on the CPU.
+
 Measured on this CPU (torch 2.13) by running each op under
 `torch.autocast("cpu", torch.bfloat16)` and by walking the autograd graph of
 SDPA with dropout; the CUDA facts are the ten measured H200 steps' and the lists
