@@ -22,7 +22,7 @@ WIDE = {"hidden_size": 128, "intermediate_size": 352, "vocab_size": 300}
 HF = dict(activation_model="hf", backend="cpu", recompute="full")
 needs_torch = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")),
-    reason="torch and transformers are not installed (pip install -e '.[torch]')")
+    reason="torch and transformers are not installed (pip install -e '.[transformers]')")
 
 
 def test_the_walk_counts_what_each_op_of_the_block_holds_by_hand():
@@ -88,6 +88,21 @@ WIDE_STEPS = [
           optimizer_impl="fused")),
     ("llama fp32, sdpa, LoRA r32 q,v",
      {**LLAMA, **WIDE}, dict(micro_batch=3, seq_len=64, attention="flash", lora_rank=32)),
+    # QLoRA: each 4-bit layer's backward holds its weight dequantized, in fp32 and bf16
+    ("QLoRA: mistral fp32, eager, r8 all-linear",
+     {**LLAMA, **WIDE, "model_type": "mistral", "sliding_window": 4096},
+     dict(micro_batch=2, seq_len=64, accumulation=2, optimizer_impl="fused", qlora=True,
+          lora_rank=8, lora_targets="all-linear")),
+    ("QLoRA: gemma3 bf16 autocast, sdpa, r8 q,v, lora_dropout",
+     {**LLAMA, **WIDE, "model_type": "gemma3_text", "head_dim": 32, "sliding_window": 512,
+      "query_pre_attn_scalar": 32, "hidden_activation": "gelu_pytorch_tanh",
+      "tie_word_embeddings": True},
+     dict(micro_batch=2, seq_len=64, precision="bf16", attention="flash", qlora=True,
+          lora_rank=8, lora_dropout=0.1, optimizer_impl="fused")),
+    ("QLoRA without checkpointing: mistral fp32, sdpa, accumulation 2",
+     {**LLAMA, **WIDE, "model_type": "mistral", "sliding_window": 4096},
+     dict(micro_batch=1, seq_len=48, accumulation=2, attention="flash", qlora=True,
+          lora_rank=8, recompute="none")),
 ]
 
 
@@ -96,6 +111,25 @@ WIDE_STEPS = [
 def test_each_wide_checkpointed_step_matches_this_cpu(name, data, knobs):
     if knobs.get("lora_rank") and importlib.util.find_spec("peft") is None:
         pytest.skip("peft is not installed (pip install -e '.[lora]')")
-    if knobs.get("optimizer") == "adamw-8bit" and importlib.util.find_spec("bitsandbytes") is None:
-        pytest.skip("bitsandbytes is not installed (pip install -e '.[qlora]')")
+    needs_bnb = knobs.get("optimizer") == "adamw-8bit" or knobs.get("qlora")
+    if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("bitsandbytes is not installed (pip install -e '.[lora]')")
     assert_cpu_step_as_predicted(bm.config_from_hf(data, **{**HF, **knobs}))
+
+
+def test_a_4bit_down_projection_holds_its_weight_dequantized_both_ways_by_hand():
+    """LLaMA's down_proj under QLoRA, trained in fp32: its forward holds its input cast
+    to bf16, its weight dequantized to bf16 and the bf16 product (nothing is saved after
+    it); its backward the weight dequantized to fp32 and cast to bf16, the gradient of
+    its output (fp32, and its bf16 cast) and of its input in bf16, after the product's
+    rows."""
+    from engine.budget import recipes
+    from engine.budget.framework_step import block_saved
+    cfg = bm.config_from_hf({**LLAMA, **WIDE}, micro_batch=2, seq_len=64, qlora=True,
+                            lora_rank=8, activation_model="hf", backend="cpu")
+    n, h, f = 2 * 64, 128, 352
+    block = block_saved(cfg, "cpu")
+    rows = recipes.rows(cfg, recipes.Rows(block, block, []), "cpu")
+    assert rows.forward_transient == n * f * 2 + f * h * 2 + n * h * 2
+    down = rows.layer_backwards[-1]
+    assert down == ("SiLU(gate) * up", f * h * (4 + 2) + n * h * (4 + 2) + n * f * 2)
