@@ -123,10 +123,10 @@ def _sections(page: str) -> list[str]:
 
 @pytest.mark.parametrize("query, modules", [
     ("preset=llama3.2-1b&lora_rank=16&qlora=on",
-     ["real_step", "moments", "optimizer_step", "lora", "qlora"]),
+     ["real_step", "moments", "block_backward", "optimizer_step", "lora", "qlora"]),
     ("preset=llama3.2-1b&lora_rank=16&dora=on&modules_to_save=lm_head&tied_embedding=off"
-     "&devices=8&zero=3", ["real_step", "moments", "optimizer_step", "lora", "dora",
-                           "trained_modules", "sharding"]),
+     "&devices=8&zero=3", ["real_step", "moments", "block_backward", "optimizer_step", "lora",
+                           "dora", "trained_modules", "sharding"]),
     ("preset=gpt2-small&activation_model=transformer", [""]),
 ])
 def test_the_assumptions_are_the_docs_of_the_modules_of_the_step_answered(base, query,

@@ -2,8 +2,8 @@
 step the page answered, in the order the step is built from them.
 
 A real framework's step (activations of pytorch or hf) is what the model keeps
-(`real_step`), its moments (`moments`) and what the optimizer allocates
-(`optimizer_step`), rewritten by each fine-tuning recipe that applies (LoRA, DoRA,
+(`real_step`), its moments (`moments`), a block's backward walked op by op
+(`block_backward`) and what the optimizer allocates (`optimizer_step`), rewritten by each fine-tuning recipe that applies (LoRA, DoRA,
 QLoRA, trained modules: `recipes.registry`), over bf16 weights where the model is
 loaded so (`weights_dtype`), with a Gemma family's traits (`gemma`); several devices
 bring data parallelism and ZeRO (`sharding`). The textbook models (rule, transformer,
@@ -29,7 +29,8 @@ def step_modules(cfg: B.BudgetConfig) -> list[ModuleType]:
     if cfg.activation_model not in REAL_STEP_MODELS:
         names = [_PACKAGE]
     else:
-        names = [f"{_PACKAGE}.{m}" for m in ("real_step", "moments", "optimizer_step")]
+        names = [f"{_PACKAGE}.{m}" for m in ("real_step", "moments", "block_backward",
+                                              "optimizer_step")]
         if cfg.model_type.startswith("gemma"):
             names.append(f"{_PACKAGE}.gemma")
         if cfg.weights_dtype == "bf16":
