@@ -94,7 +94,7 @@ def plot_step_memory(ax, result, n_tokens: int, vocab: int, measured: dict | Non
                         f"{size / (4 * n_tokens * vocab):g} x fp32\n[B·N, V]",
                         ha="center", va="center", color="white", fontsize=8)
             bottom += size / GB
-        names.append(textwrap.fill(moment.name.replace("the ", "", 1), 14))
+        names.append(textwrap.fill(moment.name.replace("the ", "", 1), 12))
         tops.append(bottom)
         if measured and moment.name in measured:
             ax.plot([x - 0.3, x + 0.3], [measured[moment.name] / GB] * 2, color="k", lw=2,
