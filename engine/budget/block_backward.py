@@ -25,6 +25,8 @@ events of checkpointed steps (`tools/budget_sweep.py --recompute full`).
 """
 from __future__ import annotations
 
+import itertools
+
 from .kept import Saved
 from .linears import BLOCK_LINEARS
 
@@ -75,14 +77,15 @@ def backward_by_op(cfg, rows: list[Saved], tensors, block: int, grad_bytes: int,
     op with rows runs its backward before anything asks for the rebuild: no row is
     alive yet."""
     ops = _ops(rows)
-    names = [op for op, _ in ops]
+    names, sizes = [op for op, _ in ops], [size for _, size in ops]
     copies = sum(x.bytes for x in rows if x.op in WEIGHT_COPIES)
     made = weight_gradients_by_op(cfg, names, tensors, block, grad_bytes)
+    saved_to = list(itertools.accumulate(sizes))                  # rows of ops 0..k
+    made_from = list(itertools.accumulate(made[::-1]))[::-1] + [0]  # gradients of ops k..
     held = []
     for k in range(len(ops) - 1, -1, -1):
-        still_saved = sum(size for _, size in ops[:k + 1])
-        working = ops[k][1] + (ops[k + 1][1] if k + 1 < len(ops) else 0)
-        held.append(copies + still_saved + sum(made[k:]) + working)
+        working = sizes[k] + (sizes[k + 1] if k + 1 < len(ops) else 0)
+        held.append(copies + saved_to[k] + made_from[k] + working)
     for before, size in layers:
         if before not in names:
             continue
@@ -90,5 +93,5 @@ def backward_by_op(cfg, rows: list[Saved], tensors, block: int, grad_bytes: int,
         if rebuilt and k == len(ops) - 1:
             held.append(size)
         else:
-            held.append(copies + sum(s for _, s in ops[:k + 1]) + sum(made[k + 1:]) + size)
+            held.append(copies + saved_to[k] + made_from[k + 1] + size)
     return held

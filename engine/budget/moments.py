@@ -49,6 +49,7 @@ checks that every moment a model builds holds only terms alive in it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # The moments of a step, in the order they happen.
@@ -150,7 +151,7 @@ class Moment:
         """(what, bytes) pairs, largest first."""
         return tuple(tuple(a) for a in self.terms)
 
-    @property
+    @functools.cached_property
     def bytes(self) -> int:
         return sum(a.bytes for a in self.terms)
 
