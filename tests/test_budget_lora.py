@@ -141,7 +141,7 @@ def test_under_autocast_qlora_makes_every_op_between_the_mlps_projections_keep_f
     from engine.budget.framework_step import _kept
     cfg = bm.preset(preset, **{**HF, "precision": "bf16"}, lora_rank=8, seq_len=128)
     for qlora, size in ((False, 2), (True, 4)):
-        blocks, _, _, _ = _kept(cfg.with_(qlora=qlora), "cpu")
+        blocks = _kept(cfg.with_(qlora=qlora), "cpu").blocks(cfg.n_layer)
         between = [x for x in blocks if x.op in MLP_ELEMENTWISE]
         assert between, "the block's MLP rows are named as MLP_ELEMENTWISE names them"
         assert {x.itemsize for x in between} == {size}, (qlora, sorted({(x.op, x.tensor, x.itemsize) for x in between}))

@@ -35,7 +35,7 @@ from .linears import BLOCK_LINEARS
 WEIGHT_COPIES = ("block matmuls", "frozen matmuls", "lora adapters")
 # SDPA keeps its output, which is also the projection's input: the projection has
 # no row of its own there, and its weight's gradient comes with SDPA's backward.
-_PROJECTION_INPUT = "scaled_dot_product_attention"
+PROJECTION_INPUT = "scaled_dot_product_attention"
 
 
 def _ops(rows: list[Saved]) -> list[tuple[str, int]]:
@@ -51,6 +51,13 @@ def _ops(rows: list[Saved]) -> list[tuple[str, int]]:
     return [(op, size) for op, size in ops]
 
 
+def input_op(linear, ops: list[str]) -> str | None:
+    """The op of `ops` whose rows hold `linear`'s input: the op it `reads`, or SDPA's
+    (whose output is the projection's input); None when neither is there."""
+    where = linear.reads if linear.reads in ops else PROJECTION_INPUT
+    return where if where in ops else None
+
+
 def weight_gradients_by_op(cfg, ops: list[str], tensors, block: int,
                            grad_bytes: int) -> list[int]:
     """Bytes of the weight gradients each op's backward makes, for block `block`'s
@@ -59,8 +66,8 @@ def weight_gradients_by_op(cfg, ops: list[str], tensors, block: int,
     made = [0] * len(ops)
     mine = [(f".{t.name}", t.numel) for t in tensors if t.block == block]
     for linear in BLOCK_LINEARS[cfg.architecture]:
-        where = linear.reads if linear.reads in ops else _PROJECTION_INPUT
-        if where in ops:
+        where = input_op(linear, ops)
+        if where is not None:
             made[ops.index(where)] += grad_bytes * sum(
                 numel for name, numel in mine if f".{linear.name}." in name)
     return made

@@ -73,17 +73,35 @@ def checkpoint_kept(cfg: BudgetConfig, device: str, blocks: int | None = None) -
     return held
 
 
-def _kept(cfg: BudgetConfig, device: str) -> tuple[list[Saved], list[Saved], list[Saved],
-                                                  tuple[int, tuple]]:
-    """Saved entries (blocks then outside), one block's rows, a block's forward
-    transient and what the layers without rows hold in their backward: the base model's
-    rows as the fine-tuning recipes rewrite them (`recipes`)."""
+def _kept(cfg: BudgetConfig, device: str) -> recipes.Rows:
+    """What the forward keeps: the base model's rows as the fine-tuning recipes rewrite
+    them (`recipes`), with what a block's layers hold beyond them."""
     block = block_saved(cfg, device)
     held = checkpoint_kept(cfg, device) if cfg.recompute == "full" else None
-    rows = recipes.rows(cfg, recipes.Rows(block, block, outside_saved(cfg, device), held),
+    return recipes.rows(cfg, recipes.Rows(block, block, outside_saved(cfg, device), held),
                         device)
-    return rows.blocks(cfg.n_layer), rows.outside, rows.block, (rows.forward_transient,
-                                                                rows.layer_backwards)
+
+
+def _gradient_bytes(cfg: BudgetConfig) -> int:
+    """Bytes of one trained parameter's gradient."""
+    return training_bytes(cfg, bytes_per_parameter(
+        cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.real_16bit))["gradients"]
+
+
+def _block_walk(cfg: BudgetConfig, rows: recipes.Rows, tensors) -> list[int]:
+    """What a block's backward holds beyond what was alive before it, arrangement by
+    arrangement: op by op (`block_backward`), and under checkpointing its rebuild (its
+    rows and its layers' forward transient). Every block has the same rows and
+    tensors, so the last block's walk is every block's. Its own gradients are new
+    tensors only in one micro-batch with the gradients whole; otherwise they are added
+    in place or held by the ZeRO engine (`_gradients`)."""
+    own = 0 if shards_gradients(cfg) or cfg.accumulation > 1 else _gradient_bytes(cfg)
+    rebuilt = cfg.recompute == "full"
+    held = backward_by_op(cfg, rows.block, tensors, cfg.n_layer - 1, own,
+                          rows.layer_backwards, rebuilt)
+    if rebuilt:
+        held.append(sum(x.bytes for x in rows.block) + rows.forward_transient)
+    return held
 
 
 def autocast_cache_bytes(cfg: BudgetConfig) -> int:
@@ -195,10 +213,10 @@ def _last_block(cfg: BudgetConfig, resident: list, grads: dict, before_loss: int
 
 
 def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes: int,
-                     block_rows: list, blocks_saved: int, transients: tuple[int, tuple],
-                     kept_to_end: int, output: dict, tensors, device: str) -> list:
+                     one_block: int, walk: list[int], blocks_saved: int, kept_to_end: int,
+                     output: dict, tensors, device: str) -> list:
     """The last block's backward and the first's. A block's backward walks the block
-    back op by op (`block_backward`): its rows, and as the walk goes on its own
+    back op by op (`walk`, `_block_walk`): its rows, and as the walk goes on its own
     gradients and the gradients it is making, beside the gradients made so far (the
     later blocks', the final norm's and the head's; every gradient under accumulation),
     what the embeddings keep to the end and the gradient of the block's output. Without
@@ -210,20 +228,14 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
     the first block (sharding), at most as much at the last."""
     n, h, L = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.n_layer
     tied = cfg.tied_embedding and not recipes.freezes_base(cfg)
-    one_block = sum(x.bytes for x in block_rows)
-    rebuilt = cfg.recompute == "full"
-    transient, layer_backwards = transients  # a block's forward's, rowless layers' backward's
     found = []
     for i in sorted({L - 1, 0}, reverse=True):
         if shards_gradients(cfg) or cfg.accumulation > 1:
-            made, own = grads[M.FIRST_BLOCK_BACKWARD], 0  # own gradients: added in place
+            made = grads[M.FIRST_BLOCK_BACKWARD]
         else:
             made = [("gradients", "gradients made before this block's backward",
                      opt.gradients_before_block(tensors, i, tied) * grad_bytes)]
-            own = grad_bytes
-        held = backward_by_op(cfg, block_rows, tensors, i, own, layer_backwards, rebuilt)
-        if rebuilt:  # rebuilding the block (its layers' forward transient), then the walk
-            held.append(one_block + transient)
+        if cfg.recompute == "full":
             before = [("recompute", "the block's recomputed tensors", one_block),
                       ("saved by the forward", "the checkpoints of this block and those "
                        "before it", sum(x.bytes for x in checkpoint_kept(cfg, device, i + 1)))]
@@ -235,27 +247,30 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
             *resident, *made, *before,
             ("the block's backward", "what rebuilding the block or walking it back holds "
              "beyond its rows at its largest: a layer's forward transient, or its own "
-             "gradients and those it is making", max(held) - one_block),
+             "gradients and those it is making", max(walk) - one_block),
             ("saved by the forward", "what the embeddings keep to the end", kept_to_end),
             ("the block's backward", "the gradient of the block's output",
              n * h * hidden_bytes(cfg)),
             *output.get(M.FIRST_BLOCK_BACKWARD, ())])
-        found.append(M.with_arrangements(at, (at.bytes - max(held) + x for x in held)))
+        found.append(M.with_arrangements(at, (at.bytes - max(walk) + x for x in walk)))
     return found
 
 
-def _moments(cfg: BudgetConfig, fixed: dict, saved: int, block_rows: list, device: str,
-             first_step: bool, tensors, before_loss: int = 0,
-             transients: tuple[int, tuple] = (0, ()), kept_to_end: int = 0) -> tuple:
-    """Every moment of one step (step 1 when `first_step`); `tensors` are the trained
-    parameters (optimizer_step.trainable_tensors)."""
+def _moments(cfg: BudgetConfig, fixed: dict, rows: recipes.Rows, blocks: list[Saved],
+             walk: list[int], device: str, first_step: bool, tensors) -> tuple:
+    """Every moment of one step (step 1 when `first_step`) from what the forward keeps
+    (`rows`, every block's entries `blocks`) and a block's walk back (`_block_walk`);
+    `tensors` are the trained parameters (optimizer_step.trainable_tensors)."""
+    saved = sum(x.bytes for x in blocks + rows.outside)
+    # made before the loss: the blocks' entries and the embeddings' (kept to the end)
+    kept_to_end = sum(x.bytes for x in rows.outside if x.until_end)
+    before_loss = sum(x.bytes for x in blocks) + kept_to_end
     weights = fixed["weights"] + fixed["master weights"]
     output = kept_output_terms(cfg, device, first_step)  # what the loop's output adds
     state = [] if first_step else [("optimizer state", fixed["optimizer state"])]
     resident = [("weights", weights), *state]
     vocab = vocab_fp32_bytes(cfg)
-    grad_bytes = training_bytes(cfg, bytes_per_parameter(
-        cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.real_16bit))["gradients"]
+    grad_bytes = _gradient_bytes(cfg)
     grads = _gradients(cfg, fixed, grad_bytes, tensors)
     fwd_end = [*resident, *grads[M.FORWARD_END],
                ("saved by the forward", "saved by the forward (but the loss's)", saved - vocab),
@@ -273,7 +288,7 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, block_rows: list, devic
     else:  # nll_loss's fp32 gradient first; the 16-bit ones follow as its copy goes
         loss_grads = [("loss", "gradient of nll_loss's fp32 input", vocab)]
         at_head = saved - vocab  # 16-bit log-probs and fp32 copy gone, 16-bit gradient
-    found = [*_last_block(cfg, resident, grads, before_loss, transients[0], output),
+    found = [*_last_block(cfg, resident, grads, before_loss, rows.forward_transient, output),
              M.moment(M.FORWARD_END, fwd_end),
              M.moment(M.LOSS_BACKWARD, [
                  *resident, *grads[M.LOSS_BACKWARD], ("saved by the forward", saved),
@@ -284,9 +299,9 @@ def _moments(cfg: BudgetConfig, fixed: dict, saved: int, block_rows: list, devic
                   "place now the gradient of the logits)", at_head),
                  ("backward's last gradients", "the head's new weight gradient",
                   _head_weights(cfg) * grad_bytes)])]
-    found += _block_backwards(cfg, resident, grads, grad_bytes, block_rows,
-                              before_loss - kept_to_end, transients, kept_to_end, output,
-                              tensors, device)
+    found += _block_backwards(cfg, resident, grads, grad_bytes,
+                              sum(x.bytes for x in rows.block), walk,
+                              before_loss - kept_to_end, kept_to_end, output, tensors, device)
     found.append(M.moment(M.BACKWARD_END, [*resident, *grads[M.BACKWARD_END],
                                            *output.get(M.BACKWARD_END, ())]))
     found.append(M.moment(M.OPTIMIZER_STEP, [
@@ -314,20 +329,15 @@ def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
     """The step of `cfg.activation_model` ("pytorch" or "hf") on one device holding
     `fixed` (bytes of weights, master weights, gradients, optimizer state)."""
     device = device or cfg.backend
-    blocks, outside, block_rows, (transient, layer_backwards) = _kept(cfg, device)
-    items = tuple(blocks + outside)
-    saved = sum(x.bytes for x in items)
-    # made before the loss: the blocks' entries and the embeddings' (kept to the end)
-    kept_to_end = sum(x.bytes for x in outside if x.until_end)
-    before_loss = sum(x.bytes for x in blocks) + kept_to_end
+    rows = _kept(cfg, device)
     tensors = opt.trainable_tensors(cfg)
-    return M.StepMoments(items=items,
-                         moments=_moments(cfg, fixed, saved, block_rows, device, False, tensors,
-                                          before_loss, (transient, layer_backwards),
-                                          kept_to_end),
-                         first_step=_moments(cfg, fixed, saved, block_rows, device, True,
-                                             tensors, before_loss,
-                                             (transient, layer_backwards), kept_to_end))
+    blocks = rows.blocks(cfg.n_layer)
+    walk = _block_walk(cfg, rows, tensors)  # the same in step 1 and later steps
+    return M.StepMoments(items=tuple(blocks + rows.outside),
+                         moments=_moments(cfg, fixed, rows, blocks, walk, device, False,
+                                          tensors),
+                         first_step=_moments(cfg, fixed, rows, blocks, walk, device, True,
+                                             tensors))
 
 
 def real_step_activations(cfg: BudgetConfig, device: str | None = None) -> Activations:

@@ -139,11 +139,6 @@ def gradients_before_block(tensors: list[ParamTensor], block: int, tied: bool) -
                or (t.block is None and k > first_block) or (k == 0 and tied))
 
 
-def block_gradients(tensors: list[ParamTensor], block: int) -> int:
-    """Elements of block `block`'s own gradients."""
-    return sum(t.numel for t in tensors if t.block == block)
-
-
 def _matrix(name: str, rows: int, columns: int) -> ParamTensor:
     """A weight matrix (in the decay group)."""
     return ParamTensor(name, rows * columns, True, rows + columns)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .block_backward import PROJECTION_INPUT, WEIGHT_COPIES, input_op
 from .linears import BLOCK_LINEARS, width
 from .real_step import MLP_ELEMENTWISE
 from .recipe import Recipe, Rows
@@ -87,11 +88,11 @@ def _forward_transient(cfg, base: list) -> int:
     ops = [x.op for x in base]
     best = 0
     for layer in BLOCK_LINEARS[cfg.architecture]:
-        reads = layer.reads if layer.reads in ops else "scaled_dot_product_attention"
-        if reads not in ops:
+        reads = input_op(layer, ops)
+        if reads is None:
             continue
         last = len(ops) - 1 - ops[::-1].index(reads)
-        later = sum(x.bytes for x in base[last + 1:] if x.op != "block matmuls")
+        later = sum(x.bytes for x in base[last + 1:] if x.op not in WEIGHT_COPIES)
         best = max(best, _layer_forward(cfg, layer) - later)
     return best
 
@@ -107,12 +108,11 @@ def _layer_backwards(cfg, base: list) -> tuple:
     found = []
     for layer in BLOCK_LINEARS[cfg.architecture]:
         fan_in, fan_out = width(cfg, layer.fan_in), width(cfg, layer.fan_out)
-        if layer.reads in ops:  # the op before the row of the layer's input
-            before = ops[ops.index(layer.reads) - 1]
-        elif "scaled_dot_product_attention" in ops:  # SDPA's output is its input
-            before = "scaled_dot_product_attention"
-        else:
+        reads = input_op(layer, ops)
+        if reads is None:
             continue
+        # the op before the row of the layer's input; SDPA's own, whose output it reads
+        before = reads if reads == PROJECTION_INPUT else ops[ops.index(reads) - 1]
         # the output is cast back to the input's dtype: bf16 for attention's output
         # under autocast (its gradient needs no cast then), fp32 for the others
         sixteen = cfg.autocast and layer.reads == "projection matmul"

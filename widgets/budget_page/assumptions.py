@@ -3,10 +3,11 @@ step the page answered, in the order the step is built from them.
 
 A real framework's step (activations of pytorch or hf) is what the model keeps
 (`real_step`), its moments (`moments`), a block's backward walked op by op
-(`block_backward`) and what the optimizer allocates (`optimizer_step`), rewritten by each fine-tuning recipe that applies (LoRA, DoRA,
-QLoRA, trained modules: `recipes.registry`), over bf16 weights where the model is
-loaded so (`weights_dtype`), with a Gemma family's traits (`gemma`); several devices
-bring data parallelism and ZeRO (`sharding`). The textbook models (rule, transformer,
+(`block_backward`) and what the optimizer allocates (`optimizer_step`), rewritten
+by each fine-tuning recipe that applies (LoRA, DoRA, QLoRA, trained modules:
+`recipes.registry`), over bf16 weights where the model is loaded so
+(`weights_dtype`), with a Gemma family's traits (`gemma`); several devices bring
+data parallelism and ZeRO (`sharding`). The textbook models (rule, transformer,
 engine) are the package's own text. Each module says its assumptions once; this page
 shows them, never a copy.
 """
