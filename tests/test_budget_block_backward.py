@@ -46,10 +46,41 @@ def test_the_walk_counts_what_each_op_of_the_block_holds_by_hand():
     assert backward_by_op(cfg, rows, tensors, 1, 0) == [220, 220, 140]  # added in place
 
 
-def test_weight_copies_stay_to_the_end_of_the_walk():
+def test_a_weight_copy_goes_once_its_layers_backward_has_run():
+    """Each matmul's backward node keeps its 16-bit weight copy until it has run: walking
+    back, the down projection's copy is alive at its own op and gone at the activation's,
+    while the copies of the layers before it wait for their own backward."""
+    from engine.budget.real_step import block_weights
     cfg = bm.config_from_hf(LLAMA, **HF)
-    rows = [Saved("down matmul", "input", 30, 2), Saved("block matmuls", "copies", 100, 2)]
-    assert backward_by_op(cfg, rows, [], 0, 4) == [200 + 60 + 60]
+    copies, down = block_weights(cfg) * 2, cfg.ffn * cfg.d_model * 2
+    rows = [Saved("gate/up matmuls", "input", 10, 4), Saved("SiLU", "input", 30, 2),
+            Saved("down matmul", "input", 30, 2),
+            Saved("block matmuls", "weights, 16-bit copies", block_weights(cfg), 2)]
+    at_down, at_silu, at_up = copies + 220, copies - down + 220, copies - down + 140
+    assert backward_by_op(cfg, rows, [], 1, 0) == [at_down, at_silu, at_up]
+
+
+def test_a_frozen_layer_passes_on_a_gradient_as_large_as_its_input():
+    """Under LoRA on q and v the down projection is frozen and keeps no row, but the
+    gradient it hands the activation is B x T x ffn: read off the full fine-tune's row
+    of its input, not off the (absent) next row."""
+    cfg = bm.config_from_hf(LLAMA, **HF)
+    base = [Saved("SiLU", "input", 30, 2), Saved("SiLU(gate) * up", "both", 60, 2),
+            Saved("down matmul", "input", 30, 2)]
+    assert backward_by_op(cfg, base[:2], [], 1, 0) == [30 * 2 + 120 + 120, 60 + 60 + 120]
+    assert backward_by_op(cfg, base[:2], [], 1, 0, base=base) == [
+        30 * 2 + 120 + 120 + 60, 60 + 60 + 120]
+
+
+def test_an_rms_norms_backward_holds_four_more_tensors_like_its_input():
+    """transformers' RMSNorm is small ops; its backward, at pow's, holds the gradient
+    through x * rsqrt, mean's expanded gradient and pow's three temporaries: five
+    input-sized tensors, one of them the input's gradient."""
+    cfg = bm.config_from_hf(LLAMA, **HF)
+    rows = [Saved("rms norm 2", "input (the residual stream, fp32)", 50, 4),
+            Saved("rms norm 2", "1/rms, one per token", 5, 4)]
+    assert backward_by_op(cfg, rows, [], 1, 0) == [220 + 220]
+    assert backward_by_op(cfg, rows, [], 1, 0, base=rows) == [220 + 220 + 4 * 200]
 
 
 def test_a_checkpointed_step_has_the_last_blocks_backward_and_the_firsts():
@@ -103,6 +134,25 @@ WIDE_STEPS = [
      {**LLAMA, **WIDE, "model_type": "mistral", "sliding_window": 4096},
      dict(micro_batch=1, seq_len=48, accumulation=2, attention="flash", qlora=True,
           lora_rank=8, recompute="none")),
+    # the down projection's fp32 output gradient is the residual stream's (1.06 before)
+    ("QLoRA without checkpointing: qwen3 fp32, sdpa, r32, lora_dropout, output freed",
+     {**LLAMA, **WIDE, "model_type": "qwen3", "head_dim": 32, "tie_word_embeddings": True},
+     dict(micro_batch=2, seq_len=32, accumulation=2, precision="fp32", attention="flash",
+          qlora=True, lora_rank=32, lora_dropout=0.1, recompute="none",
+          outputs="freed-after-backward", optimizer_impl="for-loop")),
+    # checkpointed DoRA over GPT-2: the DoRA rows beside their adapter's (0.92 before)
+    ("DoRA: gpt2 fp32, eager, r32, lora_dropout",
+     {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 300,
+      "n_positions": 128, "activation_function": "gelu_new"},
+     dict(micro_batch=3, seq_len=32, precision="fp32", optimizer_impl="fused", lora_rank=32,
+          lora_dropout=0.1, dora=True)),
+    # Qwen3, every linear layer adapted: the rebuild stops inside down_proj's adapter,
+    # beside peft's fp32 cast of its input and lora_dropout's output (0.94 before)
+    ("qwen3 bf16 autocast, sdpa, r8 all-linear, lora_dropout, output freed",
+     {**LLAMA, **WIDE, "model_type": "qwen3", "head_dim": 32, "tie_word_embeddings": True},
+     dict(micro_batch=2, seq_len=48, precision="bf16", attention="flash", lora_rank=8,
+          lora_targets="all-linear", lora_dropout=0.1, outputs="freed-after-backward",
+          optimizer_impl="foreach")),
 ]
 
 
@@ -120,16 +170,24 @@ def test_each_wide_checkpointed_step_matches_this_cpu(name, data, knobs):
 def test_a_4bit_down_projection_holds_its_weight_dequantized_both_ways_by_hand():
     """LLaMA's down_proj under QLoRA, trained in fp32: its forward holds its input cast
     to bf16, its weight dequantized to bf16 and the bf16 product (nothing is saved after
-    it); its backward the weight dequantized to fp32 and cast to bf16, the gradient of
-    its output (fp32, and its bf16 cast) and of its input in bf16, after the product's
-    rows."""
+    it). Its backward, after the product's rows, holds the bf16 cast of its output's
+    gradient (the fp32 one is the residual stream's, counted by the block's moments)
+    and the largest of: the weight dequantized to fp32 beside its bf16 cast; the cast
+    beside the input's bf16 gradient; that gradient beside its fp32 cast."""
     from engine.budget import recipes
     from engine.budget.framework_step import block_saved
     cfg = bm.config_from_hf({**LLAMA, **WIDE}, micro_batch=2, seq_len=64, qlora=True,
                             lora_rank=8, activation_model="hf", backend="cpu")
     n, h, f = 2 * 64, 128, 352
-    block = block_saved(cfg, "cpu")
-    rows = recipes.rows(cfg, recipes.Rows(block, block, []), "cpu")
+
+    def rows_of(step):
+        block = block_saved(step, "cpu")
+        return recipes.rows(step, recipes.Rows(block, block, []), "cpu")
+    rows = rows_of(cfg)
     assert rows.forward_transient == n * f * 2 + f * h * 2 + n * h * 2
     down = rows.layer_backwards[-1]
-    assert down == ("SiLU(gate) * up", f * h * (4 + 2) + n * h * (4 + 2) + n * f * 2)
+    assert down == ("SiLU(gate) * up", n * h * 2 + max(f * h * (4 + 2), f * h * 2 + n * f * 2,
+                                                      n * f * (2 + 4)))
+    # at B x T = 512 the input's two gradients outgrow the weight's two copies
+    wide = rows_of(cfg.with_(micro_batch=8)).layer_backwards[-1][1]
+    assert wide == 512 * h * 2 + 512 * f * (2 + 4)

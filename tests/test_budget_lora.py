@@ -138,10 +138,11 @@ def test_under_autocast_qlora_makes_every_op_between_the_mlps_projections_keep_f
     output: none of them may keep a 16-bit tensor, whatever the family names its
     activation (Gemma's GELU was once left at 16 bits)."""
     from engine.budget.real_step import MLP_ELEMENTWISE
-    from engine.budget.framework_step import _kept
+    from engine.budget.framework_step import _kept, block_saved
     cfg = bm.preset(preset, **{**HF, "precision": "bf16"}, lora_rank=8, seq_len=128)
     for qlora, size in ((False, 2), (True, 4)):
-        blocks = _kept(cfg.with_(qlora=qlora), "cpu").blocks(cfg.n_layer)
+        step = cfg.with_(qlora=qlora)
+        blocks = _kept(step, "cpu", block_saved(step, "cpu")).blocks(cfg.n_layer)
         between = [x for x in blocks if x.op in MLP_ELEMENTWISE]
         assert between, "the block's MLP rows are named as MLP_ELEMENTWISE names them"
         assert {x.itemsize for x in between} == {size}, (qlora, sorted({(x.op, x.tensor, x.itemsize) for x in between}))

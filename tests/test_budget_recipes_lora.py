@@ -214,6 +214,21 @@ def test_a_trained_head_copy_is_stored_trained_and_keeps_its_input():
     assert real_step_activations(saved).saved - real_step_activations(cfg).saved == n * d * 4
 
 
+def test_a_bf16_models_head_copy_is_bf16_beside_fp32_adapters():
+    """peft deep-copies the module and casts only the adapters to fp32: over a model
+    loaded in bf16 the head's copy, its gradient and AdamW's two states are bf16, half
+    of what an fp32 adapter weight of as many elements costs."""
+    cfg = bm.preset("llama2-7b", **{**HF, "precision": "bf16"}, lora_rank=8, seq_len=256,
+                    weights_dtype="bf16")
+    saved = cfg.with_(modules_to_save="lm_head")
+    V, d = 32000, 4096
+    assert opt.trainable_tensors(saved)[-1].itemsize == 2
+    assert {t.itemsize for t in opt.trainable_tensors(saved)[:-1]} == {0}  # the adapters
+    more = {k: fixed_bytes(saved)[k] - fixed_bytes(cfg)[k] for k in fixed_bytes(cfg)}
+    assert more == {"weights": 2 * V * d, "master weights": 0, "gradients": 2 * V * d,
+                    "optimizer state": 4 * V * d}
+
+
 def test_a_trained_embedding_makes_the_first_block_keep_what_every_block_keeps():
     cfg = bm.preset("llama2-7b", **HF, lora_rank=8, seq_len=256)
     saved = cfg.with_(modules_to_save="embed_tokens")
@@ -245,6 +260,15 @@ MODULES_TABLE = [
     ("gpt2 untied r8 + lm_head, wte, dropout", {**SMALL_GPT2, "tie_word_embeddings": False,
                                                "embd_pdrop": 0.1},
      dict(lora_rank=8, modules_to_save="lm_head,wte")),
+    # the copies of a model loaded in bf16 are bf16, the adapters fp32 (1.13-1.18 before)
+    ("mistral bf16 weights r32 q,v + lm_head, autocast, checkpointing, lora_dropout",
+     {**LLAMA, "model_type": "mistral", "sliding_window": 4096, "hidden_size": 128,
+      "intermediate_size": 352, "vocab_size": 300},
+     dict(lora_rank=32, lora_dropout=0.1, modules_to_save="lm_head", precision="bf16",
+          weights_dtype="bf16", recompute="full", outputs="freed-after-backward")),
+    ("llama bf16 weights r8 + lm_head and embed_tokens, no autocast", LLAMA,
+     dict(lora_rank=8, modules_to_save="lm_head,embed_tokens", precision="bf16",
+          weights_dtype="bf16", autocast_mode="off", attention="flash")),
 ]
 
 

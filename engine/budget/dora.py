@@ -42,8 +42,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .block_backward import input_op
 from .kept import Saved
-from .linears import BLOCK_LINEARS, targeted, width
+from .linears import BLOCK_LINEARS, OUTPUT_PROJECTIONS, targeted, width
 from .lora import input_requires_grad, needs_no_gradient
 from .recipe import Recipe, Rows
 from .weights_dtype import bf16_weights
@@ -80,11 +81,6 @@ def _layer_terms(cfg, layer, first: bool) -> list[Saved]:
     return items
 
 
-# Layers whose input a matmul made (16-bit under autocast); the others read a norm's
-# output, which autocast leaves in fp32.
-_READS_A_MATMUL = ("projection matmul", "fc-proj matmul", "down matmul")
-
-
 def _while_forward(cfg, layer) -> tuple[int, int]:
     """(bytes alive while the layer's forward runs, beyond the saved entries made
     before it, at its largest: at the product B(A(I)) or in the weight's norm; the same
@@ -110,9 +106,11 @@ def _while_forward(cfg, layer) -> tuple[int, int]:
         # runs; a layer reading a 16-bit input has it and peft's fp32 cast of it
         sdpa_keeps = layer.reads == "projection matmul" and cfg.attention == "flash"
         around = n * cfg.d_model * FP32
-        if layer.reads in _READS_A_MATMUL:
+        if layer.reads in OUTPUT_PROJECTIONS:  # a matmul made their input
             around += n * fan_in * FP32 + (0 if sdpa_keeps else n * fan_in * 2)
-    if minus_bias:  # the base layer's output, before the bias is taken off it
+    if minus_bias or cfg.lora_dropout:
+        # the base layer's output: before the bias is taken off it, or with lora_dropout
+        # peft's `result`, which the layer adds to, while DoRA makes its own again
         around += n * fan_out * lo
     eye = fan_in * fan_in * (FP32 + (2 if autocast else 0))
     at_product = around + eye + fan_in * r * lo + fan_in * fan_out * lo
@@ -128,9 +126,10 @@ def _while_forward(cfg, layer) -> tuple[int, int]:
 
 def _made_after_product(cfg, layer, lora_terms: int) -> int:
     """Bytes of the layer's own saved entries made after B(A(I)) and the weight's norm:
-    its adapter's
-    (`lora_terms`), and its DoRA terms but a base output made before (the layer's
-    output itself, when no bias is taken off and no dropout makes it again)."""
+    its adapter's (`lora_terms`, less lora_dropout's output and mask: peft drops the
+    input before DoRA's forward starts), and its DoRA terms but a base output made
+    before (the layer's output itself, when no bias is taken off and no dropout makes
+    it again)."""
     made_before = not _has_bias(cfg, layer) and not cfg.lora_dropout
     return lora_terms + sum(t.bytes for t in _layer_terms(cfg, layer, False)
                             if not (made_before and t.tensor.startswith("the base layer")))
@@ -150,7 +149,7 @@ def _block_forward_extra(cfg, lora_block: list[Saved], rebuilt: bool) -> int:
     best = 0
     for k, layer in enumerate(layers):
         own = [i for i, x in enumerate(rows) if x.op == f"lora {layer.name}"]
-        mine = sum(rows[i].bytes for i in own)
+        mine = sum(rows[i].bytes for i in own if "lora_dropout" not in rows[i].tensor)
         # saved after this layer's forward: the rows after its adapter's, the later
         # layers' 16-bit weight copies and the later adapted layers' DoRA terms
         later = (sum(x.bytes for x in rows[own[-1] + 1:])
@@ -166,13 +165,28 @@ def _block_forward_extra(cfg, lora_block: list[Saved], rebuilt: bool) -> int:
     return best
 
 
+def _beside_adapters(cfg, block: list[Saved], first: bool) -> list[Saved]:
+    """`block` with each adapted layer's DoRA terms right after its adapter's rows (or,
+    without any, after the rows of the op that holds its input): the rows stay in
+    forward order, and a block's backward releases them with their layer's."""
+    out = list(block)
+    ops = [x.op for x in block]
+    for layer in targeted(cfg):
+        where = f"lora {layer.name}" if f"lora {layer.name}" in ops else input_op(layer, ops)
+        at = (max(i for i, x in enumerate(out) if x.op == where) + 1 if where is not None
+              else len(out))
+        out[at:at] = _layer_terms(cfg, layer, first)
+    return out
+
+
 def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
-    """Each adapted layer's DoRA terms added to LoRA's block (and first block). What
-    its layers' forwards make and no op keeps (`_block_forward_extra`) is the block's
-    forward transient; under checkpointing the rebuilt block's forward holds it again."""
+    """Each adapted layer's DoRA terms added to LoRA's block (and first block), beside
+    its adapter's. What its layers' forwards make and no op keeps
+    (`_block_forward_extra`) is the block's forward transient; under checkpointing the
+    rebuilt block's forward holds it again."""
     first = not input_requires_grad(cfg)  # the first block starts without gradients
-    block = rows.block + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, False)]
-    head = rows.first + [t for l in targeted(cfg) for t in _layer_terms(cfg, l, first)]
+    block = _beside_adapters(cfg, rows.block, False)
+    head = _beside_adapters(cfg, rows.first, first)
     transient = _block_forward_extra(cfg, rows.block, rebuilt=rows.checkpointed is not None)
     return replace(rows, block=block, first=head,
                    forward_transient=max(rows.forward_transient, transient))

@@ -73,10 +73,10 @@ def checkpoint_kept(cfg: BudgetConfig, device: str, blocks: int | None = None) -
     return held
 
 
-def _kept(cfg: BudgetConfig, device: str) -> recipes.Rows:
-    """What the forward keeps: the base model's rows as the fine-tuning recipes rewrite
-    them (`recipes`), with what a block's layers hold beyond them."""
-    block = block_saved(cfg, device)
+def _kept(cfg: BudgetConfig, device: str, block: list[Saved]) -> recipes.Rows:
+    """What the forward keeps: the base model's rows (a block's: `block`) as the
+    fine-tuning recipes rewrite them (`recipes`), with what a block's layers hold
+    beyond them."""
     held = checkpoint_kept(cfg, device) if cfg.recompute == "full" else None
     return recipes.rows(cfg, recipes.Rows(block, block, outside_saved(cfg, device), held),
                         device)
@@ -88,7 +88,19 @@ def _gradient_bytes(cfg: BudgetConfig) -> int:
         cfg.precision, cfg.optimizer, cfg.grad_precision, cfg.real_16bit))["gradients"]
 
 
-def _block_walk(cfg: BudgetConfig, rows: recipes.Rows, tensors) -> list[int]:
+def _walked_rows(cfg: BudgetConfig, rows: recipes.Rows) -> list[Saved]:
+    """A block's rows as its backward finds them. Under checkpointing its rebuild makes
+    them again but the first norm's input: that is the block's input, the checkpoint
+    itself (counted with the checkpoints), when the norm keeps it in its own dtype."""
+    first = rows.block[0] if rows.block else None
+    if (cfg.recompute == "full" and first is not None and first.itemsize == hidden_bytes(cfg)
+            and first.tensor.startswith("input (the residual stream")):
+        return rows.block[1:]
+    return rows.block
+
+
+def _block_walk(cfg: BudgetConfig, rows: recipes.Rows, tensors,
+                base: list[Saved]) -> list[int]:
     """What a block's backward holds beyond what was alive before it, arrangement by
     arrangement: op by op (`block_backward`), and under checkpointing its rebuild (its
     rows and its layers' forward transient). Every block has the same rows and
@@ -97,10 +109,11 @@ def _block_walk(cfg: BudgetConfig, rows: recipes.Rows, tensors) -> list[int]:
     in place or held by the ZeRO engine (`_gradients`)."""
     own = 0 if shards_gradients(cfg) or cfg.accumulation > 1 else _gradient_bytes(cfg)
     rebuilt = cfg.recompute == "full"
-    held = backward_by_op(cfg, rows.block, tensors, cfg.n_layer - 1, own,
-                          rows.layer_backwards, rebuilt)
+    walked = _walked_rows(cfg, rows)
+    held = backward_by_op(cfg, walked, tensors, cfg.n_layer - 1, own,
+                          rows.layer_backwards, rebuilt, base)
     if rebuilt:
-        held.append(sum(x.bytes for x in rows.block) + rows.forward_transient)
+        held.append(sum(x.bytes for x in walked) + rows.forward_transient)
     return held
 
 
@@ -135,6 +148,13 @@ def _head_weights(cfg: BudgetConfig) -> int:
     return recipes.head_gradient(cfg, cfg.vocab_size * cfg.d_model)
 
 
+def _head_itemsize(tensors, grad_bytes: int) -> int:
+    """Bytes of an element of the head's weight gradient: `grad_bytes`, or the dtype of
+    a trained head of its own (a bf16 model's trained copy of its head is bf16)."""
+    head = next((t for t in tensors if t.name.startswith("lm_head")), None)
+    return (head.itemsize if head is not None else 0) or grad_bytes
+
+
 def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict:
     """Moment -> the (term, what, bytes) entries of the gradients one device holds then,
     beyond the head's new weight gradient. On one device, or under ZeRO 0 and 1, the
@@ -147,17 +167,16 @@ def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict
     earlier = [("gradients of earlier micro-batches", fixed["gradients"])] if later else []
     tied = cfg.tied_embedding and not recipes.freezes_base(cfg)
     autocast = cfg.autocast and not bf16_weights(cfg)
-    numels = [t.numel for t in tensors]
+    each = [t.bytes_in(grad_bytes) for t in tensors]
     if not shards_gradients(cfg):
-        end = opt.backward_end_terms(numels, grad_bytes, tensors[0].numel, tied, later,
-                                     autocast)
+        end = opt.backward_end_terms(each, tied, later, autocast)
         every = [("gradients", fixed["gradients"])]
         return {M.FORWARD_END: earlier, M.LOSS_BACKWARD: earlier, M.HEAD_BACKWARD: earlier,
                 M.FIRST_BLOCK_BACKWARD: every, M.BACKWARD_END: end,
                 M.OPTIMIZER_STEP: every}
     # Each micro-batch's gradients are reduced into the shard as they are made, so
     # every micro-batch ends its backward as the first does.
-    end = opt.backward_end_terms(numels, grad_bytes, tensors[0].numel, tied, False, autocast)
+    end = opt.backward_end_terms(each, tied, False, autocast)
     end = [a for a in end if a.term != "gradients"]  # every other gradient: in the shard
     shard = [("gradients", "gradients: this device's shard", fixed["gradients"])]
     flight = gradients_in_flight(cfg, tensors, grad_bytes, _head_weights(cfg))
@@ -234,7 +253,7 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
             made = grads[M.FIRST_BLOCK_BACKWARD]
         else:
             made = [("gradients", "gradients made before this block's backward",
-                     opt.gradients_before_block(tensors, i, tied) * grad_bytes)]
+                     opt.gradients_before_block(tensors, i, tied, grad_bytes))]
         if cfg.recompute == "full":
             before = [("recompute", "the block's recomputed tensors", one_block),
                       ("saved by the forward", "the checkpoints of this block and those "
@@ -298,9 +317,9 @@ def _moments(cfg: BudgetConfig, fixed: dict, rows: recipes.Rows, blocks: list[Sa
                  ("saved by the forward", "saved by the forward (the log_softmax output's "
                   "place now the gradient of the logits)", at_head),
                  ("backward's last gradients", "the head's new weight gradient",
-                  _head_weights(cfg) * grad_bytes)])]
+                  _head_weights(cfg) * _head_itemsize(tensors, grad_bytes))])]
     found += _block_backwards(cfg, resident, grads, grad_bytes,
-                              sum(x.bytes for x in rows.block), walk,
+                              sum(x.bytes for x in _walked_rows(cfg, rows)), walk,
                               before_loss - kept_to_end, kept_to_end, output, tensors, device)
     found.append(M.moment(M.BACKWARD_END, [*resident, *grads[M.BACKWARD_END],
                                            *output.get(M.BACKWARD_END, ())]))
@@ -329,10 +348,11 @@ def framework_step(cfg: BudgetConfig, fixed: dict[str, int],
     """The step of `cfg.activation_model` ("pytorch" or "hf") on one device holding
     `fixed` (bytes of weights, master weights, gradients, optimizer state)."""
     device = device or cfg.backend
-    rows = _kept(cfg, device)
+    base = block_saved(cfg, device)  # a block's rows in a full fine-tune
+    rows = _kept(cfg, device, base)
     tensors = opt.trainable_tensors(cfg)
     blocks = rows.blocks(cfg.n_layer)
-    walk = _block_walk(cfg, rows, tensors)  # the same in step 1 and later steps
+    walk = _block_walk(cfg, rows, tensors, base)  # the same in step 1 and later steps
     return M.StepMoments(items=tuple(blocks + rows.outside),
                          moments=_moments(cfg, fixed, rows, blocks, walk, device, False,
                                           tensors),

@@ -46,6 +46,12 @@ BLOCK_LINEARS = {
 }
 
 
+# The block's output projections, named by the op whose row holds their input: each
+# reads a matmul's output (attention's, the MLP's product; 16 bits under autocast) and
+# writes the residual stream.
+OUTPUT_PROJECTIONS = ("projection matmul", "fc-proj matmul", "down matmul")
+
+
 # The modules outside the blocks that peft's `modules_to_save` can train, by the names
 # a practitioner writes: the token embedding, then the output head.
 OUTSIDE_MODULES = {"gpt2": ("wte", "lm_head"), "llama": ("embed_tokens", "lm_head")}

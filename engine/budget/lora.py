@@ -43,8 +43,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .block_backward import WEIGHT_COPIES
 from .kept import Saved
-from .linears import ALL_LINEAR, BLOCK_LINEARS, Linear, target_names, targeted, width
+from .linears import (ALL_LINEAR, BLOCK_LINEARS, OUTPUT_PROJECTIONS, Linear, target_names,
+                      targeted, width)
 from . import real_step
 from .recipe import Recipe, Rows
 from .weights_dtype import bf16_weights, frozen_weight_bytes
@@ -217,6 +219,29 @@ def lora_block(cfg, full: list[Saved], mask_bytes: int, first: bool) -> list[Sav
     return out
 
 
+def rebuild_stop(cfg, block: list[Saved]) -> int:
+    """What a rebuilt block holds beyond its rows where its rebuild stops. Non-reentrant
+    checkpointing stops once the block's last saved entry is made again; when the
+    last adapted layer's adapter keeps the block's last entries (LLaMA's down_proj
+    among the targets), that is inside the layer's forward, after A. Alive then beside
+    the rows: the base layer's output, peft's cast of the input to the adapters' fp32,
+    lora_dropout's output of that cast, and the input itself, which no row holds when
+    A reads a copy of it. (Measured on the CPU allocator's events of Qwen3's rebuilt
+    blocks under bf16 autocast with lora_dropout.)"""
+    ops = [x.op for x in block if x.op not in WEIGHT_COPIES]
+    layer = targeted(cfg)[-1]
+    if not ops or ops[-1] != f"lora {layer.name}":
+        return 0
+    n, fan_in = cfg.micro_batch * cfg.seq_len, width(cfg, layer.fan_in)
+    fan_out = width(cfg, layer.fan_out)
+    sixteen = bf16_weights(cfg) or (cfg.autocast and layer.reads in OUTPUT_PROJECTIONS)
+    x_bytes = 2 if sixteen else FP32
+    cast = n * fan_in * FP32 if x_bytes != FP32 else 0
+    dropped = n * fan_in * FP32 if cfg.lora_dropout else 0
+    x_itself = n * fan_in * x_bytes if (cfg.lora_dropout or cfg.autocast or cast) else 0
+    return n * fan_out * real_step.compute_bytes(cfg) + cast + dropped + x_itself
+
+
 def lora_outside(cfg, outside: list[Saved]) -> list[Saved]:
     """The entries outside the blocks under LoRA: the frozen head keeps no input,
     the frozen final RMSNorm no x / rms (1/rms stays), and the embedding's dropout
@@ -253,7 +278,9 @@ def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
         n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
         outside.append(Saved("token embedding", "output, a leaf requiring a gradient",
                              n * h, FP32, until_end=True))
-    return replace(rows, block=one, first=first, outside=outside)
+    stop = rebuild_stop(cfg, one) if rows.checkpointed is not None else 0
+    return replace(rows, block=one, first=first, outside=outside,
+                   forward_transient=max(rows.forward_transient, stop))
 
 
 # ------------------------------------------------------- the fixed bytes

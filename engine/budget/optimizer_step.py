@@ -105,11 +105,20 @@ class ParamTensor:
     count, whether transformers' Trainer puts it in the weight-decay group
     (every tensor but biases and norm gains: `Trainer.get_decay_parameter_names`),
     and a matrix's rows plus columns (0 for a vector): what Adafactor's factored
-    second moment keeps."""
+    second moment keeps. `itemsize`: the bytes of its own dtype, where it is stored
+    and trained in one the recipe's other trained tensors are not (peft's copy of a
+    module of a model loaded in bf16 stays bf16 beside the fp32 adapters); 0 for the
+    recipe's."""
     name: str
     numel: int
     decays: bool
     rows_and_columns: int = 0
+    itemsize: int = 0
+
+    def bytes_in(self, itemsize: int) -> int:
+        """Bytes of a tensor like it (its gradient, an AdamW state) in its own dtype,
+        or else in `itemsize` bytes an element."""
+        return self.numel * (self.itemsize or itemsize)
 
     @functools.cached_property
     def block(self) -> int | None:
@@ -126,15 +135,17 @@ def block_of(name: str) -> str | None:
     return None
 
 
-def gradients_before_block(tensors: list[ParamTensor], block: int, tied: bool) -> int:
-    """Elements of the gradients that exist when block `block`'s backward starts, in one
-    micro-batch with nothing accumulated: the later blocks' and those of what follows
-    the blocks (the final norm, an untied head, a tied head's contribution to the
-    embedding). The embeddings' come last. `tensors` are in `trainable_tensors`' order:
-    the embeddings first, the blocks, then what follows them."""
+def gradients_before_block(tensors: list[ParamTensor], block: int, tied: bool,
+                           grad_bytes: int) -> int:
+    """Bytes of the gradients (`grad_bytes` an element, or a tensor's own dtype's) that
+    exist when block `block`'s backward starts, in one micro-batch with nothing
+    accumulated: the later blocks' and those of what follows the blocks (the final
+    norm, an untied head, a tied head's contribution to the embedding). The
+    embeddings' come last. `tensors` are in `trainable_tensors`' order: the embeddings
+    first, the blocks, then what follows them."""
     first_block = next((k for k, t in enumerate(tensors) if t.block is not None),
                        len(tensors))
-    return sum(t.numel for k, t in enumerate(tensors)
+    return sum(t.bytes_in(grad_bytes) for k, t in enumerate(tensors)
                if (t.block is not None and t.block > block)
                or (t.block is None and k > first_block) or (k == 0 and tied))
 
@@ -242,9 +253,12 @@ def grouped_tensors(cfg, tensors: list[ParamTensor]) -> list[list[ParamTensor]]:
     return [list(tensors)]
 
 
-def param_groups(cfg, tensors: list[ParamTensor]) -> list[list[int]]:
-    """The element counts of each param group (`grouped_tensors`)."""
-    return [[t.numel for t in group] for group in grouped_tensors(cfg, tensors)]
+def param_groups(cfg, tensors: list[ParamTensor], state_bytes: int = FP32) -> list[list[int]]:
+    """The element counts of each param group (`grouped_tensors`), in elements of
+    `state_bytes`: a tensor in a dtype of its own counts as many of them as its bytes
+    fill (the optimizer's elementwise math on it makes as many bytes)."""
+    return [[t.bytes_in(state_bytes) // state_bytes for t in group]
+            for group in grouped_tensors(cfg, tensors)]
 
 
 # ------------------------------------------------------ the optimizer's step
@@ -325,7 +339,7 @@ def _state_made(cfg, tensors: list[ParamTensor]) -> list[int]:
     """The state bytes Adafactor or 8-bit AdamW makes for each of `tensors` as it first
     visits it (`optimizer_state_bytes`); the 8-bit maps with the first 8-bit tensor."""
     if cfg.optimizer == "adafactor":
-        return [(t.rows_and_columns or t.numel) * FP32 + FP32 for t in tensors]
+        return [(t.rows_and_columns or t.numel) * (t.itemsize or FP32) + FP32 for t in tensors]
     made, maps = [], QMAP_BYTES
     for t in tensors:
         if t.numel < MIN_8BIT_SIZE:
@@ -420,25 +434,25 @@ def step_temporaries(cfg, tensors: list[ParamTensor], impl: str, device: str,
         return adafactor_temporaries([t for g in grouped_tensors(cfg, tensors) for t in g])
     if cfg.optimizer == "adamw-8bit":
         return adamw_8bit_temporaries(tensors, device)
-    return optimizer_temporaries(cfg.optimizer, impl, param_groups(cfg, tensors), state_bytes)
+    return optimizer_temporaries(cfg.optimizer, impl, param_groups(cfg, tensors, state_bytes),
+                                 state_bytes)
 
 
 # ---------------------------------------------------- the end of the backward
-def backward_end_terms(numels: list[int], grad_bytes: int, embedding: int, tied: bool,
-                       later_micro_batch: bool, autocast: bool) -> list:
+def backward_end_terms(grads: list[int], tied: bool, later_micro_batch: bool,
+                       autocast: bool) -> list:
     """The gradients alive (moments.Alive entries) when the backward's last gradient,
-    the token embedding's (`embedding` elements), is accumulated: every other
-    parameter's gradient (or, in a later micro-batch, every gradient of the
-    earlier ones), the embedding's new gradient, and for a tied head the head's
-    contribution and, in fp32, their out-of-place sum (see the module's doc)."""
-    total = sum(numels)
+    the token embedding's (the first of `grads`, each tensor's gradient's bytes), is
+    accumulated: every other parameter's gradient (or, in a later micro-batch, every
+    gradient of the earlier ones), the embedding's new gradient, and for a tied head
+    the head's contribution and, in fp32, their out-of-place sum (see the module's
+    doc)."""
+    total, one = sum(grads), grads[0]
     if later_micro_batch:
         terms = [Alive("gradients of earlier micro-batches",
-                       "gradients of earlier micro-batches", total * grad_bytes)]
+                       "gradients of earlier micro-batches", total)]
     else:
-        terms = [Alive("gradients", "gradients of every other parameter",
-                       (total - embedding) * grad_bytes)]
-    one = embedding * grad_bytes
+        terms = [Alive("gradients", "gradients of every other parameter", total - one)]
 
     def last(what: str) -> Alive:
         return Alive("backward's last gradients", what, one)

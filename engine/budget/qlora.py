@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .block_backward import PROJECTION_INPUT, WEIGHT_COPIES, input_op
-from .linears import BLOCK_LINEARS, width
+from .gemma import norms_around
+from .linears import BLOCK_LINEARS, OUTPUT_PROJECTIONS, width
 from .real_step import MLP_ELEMENTWISE
 from .recipe import Recipe, Rows
 from .weights_dtype import frozen_weight_bytes
@@ -99,12 +100,19 @@ def _forward_transient(cfg, base: list) -> int:
 
 def _layer_backwards(cfg, base: list) -> tuple:
     """What each 4-bit layer's backward holds beyond the rows saved before it, as
-    (the op whose rows come before the layer, bytes): `MatMul4Bit.backward`
-    dequantizes the weight to the dtype it was quantized from (the dtype the model was
-    loaded in) and casts it to bf16, both alive at once, beside the gradient of the
-    layer's output (the input's dtype and its bf16 cast) and of its input in bf16.
-    Read off the full fine-tune's rows `base`, where every layer's input has its row."""
+    (the op whose rows come before the layer, bytes). Beside the gradient of the
+    layer's output (in the input's dtype, and its bf16 cast), `MatMul4Bit.backward`
+    computes `grad_output @ dequantize_4bit(W).to(bf16)`: the weight dequantized to the
+    dtype it was quantized from (the dtype the model was loaded in) and its bf16 cast
+    are alive at once (one tensor when that dtype is bf16), then the cast and the bf16
+    gradient of the input; an fp32 input's cast then hands back an fp32 gradient
+    beside the bf16 one. The largest of the three counts. An output projection that
+    writes the residual stream as it is (no dropout, no norm after it) is handed the
+    stream's gradient, which the block's moments count already. Read off the full
+    fine-tune's rows `base`, where every layer's input has its row."""
     n, ops = cfg.micro_batch * cfg.seq_len, [x.op for x in base]
+    # GPT-2's residual dropout and Gemma 2 and 3's norms come between
+    into_stream = not norms_around(cfg) and not (cfg.architecture == "gpt2" and cfg.dropout)
     found = []
     for layer in BLOCK_LINEARS[cfg.architecture]:
         fan_in, fan_out = width(cfg, layer.fan_in), width(cfg, layer.fan_out)
@@ -116,9 +124,14 @@ def _layer_backwards(cfg, base: list) -> tuple:
         # the output is cast back to the input's dtype: bf16 for attention's output
         # under autocast (its gradient needs no cast then), fp32 for the others
         sixteen = cfg.autocast and layer.reads == "projection matmul"
-        grad_out = n * fan_out * (BF16 if sixteen else FP32 + BF16)
-        found.append((before, fan_in * fan_out * (frozen_weight_bytes(cfg) + BF16)
-                      + grad_out + n * fan_in * BF16))
+        stream = into_stream and layer.reads in OUTPUT_PROJECTIONS
+        grad_out = n * fan_out * (BF16 if sixteen else BF16 if stream else FP32 + BF16)
+        loaded = fan_in * fan_out * frozen_weight_bytes(cfg)
+        cast = 0 if frozen_weight_bytes(cfg) == BF16 else fan_in * fan_out * BF16
+        grad_in = n * fan_in * BF16
+        grad_in_fp32 = 0 if sixteen else n * fan_in * FP32
+        found.append((before, grad_out + max(loaded + cast, loaded + grad_in if not cast
+                                             else cast + grad_in, grad_in + grad_in_fp32)))
     return tuple(found)
 
 
