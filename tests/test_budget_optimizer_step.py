@@ -96,7 +96,7 @@ P, E = 3_000_000, 2_000_000   # parameters, of which the token embedding (V x C)
     (False, True, False, P + E),         # ... or added in place, beside the earlier ones
 ])
 def test_the_end_of_the_backward(tied, later, autocast, elements):
-    terms = opt.backward_end_terms([E * 4, (P - E) * 4], tied, later, autocast)
+    terms = opt.backward_end_terms(P * 4, E * 4, tied, later, autocast)
     assert sum(b for _, b in terms) == 4 * elements
     assert any("sum" in what for what, _ in terms) == (tied and not autocast)
 

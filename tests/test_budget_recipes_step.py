@@ -34,8 +34,8 @@ def test_the_optimizer_and_the_loop_name_their_own_terms(changes):
     cfg = BudgetConfig(**SMALL, **changes).validate()
     tensors = opt.trainable_tensors(cfg)
     made = [*opt.optimizer_temporaries("adamw", "for-loop", [[t.numel for t in tensors]]),
-            *opt.backward_end_terms([t.numel * 4 for t in tensors], True,
-                                    cfg.accumulation > 1, False),
+            *opt.backward_end_terms(sum(t.numel for t in tensors) * 4, tensors[0].numel * 4,
+                                    True, cfg.accumulation > 1, False),
             *(a for terms in kept_output_terms(cfg, "cpu").values() for a in terms)]
     assert made and all(isinstance(a, M.Alive) for a in made)
     assert {a.term for a in made} <= set(M.STEP_TERMS)

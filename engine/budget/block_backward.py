@@ -140,7 +140,7 @@ def output_gradients(base: list[Saved]) -> dict[str, int]:
 
 def backward_by_op(cfg, rows: list[Saved], tensors, block: int, grad_bytes: int,
                    layers: tuple = (), rebuilt: bool = False,
-                   base: list[Saved] = ()) -> list[int]:
+                   base: list[Saved] = (), graph_gradients: tuple = ()) -> list[int]:
     """What block `block`'s backward holds beyond what was alive before it, at each of
     its ops, the last first: its saved rows not yet released, its weight gradients made
     so far and the gradients it is making (see the module's doc; the gradient of an
@@ -149,7 +149,8 @@ def backward_by_op(cfg, rows: list[Saved], tensors, block: int, grad_bytes: int,
     its backward holds), each one more moment of the walk, where the rows of that op
     and those before it are still saved; when the block is `rebuilt` (checkpointing),
     a layer after the last op with rows runs its backward before anything asks for the
-    rebuild: no row is alive yet."""
+    rebuild: no row is alive yet. `graph_gradients`: (op, bytes) of gradients no
+    optimizer holds, made by that op's backward (new tensors whatever `grad_bytes`)."""
     ops = _ops(rows)
     names, sizes = [op for op, _ in ops], [size for _, size in ops]
     copies = _copies(cfg, rows, _positions(cfg, names, [op for op, _ in _ops(base)]))
@@ -157,6 +158,9 @@ def backward_by_op(cfg, rows: list[Saved], tensors, block: int, grad_bytes: int,
     def copies_kept(at: float) -> int:  # the copies of the layers not yet walked back
         return sum(size for where, size in copies if where <= at)
     made = weight_gradients_by_op(cfg, names, tensors, block, grad_bytes)
+    for op, size in graph_gradients:
+        if op in names:
+            made[names.index(op)] += size
     saved_to = list(itertools.accumulate(sizes))                  # rows of ops 0..k
     made_from = list(itertools.accumulate(made[::-1]))[::-1] + [0]  # gradients of ops k..
     through = output_gradients(base)

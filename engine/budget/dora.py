@@ -78,7 +78,30 @@ def _layer_terms(cfg, layer, first: bool) -> list[Saved]:
     if cfg.lora_dropout and cfg.autocast and input_grad and not bf16_weights(cfg):
         items.append(Saved(op, "W, 16-bit copy (the base output from the dropped input)",
                            fan_in * fan_out, 2))
+    if _transposed_weight(cfg) and cfg.autocast and not bf16_weights(cfg):
+        items.append(Saved(op, "the dropped input, 16-bit copy (for the transposed weight's "
+                           "gradient)", n * fan_in, 2))
     return items
+
+
+def _transposed_weight(cfg) -> bool:
+    """Whether DoRA multiplies by a weight that requires a gradient it never uses. peft's
+    `transpose(W, fan_in_fan_out)` wraps GPT-2's Conv1D weight, transposed, in a new
+    `nn.Parameter`, which requires a gradient; with lora_dropout DoRA makes the base
+    output again from it (`F.linear(x, transpose(W))`). So that product keeps its
+    input (a 16-bit copy under autocast) and its backward makes the weight's gradient,
+    in the weight's dtype, which the graph holds until it goes."""
+    return cfg.architecture == "gpt2" and bool(cfg.lora_dropout)
+
+
+def graph_gradients(cfg) -> tuple:
+    """(the DoRA op, bytes) of each adapted layer's transposed weight's gradient
+    (`_transposed_weight`), one per block's backward."""
+    if not _transposed_weight(cfg):
+        return ()
+    itemsize = 2 if bf16_weights(cfg) else FP32
+    return tuple((f"dora {l.name}", width(cfg, l.fan_in) * width(cfg, l.fan_out) * itemsize)
+                 for l in targeted(cfg))
 
 
 def _while_forward(cfg, layer) -> tuple[int, int]:
@@ -189,7 +212,8 @@ def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
     head = _beside_adapters(cfg, rows.first, first)
     transient = _block_forward_extra(cfg, rows.block, rebuilt=rows.checkpointed is not None)
     return replace(rows, block=block, first=head,
-                   forward_transient=max(rows.forward_transient, transient))
+                   forward_transient=max(rows.forward_transient, transient),
+                   graph_gradients=rows.graph_gradients + graph_gradients(cfg))
 
 
 def tensors(cfg, trained: list, make) -> list:

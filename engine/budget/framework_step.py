@@ -39,7 +39,8 @@ from .counts import bytes_per_parameter, fixed_bytes
 from .gemma import layer_kinds
 from .kept import Activations, Saved
 from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
-                        kept_output_terms, log_probs_bytes, outside_saved,
+                        kept_output_terms, log_probs_bytes, output_outlives_backward,
+                        outside_saved,
                         sdpa_gets_mask, vocab_fp32_bytes)
 from .sharding import (gradients_in_flight, per_device_fixed, shard, shards_gradients,
                        shards_optimizer, weights_gathered)
@@ -47,6 +48,7 @@ from .weights_dtype import BF16, bf16_weights, hidden_bytes, trains_bf16, traini
 
 
 RNG_STATE_BYTES = 5056  # torch.get_rng_state(): the CPU generator's state
+GRAPH_GRADIENTS = "gradients no optimizer holds, held by the graph (Rows.graph_gradients)"
 
 
 def checkpoint_kept(cfg: BudgetConfig, device: str, blocks: int | None = None) -> list[Saved]:
@@ -111,7 +113,7 @@ def _block_walk(cfg: BudgetConfig, rows: recipes.Rows, tensors,
     rebuilt = cfg.recompute == "full"
     walked = _walked_rows(cfg, rows)
     held = backward_by_op(cfg, walked, tensors, cfg.n_layer - 1, own,
-                          rows.layer_backwards, rebuilt, base)
+                          rows.layer_backwards, rebuilt, base, rows.graph_gradients)
     if rebuilt:
         held.append(sum(x.bytes for x in walked) + rows.forward_transient)
     return held
@@ -150,8 +152,9 @@ def _head_weights(cfg: BudgetConfig) -> int:
 
 def _head_itemsize(tensors, grad_bytes: int) -> int:
     """Bytes of an element of the head's weight gradient: `grad_bytes`, or the dtype of
-    a trained head of its own (a bf16 model's trained copy of its head is bf16)."""
-    head = next((t for t in tensors if t.name.startswith("lm_head")), None)
+    a trained head of its own (a bf16 model's trained copy of its head is bf16). An
+    untied head is the last of the trained tensors."""
+    head = tensors[-1] if tensors and tensors[-1].name.startswith("lm_head") else None
     return (head.itemsize if head is not None else 0) or grad_bytes
 
 
@@ -167,16 +170,18 @@ def _gradients(cfg: BudgetConfig, fixed: dict, grad_bytes: int, tensors) -> dict
     earlier = [("gradients of earlier micro-batches", fixed["gradients"])] if later else []
     tied = cfg.tied_embedding and not recipes.freezes_base(cfg)
     autocast = cfg.autocast and not bf16_weights(cfg)
-    each = [t.bytes_in(grad_bytes) for t in tensors]
+    total = sum(t.numel for t in tensors) * grad_bytes + sum(
+        t.numel * (t.itemsize - grad_bytes) for t in tensors if t.itemsize)
+    embedding = tensors[0].bytes_in(grad_bytes)
     if not shards_gradients(cfg):
-        end = opt.backward_end_terms(each, tied, later, autocast)
+        end = opt.backward_end_terms(total, embedding, tied, later, autocast)
         every = [("gradients", fixed["gradients"])]
         return {M.FORWARD_END: earlier, M.LOSS_BACKWARD: earlier, M.HEAD_BACKWARD: earlier,
                 M.FIRST_BLOCK_BACKWARD: every, M.BACKWARD_END: end,
                 M.OPTIMIZER_STEP: every}
     # Each micro-batch's gradients are reduced into the shard as they are made, so
     # every micro-batch ends its backward as the first does.
-    end = opt.backward_end_terms(each, tied, False, autocast)
+    end = opt.backward_end_terms(total, embedding, tied, False, autocast)
     end = [a for a in end if a.term != "gradients"]  # every other gradient: in the shard
     shard = [("gradients", "gradients: this device's shard", fixed["gradients"])]
     flight = gradients_in_flight(cfg, tensors, grad_bytes, _head_weights(cfg))
@@ -233,7 +238,7 @@ def _last_block(cfg: BudgetConfig, resident: list, grads: dict, before_loss: int
 
 def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes: int,
                      one_block: int, walk: list[int], blocks_saved: int, kept_to_end: int,
-                     output: dict, tensors, device: str) -> list:
+                     output: dict, tensors, device: str, graph: int) -> list:
     """The last block's backward and the first's. A block's backward walks the block
     back op by op (`walk`, `_block_walk`): its rows, and as the walk goes on its own
     gradients and the gradients it is making, beside the gradients made so far (the
@@ -244,7 +249,9 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
     transient). From one block to the one before it, a block's rows or checkpoint go
     and its gradients come: the largest is the last block's backward or the first's.
     Under ZeRO 2 and 3 the gradients are the shard and what the engine holds whole at
-    the first block (sharding), at most as much at the last."""
+    the first block (sharding), at most as much at the last. `graph`: the bytes of
+    gradients no optimizer holds that each block's backward makes (`Rows.
+    graph_gradients`), held by the graph: the later blocks' are alive."""
     n, h, L = cfg.micro_batch * cfg.seq_len, cfg.d_model, cfg.n_layer
     tied = cfg.tied_embedding and not recipes.freezes_base(cfg)
     found = []
@@ -254,6 +261,7 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
         else:
             made = [("gradients", "gradients made before this block's backward",
                      opt.gradients_before_block(tensors, i, tied, grad_bytes))]
+        made = [*made, ("gradients", GRAPH_GRADIENTS, (L - 1 - i) * graph)]
         if cfg.recompute == "full":
             before = [("recompute", "the block's recomputed tensors", one_block),
                       ("saved by the forward", "the checkpoints of this block and those "
@@ -318,13 +326,17 @@ def _moments(cfg: BudgetConfig, fixed: dict, rows: recipes.Rows, blocks: list[Sa
                   "place now the gradient of the logits)", at_head),
                  ("backward's last gradients", "the head's new weight gradient",
                   _head_weights(cfg) * _head_itemsize(tensors, grad_bytes))])]
+    graph = sum(size for _, size in rows.graph_gradients)  # per block, held by the graph
     found += _block_backwards(cfg, resident, grads, grad_bytes,
                               sum(x.bytes for x in _walked_rows(cfg, rows)), walk,
-                              before_loss - kept_to_end, kept_to_end, output, tensors, device)
-    found.append(M.moment(M.BACKWARD_END, [*resident, *grads[M.BACKWARD_END],
+                              before_loss - kept_to_end, kept_to_end, output, tensors, device,
+                              graph)
+    by_graph = [("gradients", GRAPH_GRADIENTS, cfg.n_layer * graph)]
+    found.append(M.moment(M.BACKWARD_END, [*resident, *grads[M.BACKWARD_END], *by_graph,
                                            *output.get(M.BACKWARD_END, ())]))
     found.append(M.moment(M.OPTIMIZER_STEP, [
         ("weights", weights), *grads[M.OPTIMIZER_STEP],
+        *(by_graph if output_outlives_backward(cfg) else ()),  # the output holds the graph
         *_optimizer_terms(cfg, fixed, tensors, device, first_step),
         *output.get(M.OPTIMIZER_STEP, ())]))
     gathered = weights_gathered(cfg, first_step)  # ZeRO 3's whole weights (sharding)

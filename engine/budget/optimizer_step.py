@@ -145,7 +145,7 @@ def gradients_before_block(tensors: list[ParamTensor], block: int, tied: bool,
     first, the blocks, then what follows them."""
     first_block = next((k for k, t in enumerate(tensors) if t.block is not None),
                        len(tensors))
-    return sum(t.bytes_in(grad_bytes) for k, t in enumerate(tensors)
+    return sum(t.numel * (t.itemsize or grad_bytes) for k, t in enumerate(tensors)
                if (t.block is not None and t.block > block)
                or (t.block is None and k > first_block) or (k == 0 and tied))
 
@@ -257,7 +257,7 @@ def param_groups(cfg, tensors: list[ParamTensor], state_bytes: int = FP32) -> li
     """The element counts of each param group (`grouped_tensors`), in elements of
     `state_bytes`: a tensor in a dtype of its own counts as many of them as its bytes
     fill (the optimizer's elementwise math on it makes as many bytes)."""
-    return [[t.bytes_in(state_bytes) // state_bytes for t in group]
+    return [[t.numel * t.itemsize // state_bytes if t.itemsize else t.numel for t in group]
             for group in grouped_tensors(cfg, tensors)]
 
 
@@ -439,15 +439,13 @@ def step_temporaries(cfg, tensors: list[ParamTensor], impl: str, device: str,
 
 
 # ---------------------------------------------------- the end of the backward
-def backward_end_terms(grads: list[int], tied: bool, later_micro_batch: bool,
+def backward_end_terms(total: int, one: int, tied: bool, later_micro_batch: bool,
                        autocast: bool) -> list:
     """The gradients alive (moments.Alive entries) when the backward's last gradient,
-    the token embedding's (the first of `grads`, each tensor's gradient's bytes), is
-    accumulated: every other parameter's gradient (or, in a later micro-batch, every
-    gradient of the earlier ones), the embedding's new gradient, and for a tied head
-    the head's contribution and, in fp32, their out-of-place sum (see the module's
-    doc)."""
-    total, one = sum(grads), grads[0]
+    the token embedding's (`one` bytes of the gradients' `total`), is accumulated:
+    every other parameter's gradient (or, in a later micro-batch, every gradient of the
+    earlier ones), the embedding's new gradient, and for a tied head the head's
+    contribution and, in fp32, their out-of-place sum (see the module's doc)."""
     if later_micro_batch:
         terms = [Alive("gradients of earlier micro-batches",
                        "gradients of earlier micro-batches", total)]

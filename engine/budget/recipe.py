@@ -24,6 +24,9 @@ class Rows:
     checkpointed: list[Saved] | None = None
     forward_transient: int = 0
     layer_backwards: tuple = ()
+    # (the op whose backward makes it, bytes): gradients of tensors no optimizer holds,
+    # held by the graph until it goes (peft's transposed weights under DoRA on GPT-2)
+    graph_gradients: tuple = ()
 
     def blocks(self, n_layer: int) -> list[Saved]:
         """Every block's entries: the checkpoints' under checkpointing, else the first
