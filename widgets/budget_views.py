@@ -282,15 +282,15 @@ LORA_ROWS = (
 def lora_terms(cfg: B.BudgetConfig) -> dict[str, int]:
     """The terms LoRA moves, for one configuration: trainable parameters, the whole
     model's weights, gradients and optimizer state, the activations the forward keeps
-    and one device's peak over the first and later steps."""
-    from engine.budget.counts import trainable_parameter_count
-    b = B.budget(cfg)
-    return {"trainable parameters": trainable_parameter_count(cfg),
-            "weights": b.fixed.get("weights", 0) + b.fixed.get("master weights", 0),
-            "gradients": b.fixed.get("gradients", 0),
-            "optimizer state": b.fixed.get("optimizer state", 0),
-            "activations": b.activations.saved,
-            "peak": max(b.peak, b.peak_first_step)}
+    and one device's peak over the first and later steps. The step's memory only: not
+    `B.budget`, whose fit searches the table does not show."""
+    fixed, step = B.fixed_bytes(cfg.validate()), B.activations(cfg)
+    return {"trainable parameters": B.trainable_parameter_count(cfg),
+            "weights": fixed.get("weights", 0) + fixed.get("master weights", 0),
+            "gradients": fixed.get("gradients", 0),
+            "optimizer state": fixed.get("optimizer state", 0),
+            "activations": step.saved,
+            "peak": max(step.step.peak_moment.bytes, step.step.first_step_peak_moment.bytes)}
 
 
 def _change(lora: int, full: int) -> str:

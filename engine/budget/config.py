@@ -34,6 +34,7 @@ STATE_BYTES_PER_PARAMETER = {**{k: n * OPTIMIZER_STATE_BYTES for k, n in OPTIMIZ
                              "adafactor": 0, "adamw-8bit": 2}
 MASK_BYTES = 1          # a dropout mask element (one byte, as in Korthikanti et al.)
 LOGITS_BYTES = 4        # the softmax of the cross-entropy is kept in fp32
+_PLAIN = (int, bool, float, str)  # a knob's own types: no numpy integer to convert
 
 
 class BudgetError(ValueError):
@@ -129,7 +130,7 @@ class BudgetConfig:
         # numpy integers (from an array, a sweep) count as whole numbers; store
         # Python ints so products of sizes never overflow.
         for name, value in vars(self).items():
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            if type(value) not in _PLAIN and isinstance(value, numbers.Integral):
                 object.__setattr__(self, name, int(value))
 
     # Sizes read by the formulas; `ffn` and `positions` resolve the 0 defaults.

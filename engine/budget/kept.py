@@ -19,6 +19,12 @@ class Saved:
     def bytes(self) -> int:
         return self.elements * self.itemsize * self.count
 
+    def times(self, count: int, op: str | None = None) -> "Saved":
+        """This entry `count` times, under `op` if given (built directly: the fit
+        searches ask for every block's entries at each evaluated step)."""
+        return Saved(op or self.op, self.tensor, self.elements, self.itemsize, count,
+                     self.until_end)
+
 
 @dataclass(frozen=True)
 class Activations:

@@ -2,7 +2,7 @@
 forward keeps as they rewrite them (`recipes` holds the registry of every recipe)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from .kept import Saved
@@ -34,11 +34,11 @@ class Rows:
         if self.checkpointed is not None:
             return list(self.checkpointed)
         if n_layer == 1:
-            return [replace(x, count=1) for x in self.first]
+            return [x.times(1) for x in self.first]
         if self.block == self.first:
-            return [replace(x, count=n_layer) for x in self.block]
-        return ([replace(x, count=n_layer - 1) for x in self.block]
-                + [replace(x, op=f"{x.op} (first block)", count=1) for x in self.first])
+            return [x.times(n_layer) for x in self.block]
+        return ([x.times(n_layer - 1) for x in self.block]
+                + [x.times(1, op=f"{x.op} (first block)") for x in self.first])
 
 
 @dataclass(frozen=True)
