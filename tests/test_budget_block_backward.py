@@ -154,6 +154,14 @@ WIDE_STEPS = [
       "n_positions": 128, "activation_function": "gelu_new"},
      dict(micro_batch=3, seq_len=32, precision="bf16", optimizer_impl="fused", lora_rank=32,
           lora_dropout=0.1, dora=True)),
+    # GPT-2's rebuilt MLP under autocast: while its c_proj's adapter runs, the GELU's
+    # 16-bit output, peft's fp32 cast of it, the base output, B(A(x)) and its scaled
+    # copy are alive and no op keeps them (peak 0.955 before)
+    ("LoRA: gpt2 bf16 autocast, sdpa, r32 all-linear",
+     {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 300,
+      "n_positions": 128, "activation_function": "gelu_new"},
+     dict(micro_batch=3, seq_len=32, precision="bf16", attention="flash", lora_rank=32,
+          lora_targets="all-linear")),
     # Qwen3, every linear layer adapted: the rebuild stops inside down_proj's adapter,
     # beside peft's fp32 cast of its input and lora_dropout's output (0.94 before)
     ("qwen3 bf16 autocast, sdpa, r8 all-linear, lora_dropout, output freed",

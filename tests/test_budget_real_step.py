@@ -258,3 +258,45 @@ def test_with_accumulation_the_gradients_so_far_are_alive_in_later_micro_batches
         "gradients"]
     assert bm.budget(cfg).fixed_total + acts.peak == pytest.approx(m.peak, rel=0.05)
     assert acts.saved == pytest.approx(m.activations, rel=0.03)
+
+
+def test_gpt2_eager_with_one_sequence_keeps_all_of_q_k_v_through_q():
+    """With one sequence (B = 1) reshaping GPT-2's Q, a view of c_attn's output, to
+    Q @ K^T's 3-D operand needs no copy: Q keeps all of Q|K|V alive, and without the
+    cache K^T and V are views of it too (with more sequences each is a copy)."""
+    one = bm.BudgetConfig(**{**SMALL, "micro_batch": 1}, activation_model="hf",
+                          attention="standard").validate()
+    n, h = 64, 64
+
+    def attention_rows(cfg):
+        return {x.tensor: x.elements * x.itemsize for x in real_step_activations(cfg).step.items
+                if x.op in ("Q @ K^T", "P @ V") and "first" not in x.op}
+    assert attention_rows(one) == {"Q (a view of Q|K|V)": 3 * n * h * 4,
+                                   "K^T (copy)": n * h * 4, "V (copy)": n * h * 4}
+    assert attention_rows(one.with_(use_cache="off")) == {"Q (a view of Q|K|V)": 3 * n * h * 4}
+    two = one.with_(micro_batch=2)
+    assert {k for k in attention_rows(two) if "copy" in k} == {"Q (copy)", "K^T (copy)",
+                                                               "V (copy)"}
+
+
+@needs_torch
+@pytest.mark.parametrize("changes", [dict(), dict(use_cache="off"),
+                                     dict(precision="bf16", dropout=True)],
+                         ids=["fp32", "no cache", "bf16 autocast, dropout"])
+def test_gpt2_eager_with_one_sequence_matches_pytorch_on_this_cpu(changes):
+    """Activations 0.95 before the view was counted."""
+    if _missing("transformers"):
+        pytest.skip("transformers is not installed (pip install -e '.[transformers]')")
+    m, acts, peak = _compare_one(changes)
+    assert acts.saved == pytest.approx(m.activations, rel=0.01)
+    assert peak == pytest.approx(m.peak, rel=0.05)
+    assert acts.step.first_step_peak_moment.bytes == pytest.approx(m.peak_first_step, rel=0.05)
+
+
+def _compare_one(changes: dict) -> tuple:
+    from engine.budget.lab.torch_step import measure_step
+    cfg = bm.BudgetConfig(**{**SMALL, "micro_batch": 1}, activation_model="hf",
+                          attention="standard", **changes).validate()
+    m = measure_step(cfg, device="cpu")
+    acts = real_step_activations(m.config, device="cpu")
+    return m, acts, bm.budget(m.config).fixed_total + acts.peak

@@ -180,6 +180,16 @@ DORA_TABLE = [
     # its identity, B @ A and the weight's norm beside every block's entries
     ("llama gqa r32 all-linear, wide, eager", WIDE_LLAMA, dict(lora_rank=32, **ALL)),
     ("gemma3 r32 all-linear, wide, eager", WIDE_GEMMA3, dict(lora_rank=32, **ALL)),
+    # a model loaded in bf16: DoRA casts W to the adapters' fp32 input, a copy the base
+    # output made again from the dropped input keeps, and the peak at the weight's norm
+    # sits beside the forward's own bf16 hidden states and unkept cache (activations
+    # 0.69 and 0.76, peaks 0.73 and 0.79 before)
+    ("bf16 weights, no autocast: qwen2 r8 all-linear, lora_dropout, wide, eager",
+     {**WIDE_LLAMA, "model_type": "qwen2"},
+     dict(lora_rank=8, lora_dropout=0.1, precision="bf16", weights_dtype="bf16",
+          autocast_mode="off", **ALL)),
+    ("bf16 weights under autocast: llama r8 all-linear, lora_dropout, wide, eager", WIDE_LLAMA,
+     dict(lora_rank=8, lora_dropout=0.1, precision="bf16", weights_dtype="bf16", **ALL)),
 ]
 # Checkpointed steps: the peak is inside a block's backward, where the block is rebuilt
 # (DoRA's forward transient beside its rows) and walked back op by op

@@ -78,6 +78,30 @@ def test_bf16_weights_keep_no_frozen_weight_copy_and_bf16_rotary_tables():
     assert drop == frozen_copies + head_copy + rotary
 
 
+def test_the_last_blocks_forward_holds_what_the_forwards_own_variables_hold():
+    """While the last block runs, LlamaModel's forward holds what no op keeps: the
+    cache's copies attention did not keep (K rotated in the hidden states' dtype, bf16
+    over bf16 weights), eager attention's causal mask, and over bf16 weights the
+    hidden states RMSNorm copied to fp32 instead of keeping: the embeddings' output,
+    the last block's input and its stream after attention."""
+    from engine.budget.real_step import forward_locals, kv_cache_bytes
+    cfg = bm.preset("llama2-7b", **BF16, lora_rank=8, seq_len=256, micro_batch=2,
+                    attention="standard", n_kv_head=8, recompute="none")
+    L, h, n, k = 32, 4096, 512, 8 * 128
+    assert kv_cache_bytes(cfg) == L * n * k * (2 + 2)         # K and V, both bf16
+    held = dict(forward_locals(cfg, "cpu"))
+    assert held == {"key/value cache attention did not keep": L * n * k * (2 + 2),
+                    "eager attention's causal mask": 2 * 256 * 256 * 2,
+                    "bf16 hidden states: the embeddings' output, the last block's input "
+                    "and its stream after attention": 3 * n * h * 2}
+    # over fp32 weights under autocast K is rotated by fp32 cos/sin, the mask is fp32,
+    # and RMSNorm keeps the fp32 hidden states themselves
+    fp32 = cfg.with_(weights_dtype="fp32")
+    assert dict(forward_locals(fp32, "cpu")) == {
+        "key/value cache attention did not keep": L * n * k * (4 + 2),
+        "eager attention's causal mask": 2 * 256 * 256 * 4}
+
+
 @pytest.mark.parametrize("changes, says", [
     (dict(activation_model="transformer", precision="bf16"), "choose activation_model 'hf'"),
     (dict(activation_model="hf", precision="fp32", lora_rank=8), "precision='fp32'"),

@@ -20,9 +20,10 @@ saved-tensor hooks and the CPU allocator's memory events
    `B(A(x)) * s`, which nothing keeps) and `scale`; the division keeps `norm`.
    Both outputs are in the compute dtype: 16 bits under autocast.
 3. With `lora_dropout` the base output is made again from the dropped input
-   (`F.linear(dropout(x), W)`), which keeps W: resident in fp32, under autocast a
-   16-bit copy of its own (a frozen weight is not cached), when the input needs a
-   gradient.
+   (`F.linear(dropout(x), W.to(x.dtype))`), which keeps W when the input needs a
+   gradient: the resident weight in fp32; a bf16 model's W cast to the fp32 input's
+   dtype, a copy of its own; under autocast a 16-bit copy of its own (a frozen weight
+   is not cached), whatever the weights' dtype.
 4. The magnitudes are trained: one fp32 vector per adapted layer, registered after
    its B, with its gradient and AdamW's state.
 
@@ -44,8 +45,8 @@ from dataclasses import replace
 
 from .block_backward import input_op
 from .kept import Saved
-from .linears import BLOCK_LINEARS, OUTPUT_PROJECTIONS, targeted, width
-from .lora import input_requires_grad, needs_no_gradient
+from .linears import BLOCK_LINEARS, targeted, width
+from .lora import input_requires_grad, inputs_alive, needs_no_gradient
 from .recipe import Recipe, Rows
 from .weights_dtype import bf16_weights
 
@@ -69,15 +70,18 @@ def _layer_terms(cfg, layer, first: bool) -> list[Saved]:
     op = f"dora {layer.name}"
     # less its bias, the base output is promoted to the fp32 bias's dtype
     minus_bias = _has_bias(cfg, layer) and not cfg.lora_dropout and not bf16_weights(cfg)
+    # the base output as made: by the bf16 model's layer itself (peft's `result`) or,
+    # with lora_dropout, again from the fp32 input (item 3)
+    made_in = 2 if cfg.autocast or (bf16_weights(cfg) and not cfg.lora_dropout) else FP32
     items = [Saved(op, "the base layer's output" + (", less its bias" if minus_bias else "")
                    + " (for the magnitude's gradient)", n * fan_out,
-                   FP32 if minus_bias else lo),
+                   FP32 if minus_bias else made_in),
              Saved(op, "B(A(x)), the adapter's output", n * fan_out, lo),
              Saved(op, "the norm, the scale" + (" and the scale - 1" if input_grad else ""),
                    (3 if input_grad else 2) * fan_out, FP32)]
-    if cfg.lora_dropout and cfg.autocast and input_grad and not bf16_weights(cfg):
-        items.append(Saved(op, "W, 16-bit copy (the base output from the dropped input)",
-                           fan_in * fan_out, 2))
+    if cfg.lora_dropout and input_grad and (cfg.autocast or bf16_weights(cfg)):
+        items.append(Saved(op, f"W, {'16-bit' if cfg.autocast else 'fp32'} copy (the base "
+                           "output from the dropped input)", fan_in * fan_out, lo))
     if _transposed_weight(cfg) and cfg.autocast and not bf16_weights(cfg):
         items.append(Saved(op, "the dropped input, 16-bit copy (for the transposed weight's "
                            "gradient)", n * fan_in, 2))
@@ -119,38 +123,42 @@ def _while_forward(cfg, layer) -> tuple[int, int]:
     forward returns."""
     n, r = cfg.micro_batch * cfg.seq_len, cfg.lora_rank
     fan_in, fan_out = width(cfg, layer.fan_in), width(cfg, layer.fan_out)
-    autocast = cfg.autocast and not bf16_weights(cfg)
+    bf16 = bf16_weights(cfg)
     lo = 2 if cfg.autocast else FP32
-    minus_bias = _has_bias(cfg, layer) and not cfg.lora_dropout and not bf16_weights(cfg)
-    around = 0
-    if autocast:
-        # nothing keeps these under autocast (A keeps its own 16-bit copy of the
-        # input): the module's input, a norm's fp32 output, is alive while the module
-        # runs; a layer reading a 16-bit input has it and peft's fp32 cast of it
-        sdpa_keeps = layer.reads == "projection matmul" and cfg.attention == "flash"
-        around = n * cfg.d_model * FP32
-        if layer.reads in OUTPUT_PROJECTIONS:  # a matmul made their input
-            around += n * fan_in * FP32 + (0 if sdpa_keeps else n * fan_in * 2)
+    minus_bias = _has_bias(cfg, layer) and not cfg.lora_dropout and not bf16
+    around = inputs_alive(cfg, layer)  # the input's tensors no op keeps
     if minus_bias or cfg.lora_dropout:
         # the base layer's output: before the bias is taken off it, or with lora_dropout
-        # peft's `result`, which the layer adds to, while DoRA makes its own again
-        around += n * fan_out * lo
-    eye = fan_in * fan_in * (FP32 + (2 if autocast else 0))
+        # peft's `result` (the bf16 model's own, 16-bit), which the layer adds to, while
+        # DoRA makes its own again
+        around += n * fan_out * (2 if bf16 else lo)
+    # A runs over an fp32 identity (and, under autocast, its 16-bit copy, which A(I)'s
+    # graph keeps once the fp32 one has gone)
+    eye = fan_in * fan_in * (FP32 + (2 if cfg.autocast else 0))
     at_product = around + eye + fan_in * r * lo + fan_in * fan_out * lo
-    kept_eye = fan_in * fan_in * (2 if autocast else FP32)
-    # in the norm: B(A(I)) in x's dtype (fp32 under autocast: its 16-bit one has gone),
-    # the scaled copy and the sum
-    in_norm = around + kept_eye + fan_in * r * lo + 3 * fan_in * fan_out * (
-        2 if bf16_weights(cfg) else FP32)
+    kept_eye = fan_in * fan_in * (2 if cfg.autocast else FP32)
+    # in the norm: B(A(I)) in x's dtype, fp32 (peft casts the input to the adapters'
+    # dtype; under autocast the 16-bit B(A(I)) has gone), the scaled copy and the sum,
+    # and a bf16 model's W cast to x's dtype
+    weight_copy = fan_in * fan_out * FP32 if bf16_weights(cfg) else 0
+    in_norm = around + kept_eye + fan_in * r * lo + 3 * fan_in * fan_out * FP32 + weight_copy
     # at the stop: (scale - 1) * base(x), fp32 by promotion with the fp32 scale
     at_stop = around + kept_eye + fan_in * r * lo + fan_in * fan_out * FP32 + n * fan_out * FP32
     return max(at_product, in_norm), at_stop
 
 
+def _made_before_dora(cfg, row: Saved) -> bool:
+    """Whether an adapter's row is made before DoRA's forward starts: peft drops the
+    input (lora_dropout's mask, and its output unless autocast's 16-bit copy of it is
+    kept instead, made by A), or casts it to the adapters' fp32, first."""
+    return ("lora_dropout's mask" in row.tensor or "peft's fp32 copy" in row.tensor
+            or ("after lora_dropout" in row.tensor and not cfg.autocast))
+
+
 def _made_after_product(cfg, layer, lora_terms: int) -> int:
     """Bytes of the layer's own saved entries made after B(A(I)) and the weight's norm:
-    its adapter's (`lora_terms`, less lora_dropout's output and mask: peft drops the
-    input before DoRA's forward starts), and its DoRA terms but a base output made
+    its adapter's (`lora_terms`, less what peft makes before DoRA's forward starts:
+    `_made_before_dora`), and its DoRA terms but a base output made
     before (the layer's output itself, when no bias is taken off and no dropout makes
     it again)."""
     made_before = not _has_bias(cfg, layer) and not cfg.lora_dropout
@@ -172,7 +180,7 @@ def _block_forward_extra(cfg, lora_block: list[Saved], rebuilt: bool) -> int:
     best = 0
     for k, layer in enumerate(layers):
         own = [i for i, x in enumerate(rows) if x.op == f"lora {layer.name}"]
-        mine = sum(rows[i].bytes for i in own if "lora_dropout" not in rows[i].tensor)
+        mine = sum(rows[i].bytes for i in own if not _made_before_dora(cfg, rows[i]))
         # saved after this layer's forward: the rows after its adapter's, the later
         # layers' 16-bit weight copies and the later adapted layers' DoRA terms
         later = (sum(x.bytes for x in rows[own[-1] + 1:])

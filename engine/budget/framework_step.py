@@ -39,7 +39,7 @@ from .counts import bytes_per_parameter, fixed_bytes
 from .gemma import layer_kinds
 from .kept import Activations, Saved
 from .real_step import (FP32, block_biases, block_saved, block_weights, compute_bytes,
-                        kept_output_terms, log_probs_bytes, output_outlives_backward,
+                        forward_locals, kept_output_terms, log_probs_bytes, output_outlives_backward,
                         outside_saved,
                         sdpa_gets_mask, vocab_fp32_bytes)
 from .sharding import (gradients_in_flight, per_device_fixed, shard, shards_gradients,
@@ -220,11 +220,11 @@ def _optimizer_terms(cfg: BudgetConfig, fixed: dict, tensors, device: str,
 
 
 def _last_block(cfg: BudgetConfig, resident: list, grads: dict, before_loss: int,
-                transient: int, output: dict) -> list:
+                transient: int, output: dict, device: str) -> list:
     """The last block's forward, where a block's forward transient peaks beside
     everything saved before it (none without a transient): every block's entries and
-    the embeddings' (`before_loss`), the autocast cache made by then, the loop's
-    previous output."""
+    the embeddings' (`before_loss`), the autocast cache made by then, the forward's own
+    variables (`real_step.forward_locals`), the loop's previous output."""
     if not transient or cfg.recompute == "full":  # checkpointed: the rebuild holds it
         return []
     return [M.moment(M.LAST_BLOCK, [
@@ -233,6 +233,7 @@ def _last_block(cfg: BudgetConfig, resident: list, grads: dict, before_loss: int
         ("autocast cache", "autocast cache: 16-bit weight copies", autocast_cache_bytes(cfg)),
         ("forward transient", "what a layer's forward holds beyond what the block saves "
          "(the recipe's rows)", transient),
+        *(("forward transient", what, size) for what, size in forward_locals(cfg, device)),
         *(a for a in output.get(M.FORWARD_END, ()) if a.term == "the loop's output")])]
 
 
@@ -315,7 +316,8 @@ def _moments(cfg: BudgetConfig, fixed: dict, rows: recipes.Rows, blocks: list[Sa
     else:  # nll_loss's fp32 gradient first; the 16-bit ones follow as its copy goes
         loss_grads = [("loss", "gradient of nll_loss's fp32 input", vocab)]
         at_head = saved - vocab  # 16-bit log-probs and fp32 copy gone, 16-bit gradient
-    found = [*_last_block(cfg, resident, grads, before_loss, rows.forward_transient, output),
+    found = [*_last_block(cfg, resident, grads, before_loss, rows.forward_transient, output,
+                          device),
              M.moment(M.FORWARD_END, fwd_end),
              M.moment(M.LOSS_BACKWARD, [
                  *resident, *grads[M.LOSS_BACKWARD], ("saved by the forward", saved),

@@ -219,6 +219,65 @@ def lora_block(cfg, full: list[Saved], mask_bytes: int, first: bool) -> list[Sav
     return out
 
 
+def inputs_alive(cfg, layer: Linear) -> int:
+    """Bytes of an adapted layer's input alive while its forward runs that no op keeps
+    (A keeps its own copy of the input, a frozen matmul none): the norm's output the
+    block holds (fp32 under autocast, bf16 over bf16 weights), a 16-bit input a matmul
+    made (an output projection's; SDPA keeps its own output), peft's fp32 cast of a
+    16-bit input where A keeps another tensor (its 16-bit copy under autocast, the
+    dropped input with lora_dropout), and under autocast lora_dropout's fp32 output
+    (A keeps its 16-bit copy). Over fp32 weights without autocast A keeps the input
+    itself: nothing more. (DoRA's layers read their input the same way.)"""
+    bf16 = bf16_weights(cfg)
+    if not (cfg.autocast or bf16):
+        return 0
+    n, fan_in = cfg.micro_batch * cfg.seq_len, width(cfg, layer.fan_in)
+    projection = layer.reads in OUTPUT_PROJECTIONS
+    alive = n * cfg.d_model * (2 if bf16 else FP32)
+    if projection and not (layer.reads == "projection matmul" and cfg.attention == "flash"):
+        alive += n * fan_in * 2
+    if (cfg.autocast or cfg.lora_dropout) and (bf16 or projection):
+        alive += n * fan_in * FP32
+    if cfg.autocast and cfg.lora_dropout:
+        alive += n * fan_in * FP32
+    return alive
+
+
+def _layer_forward(cfg, layer: Linear) -> int:
+    """What an adapted layer's forward holds beyond the rows made before it, at its
+    largest (peft's `result + lora_B(lora_A(dropout(x))) * scaling`): its input's
+    tensors no op keeps (`inputs_alive`), the base layer's output (16-bit under autocast
+    or over bf16 weights), and two more of its size in the adapters' compute dtype:
+    B(A(x)) and its scaled copy, then the scaled copy and the sum."""
+    n, fan_out = cfg.micro_batch * cfg.seq_len, width(cfg, layer.fan_out)
+    lo = 2 if cfg.autocast else FP32
+    base = 2 if cfg.autocast or bf16_weights(cfg) else FP32
+    return inputs_alive(cfg, layer) + n * fan_out * (base + 2 * lo)
+
+
+def block_forward_extra(cfg, block: list[Saved]) -> int:
+    """What a block's forward holds at its largest beyond everything the block saves:
+    the largest, over the adapted layers, of a layer's forward (`_layer_forward`) less
+    the rows made after it (the rows after its adapter's, the later layers' 16-bit
+    weight copies and adapters' copies)."""
+    layers, linears = targeted(cfg), BLOCK_LINEARS[cfg.architecture]
+    copy = 2 if cfg.autocast else 0                  # autocast's 16-bit copy, per element
+    frozen_copy = 0 if bf16_weights(cfg) else copy   # a bf16 weight is used as it is
+    rows = [x for x in block if x.op not in WEIGHT_COPIES]
+    best = 0
+    for k, layer in enumerate(layers):
+        own = [i for i, x in enumerate(rows) if x.op == f"lora {layer.name}"]
+        if not own:
+            continue
+        later = (sum(x.bytes for x in rows[own[-1] + 1:])
+                 + sum(width(cfg, l.fan_in) * width(cfg, l.fan_out) * frozen_copy
+                       for l in linears[linears.index(layer) + 1:])
+                 + sum(cfg.lora_rank * (width(cfg, l.fan_in) + width(cfg, l.fan_out)) * copy
+                       for l in layers[k + 1:]))
+        best = max(best, _layer_forward(cfg, layer) - later)
+    return best
+
+
 def rebuild_stop(cfg, block: list[Saved]) -> int:
     """What a rebuilt block holds beyond its rows where its rebuild stops. Non-reentrant
     checkpointing stops once the block's last saved entry is made again; when the
@@ -280,7 +339,8 @@ def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
                              n * h, FP32, until_end=True))
     stop = rebuild_stop(cfg, one) if rows.checkpointed is not None else 0
     return replace(rows, block=one, first=first, outside=outside,
-                   forward_transient=max(rows.forward_transient, stop))
+                   forward_transient=max(rows.forward_transient, stop,
+                                         block_forward_extra(cfg, one)))
 
 
 # ------------------------------------------------------- the fixed bytes

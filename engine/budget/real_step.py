@@ -119,12 +119,12 @@ def repeats_kv(cfg: BudgetConfig) -> bool:
 
 def kv_cache_bytes(cfg: BudgetConfig) -> int:
     """Every layer's K and V copies in the cache, alive while the caller holds
-    the model's output (its `cache`). LLaMA's K is rotated by fp32 cos/sin,
-    so under autocast its copy is fp32."""
+    the model's output (its `cache`). LLaMA's K is rotated by cos/sin in the hidden
+    states' dtype, so under autocast over fp32 weights its copy is fp32."""
     if not keeps_kv_cache(cfg):
         return 0
     n, k, lo = cfg.micro_batch * cfg.seq_len, cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
-    key = FP32 if cfg.architecture == "llama" else lo
+    key = hidden_bytes(cfg) if cfg.architecture == "llama" else lo
     return cfg.n_layer * n * k * (key + lo)
 
 
@@ -134,7 +134,7 @@ def kv_cache_unsaved_bytes(cfg: BudgetConfig) -> int:
     if not keeps_kv_cache(cfg):
         return 0
     n, k, lo = cfg.micro_batch * cfg.seq_len, cfg.kv_heads * cfg.head_dim, compute_bytes(cfg)
-    key = FP32 if cfg.architecture == "llama" else lo
+    key = hidden_bytes(cfg) if cfg.architecture == "llama" else lo
     unsaved = 0 if not repeats_kv(cfg) and key == lo else n * k * key
     unsaved += n * k * lo if repeats_kv(cfg) else 0
     return cfg.n_layer * unsaved
@@ -225,12 +225,18 @@ def _attention(cfg: BudgetConfig, device: str, k: int, qkv_fused: bool) -> list[
                   Saved("scaled_dot_product_attention", "logsumexp, one per row", rows, FP32)]
         return items
     # standard: Q @ K^T and P @ V reshape their 4-D operands into copies (K and
-    # V repeated to every head first under grouped-query attention)
-    items = [Saved("Q @ K^T", "Q (copy)", n * q, lo),
-             Saved("Q @ K^T", "K^T (copy)", n * q, lo)]
+    # V repeated to every head first under grouped-query attention); with one
+    # sequence (B = 1) the reshape of a view of GPT-2's fused output needs no copy,
+    # so Q, and K and V unless the cache copied them, keep all of Q|K|V alive
+    views = qkv_fused and cfg.micro_batch == 1
+    items = [Saved("Q @ K^T", "Q (a view of Q|K|V)", n * (q + 2 * k), lo) if views
+             else Saved("Q @ K^T", "Q (copy)", n * q, lo)]
+    if not views or cache:
+        items.append(Saved("Q @ K^T", "K^T (copy)", n * q, lo))
     items += _attention_core(cfg, device)
-    items += [Saved("P @ V", "V (copy)", n * q, lo),
-              Saved("projection matmul", "merged heads (copy)", n * q, lo)]
+    if not views or cache:
+        items.append(Saved("P @ V", "V (copy)", n * q, lo))
+    items.append(Saved("projection matmul", "merged heads (copy)", n * q, lo))
     return items
 
 
@@ -480,6 +486,27 @@ def kv_cache_kept_unsaved(cfg: BudgetConfig, device: str = "cuda") -> int:
         return kv_cache_bytes(cfg) - (cfg.n_layer * n * k * lo if v_read and keeps_kv_cache(cfg)
                                       else 0)
     return kv_cache_unsaved_bytes(cfg)
+
+
+def forward_locals(cfg: BudgetConfig, device: str = "cuda") -> list[tuple[str, int]]:
+    """(what, bytes) the model's forward holds in its own variables while its last
+    block runs, which no op keeps and which go when the forward returns: the cache
+    copies attention did not keep (every layer's: a layer's largest transient is in its
+    MLP, after its attention filled the cache), a LLaMA-family model's causal mask for
+    eager attention (B x T x T in the hidden states' dtype; SDPA's is_causal needs
+    none), and over bf16 weights the hidden states RMSNorm copies to fp32 instead of
+    keeping: the embeddings' output (`inputs_embeds`), the last block's input and its
+    stream after attention (`residual`)."""
+    n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
+    found = [("key/value cache attention did not keep", kv_cache_kept_unsaved(cfg, device))]
+    if cfg.architecture == "llama" and cfg.activation_model == "hf":
+        if cfg.attention == "standard":
+            found.append(("eager attention's causal mask",
+                          cfg.micro_batch * cfg.seq_len ** 2 * hidden_bytes(cfg)))
+        if bf16_weights(cfg):
+            found.append(("bf16 hidden states: the embeddings' output, the last block's "
+                          "input and its stream after attention", 3 * n * h * hidden_bytes(cfg)))
+    return [(what, size) for what, size in found if size]
 
 
 def kept_output_terms(cfg: BudgetConfig, device: str = "cuda",

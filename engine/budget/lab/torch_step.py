@@ -27,6 +27,7 @@ settings to lower.
 """
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import math
@@ -419,6 +420,7 @@ def measure_step(cfg: BudgetConfig, device: str | None = None, seed: int = 0) ->
     weights += sum(p.quant_state.absmax.nbytes for p in model.parameters()  # QLoRA's scales
                    if getattr(p, "quant_state", None) is not None)
     read = _cuda_steps if device == "cuda" else _cpu_steps
+    gc.collect()  # a previous step's cycles, freed inside this one, would read as negative
     activations, peak, first = read(step, torch)
     return Measured(run, device, weights, activations, weights + peak, weights + first)
 
