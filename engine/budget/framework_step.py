@@ -259,6 +259,11 @@ def _block_backwards(cfg: BudgetConfig, resident: list, grads: dict, grad_bytes:
     for i in sorted({L - 1, 0}, reverse=True):
         if shards_gradients(cfg) or cfg.accumulation > 1:
             made = grads[M.FIRST_BLOCK_BACKWARD]
+            if tied and not shards_gradients(cfg):
+                # a later micro-batch: the tied head's new gradient waits in autograd's
+                # input buffer for the embedding's, beside every gradient made before
+                made = [*made, ("backward's last gradients", "tied weight: the head's "
+                                "gradient contribution", tensors[0].bytes_in(grad_bytes))]
         else:
             made = [("gradients", "gradients made before this block's backward",
                      opt.gradients_before_block(tensors, i, tied, grad_bytes))]

@@ -40,8 +40,13 @@ lists what is alive then; each thing alive is a term of `STEP_TERMS`:
     autocast cache                      step transient    the forward's end  never
     forward transient                   step transient    the last block's   never
                                                           forward
-    backward's last gradients           step transient    the end of the     never
-                                                          backward
+    backward's last gradients           step transient    the head's         never
+                                                          backward to the
+                                                          end of the
+                                                          backward (a tied
+                                                          head's gradient
+                                                          waits for the
+                                                          embedding's)
     optimizer temporaries               step transient    the optimizer step never
 
 Each term's `alive_in` holds its column as data; `tests/test_budget_moments.py`
@@ -107,7 +112,8 @@ STEP_TERMS = {t.name: t for t in (
     _term("loss", "step transient", (FORWARD_END, LOSS_BACKWARD)),
     _term("autocast cache", "step transient", (LAST_BLOCK, FORWARD_END)),
     _term("forward transient", "step transient", (LAST_BLOCK,)),
-    _term("backward's last gradients", "step transient", (HEAD_BACKWARD, BACKWARD_END)),
+    _term("backward's last gradients", "step transient",
+          (HEAD_BACKWARD, LAST_BLOCK_BACKWARD, FIRST_BLOCK_BACKWARD, BACKWARD_END)),
     _term("optimizer temporaries", "step transient", (OPTIMIZER_STEP,)),
 )}
 # The fixed buffers (one per parameter, set before the step) and, read from the

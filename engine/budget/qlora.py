@@ -19,7 +19,9 @@ peft's adapters, trained in fp32 or under bf16 autocast (the Trainer's `bf16=Tru
    elementwise ops between the up-projections and the down-projection (LLaMA's SiLU
    and Gemma's GELU and their products, GPT-2's GELU written as five ops) keep fp32
    tensors. Attention keeps what LoRA's does: rotary's fp32 Q and K, and the 16-bit
-   copies SDPA and eager attention's matmuls make, are the same bytes.
+   copies SDPA and eager attention's matmuls make, are the same bytes; but GPT-2's
+   dropouts read fp32 where LoRA's read 16 bits (attention's P cast to V's dtype,
+   the MLP's c_proj output), and a CPU dropout's mask takes its input's dtype.
 
 Measured on the CPU through bitsandbytes' PyTorch fallback (`tests/test_budget_lora.py`,
 `tests/test_budget_recipes_lora.py`); the same ops run on CUDA (an assumption there:
@@ -32,13 +34,14 @@ from dataclasses import replace
 from .block_backward import PROJECTION_INPUT, WEIGHT_COPIES, input_op
 from .gemma import norms_around
 from .linears import BLOCK_LINEARS, OUTPUT_PROJECTIONS, width
-from .real_step import MLP_ELEMENTWISE
+from .real_step import MLP_ELEMENTWISE, mask_bytes
 from .recipe import Recipe, Rows
 from .weights_dtype import frozen_weight_bytes
 
 FP32 = 4
 BF16 = 2  # bnb_4bit_compute_dtype
 NF4_BLOCK = 64  # bitsandbytes' 4-bit blocksize: one fp32 absmax per 64 weights
+GPT2_DROPOUTS_AFTER_4BIT = ("attention dropout", "residual dropout (mlp)")
 # LoRA's row of the frozen matmuls' 16-bit weight copies (`lora.weight_copies`)
 FROZEN_COPIES = "frozen matmuls"
 
@@ -57,15 +60,21 @@ def quantized_bytes(cfg) -> int:
     return sum((n + 1) // 2 + -(-n // NF4_BLOCK) * FP32 for n in quantized_weights(cfg))
 
 
-def _rewritten(cfg, items: list) -> list:
+def _rewritten(cfg, items: list, device: str) -> list:
     """No frozen matmul keeps a weight copy; under autocast the MLP's elementwise ops
-    read a 4-bit layer's fp32 output where LoRA's read a 16-bit one."""
+    read a 4-bit layer's fp32 output where LoRA's read a 16-bit one, and so do GPT-2's
+    dropouts after a 4-bit layer: attention's, on P cast to V's dtype (fp32: c_attn's
+    output), and the MLP's, on c_proj's output (its input, the GELU's, is fp32); a CPU
+    dropout's mask takes its input's dtype."""
+    fp32_mask = mask_bytes(cfg, device, FP32)
     out = []
     for x in items:
         if x.op == FROZEN_COPIES:
             continue
         if cfg.autocast and x.op in MLP_ELEMENTWISE:
             x = replace(x, itemsize=FP32)
+        if cfg.autocast and x.op in GPT2_DROPOUTS_AFTER_4BIT and x.tensor == "mask":
+            x = replace(x, itemsize=fp32_mask)
         out.append(x)
     return out
 
@@ -138,7 +147,8 @@ def _layer_backwards(cfg, base: list) -> tuple:
 def rows(cfg, base: Rows, rows: Rows, device: str) -> Rows:
     """Each block's rows as the 4-bit layers change them (see the module's doc), and
     what a 4-bit layer's forward and backward hold beyond them."""
-    return replace(rows, block=_rewritten(cfg, rows.block), first=_rewritten(cfg, rows.first),
+    return replace(rows, block=_rewritten(cfg, rows.block, device),
+                   first=_rewritten(cfg, rows.first, device),
                    forward_transient=max(rows.forward_transient,
                                          _forward_transient(cfg, base.block)),
                    layer_backwards=rows.layer_backwards + _layer_backwards(cfg, base.block))

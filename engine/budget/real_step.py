@@ -492,20 +492,25 @@ def forward_locals(cfg: BudgetConfig, device: str = "cuda") -> list[tuple[str, i
     """(what, bytes) the model's forward holds in its own variables while its last
     block runs, which no op keeps and which go when the forward returns: the cache
     copies attention did not keep (every layer's: a layer's largest transient is in its
-    MLP, after its attention filled the cache), a LLaMA-family model's causal mask for
-    eager attention (B x T x T in the hidden states' dtype; SDPA's is_causal needs
-    none), and over bf16 weights the hidden states RMSNorm copies to fp32 instead of
-    keeping: the embeddings' output (`inputs_embeds`), the last block's input and its
-    stream after attention (`residual`)."""
+    MLP, after its attention filled the cache), the causal mask for eager attention
+    (B x T x T in the hidden states' dtype; SDPA's is_causal needs none), GPT-2's token
+    and position embeddings' outputs (one position row per token of a sequence), and
+    over bf16 weights the hidden states RMSNorm copies to fp32 instead of keeping: the
+    embeddings' output (`inputs_embeds`), the last block's input and its stream after
+    attention (`residual`)."""
     n, h = cfg.micro_batch * cfg.seq_len, cfg.d_model
     found = [("key/value cache attention did not keep", kv_cache_kept_unsaved(cfg, device))]
-    if cfg.architecture == "llama" and cfg.activation_model == "hf":
-        if cfg.attention == "standard":
-            found.append(("eager attention's causal mask",
-                          cfg.micro_batch * cfg.seq_len ** 2 * hidden_bytes(cfg)))
-        if bf16_weights(cfg):
-            found.append(("bf16 hidden states: the embeddings' output, the last block's "
-                          "input and its stream after attention", 3 * n * h * hidden_bytes(cfg)))
+    if cfg.activation_model != "hf":
+        return [(what, size) for what, size in found if size]
+    if cfg.attention == "standard":
+        found.append(("eager attention's causal mask",
+                      cfg.micro_batch * cfg.seq_len ** 2 * hidden_bytes(cfg)))
+    if cfg.architecture == "gpt2":  # summed into the stream, which dropout or ln_1 keeps
+        found.append(("the token and position embeddings' outputs",
+                      (n + cfg.seq_len) * h * hidden_bytes(cfg)))
+    elif bf16_weights(cfg):
+        found.append(("bf16 hidden states: the embeddings' output, the last block's "
+                      "input and its stream after attention", 3 * n * h * hidden_bytes(cfg)))
     return [(what, size) for what, size in found if size]
 
 
