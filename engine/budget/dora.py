@@ -43,10 +43,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .block_backward import input_op
+from .block_backward import WEIGHT_COPIES, input_op
 from .kept import Saved
-from .linears import BLOCK_LINEARS, targeted, width
-from .lora import input_requires_grad, inputs_alive, needs_no_gradient
+from .linears import targeted, width
+from .lora import input_requires_grad, inputs_alive, needs_no_gradient, saved_after
 from .recipe import Recipe, Rows
 from .weights_dtype import bf16_weights
 
@@ -173,22 +173,16 @@ def _block_forward_extra(cfg, lora_block: list[Saved], rebuilt: bool) -> int:
     checkpointing, the recomputation stops at the last saved entry (`early_stop`):
     when nothing after the last adapted layer saves anything, that is in its last
     product, with all the block saved."""
-    layers, linears = targeted(cfg), BLOCK_LINEARS[cfg.architecture]
-    copy_bytes = 2 if cfg.autocast else 0       # autocast's 16-bit copy of a weight, per entry
-    frozen_copy_bytes = 0 if bf16_weights(cfg) else copy_bytes
-    rows = [x for x in lora_block if x.op not in ("frozen matmuls", "lora adapters")]
+    layers = targeted(cfg)
+    rows = [x for x in lora_block if x.op not in WEIGHT_COPIES]
     best = 0
     for k, layer in enumerate(layers):
-        own = [i for i, x in enumerate(rows) if x.op == f"lora {layer.name}"]
-        mine = sum(rows[i].bytes for i in own if not _made_before_dora(cfg, rows[i]))
-        # saved after this layer's forward: the rows after its adapter's, the later
-        # layers' 16-bit weight copies and the later adapted layers' DoRA terms
-        later = (sum(x.bytes for x in rows[own[-1] + 1:])
-                 + sum(width(cfg, l.fan_in) * width(cfg, l.fan_out) * frozen_copy_bytes
-                       for l in linears[linears.index(layer) + 1:])
-                 + sum(cfg.lora_rank * (width(cfg, l.fan_in) + width(cfg, l.fan_out)) * copy_bytes
-                       + sum(t.bytes for t in _layer_terms(cfg, l, False))
-                       for l in layers[k + 1:]))
+        mine = sum(x.bytes for x in rows
+                   if x.op == f"lora {layer.name}" and not _made_before_dora(cfg, x))
+        # saved after this layer's forward: LoRA's (`lora.saved_after`) and the later
+        # adapted layers' DoRA terms
+        later = saved_after(cfg, rows, k) + sum(
+            t.bytes for l in layers[k + 1:] for t in _layer_terms(cfg, l, False))
         at_largest, at_stop = _while_forward(cfg, layer)
         best = max(best, at_largest - _made_after_product(cfg, layer, mine) - later)
         if rebuilt and layer is layers[-1] and later == 0:

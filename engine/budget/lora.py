@@ -255,27 +255,32 @@ def _layer_forward(cfg, layer: Linear) -> int:
     return inputs_alive(cfg, layer) + n * fan_out * (base + 2 * lo)
 
 
+def saved_after(cfg, rows: list[Saved], k: int) -> int:
+    """Bytes a block saves after its k-th adapted layer's forward (`rows`: the block's
+    rows less the weight copies): the rows after that layer's adapter's, the later
+    linear layers' autocast copies of their frozen weights and the later adapters'
+    copies of A and B."""
+    layers, linears = targeted(cfg), BLOCK_LINEARS[cfg.architecture]
+    layer = layers[k]
+    copy = 2 if cfg.autocast else 0                  # autocast's 16-bit copy, per element
+    frozen_copy = 0 if bf16_weights(cfg) else copy   # a bf16 weight is used as it is
+    last = max(i for i, x in enumerate(rows) if x.op == f"lora {layer.name}")
+    return (sum(x.bytes for x in rows[last + 1:])
+            + sum(width(cfg, l.fan_in) * width(cfg, l.fan_out) * frozen_copy
+                  for l in linears[linears.index(layer) + 1:])
+            + sum(cfg.lora_rank * (width(cfg, l.fan_in) + width(cfg, l.fan_out)) * copy
+                  for l in layers[k + 1:]))
+
+
 def block_forward_extra(cfg, block: list[Saved]) -> int:
     """What a block's forward holds at its largest beyond everything the block saves:
     the largest, over the adapted layers, of a layer's forward (`_layer_forward`) less
-    the rows made after it (the rows after its adapter's, the later layers' 16-bit
-    weight copies and adapters' copies)."""
-    layers, linears = targeted(cfg), BLOCK_LINEARS[cfg.architecture]
-    copy = 2 if cfg.autocast else 0                  # autocast's 16-bit copy, per element
-    frozen_copy = 0 if bf16_weights(cfg) else copy   # a bf16 weight is used as it is
+    what the block saves after it (`saved_after`)."""
     rows = [x for x in block if x.op not in WEIGHT_COPIES]
-    best = 0
-    for k, layer in enumerate(layers):
-        own = [i for i, x in enumerate(rows) if x.op == f"lora {layer.name}"]
-        if not own:
-            continue
-        later = (sum(x.bytes for x in rows[own[-1] + 1:])
-                 + sum(width(cfg, l.fan_in) * width(cfg, l.fan_out) * frozen_copy
-                       for l in linears[linears.index(layer) + 1:])
-                 + sum(cfg.lora_rank * (width(cfg, l.fan_in) + width(cfg, l.fan_out)) * copy
-                       for l in layers[k + 1:]))
-        best = max(best, _layer_forward(cfg, layer) - later)
-    return best
+    adapted = {x.op for x in rows}
+    return max((_layer_forward(cfg, layer) - saved_after(cfg, rows, k)
+                for k, layer in enumerate(targeted(cfg)) if f"lora {layer.name}" in adapted),
+               default=0)
 
 
 def rebuild_stop(cfg, block: list[Saved]) -> int:
